@@ -1,0 +1,77 @@
+"""actormesh: a single-controller actor runtime for interactive distributed PyTorch.
+
+```python
+import actormesh as am
+
+class Counter(am.Actor):
+    def __init__(self, start): self.value = start
+    @am.endpoint
+    def incr(self, by=1): self.value += by
+    @am.endpoint
+    def get(self): return self.value
+
+procs = am.this_host().spawn_procs(per_host={"gpus": 4})
+counters = procs.spawn("counter", Counter, 10)
+counters.incr.broadcast()
+print(counters.get.call().get())
+procs.stop().get()
+```
+"""
+
+from __future__ import annotations
+
+import logging as _logging
+
+from .errors import ActorError as ActorError
+from .errors import MeshClosedError as MeshClosedError
+from .errors import MeshError as MeshError
+from .errors import MeshTimeoutError as MeshTimeoutError
+from .errors import SupervisionError as SupervisionError
+from .runtime.actor import Actor as Actor
+from .runtime.actor import endpoint as endpoint
+from .runtime.actor_mesh import ActorMesh as ActorMesh
+from .runtime.context import context as context
+from .runtime.context import current_rank as current_rank
+from .runtime.context import current_size as current_size
+from .runtime.future import Future as Future
+from .runtime.host import HostMesh as HostMesh
+from .runtime.host import this_host as this_host
+from .runtime.host import this_proc as this_proc
+from .runtime.ports import Accumulator as Accumulator
+from .runtime.ports import Channel as Channel
+from .runtime.ports import Port as Port
+from .runtime.ports import PortReceiver as PortReceiver
+from .runtime.proc_mesh import ProcMesh as ProcMesh
+from .runtime.shape import Extent as Extent
+from .runtime.shape import Point as Point
+from .runtime.value_mesh import ValueMesh as ValueMesh
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Channel",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "MeshClosedError",
+    "MeshError",
+    "MeshTimeoutError",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "SupervisionError",
+    "ValueMesh",
+    "context",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "this_host",
+    "this_proc",
+]
+
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())

@@ -1,0 +1,37 @@
+"""Environment variables and default timeouts, in one place.
+
+Every knob can be set in the environment of the controller; workers and host agents inherit the
+values they need through their start-up message, never through the command line.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+# How long spawn_procs waits for every worker to report ready.
+SPAWN_TIMEOUT = _float("ACTORMESH_SPAWN_TIMEOUT", 120.0)
+# Default deadline of Future.get() when none is given; 0 means wait without a deadline (a dead
+# worker still fails the wait at once: supervision never lets a call hang on a dead process).
+DEFAULT_GET_TIMEOUT = _float("ACTORMESH_GET_TIMEOUT", 0.0)
+# How long a stopping worker gets to exit before its agent kills it.
+STOP_GRACE = _float("ACTORMESH_STOP_GRACE", 5.0)
+# Modules the fork server imports once, so that each forked worker starts with them loaded.
+PRELOAD = [m for m in os.environ.get("ACTORMESH_PRELOAD", "torch").split(",") if m]
+# "forkserver" (default: fork from a zygote that has imported PRELOAD) or "spawn" (fresh
+# interpreter per worker: slower, but nothing is inherited).
+START_METHOD = os.environ.get("ACTORMESH_START_METHOD", "forkserver")
+# Where ipc:// sockets live; the path of a unix socket must stay short (108 bytes).
+RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
+# Lines of a dead worker's stderr kept for its SupervisionError.
+STDERR_TAIL_LINES = 20

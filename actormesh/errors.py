@@ -1,0 +1,176 @@
+"""Every exception a user of actormesh can catch, in one place.
+
+```
+MeshError                 base of everything actormesh raises on purpose
+├── ActorError            user code raised remotely (rank, actor, endpoint, remote traceback)
+├── SupervisionError      a worker died or stopped answering (rank, pid, exit code/signal, stderr)
+├── MeshClosedError       the mesh was stopped, then used
+└── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
+```
+
+Remote failures travel as text (type name, message, traceback), never as pickled exception
+objects, so the controller never depends on unpickling a user's exception class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class MeshError(Exception):
+    """Base class of every error actormesh raises on purpose."""
+
+
+class MeshUsageError(MeshError, ValueError):
+    """An API was used in a way that cannot work (wrong mesh size, unknown endpoint, ...)."""
+
+
+class MeshClosedError(MeshError):
+    """The mesh (or the runtime) was stopped, and then used."""
+
+
+class MeshTimeoutError(MeshError, TimeoutError):
+    """A wait passed its deadline. The message names what had not answered."""
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """One rank's failure, as text: what happened, where, and the remote traceback."""
+
+    rank: str  # the rank's coordinates, e.g. "{hosts=0, gpus=3}"
+    actor: str
+    endpoint: str
+    exc_type: str
+    message: str
+    traceback: str  # the remote traceback, already rendered as text on the worker
+
+    def headline(self) -> str:
+        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+
+
+@dataclass(frozen=True)
+class ProcDeath:
+    """How a worker process ended, as seen by its host agent."""
+
+    rank: str
+    host: str
+    pid: int
+    exitcode: int | None  # None when killed by a signal
+    signal: str | None  # "SIGKILL", ...
+    stderr_tail: tuple[str, ...] = field(default=())
+    reason: str = ""  # extra words, e.g. "host lost" or "stopped"
+
+    def describe(self) -> str:
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
+        if self.reason:
+            how += f" ({self.reason})"
+        return f"process of rank {self.rank} (pid {self.pid} on {self.host}) {how}"
+
+
+def _rank_ranges(ranks: Sequence[str]) -> str:
+    if len(ranks) <= 4:
+        return ", ".join(ranks)
+    return f"{ranks[0]}, {ranks[1]}, ... {ranks[-1]} ({len(ranks)} ranks)"
+
+
+class ActorError(MeshError):
+    """User code raised inside an endpoint (or an actor's ``__init__``) on one or more ranks.
+
+    The actor survives and keeps serving. ``failures`` holds one :class:`RemoteFailure` per
+    failed rank; identical tracebacks from many ranks are shown once with their ranks.
+    """
+
+    def __init__(self, failures: Sequence[RemoteFailure]):
+        self.failures: tuple[RemoteFailure, ...] = tuple(failures)
+        super().__init__(self._summary())
+
+    @property
+    def rank(self) -> str:
+        return self.failures[0].rank
+
+    @property
+    def exc_type(self) -> str:
+        return self.failures[0].exc_type
+
+    @property
+    def remote_traceback(self) -> str:
+        return self.failures[0].traceback
+
+    def groups(self) -> list[tuple[list[str], RemoteFailure]]:
+        """Failures grouped by identical traceback: ``[(ranks, failure), ...]``."""
+        groups: dict[tuple[str, str, str], tuple[list[str], RemoteFailure]] = {}
+        for f in self.failures:
+            key = (f.exc_type, f.message, f.traceback)
+            groups.setdefault(key, ([], f))[0].append(f.rank)
+        return list(groups.values())
+
+    def _summary(self) -> str:
+        lines = []
+        for ranks, f in self.groups():
+            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
+            lines.append(f"[rank {_rank_ranges(ranks)}] {where} raised {f.headline()}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        parts = []
+        for ranks, f in self.groups():
+            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
+            parts.append(
+                f"\n[rank {_rank_ranges(ranks)}] {where} raised {f.headline()}\n"
+                f"Remote traceback:\n{f.traceback.rstrip()}"
+            )
+        return "".join(parts)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing the (useless) local traceback.
+        out = []
+        for ranks, f in self.groups():
+            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
+            out.append(f"\x1b[31m[rank {_rank_ranges(ranks)}] {where}: {f.headline()}\x1b[0m")
+            out.extend(f.traceback.rstrip().splitlines())
+        return out
+
+
+class SupervisionError(MeshError):
+    """A worker process died (or its host was lost) while a call to it was pending or made.
+
+    ``deaths`` says for each lost process its rank, pid, exit code or signal and the last lines
+    it wrote to stderr.
+    """
+
+    def __init__(self, deaths: Sequence[ProcDeath], context: str = ""):
+        self.deaths: tuple[ProcDeath, ...] = tuple(deaths)
+        self.context = context
+        super().__init__(self._summary())
+
+    @property
+    def rank(self) -> str:
+        return self.deaths[0].rank
+
+    @property
+    def pid(self) -> int:
+        return self.deaths[0].pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.deaths[0].exitcode
+
+    @property
+    def signal(self) -> str | None:
+        return self.deaths[0].signal
+
+    def _summary(self) -> str:
+        head = f"{self.context}: " if self.context else ""
+        lines = [head + "; ".join(d.describe() for d in self.deaths[:4])]
+        if len(self.deaths) > 4:
+            lines[0] += f"; and {len(self.deaths) - 4} more"
+        tail = self.deaths[0].stderr_tail
+        if tail:
+            lines.append(f"last lines of stderr of rank {self.deaths[0].rank}:")
+            lines.extend("    " + line for line in tail)
+        lines.append("Call procs.heal() to respawn dead ranks, or stop the mesh.")
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31mSupervisionError\x1b[0m: {self}"]

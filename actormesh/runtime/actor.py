@@ -1,0 +1,256 @@
+"""Actors, the ``@endpoint`` decorator, and the thread that runs one actor's messages.
+
+An actor handles one message at a time, in arrival order. Arrival order is per-sender FIFO:
+every message from one process to another goes through one ZeroMQ pipe, sent under one lock.
+Sync endpoints run on the actor's own thread; async endpoints run on the actor's own event loop
+(driven by that same thread), so an ``await`` inside an endpoint never lets another message in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from ..errors import RemoteFailure
+from . import context as ctxmod
+from .wire import Message, dumps
+
+if TYPE_CHECKING:
+    from .node import Node, Port
+    from .shape import Point, Shape
+
+logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+OK, FAILED = 0, 1
+
+
+class Actor:
+    """Base class of actors. Subclass it and mark methods with ``@endpoint``.
+
+    An actor lives in one worker process, built there with the arguments given to
+    ``ProcMesh.spawn``; ``__init__`` runs before the first message is handled.
+    """
+
+
+class EndpointProperty(Generic[P, R]):
+    """What ``@endpoint`` puts on the class. On an actor instance it is the plain method; on an
+    ``ActorMesh`` it becomes an :class:`~actormesh.runtime.endpoint.Endpoint` with the adverbs."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> EndpointProperty[P, R]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> Callable[P, R]: ...
+    def __get__(self, instance: object | None, owner: type) -> Any:
+        if instance is None:
+            return self
+        return self.fn.__get__(instance, owner)
+
+
+@overload
+def endpoint(fn: Callable[..., R]) -> EndpointProperty[..., R]: ...
+@overload
+def endpoint(
+    fn: None = None, **options: Any
+) -> Callable[[Callable[..., R]], EndpointProperty[..., R]]: ...
+def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Mark an actor method (``def`` or ``async def``) as callable through meshes.
+
+    Usable bare (``@endpoint``) or called (``@endpoint()``); keyword options are accepted for
+    Monarch compatibility and ignored.
+    """
+    if fn is None:
+        return lambda f: EndpointProperty(f)
+    return EndpointProperty(fn)
+
+
+def endpoint_names(cls: type) -> list[str]:
+    return sorted(
+        name
+        for klass in cls.__mro__
+        for name, value in vars(klass).items()
+        if isinstance(value, EndpointProperty)
+    )
+
+
+def render_failure(
+    exc: BaseException, rank: Point | str, actor: str, endpoint: str, skip: int = 0
+) -> RemoteFailure:
+    """Turn an exception into text on the worker, dropping the runtime's own frames."""
+    tb = exc.__traceback__
+    for _ in range(skip):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    etype = type(exc)
+    name = etype.__qualname__
+    if etype.__module__ not in ("builtins", "__main__"):
+        name = f"{etype.__module__}.{name}"
+    return RemoteFailure(str(rank), actor, endpoint, name, str(exc), text)
+
+
+class ActorRunner:
+    """Runs one actor: its constructor, then its messages, one at a time, on its own thread."""
+
+    def __init__(self, node: Node, key: str, name: str, rank: Point, proc_rank: int) -> None:
+        self.node = node
+        self.key = key
+        self.name = name
+        self.rank = rank
+        self.proc_rank = proc_rank
+        self.instance: Any = None
+        self.init_failure: RemoteFailure | None = None
+        self.queue: queue.SimpleQueue[tuple[str, Message] | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.actor_instance = ctxmod.ActorInstance(name, rank, key)
+        self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
+        self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
+
+    def start(self, spawn_msg: Message) -> None:
+        self.queue.put(("spawn", spawn_msg))
+        self.thread.start()
+
+    def post(self, msg: Message) -> None:
+        self.queue.put(("call", msg))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+
+    # -- the actor's thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        get = self.queue.get
+        while True:
+            item = get()
+            if item is None:
+                break
+            kind, msg = item
+            if kind == "call":
+                self._handle_call(msg)
+            else:
+                self._construct(msg)
+        if self._loop is not None:
+            self._loop.close()
+
+    def _construct(self, msg: Message) -> None:
+        _, _key, _name, _shape, reply = msg.envelope
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+        try:
+            (cls, *args), kwargs = msg.value()
+            instance = cls.__new__(cls)
+            self.instance = instance
+            result = instance.__init__(*args, **kwargs)
+            if inspect.isawaitable(result):
+                self._run_coroutine(result)
+        except BaseException as exc:
+            self.init_failure = render_failure(exc, self.rank, self.name, "__init__", skip=1)
+            logger.debug("actor %s failed to start", self.name, exc_info=True)
+        finally:
+            ctxmod.set_current(None)
+        if reply is not None:
+            self._reply(reply, 0, FAILED if self.init_failure else OK, self.init_failure)
+
+    def _handle_call(self, msg: Message) -> None:
+        env = msg.envelope
+        # ("call", key, endpoint, shape, reply_port)
+        endpoint_name: str = env[2]
+        shape: Shape = env[3]
+        reply: Port | None = env[4]
+        index = shape.local_index(self.proc_rank)
+        message_rank = shape.point(index) if index is not None else self.rank
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, message_rank))
+        self.busy = (endpoint_name, _now())
+        status, value = OK, None
+        try:
+            if self.init_failure is not None:
+                failure = self.init_failure
+                status, value = (
+                    FAILED,
+                    RemoteFailure(
+                        failure.rank,
+                        failure.actor,
+                        endpoint_name,
+                        failure.exc_type,
+                        f"actor {self.name!r} failed in __init__, so it cannot run "
+                        f"{endpoint_name!r}: {failure.message}",
+                        failure.traceback,
+                    ),
+                )
+            else:
+                args, kwargs = msg.value()
+                method = getattr(self.instance, endpoint_name)
+                value = method(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = self._run_coroutine(value)
+        except BaseException as exc:
+            status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
+        finally:
+            self.busy = None
+            ctxmod.set_current(None)
+        if reply is not None and index is not None:
+            self._reply(reply, index, status, value)
+        elif status == FAILED:
+            self._report_unhandled(value)
+
+    def _run_coroutine(self, coro: Any) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+        return self._loop.run_until_complete(coro)
+
+    def _reply(self, port: Port, index: int, status: int, value: Any) -> None:
+        from .logs import flush_output
+
+        flush_output()  # what the endpoint printed arrives before its reply
+        try:
+            payload, buffers = dumps(value)
+        except Exception as exc:
+            failure = render_failure(exc, self.rank, self.name, "<reply>")
+            failure = RemoteFailure(
+                failure.rank,
+                self.name,
+                failure.endpoint,
+                failure.exc_type,
+                f"the result ({type(value).__name__}) could not be pickled: {exc}",
+                failure.traceback,
+            )
+            status, (payload, buffers) = FAILED, dumps(failure)
+        try:
+            self.node.send(port.address, ("reply", port.port_id, index, status), payload, buffers)
+        except Exception:
+            logger.exception("could not send the reply of %s", self.name)
+
+    def _report_unhandled(self, failure: RemoteFailure) -> None:
+        from .logs import flush_output
+
+        flush_output()
+        logger.error(
+            "%s.%s raised with nobody waiting: %s",
+            failure.actor,
+            failure.endpoint,
+            failure.headline(),
+        )
+        controller = self.node.controller
+        if controller is not None:
+            payload, buffers = dumps(failure)
+            self.node.send(controller, ("unhandled",), payload, buffers)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

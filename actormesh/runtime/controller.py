@@ -1,0 +1,318 @@
+"""The controller's side of the runtime: its node, its host agents and the meshes it owns.
+
+The controller is the process that runs the user's script or notebook. Its node is created on
+first use; host agents report process starts and exits here, and workers send their output here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import config
+from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure, SupervisionError
+from .future import Future
+from .hosting import ActorHost
+from .logs import LogSink
+from .node import Node, set_node_factory
+from .proc_table import ProcTable
+from .transport import Address, make_run_dir
+from .wire import Message, new_key
+
+logger = logging.getLogger(__name__)
+
+
+def _default_fault_hook(failure: RemoteFailure | SupervisionError) -> None:
+    if isinstance(failure, RemoteFailure):
+        text = (
+            f"actormesh: {failure.actor}.{failure.endpoint} raised on rank {failure.rank} with "
+            f"nobody waiting for it (a broadcast):\n{failure.traceback}"
+        )
+    else:
+        text = f"actormesh: {failure}"
+    print(text, file=sys.stderr, flush=True)
+
+
+class AgentHandle:
+    """The controller's view of one host agent."""
+
+    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
+        self.host_rank = host_rank
+        self.proc = proc
+        self.lifeline = lifeline
+        self.address: Address | None = None
+        self.hostname = ""
+        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
+
+    def close(self, timeout: float = 3.0) -> None:
+        if self.lifeline is not None:
+            # Closing the lifeline tells the agent to kill its workers and exit.
+            os.close(self.lifeline)
+            self.lifeline = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class MeshRecord:
+    """A proc mesh owned by this controller: start-up, exits and stop."""
+
+    def __init__(self, ctl: Controller, table: ProcTable, agents: list[AgentHandle], per_host: int):
+        self.ctl = ctl
+        self.table = table
+        self.agents = agents
+        self.per_host = per_host
+        n = len(table.addresses)
+        self.started = 0
+        self.exited: set[int] = set()
+        self.ready: Future[None] = Future(self._describe_missing)
+        self.stopping = False
+        self.stopped: Future[None] = Future(lambda: f"the processes of {table.mesh_id} to exit")
+        self.lock = threading.Lock()
+        self.n = n
+        self._is_ready = [False] * n
+
+    def _describe_missing(self) -> str:
+        missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
+        return f"processes {', '.join(missing[:8])} to start"
+
+    def agent_of(self, rank: int) -> AgentHandle:
+        return self.agents[rank // self.per_host]
+
+    def on_ready(self, rank: int, pid: int) -> None:
+        with self.lock:
+            if self._is_ready[rank]:
+                return
+            self._is_ready[rank] = True
+            self.table.pids[rank] = pid
+            self.started += 1
+            done = self.started == self.n
+        if done:
+            self.ready._set_result(None)
+
+    def on_exit(self, rank: int, death: ProcDeath) -> None:
+        with self.lock:
+            if rank in self.exited:
+                return
+            self.exited.add(rank)
+            all_gone = len(self.exited) == self.n
+        address = self.table.addresses[rank]
+        if not self.ready.done():
+            self.ready._set_exception(
+                SupervisionError([death], "a process of the new proc mesh failed to start")
+            )
+        self.ctl.node.record_death(address.mailbox, death)
+        self.ctl.node.transport.forget(address)
+        if self.stopping:
+            if all_gone:
+                self.ctl.meshes.pop(self.table.mesh_id, None)
+                self.stopped._set_result(None)
+            return
+        self.ctl.notify_death(self, address, death)
+
+    def stop(self) -> Future[None]:
+        with self.lock:
+            if self.stopping:
+                return self.stopped
+            self.stopping = True
+            self.table.closed = True
+            alive = [r for r in range(self.n) if r not in self.exited]
+        if not alive:
+            self.ctl.meshes.pop(self.table.mesh_id, None)
+            self.stopped._set_result(None)
+            return self.stopped
+        node = self.ctl.node
+        for rank in alive:
+            try:
+                node.send(self.table.addresses[rank], ("stop",))
+            except Exception:
+                logger.debug("could not send stop to rank %s", rank, exc_info=True)
+        for agent in {id(a): a for a in self.agents}.values():
+            if agent.address is not None:
+                node.send(agent.address, ("reap", self.table.mesh_id, config.STOP_GRACE))
+        return self.stopped
+
+
+class Controller:
+    """Process-wide controller state (one per controller process)."""
+
+    def __init__(self) -> None:
+        self.key = new_key()
+        self.run_dir = make_run_dir()
+        self.node = Node(self.key, self.run_dir, "ctl", role="controller")
+        self.node.controller = self.node.address
+        self.logs = LogSink()
+        self.fault_hook = _default_fault_hook
+        self.actor_host = ActorHost(self.node, proc_rank=0)
+        self.meshes: dict[str, MeshRecord] = {}
+        self.agents: list[AgentHandle] = []
+        self._local_agent: AgentHandle | None = None
+        self._lock = threading.Lock()
+        h = self.node.handlers
+        h["agent_ready"] = self._on_agent_ready
+        h["ready"] = self._on_ready
+        h["exit"] = self._on_exit
+        h["log"] = self._on_log
+        h["fdlog"] = self._on_fdlog
+        h["unhandled"] = self._on_unhandled
+        self.node.start()
+        self._closed = False
+        atexit.register(self.shutdown)
+
+    # -- agents -----------------------------------------------------------------------------------
+
+    def local_agent(self) -> AgentHandle:
+        """The host agent of this machine, started on first use (it starts its fork server)."""
+        with self._lock:
+            if self._local_agent is None:
+                self._local_agent = self._start_local_agent()
+            return self._local_agent
+
+    def _start_local_agent(self) -> AgentHandle:
+        r, w = os.pipe()
+        env = dict(os.environ)
+        env.pop("ACTORMESH_KEY", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actormesh.runtime.agent", "--lifeline-fd", str(r)],
+            pass_fds=(r,),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(r)
+        handle = AgentHandle(len(self.agents), proc, w)
+        self.agents.append(handle)
+        init = {
+            "key": self.key.hex(),
+            "controller": _address_to_json(self.node.address),
+            "run_dir": self.run_dir,
+            "host_rank": handle.host_rank,
+            "preload": config.PRELOAD,
+            "start_method": config.START_METHOD,
+            "controller_pid": os.getpid(),
+        }
+        os.write(w, (json.dumps(init) + "\n").encode())
+        return handle
+
+    def _on_agent_ready(self, msg: Message) -> None:
+        _, host_rank, address, hostname = msg.envelope
+        agent = self.agents[host_rank]
+        agent.address = address
+        agent.hostname = hostname
+        agent.ready._set_result(agent)
+
+    # -- meshes ---------------------------------------------------------------------------------------
+
+    def register(self, record: MeshRecord) -> None:
+        self.meshes[record.table.mesh_id] = record
+
+    def _on_ready(self, msg: Message) -> None:
+        _, mesh_id, rank, pid = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is not None:
+            record.on_ready(rank, pid)
+
+    def _on_exit(self, msg: Message) -> None:
+        _, mesh_id, rank, pid, exitcode, signame = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is None:
+            return
+        address = record.table.addresses[rank]
+        death = ProcDeath(
+            rank=record.table.labels[rank],
+            host=address.host,
+            pid=pid,
+            exitcode=exitcode,
+            signal=signame,
+            stderr_tail=self.logs.stderr_tail(address.mailbox),
+            reason="mesh stopped" if record.stopping else "",
+        )
+        record.on_exit(rank, death)
+
+    def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
+        """Tell every other live worker (their pending calls to it must fail too) and the hook."""
+        for rec in list(self.meshes.values()):
+            if rec.stopping:
+                continue
+            for rank, addr in enumerate(rec.table.addresses):
+                if rank in rec.exited or addr.mailbox == address.mailbox:
+                    continue
+                try:
+                    self.node.send(addr, ("died", address.mailbox, death))
+                except Exception:
+                    pass
+
+    def _on_log(self, msg: Message) -> None:
+        _, label, stream, text = msg.envelope
+        self.logs.write(msg.sender, label, stream, text)
+
+    def _on_fdlog(self, msg: Message) -> None:
+        _, mailbox, label, stream, text = msg.envelope
+        self.logs.write(mailbox, label, stream, text)
+
+    def _on_unhandled(self, msg: Message) -> None:
+        try:
+            failure = msg.value()
+        except Exception:
+            logger.exception("an unhandled failure report could not be read")
+            return
+        try:
+            self.fault_hook(failure)
+        except Exception:
+            logger.exception("the fault hook raised")
+
+    # -- shutdown -------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every mesh and agent (at exit, or explicitly). Leaves no process behind."""
+        if self._closed:
+            return
+        self._closed = True
+        stops = [rec.stop() for rec in list(self.meshes.values())]
+        deadline = time.monotonic() + config.STOP_GRACE
+        for fut in stops:
+            try:
+                fut.get(timeout=max(0.1, deadline - time.monotonic()))
+            except (MeshTimeoutError, Exception):
+                break
+        for agent in self.agents:
+            agent.close()
+        self.node.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _address_to_json(a: Address) -> list[Any]:
+    return [a.host, a.ipc, a.tcp, a.mailbox.hex()]
+
+
+def address_from_json(v: list[Any]) -> Address:
+    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
+
+
+_controller: Controller | None = None
+_controller_lock = threading.Lock()
+
+
+def get_controller() -> Controller:
+    global _controller
+    with _controller_lock:
+        if _controller is None:
+            _controller = Controller()
+        return _controller
+
+
+def _make_node() -> Node:
+    return get_controller().node
+
+
+set_node_factory(_make_node)

@@ -1,0 +1,299 @@
+"""The adverbs of an endpoint on a mesh: ``call``, ``call_one``, ``choose``, ``broadcast``,
+``stream``; and the collectors that turn replies into futures.
+
+A cast pickles the arguments once and sends one message per destination process (each with the
+same payload and digest). Replies come back to a port of the caller's process, where a collector
+gathers them on the I/O thread. A process that dies fails the collector at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from ..errors import (
+    ActorError,
+    MeshClosedError,
+    MeshTimeoutError,
+    MeshUsageError,
+    ProcDeath,
+    RemoteFailure,
+    SupervisionError,
+)
+from .actor import FAILED
+from .future import Future
+from .node import Node, current_node
+from .value_mesh import ValueMesh
+from .wire import Message, dumps, payload_digest
+
+if TYPE_CHECKING:
+    from .actor_mesh import ActorMesh
+    from .shape import Shape
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+def pickle_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> tuple[bytes, list[Any]]:
+    """Pickle call arguments, or say exactly which argument cannot be pickled (nothing is sent)."""
+    try:
+        return dumps((args, kwargs))
+    except Exception as exc:
+        named = [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for label, value in named:
+            try:
+                dumps(value)
+            except Exception as inner:
+                raise MeshUsageError(
+                    f"{label} of {what} ({type(value).__module__}.{type(value).__qualname__}) "
+                    f"cannot be pickled, so it cannot be sent to an actor: {inner}"
+                ) from inner
+        raise MeshUsageError(f"the arguments of {what} cannot be pickled: {exc}") from exc
+
+
+class Endpoint(Generic[P, R]):
+    """An endpoint of an actor mesh (``mesh.step``). Not constructed by users.
+
+    Every adverb sends without waiting. ``call``/``call_one``/``choose`` return a
+    :class:`Future`; ``broadcast`` returns nothing (an exception it raises is reported to the
+    mesh's owner); ``stream`` iterates over futures as replies arrive.
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._name}.{self._name} on {self._mesh._shape.extent}>"
+
+    @property
+    def _what(self) -> str:
+        return f"{self._mesh._name}.{self._name}"
+
+    # -- adverbs ------------------------------------------------------------------------------------
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Call every actor of the mesh; the future gives a ``ValueMesh`` of their results.
+
+        Fails with ``ActorError`` once all ranks answered if any raised (identical tracebacks
+        grouped), and with ``SupervisionError`` as soon as any rank's process dies.
+        """
+        shape = self._mesh._shape
+        gather = _Gather(self, shape, lambda values: ValueMesh._create(shape, values))
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the only actor of a one-actor mesh (slice first); the future gives its result."""
+        shape = self._mesh._shape
+        if len(shape) != 1:
+            dims = [d for d, n in zip(shape.labels, shape.sizes, strict=True) if n > 1]
+            hint = f"mesh.slice({dims[0]}=0).{self._name}.call_one(...)" if dims else ""
+            raise MeshUsageError(
+                f"call_one needs exactly one actor, but {self._what} is called on "
+                f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
+                f"e.g. {hint}, or use call() to reach them all"
+            )
+        gather: _Gather[R] = _Gather(self, shape, lambda values: values[0])
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call one actor of the mesh, chosen at random among live ones."""
+        mesh = self._mesh
+        node = current_node()
+        ranks = mesh._shape.ranks()
+        live = [r for r in ranks if mesh._procs.addresses[r].mailbox not in node.dead] or ranks
+        index = mesh._shape.local_index(random.choice(live))
+        assert index is not None
+        coords = dict(mesh._shape.point(index))
+        shape = mesh._shape.slice(**coords)
+        gather: _Gather[R] = _Gather(self, shape, lambda values: values[0])
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every actor of the mesh without waiting for anything (fire and forget)."""
+        self._cast(self._mesh._shape, args, kwargs, None)
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Stream[R]:
+        """Call every actor; iterate over one completed future per rank, in arrival order.
+
+        ``for fut in mesh.ep.stream(x): fut.get()`` or ``async for fut in ...``.
+        """
+        shape = self._mesh._shape
+        stream: Stream[R] = Stream(self, shape)
+        self._cast(shape, args, kwargs, stream)
+        return stream
+
+    # -- sending -------------------------------------------------------------------------------------
+
+    def _cast(
+        self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
+    ) -> None:
+        mesh = self._mesh
+        procs = mesh._procs
+        if procs.closed:
+            raise MeshClosedError(
+                f"cannot call {self._what}: its proc mesh was stopped; spawn a new one"
+            )
+        payload, buffers = pickle_arguments(args, kwargs, self._what)
+        node = current_node()
+        reply = None
+        if collector is not None:
+            reply = collector.port = node.open_port(collector)
+        envelope = ("call", mesh._key, self._name, shape, reply)
+        digest = payload_digest(payload)
+        dead = node.dead
+        for rank in shape.ranks():
+            address = procs.addresses[rank]
+            death = dead.get(address.mailbox)
+            if death is not None:
+                if collector is not None:
+                    collector.on_death(address.mailbox, death)
+                    continue
+                raise SupervisionError([death], f"cannot broadcast to {self._what}")
+            node.send(address, envelope, payload, buffers, digest)
+
+
+class _Collector(Generic[T]):
+    """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
+
+    def __init__(self, endpoint: Endpoint[Any, Any], shape: Shape) -> None:
+        self.node: Node = current_node()
+        self.what = endpoint._what
+        self.procs = endpoint._mesh._procs
+        self.shape = shape
+        self.n = len(shape)
+        self.values: list[Any] = [_MISSING] * self.n
+        self.remaining = self.n
+        self.lock = threading.Lock()
+        self.port: Any = None
+
+    def missing_ranks(self) -> str:
+        missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is _MISSING]
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        return f"replies to {self.what} from rank {shown}"
+
+    def on_message(self, msg: Message) -> None:
+        _, port_id, index, status = msg.envelope
+        try:
+            value = msg.value()
+        except Exception as exc:
+            status, value = FAILED, RemoteFailure(
+                str(self.shape.point(index)), self.what, "", type(exc).__name__,
+                f"the reply could not be unpickled in the caller: {exc}", "",
+            )
+        if status == FAILED and not isinstance(value, RemoteFailure):
+            status, value = FAILED, RemoteFailure(str(self.shape.point(index)), self.what, "",
+                                                  "Error", repr(value), "")
+        self.deliver(index, status == FAILED, value)
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
+        for i, rank in enumerate(self.shape.ranks()):
+            if self.procs.addresses[rank].mailbox == mailbox:
+                self.deliver(i, True, death)
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        port = self.port
+        if port is not None:
+            self.node.close_port(port)
+
+
+class _Gather(_Collector[T]):
+    def __init__(
+        self, endpoint: Endpoint[Any, Any], shape: Shape, finish: Callable[[list[Any]], T]
+    ) -> None:
+        super().__init__(endpoint, shape)
+        self.finish = finish
+        self.failures: list[RemoteFailure] = []
+        self.future: Future[T] = Future(self.missing_ranks)
+        self.future.add_done_callback(lambda _: self.close())
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        with self.lock:
+            if self.values[index] is not _MISSING or self.future.done():
+                return
+            self.values[index] = value
+            self.remaining -= 1
+            done = self.remaining == 0
+        if failed and isinstance(value, ProcDeath):
+            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
+            return
+        if failed:
+            self.failures.append(value)
+        if done:
+            if self.failures:
+                self.future._set_exception(ActorError(self.failures))
+            else:
+                self.future._set_result(self.finish(self.values))
+
+
+class Stream(_Collector[T], Generic[T]):
+    """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
+
+    def __init__(self, endpoint: Endpoint[Any, Any], shape: Shape) -> None:
+        super().__init__(endpoint, shape)
+        self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
+        self._yielded = 0
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        with self.lock:
+            if self.values[index] is not _MISSING:
+                return
+            self.values[index] = value
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.close()
+        if isinstance(value, ProcDeath):
+            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
+        elif failed:
+            fut = Future._failed(ActorError([value]))
+        else:
+            fut = Future._completed(value)
+        self._arrived.put(fut)
+
+    def __iter__(self) -> Iterator[Future[T]]:
+        return self
+
+    def __next__(self) -> Future[T]:
+        return self.next(timeout=None)
+
+    def next(self, timeout: float | None = None) -> Future[T]:
+        """The next arrived reply as a completed future; ``StopIteration`` after the last."""
+        if self._yielded >= self.n:
+            raise StopIteration
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                raise MeshTimeoutError(f"timed out waiting for {self.missing_ranks()}")
+            try:
+                fut = self._arrived.get(timeout=wait)
+                break
+            except queue.Empty:
+                continue
+        self._yielded += 1
+        return fut
+
+    def __aiter__(self) -> AsyncIterator[Future[T]]:
+        return self._async_iter()
+
+    async def _async_iter(self) -> AsyncIterator[Future[T]]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while self._yielded < self.n:
+            yield await loop.run_in_executor(None, self.next)
+

@@ -1,0 +1,161 @@
+"""One Future for sync and async callers: ``.get(timeout=)`` blocks, ``await`` suspends.
+
+Results are set from the I/O thread; waiting happens on any thread. ``get`` works in a plain
+script, inside a running event loop (a Jupyter cell: it blocks that thread only; the reply is
+received by the I/O thread, so it cannot deadlock), and inside a sync endpoint that calls another
+actor (same reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+from .. import config
+from ..errors import MeshTimeoutError
+
+T = TypeVar("T")
+_PENDING, _DONE, _FAILED = 0, 1, 2
+
+
+class Future(Generic[T]):
+    """The eventual result of an endpoint call, a port receive, a stop, ...
+
+    Not constructed by users: endpoints, ports and meshes return them.
+
+    - ``get(timeout=None)`` blocks the calling thread until the result is there and returns it
+      (or raises the remote failure). ``timeout`` is in seconds; without one, the default from
+      ``ACTORMESH_GET_TIMEOUT`` applies (none by default: a dead worker fails the wait anyway).
+      Past the deadline it raises :class:`MeshTimeoutError` naming what has not answered.
+    - ``await future`` does the same without blocking the event loop.
+    - ``result()`` is ``get()``; ``exception()`` waits and returns the error or ``None``;
+      ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the I/O thread (keep it short).
+    """
+
+    __slots__ = ("_callbacks", "_describe_pending", "_event", "_lock", "_state", "_value")
+
+    def __init__(self, describe_pending: Callable[[], str] | None = None) -> None:
+        self._state = _PENDING
+        self._value: Any = None
+        self._lock = threading.Lock()
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[Future[T]], None]] = []
+        self._describe_pending = describe_pending
+
+    # -- completing (runtime side) -------------------------------------------------------------
+
+    def _set_result(self, value: T) -> bool:
+        return self._complete(_DONE, value)
+
+    def _set_exception(self, exc: BaseException) -> bool:
+        return self._complete(_FAILED, exc)
+
+    def _complete(self, state: int, value: Any) -> bool:
+        with self._lock:
+            if self._state != _PENDING:
+                return False
+            self._state = state
+            self._value = value
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = []
+        if event is not None:
+            event.set()
+        for cb in callbacks:
+            _run_callback(cb, self)
+        return True
+
+    @classmethod
+    def _completed(cls, value: T) -> Future[T]:
+        f: Future[T] = cls()
+        f._state, f._value = _DONE, value
+        return f
+
+    @classmethod
+    def _failed(cls, exc: BaseException) -> Future[T]:
+        f: Future[T] = cls()
+        f._state, f._value = _FAILED, exc
+        return f
+
+    # -- waiting (user side) ---------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def get(self, timeout: float | None = None) -> T:
+        """Block until done and return the result (or raise). See the class docstring."""
+        if self._state == _PENDING:
+            self._wait(timeout)
+        if self._state == _FAILED:
+            raise self._value
+        return self._value  # type: ignore[no-any-return]
+
+    def result(self, timeout: float | None = None) -> T:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == _PENDING:
+            self._wait(timeout)
+        return self._value if self._state == _FAILED else None
+
+    def _wait(self, timeout: float | None) -> None:
+        if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
+            timeout = config.DEFAULT_GET_TIMEOUT
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if timeout is None:
+            # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
+            while not event.wait(1.0):
+                pass
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or event.wait(min(left, 1.0)):
+                break
+        if self._state == _PENDING:
+            what = self._describe_pending() if self._describe_pending else "the result"
+            raise MeshTimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+    def add_done_callback(self, fn: Callable[[Future[T]], None]) -> None:
+        with self._lock:
+            if self._state == _PENDING:
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._state == _PENDING:
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: Future[T]) -> None:
+                loop.call_soon_threadsafe(_set_if_pending, waiter)
+
+            self.add_done_callback(wake)
+            yield from waiter.__await__()
+        return self.get()
+
+    def __repr__(self) -> str:
+        state = {_PENDING: "pending", _DONE: "done", _FAILED: "failed"}[self._state]
+        return f"<actormesh.Future {state}>"
+
+
+def _set_if_pending(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _run_callback(cb: Callable[[Any], None], fut: Any) -> None:
+    try:
+        cb(fut)
+    except Exception:
+        import logging
+
+        logging.getLogger(__name__).exception("done-callback of %r raised", fut)

@@ -1,0 +1,127 @@
+"""``HostMesh``, ``this_host()`` and ``this_proc()``: where proc meshes come from."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from .. import config
+from ..errors import MeshUsageError
+from .controller import AgentHandle, Controller, MeshRecord, get_controller
+from .logs import rank_label
+from .proc_mesh import ProcMesh
+from .proc_table import ProcTable
+from .shape import Extent, MeshShape, Shape
+from .transport import Address
+from .wire import new_id
+
+
+class HostMesh(MeshShape):
+    """Hosts, each with a host agent that starts and watches worker processes.
+
+    Not constructed by users: ``this_host()`` gives the local machine as a mesh of extent
+    ``{hosts: 1}``.
+    """
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("HostMesh is not constructed directly; use actormesh.this_host()")
+
+    @classmethod
+    def _create(cls, ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:
+        self = object.__new__(cls)
+        self._ctl = ctl
+        self._agents = agents
+        self._shape = shape
+        return self
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh._create(self._ctl, self._agents, shape)
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._shape.extent}>"
+
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str = "procs",
+    ) -> ProcMesh:
+        """Start worker processes: ``per_host`` gives the extent of procs on each host.
+
+        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``.
+        Blocks until every process has started (at most ``ACTORMESH_SPAWN_TIMEOUT`` seconds) and
+        raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
+        on the host, a ``gpus`` dimension gives each process its own device
+        (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
+        """
+        per_host = dict(per_host or {})
+        for dim in per_host:
+            if dim in self._shape.labels:
+                raise MeshUsageError(f"per_host dimension {dim!r} is already a host dimension")
+        if env is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise MeshUsageError("env must map str to str")
+        host_extent = self._shape.extent
+        extent = Extent(
+            list(host_extent.labels) + list(per_host), list(host_extent.sizes) + list(per_host.values())
+        )
+        per = Extent(list(per_host), list(per_host.values())).nelem
+        agents = [self._agents[r] for r in self._shape.ranks()]
+        for agent in agents:
+            agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+        ctl = self._ctl
+        mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        shape = Shape.from_extent(extent)
+        addresses: list[Address] = []
+        labels: list[str] = []
+        for rank in range(len(shape)):
+            agent = agents[rank // per]
+            assert agent.address is not None
+            addresses.append(
+                Address(agent.address.host, f"ipc://{ctl.run_dir}/{mesh_id}-{rank}", None, new_id())
+            )
+            labels.append(rank_label(shape.point(rank)))
+        table = ProcTable(mesh_id, addresses, labels)
+        record = MeshRecord(ctl, table, agents, per)
+        ctl.register(record)
+        common = {
+            "cwd": os.getcwd(),
+            "sys_path": list(sys.path),
+            "env": dict(env or {}),
+            "extent": [list(extent.labels), list(extent.sizes)],
+        }
+        for host_index, agent in enumerate(agents):
+            assert agent.address is not None
+            procs = [
+                {"rank": r, "label": labels[r], "mailbox": addresses[r].mailbox.hex(),
+                 "ipc": addresses[r].ipc}
+                for r in range(host_index * per, (host_index + 1) * per)
+            ]
+            ctl.node.send(agent.address, ("spawn", mesh_id, procs, common))
+        try:
+            record.ready.get(timeout=config.SPAWN_TIMEOUT)
+        except BaseException:
+            record.stop()
+            raise
+        return ProcMesh._create(table, shape, record)
+
+
+def this_host() -> HostMesh:
+    """The machine the controller runs on, as a host mesh of extent ``{hosts: 1}``.
+
+    Its host agent (and fork server) starts in the background on first use.
+    """
+    ctl = get_controller()
+    agent = ctl.local_agent()
+    return HostMesh._create(ctl, [agent], Shape.from_extent({"hosts": 1}))
+
+
+def this_proc() -> ProcMesh:
+    """The controller process itself as a one-proc mesh: its actors run on threads here."""
+    ctl = get_controller()
+    table = ProcTable("this-proc", [ctl.node.address], ["controller"])
+    return ProcMesh._create(table, Shape.from_extent({}), None)

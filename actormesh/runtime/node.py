@@ -1,0 +1,181 @@
+"""The actormesh runtime of one process: its transport, ports, hosted actors and supervision view.
+
+Every process that takes part (the controller, each worker, each host agent) has exactly one
+``Node``. The controller's is created on first use; a worker's is created by ``worker.main``.
+Handlers run on the I/O thread and must stay short.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from ..errors import ProcDeath
+from .transport import Address, Transport
+from .wire import Message
+
+logger = logging.getLogger(__name__)
+
+
+class Port(NamedTuple):
+    """Where a value can be sent: a process and one of its open ports. Picklable."""
+
+    address: Address
+    port_id: int
+
+    def send(self, value: Any) -> None:
+        """Send ``value`` to the receiver of this port (non-blocking, from any thread)."""
+        from .wire import dumps
+
+        payload, buffers = dumps(value)
+        current_node().transport.send(self.address, ("port", self.port_id), payload, buffers)
+
+
+class PortHandler(Protocol):
+    def on_message(self, msg: Message) -> None: ...
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> None: ...
+
+
+class Node:
+    """Process-wide runtime state. See the module docstring."""
+
+    def __init__(
+        self,
+        key: bytes,
+        run_dir: str,
+        name: str,
+        role: str,
+        tcp_host: str | None = None,
+        host_id: str | None = None,
+        mailbox: bytes | None = None,
+        ipc: str | None = None,
+    ) -> None:
+        self.key = key
+        self.role = role
+        self.run_dir = run_dir
+        self.transport = Transport(
+            key, self._dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc
+        )
+        self.address = self.transport.address
+        self.handlers: dict[str, Callable[[Message], None]] = {
+            "reply": self._on_port_message,
+            "port": self._on_port_message,
+            "died": self._on_died,
+        }
+        self._ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.dead: dict[bytes, ProcDeath] = {}
+        self.death_listeners: list[Callable[[bytes, ProcDeath], None]] = []
+        # Where rank-labelled output goes: the controller of the job.
+        self.controller: Address | None = None
+
+    def start(self) -> None:
+        self.transport.start()
+
+    # -- ports ------------------------------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler) -> Port:
+        port_id = next(self._port_ids)
+        self._ports[port_id] = handler
+        return Port(self.address, port_id)
+
+    def close_port(self, port: Port) -> None:
+        self._ports.pop(port.port_id, None)
+
+    def _on_port_message(self, msg: Message) -> None:
+        handler = self._ports.get(msg.envelope[1])
+        if handler is None:
+            logger.debug("message for closed port %s dropped", msg.envelope[1])
+            return
+        handler.on_message(msg)
+
+    # -- supervision view -------------------------------------------------------------------------
+
+    def record_death(self, mailbox: bytes, death: ProcDeath) -> None:
+        """Mark a process dead and fail everything waiting on it (any thread)."""
+        with self._lock:
+            if mailbox in self.dead:
+                return
+            self.dead[mailbox] = death
+        for handler in list(self._ports.values()):
+            try:
+                handler.on_death(mailbox, death)
+            except Exception:
+                logger.exception("port handler failed on a death notice")
+        for listener in list(self.death_listeners):
+            try:
+                listener(mailbox, death)
+            except Exception:
+                logger.exception("death listener failed")
+
+    def forget_death(self, mailbox: bytes) -> None:
+        with self._lock:
+            self.dead.pop(mailbox, None)
+
+    def _on_died(self, msg: Message) -> None:
+        _, mailbox, death = msg.envelope
+        self.record_death(mailbox, death)
+
+    # -- dispatch (I/O thread) ------------------------------------------------------------------------
+
+    def _dispatch(self, msg: Message) -> None:
+        handler = self.handlers.get(msg.envelope[0])
+        if handler is None:
+            logger.warning("no handler for message kind %r", msg.envelope[0])
+            return
+        handler(msg)
+
+    def send(
+        self,
+        dest: Address,
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Any = (),
+        digest: bytes | None = None,
+    ) -> None:
+        self.transport.send(dest, envelope, payload, buffers, digest)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+_node: Node | None = None
+_node_lock = threading.Lock()
+_node_factory: Callable[[], Node] | None = None
+
+
+def set_node(node: Node | None) -> None:
+    global _node
+    _node = node
+
+
+def set_node_factory(factory: Callable[[], Node]) -> None:
+    """How ``current_node`` makes the node on first use (the controller registers one)."""
+    global _node_factory
+    _node_factory = factory
+
+
+def current_node() -> Node:
+    """This process's node; in the controller it is created on first use."""
+    node = _node
+    if node is not None:
+        return node
+    with _node_lock:
+        if _node is None:
+            if _node_factory is None:
+                from . import controller  # registers the factory
+
+                assert controller
+            assert _node_factory is not None
+            set_node(_node_factory())
+        assert _node is not None
+        return _node
+
+
+def node_if_started() -> Node | None:
+    return _node

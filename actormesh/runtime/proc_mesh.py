@@ -1,0 +1,118 @@
+"""``ProcMesh``: worker processes, one per rank, that actors are spawned on."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import MeshClosedError, MeshUsageError
+from .actor import Actor, endpoint_names
+from .actor_mesh import ActorMesh
+from .endpoint import _Gather, pickle_arguments
+from .future import Future
+from .node import current_node
+from .proc_table import ProcTable
+from .shape import MeshShape, Shape
+from .wire import payload_digest
+
+if TYPE_CHECKING:
+    from .controller import MeshRecord
+
+A = TypeVar("A", bound=Actor)
+
+
+class ProcMesh(MeshShape):
+    """Worker processes, one per rank, made by ``HostMesh.spawn_procs``. Not built by users.
+
+    ``spawn`` puts one actor per rank. ``stop()`` ends the processes; afterwards any call on
+    the mesh or its actors raises :class:`MeshClosedError`. Usable as a context manager that
+    stops the mesh on exit. Slicing is bookkeeping (no message is sent).
+    """
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("ProcMesh is not constructed directly; use this_host().spawn_procs(...)")
+
+    @classmethod
+    def _create(cls, procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+        self = object.__new__(cls)
+        self._procs = procs
+        self._shape = shape
+        self._record = record
+        return self
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh._create(self._procs, shape, self._record)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self._procs, self._shape))
+
+    def __repr__(self) -> str:
+        state = " (stopped)" if self._procs.closed else ""
+        return f"<ProcMesh {self._shape.extent}{state}>"
+
+    def __enter__(self) -> ProcMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop().get(timeout=30)
+
+    # -- actors ---------------------------------------------------------------------------------
+
+    def spawn(self, name: str, cls: type[A] | Callable[..., A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Create one ``cls(*args, **kwargs)`` actor on every rank of this mesh; don't wait.
+
+        ``__init__`` runs in each worker before the first message it handles; if it raises,
+        the first call (and ``mesh.initialized``) fails with its ``ActorError``. Classes from
+        ``__main__`` or a notebook cell are sent by value; others are imported by the workers.
+        """
+        if not isinstance(name, str) or not name:
+            raise MeshUsageError(f"an actor mesh needs a non-empty name, got {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise MeshUsageError(
+                f"spawn expects a subclass of actormesh.Actor, got {cls!r}; "
+                "derive your class from am.Actor and mark its methods with @am.endpoint"
+            )
+        if self._procs.closed:
+            raise MeshClosedError("cannot spawn on a stopped proc mesh; spawn new procs")
+        payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
+        key = f"{name}-{uuid.uuid4().hex[:12]}"
+        shape = self._shape
+        mesh: ActorMesh[A] = ActorMesh._create(
+            self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
+        )
+        gather: _Gather[Any] = _Gather(_SpawnEndpoint(mesh, name), shape, lambda _: None)
+        node = current_node()
+        reply = gather.port = node.open_port(gather)
+        envelope = ("spawn", key, name, shape, reply)
+        digest = payload_digest(payload)
+        for rank in shape.ranks():
+            address = self._procs.addresses[rank]
+            death = node.dead.get(address.mailbox)
+            if death is not None:
+                gather.on_death(address.mailbox, death)
+                continue
+            node.send(address, envelope, payload, buffers, digest)
+        mesh._initialized = gather.future
+        return mesh
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    def stop(self) -> Future[None]:
+        """Stop every process of the whole mesh (not just this slice); the future completes when
+        they have all exited. Stopping twice is harmless."""
+        if self._record is None:
+            raise MeshUsageError("only the process that spawned a proc mesh can stop it")
+        return self._record.stop()
+
+
+class _SpawnEndpoint:
+    """Lets the spawn's reply collector describe itself like an endpoint."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._what = f"{name}.__init__"
+
+
+def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
+    return ProcMesh._create(procs, shape, None)

@@ -1,0 +1,37 @@
+"""The addresses of a proc mesh's processes, shared by every slice and actor mesh on it."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from .transport import Address
+
+_live: weakref.WeakValueDictionary[str, ProcTable] = weakref.WeakValueDictionary()
+_live_lock = threading.Lock()
+
+
+class ProcTable:
+    """``addresses[global_rank]`` for one proc mesh. Picklable: a copy unpickled in the process
+    that owns the mesh is the live table itself, so state like ``closed`` is seen everywhere."""
+
+    def __init__(self, mesh_id: str, addresses: list[Address], labels: list[str]) -> None:
+        self.mesh_id = mesh_id
+        self.addresses = addresses
+        self.labels = labels  # "gpus=1", for messages and output
+        self.pids: list[int] = [0] * len(addresses)
+        self.closed = False
+        with _live_lock:
+            _live[mesh_id] = self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self.mesh_id, self.addresses, self.labels))
+
+
+def _restore(mesh_id: str, addresses: list[Address], labels: list[str]) -> ProcTable:
+    with _live_lock:
+        table = _live.get(mesh_id)
+    if table is not None:
+        return table
+    return ProcTable(mesh_id, addresses, labels)

@@ -1,0 +1,735 @@
+"""Named-dimension shape algebra shared by every mesh: ``Extent``, ``Point``, ``Shape``.
+
+Everything here is pure bookkeeping: no I/O, no processes, no locks. Objects are immutable, so
+they may be shared freely between threads.
+
+A ``Shape`` is a strided view of a *global* rank space (the ranks of the mesh that was spawned):
+``offset + sum(coord[i] * strides[i])`` is the global rank of the point with coordinates
+``coord`` in the view. Slicing a mesh changes only its ``Shape``; no message is sent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import math
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import pairwise
+from typing import Any, NoReturn, TypeVar
+
+__all__ = ["Extent", "MeshShape", "Point", "Selector", "Shape"]
+
+Selector = int | slice
+"""What ``mesh.slice(dim=...)`` accepts: an ``int`` (drops the dimension) or a ``slice``."""
+
+
+def _check_label(label: object, what: str = "dimension name") -> str:
+    if not isinstance(label, str):
+        raise TypeError(f"{what} must be a str, got {type(label).__name__} {label!r}")
+    if not label.isidentifier():
+        raise ValueError(
+            f"{what} {label!r} is not a valid identifier; use names like 'hosts' or 'gpus'"
+        )
+    return label
+
+
+def _check_labels(labels: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(labels, str):
+        raise TypeError(
+            f"dimension names must be a sequence of str, got the str {labels!r}; "
+            f"write ({labels!r},) for a single dimension"
+        )
+    out = tuple(_check_label(label) for label in labels)
+    if len(set(out)) != len(out):
+        dups = sorted({label for label in out if out.count(label) > 1})
+        raise ValueError(
+            f"dimension names must be unique; {', '.join(map(repr, dups))} repeated in {out}"
+        )
+    return out
+
+
+def _as_int(value: object, what: str) -> int:
+    # bool is an int subclass, but `gpus=True` is almost certainly a mistake.
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # TypeError below if not
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _render_extent(labels: Sequence[str], sizes: Sequence[int]) -> str:
+    return (
+        "{" + ", ".join(f"{label}: {size}" for label, size in zip(labels, sizes, strict=True)) + "}"
+    )
+
+
+def _render_coords(labels: Sequence[str], coords: Sequence[int]) -> str:
+    return "{" + ", ".join(f"{label}={c}" for label, c in zip(labels, coords, strict=True)) + "}"
+
+
+def _no_such_dims(names: Sequence[str], labels: Sequence[str], sizes: Sequence[int]) -> NoReturn:
+    which = (
+        f"dimension {names[0]!r}"
+        if len(names) == 1
+        else "dimensions " + ", ".join(repr(n) for n in names)
+    )
+    msg = f"mesh has no {which}; its extent is {_render_extent(labels, sizes)}"
+    close = difflib.get_close_matches(names[0], labels, n=1)
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
+    raise ValueError(msg)
+
+
+def _check_known(names: Sequence[str], labels: Sequence[str], sizes: Sequence[int]) -> None:
+    unknown = [n for n in names if n not in labels]
+    if unknown:
+        _no_such_dims(unknown, labels, sizes)
+
+
+def _normalize_index(
+    value: object, label: str, size: int, labels: Sequence[str], sizes: Sequence[int]
+) -> int:
+    """An int selector/coordinate, negative counting from the end, range-checked."""
+    index = _as_int(value, f"index for dimension {label!r}")
+    normalized = index + size if index < 0 else index
+    if not 0 <= normalized < size:
+        raise IndexError(
+            f"index {index} is out of range for dimension {label!r} of size {size} "
+            f"(extent {_render_extent(labels, sizes)})"
+        )
+    return normalized
+
+
+def _row_major_index(
+    labels: Sequence[str],
+    sizes: Sequence[int],
+    coords: Mapping[str, int],
+    *,
+    allow_negative: bool,
+) -> int:
+    """Row-major index of ``coords``; dimensions of size 1 may be omitted."""
+    _check_known(list(coords), labels, sizes)
+    missing = [
+        label for label, size in zip(labels, sizes, strict=True) if size > 1 and label not in coords
+    ]
+    if missing:
+        example = ", ".join(f"{label}=0" for label in missing)
+        raise ValueError(
+            f"missing coordinate{'s' if len(missing) > 1 else ''} for "
+            f"{', '.join(map(repr, missing))} (extent {_render_extent(labels, sizes)}); "
+            f"give one for every dimension of size > 1, e.g. {example}"
+        )
+    index = 0
+    for label, size in zip(labels, sizes, strict=True):
+        raw = coords.get(label, 0)
+        if not allow_negative and _as_int(raw, f"coordinate for {label!r}") < 0:
+            raise IndexError(
+                f"coordinate {raw} is out of range for dimension {label!r} of size {size} "
+                f"(extent {_render_extent(labels, sizes)})"
+            )
+        index = index * size + _normalize_index(raw, label, size, labels, sizes)
+    return index
+
+
+class Extent(Mapping[str, int]):
+    """Ordered dimension names mapped to their sizes, e.g. ``{hosts: 1, gpus: 4}``.
+
+    Immutable, hashable and picklable. Two extents are equal when they have the same names in
+    the same order with the same sizes; an extent also equals a ``dict`` with the same items.
+    """
+
+    __slots__ = ("_labels", "_sizes")
+    _labels: tuple[str, ...]
+    _sizes: tuple[int, ...]
+
+    def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
+        labels_t = _check_labels(labels)
+        sizes_t = tuple(_as_int(s, "dimension size") for s in sizes)
+        if len(labels_t) != len(sizes_t):
+            raise ValueError(
+                f"got {len(labels_t)} dimension names {labels_t} but {len(sizes_t)} sizes "
+                f"{sizes_t}; give one size per name"
+            )
+        for label, size in zip(labels_t, sizes_t, strict=True):
+            if size < 1:
+                raise ValueError(f"dimension {label!r} has size {size}; sizes must be >= 1")
+        object.__setattr__(self, "_labels", labels_t)
+        object.__setattr__(self, "_sizes", sizes_t)
+
+    @classmethod
+    def from_dict(cls, sizes: Mapping[str, int]) -> Extent:
+        """``Extent.from_dict({"hosts": 1, "gpus": 4})``; dimension order is the dict's order."""
+        return cls(list(sizes.keys()), list(sizes.values()))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self._labels
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @property
+    def nelem(self) -> int:
+        """Number of points (the product of the sizes; 1 for an extent with no dimensions)."""
+        return math.prod(self._sizes)
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self._sizes[self._labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._labels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Extent):
+            return self._labels == other._labels and self._sizes == other._sizes
+        if isinstance(other, dict):
+            return dict(zip(self._labels, self._sizes, strict=True)) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((Extent, self._labels, self._sizes))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Extent is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Extent is immutable; cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Extent, (self._labels, self._sizes))
+
+    def __repr__(self) -> str:
+        return f"Extent({dict(zip(self._labels, self._sizes, strict=True))!r})"
+
+    def __str__(self) -> str:
+        return _render_extent(self._labels, self._sizes)
+
+
+class Point(Mapping[str, int]):
+    """A position in an ``Extent``: dimension name mapped to coordinate.
+
+    ``rank`` is the row-major index of the point in ``extent`` (last dimension fastest), so
+    ``Point(3, Extent(["hosts", "gpus"], [1, 4]))`` is ``{hosts=0, gpus=3}``. Immutable,
+    hashable, picklable; equal to another ``Point`` with the same rank and extent, and to a
+    ``dict`` with the same coordinates.
+    """
+
+    __slots__ = ("_coords", "_extent", "_rank")
+    _rank: int
+    _extent: Extent
+    _coords: tuple[int, ...]
+
+    def __init__(self, rank: int, extent: Extent | Mapping[str, int]) -> None:
+        if not isinstance(extent, Extent):
+            if not isinstance(extent, Mapping):
+                raise TypeError(f"extent must be an Extent, got {type(extent).__name__}")
+            extent = Extent.from_dict(extent)
+        rank = _as_int(rank, "rank")
+        if not 0 <= rank < extent.nelem:
+            raise IndexError(
+                f"rank {rank} is out of range for extent {extent} with {extent.nelem} points"
+            )
+        coords = []
+        rest = rank
+        for size in reversed(extent.sizes):
+            rest, c = divmod(rest, size)
+            coords.append(c)
+        object.__setattr__(self, "_rank", rank)
+        object.__setattr__(self, "_extent", extent)
+        object.__setattr__(self, "_coords", tuple(reversed(coords)))
+
+    @classmethod
+    def from_coords(cls, extent: Extent, coords: Mapping[str, int]) -> Point:
+        """The point at ``coords`` in ``extent``; dimensions of size 1 may be omitted.
+
+        Raises:
+            ValueError: a name is not in ``extent``, or a dimension of size > 1 is missing.
+            IndexError: a coordinate is out of range (negative coordinates are rejected).
+        """
+        rank = _row_major_index(extent.labels, extent.sizes, coords, allow_negative=False)
+        return cls(rank, extent)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def extent(self) -> Extent:
+        return self._extent
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self._coords[self._extent.labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __contains__(self, label: object) -> bool:
+        return label in self._extent.labels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._extent.labels)
+
+    def __len__(self) -> int:
+        return len(self._coords)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Point):
+            return self._rank == other._rank and self._extent == other._extent
+        if isinstance(other, dict):
+            return dict(zip(self._extent.labels, self._coords, strict=True)) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((Point, self._rank, self._extent))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Point is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Point is immutable; cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Point, (self._rank, self._extent))
+
+    def __repr__(self) -> str:
+        return f"Point({dict(zip(self._extent.labels, self._coords, strict=True))!r})"
+
+    def __str__(self) -> str:
+        return _render_coords(self._extent.labels, self._coords)
+
+
+def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(sizes):
+        strides.append(acc)
+        acc *= size
+    return tuple(reversed(strides))
+
+
+class Shape:
+    """A strided view of a global rank space, with named dimensions.
+
+    The point with coordinates ``c`` (in this view's extent) is global rank
+    ``offset + sum(c[i] * strides[i])``. Dimensions run outer to inner: among dimensions of size
+    > 1, each stride exceeds the span of the dimensions inside it, so the view never overlaps
+    itself and a global rank maps back to a point in O(ndims).
+
+    Immutable, hashable and cheap to pickle (it travels in every message): a few tuples, no
+    per-rank data. ``ranks()`` is computed on first use and cached in the instance, not pickled.
+    Equality ignores the strides of size-1 dimensions, which select nothing.
+    """
+
+    __slots__ = ("_extent", "_labels", "_offset", "_ranks", "_sizes", "_strides")
+    _labels: tuple[str, ...]
+    _offset: int
+    _sizes: tuple[int, ...]
+    _strides: tuple[int, ...]
+    _extent: Extent | None
+    _ranks: tuple[int, ...] | None
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        offset: int,
+        sizes: Sequence[int],
+        strides: Sequence[int],
+    ) -> None:
+        extent = Extent(labels, sizes)  # validates names and sizes
+        strides_t = tuple(_as_int(s, "stride") for s in strides)
+        offset = _as_int(offset, "offset")
+        if len(strides_t) != len(extent.sizes):
+            raise ValueError(
+                f"got {len(strides_t)} strides {strides_t} for {len(extent.sizes)} dimensions "
+                f"{extent}; give one stride per dimension"
+            )
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        for label, stride in zip(extent.labels, strides_t, strict=True):
+            if stride < 1:
+                raise ValueError(f"dimension {label!r} has stride {stride}; strides must be >= 1")
+        span = 0  # largest offset reachable through the dimensions inside the current one
+        for label, size, stride in reversed(
+            list(zip(extent.labels, extent.sizes, strides_t, strict=True))
+        ):
+            if size == 1:
+                continue
+            if stride <= span:
+                raise ValueError(
+                    f"strides {strides_t} of extent {extent} overlap or are not ordered outer to "
+                    f"inner: dimension {label!r} has stride {stride} but the dimensions inside "
+                    f"it reach {span}"
+                )
+            span += (size - 1) * stride
+        self._init(extent.labels, offset, extent.sizes, strides_t, extent)
+
+    def _init(
+        self,
+        labels: tuple[str, ...],
+        offset: int,
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+        extent: Extent | None,
+    ) -> None:
+        object.__setattr__(self, "_labels", labels)
+        object.__setattr__(self, "_offset", offset)
+        object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "_strides", strides)
+        object.__setattr__(self, "_extent", extent)
+        object.__setattr__(self, "_ranks", None)
+
+    @classmethod
+    def _unchecked(
+        cls,
+        labels: tuple[str, ...],
+        offset: int,
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+    ) -> Shape:
+        # For views derived from a valid Shape: the invariants hold by construction.
+        shape = cls.__new__(cls)
+        shape._init(labels, offset, sizes, strides, None)
+        return shape
+
+    @classmethod
+    def from_extent(cls, extent: Extent | Mapping[str, int]) -> Shape:
+        """The dense row-major shape of ``extent``: offset 0, last dimension fastest."""
+        if not isinstance(extent, Extent):
+            extent = Extent.from_dict(extent)
+        return cls(extent.labels, 0, extent.sizes, _row_major_strides(extent.sizes))
+
+    # -- accessors ------------------------------------------------------------------------
+
+    @property
+    def extent(self) -> Extent:
+        extent = self._extent
+        if extent is None:
+            extent = Extent(self._labels, self._sizes)
+            object.__setattr__(self, "_extent", extent)
+        return extent
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self._labels
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self._strides
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def ndim(self) -> int:
+        return len(self._labels)
+
+    def __len__(self) -> int:
+        return math.prod(self._sizes)
+
+    def ranks(self) -> tuple[int, ...]:
+        """Global ranks of this view in row-major order (computed once, then cached)."""
+        ranks = self._ranks
+        if ranks is None:
+            acc = [self._offset]
+            for size, stride in zip(self._sizes, self._strides, strict=True):
+                steps = [i * stride for i in range(size)]
+                acc = [base + step for base in acc for step in steps]
+            ranks = tuple(acc)
+            # Two threads may race here; both compute the same tuple, so either write is fine.
+            object.__setattr__(self, "_ranks", ranks)
+        return ranks
+
+    def global_rank(self, local_index: int) -> int:
+        """Global rank of the point at row-major ``local_index`` of this view."""
+        n = len(self)
+        index = _as_int(local_index, "local index")
+        if not 0 <= index < n:
+            raise IndexError(
+                f"local index {index} is out of range for a view of {n} ranks (extent {self})"
+            )
+        rank = self._offset
+        for size, stride in zip(reversed(self._sizes), reversed(self._strides), strict=True):
+            index, c = divmod(index, size)
+            rank += c * stride
+        return rank
+
+    def local_index(self, global_rank: int) -> int | None:
+        """Row-major index of ``global_rank`` in this view, or ``None`` if it is not in it."""
+        rest = global_rank - self._offset
+        if rest < 0:
+            return None
+        index = 0
+        # Outer to inner: each stride exceeds the span of the dimensions inside it, so the
+        # coordinate along a dimension is simply the quotient.
+        for size, stride in zip(self._sizes, self._strides, strict=True):
+            if size == 1:
+                continue
+            c = rest // stride
+            if c >= size:
+                return None
+            rest -= c * stride
+            index = index * size + c
+        return index if rest == 0 else None
+
+    def point(self, local_index: int) -> Point:
+        """The point at ``local_index`` in this view's own extent."""
+        return Point(local_index, self.extent)
+
+    def point_of_global(self, global_rank: int) -> Point | None:
+        """The point of ``global_rank`` in this view's extent, or ``None`` if not in the view."""
+        index = self.local_index(global_rank)
+        return None if index is None else Point(index, self.extent)
+
+    def index_of_coords(self, coords: Mapping[str, int]) -> int:
+        """Local (row-major) index of ``coords``; size-1 dimensions may be omitted.
+
+        Negative coordinates count from the end, as in ``slice``.
+
+        Raises:
+            ValueError: an unknown dimension, or a missing coordinate of a dimension of size > 1.
+            IndexError: a coordinate is out of range.
+        """
+        return _row_major_index(self._labels, self._sizes, coords, allow_negative=True)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def slice(self, **selectors: Selector) -> Shape:
+        """A sub-view. ``dim=int`` selects one index and drops the dimension (negative ints count
+        from the end); ``dim=slice(start, stop, step)`` keeps it, with Python semantics.
+
+        Raises:
+            ValueError: unknown dimension, negative or zero step, or an empty selection.
+            IndexError: an int selector out of range.
+            TypeError: a selector that is neither an int nor a slice.
+        """
+        if not selectors:
+            return self
+        _check_known(list(selectors), self._labels, self._sizes)
+        labels: list[str] = []
+        sizes: list[int] = []
+        strides: list[int] = []
+        offset = self._offset
+        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
+            if label not in selectors:
+                labels.append(label)
+                sizes.append(size)
+                strides.append(stride)
+                continue
+            sel = selectors[label]
+            if isinstance(sel, builtins.slice):
+                start, step, count = self._resolve_slice(label, size, sel)
+                offset += start * stride
+                labels.append(label)
+                sizes.append(count)
+                strides.append(stride * step)
+            elif isinstance(sel, bool) or not hasattr(sel, "__index__"):
+                raise TypeError(
+                    f"selector for dimension {label!r} must be an int or a slice, got "
+                    f"{type(sel).__name__} {sel!r}"
+                )
+            else:
+                offset += _normalize_index(sel, label, size, self._labels, self._sizes) * stride
+        return Shape._unchecked(tuple(labels), offset, tuple(sizes), tuple(strides))
+
+    def _resolve_slice(self, label: str, size: int, sel: builtins.slice) -> tuple[int, int, int]:
+        try:
+            start, stop, step = sel.indices(size)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"bad selector {sel!r} for dimension {label!r}: {exc}") from exc
+        if step < 0:
+            raise ValueError(
+                f"selector {sel!r} for dimension {label!r} has a negative step; mesh views keep "
+                f"rank order, so use a positive step (extent {self})"
+            )
+        count = len(range(start, stop, step))
+        if count == 0:
+            raise ValueError(
+                f"selector {sel!r} selects nothing from dimension {label!r} of size {size} "
+                f"(extent {self}); a mesh view must keep at least one rank"
+            )
+        return start, step, count
+
+    def flatten(self, name: str) -> Shape:
+        """One dimension called ``name`` holding every rank of this view, in the same order.
+
+        Raises:
+            ValueError: the view's ranks are not evenly spaced (e.g. some inner dimension was
+                sliced), so no single stride describes them.
+        """
+        _check_label(name)
+        stride = self._uniform_stride()
+        if stride is None:
+            big = [
+                (lbl, sz, st)
+                for lbl, sz, st in zip(self._labels, self._sizes, self._strides, strict=True)
+                if sz > 1
+            ]
+            for (outer, _, outer_stride), (inner, inner_size, inner_stride) in pairwise(big):
+                if outer_stride != inner_stride * inner_size:
+                    raise ValueError(
+                        f"cannot flatten extent {self} into {name!r}: the view is not "
+                        f"contiguous, so no single stride describes its ranks (dimension "
+                        f"{outer!r} has stride {outer_stride}, but dimension {inner!r} spans "
+                        f"{inner_size} x {inner_stride} = {inner_size * inner_stride}); "
+                        f"flatten before slicing, or slice only the outermost dimension"
+                    )
+            raise AssertionError("unreachable: _uniform_stride found a gap")  # pragma: no cover
+        return Shape._unchecked((name,), self._offset, (len(self),), (stride,))
+
+    def _uniform_stride(self) -> int | None:
+        """The common difference of ``ranks()`` (1 for a single rank), or None if uneven."""
+        stride = None
+        span = 0  # the span that the next outer dimension's stride must equal
+        for size, st in zip(reversed(self._sizes), reversed(self._strides), strict=True):
+            if size == 1:  # size-1 dims do not affect spacing
+                continue
+            if stride is None:
+                stride = st
+            elif st != span:
+                return None
+            span = st * size
+        return 1 if stride is None else stride
+
+    def rename(self, **old_to_new: str) -> Shape:
+        """The same view with dimensions renamed (``rename(gpus="ranks")``)."""
+        if not old_to_new:
+            return self
+        _check_known(list(old_to_new), self._labels, self._sizes)
+        for new in old_to_new.values():
+            _check_label(new, "new dimension name")
+        labels = tuple(old_to_new.get(label, label) for label in self._labels)
+        if len(set(labels)) != len(labels):
+            dups = sorted({label for label in labels if labels.count(label) > 1})
+            raise ValueError(
+                f"renaming {old_to_new} in extent {self} gives duplicate dimension "
+                f"name{'s' if len(dups) > 1 else ''} {', '.join(map(repr, dups))}"
+            )
+        return Shape._unchecked(labels, self._offset, self._sizes, self._strides)
+
+    # -- value semantics ------------------------------------------------------------------
+
+    def _key(self) -> tuple[Any, ...]:
+        strides = tuple(
+            st if sz > 1 else 0 for sz, st in zip(self._sizes, self._strides, strict=True)
+        )
+        return (self._labels, self._offset, self._sizes, strides)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Shape):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((Shape, *self._key()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Shape is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Shape is immutable; cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Only the four defining tuples travel; the caches are rebuilt on demand. Unpickling
+        # skips validation: every Shape was validated where it was made, and pickles come
+        # only from our own, authenticated peers (see wire.py).
+        return (_restore_shape, (self._labels, self._offset, self._sizes, self._strides))
+
+    def __repr__(self) -> str:
+        return (
+            f"Shape(labels={self._labels!r}, offset={self._offset}, sizes={self._sizes!r}, "
+            f"strides={self._strides!r})"
+        )
+
+    def __str__(self) -> str:
+        return _render_extent(self._labels, self._sizes)
+
+
+def _restore_shape(
+    labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
+) -> Shape:
+    return Shape._unchecked(labels, offset, sizes, strides)
+
+
+_MeshT = TypeVar("_MeshT", bound="MeshShape")
+
+
+class MeshShape(ABC):
+    """Shape algebra shared by ``HostMesh``, ``ProcMesh``, ``ActorMesh`` and ``ValueMesh``.
+
+    Subclasses hold their view in ``_shape`` and implement ``_new_with_shape``. Every method here
+    is pure bookkeeping: it never blocks and no message is sent, so any thread may call it.
+    """
+
+    __slots__ = ()
+    _shape: Shape
+
+    @abstractmethod
+    def _new_with_shape(self: _MeshT, shape: Shape) -> _MeshT:
+        """A copy of this mesh that covers ``shape`` (a view of the same global ranks)."""
+
+    def slice(self: _MeshT, **selectors: Selector) -> _MeshT:
+        """A view of part of this mesh; no message is sent.
+
+        ``dim=int`` picks one index and drops the dimension (negative counts from the end);
+        ``dim=slice(start, stop, step)`` keeps the dimension (positive steps only).
+        ``procs.slice(gpus=slice(0, 2))`` has extent ``{hosts: 1, gpus: 2}``.
+
+        Raises:
+            ValueError: unknown dimension (the message shows the extent), bad step, or an
+                empty selection.
+            IndexError: an int selector out of range.
+            TypeError: a selector that is neither an int nor a slice.
+        """
+        return self._new_with_shape(self._shape.slice(**selectors))
+
+    def flatten(self: _MeshT, name: str) -> _MeshT:
+        """This mesh as one dimension called ``name``, same rank order; no message is sent.
+
+        Raises:
+            ValueError: the view is not evenly spaced (an inner dimension was sliced);
+                flatten before slicing.
+        """
+        return self._new_with_shape(self._shape.flatten(name))
+
+    def rename(self: _MeshT, **old_to_new: str) -> _MeshT:
+        """This mesh with dimensions renamed, e.g. ``rename(gpus="ranks")``; no message is sent."""
+        return self._new_with_shape(self._shape.rename(**old_to_new))
+
+    def size(self, dim: str | None = None) -> int:
+        """Number of ranks, or the size of dimension ``dim``."""
+        if dim is None:
+            return len(self._shape)
+        shape = self._shape
+        if dim not in shape.labels:
+            _no_such_dims([dim], shape.labels, shape.sizes)
+        return shape.sizes[shape.labels.index(dim)]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Dimension name to size, in dimension order (a new dict each time)."""
+        return dict(zip(self._shape.labels, self._shape.sizes, strict=True))
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    def __len__(self) -> int:
+        return len(self._shape)

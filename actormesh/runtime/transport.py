@@ -1,0 +1,278 @@
+"""ZeroMQ sockets and the I/O thread of one process.
+
+Socket ownership (ZeroMQ sockets are not thread-safe):
+- The *inbox* (a PULL socket bound on ``ipc://`` for this host and, when asked, ``tcp://`` for
+  other hosts) is read only by the I/O thread.
+- An *outbox* (a PUSH socket connected to one destination) is written by whichever thread sends,
+  always under that destination's lock. The lock is a full memory barrier, which is what ZeroMQ
+  asks for when a socket moves between threads, and it also makes "draw a sequence number, then
+  send" atomic per destination, so per-sender FIFO order holds.
+
+The I/O thread never runs user code: it authenticates, decodes envelopes and dispatches to the
+handler, which must only do short work (complete a future, queue a message for an actor).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import zmq
+
+from .. import config
+from .wire import Message, Signer, Verifier, WireError, new_id
+
+logger = logging.getLogger(__name__)
+
+_DRAIN_BATCH = 512
+
+
+class Address(NamedTuple):
+    """Where a process can be reached: its host, its inbox endpoints, its mailbox id."""
+
+    host: str
+    ipc: str | None
+    tcp: str | None
+    mailbox: bytes
+
+    def endpoint_from(self, host: str) -> str:
+        if self.ipc is not None and host == self.host:
+            return self.ipc
+        if self.tcp is None:
+            raise ConnectionError(f"process {self.mailbox.hex()} on {self.host} has no tcp inbox")
+        return self.tcp
+
+
+def local_host_id() -> str:
+    """A name for this machine that differs between hosts (and between fake hosts in tests)."""
+    override = os.environ.get("ACTORMESH_HOST_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "0"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def make_run_dir() -> str:
+    return tempfile.mkdtemp(prefix="am-", dir=config.RUN_DIR)
+
+
+class Transport:
+    """The inbox, the outboxes and the I/O thread of one process."""
+
+    def __init__(
+        self,
+        key: bytes,
+        on_message: Callable[[Message], None],
+        run_dir: str,
+        name: str,
+        tcp_host: str | None = None,
+        host_id: str | None = None,
+        mailbox: bytes | None = None,
+        ipc: str | None = None,
+    ) -> None:
+        self.ctx = zmq.Context()
+        self.mailbox = mailbox or new_id()
+        self.host_id = host_id or local_host_id()
+        self._signer = Signer(key, self.mailbox)
+        self._verifier = Verifier(key, self.mailbox)
+        self._on_message = on_message
+        self._inbox = self.ctx.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.setsockopt(zmq.RCVHWM, 0)
+        ipc = ipc or f"ipc://{run_dir}/{name}"
+        self._inbox.bind(ipc)
+        tcp = None
+        if tcp_host is not None:
+            port = self._inbox.bind_to_random_port(f"tcp://{tcp_host}")
+            tcp = f"tcp://{tcp_host}:{port}"
+        self.address = Address(self.host_id, ipc, tcp, self.mailbox)
+        self._outboxes: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
+        self._outbox_lock = threading.Lock()
+        # Work handed to the I/O thread from other threads, and its wake-up fd.
+        self._calls: deque[Callable[[], None]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._poller = zmq.Poller()
+        self._poller.register(self._inbox, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._running = True
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"actormesh-io-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def io_thread(self) -> threading.Thread:
+        return self._thread
+
+    # -- sending (any thread) ----------------------------------------------------------------------
+
+    def send(
+        self,
+        dest: Address,
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> None:
+        """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
+        endpoint = dest.endpoint_from(self.host_id)
+        entry = self._outboxes.get(endpoint)
+        if entry is None:
+            entry = self._connect(endpoint)
+        sock, lock = entry
+        with lock:
+            frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
+            sock.send_multipart(frames, copy=False)
+
+    def _connect(self, endpoint: str) -> tuple[zmq.Socket[Any], threading.Lock]:
+        with self._outbox_lock:
+            entry = self._outboxes.get(endpoint)
+            if entry is None:
+                if self._closed:
+                    raise ConnectionError("transport is closed")
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 2000)
+                sock.setsockopt(zmq.SNDHWM, 10000)
+                sock.connect(endpoint)
+                entry = (sock, threading.Lock())
+                self._outboxes[endpoint] = entry
+            return entry
+
+    def forget(self, dest: Address) -> None:
+        """Close the outbox to a process that is gone (its queued messages are dropped)."""
+        try:
+            endpoint = dest.endpoint_from(self.host_id)
+        except ConnectionError:
+            return
+        with self._outbox_lock:
+            entry = self._outboxes.pop(endpoint, None)
+        if entry is not None:
+            sock, lock = entry
+            with lock:
+                sock.close(linger=0)
+
+    # -- scheduling on the I/O thread ------------------------------------------------------------
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self._calls.append(fn)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # closed: the loop is gone
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread after ``delay`` seconds (I/O thread only)."""
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+
+    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the I/O thread whenever ``fd`` is readable (I/O thread only)."""
+        self._readers[fd] = fn
+        self._poller.register(fd, zmq.POLLIN)
+
+    def remove_reader(self, fd: int) -> None:
+        if self._readers.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller = self._poller
+        inbox = self._inbox
+        while self._running:
+            timeout = -1.0
+            if self._timers:
+                timeout = max(0.0, (self._timers[0][0] - time.monotonic()) * 1000)
+            if self._calls:
+                timeout = 0
+            try:
+                events = poller.poll(timeout)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.ETERM:
+                    break
+                raise
+            for what, _ in events:
+                if what is inbox:
+                    self._drain(inbox)
+                elif what == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                else:
+                    reader = self._readers.get(what)
+                    if reader is not None:
+                        self._guard(reader)
+            while self._calls:
+                self._guard(self._calls.popleft())
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                self._guard(heapq.heappop(self._timers)[2])
+
+    def _drain(self, inbox: zmq.Socket[Any]) -> None:
+        for _ in range(_DRAIN_BATCH):
+            try:
+                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = self._verifier.decode(frames)
+            except WireError as exc:
+                logger.warning("dropped a message that failed authentication: %s", exc)
+                continue
+            except Exception as exc:
+                logger.warning("dropped an undecodable message: %r", exc)
+                continue
+            try:
+                self._on_message(msg)
+            except Exception:
+                logger.exception("error handling a %r message", msg.envelope[0])
+
+    @staticmethod
+    def _guard(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            logger.exception("error on the actormesh I/O thread")
+
+    # -- closing --------------------------------------------------------------------------------------
+
+    def close(self, linger: float = 1.0) -> None:
+        """Stop the I/O thread and close every socket (queued sends get ``linger`` seconds)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._running = False
+        self.call_soon(lambda: None)
+        if threading.current_thread() is not self._thread and self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self._outbox_lock:
+            outboxes = list(self._outboxes.values())
+            self._outboxes.clear()
+        for sock, lock in outboxes:
+            with lock:
+                sock.close(linger=int(linger * 1000))
+        self._inbox.close(linger=0)
+        self.ctx.term()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

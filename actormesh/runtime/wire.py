@@ -1,0 +1,248 @@
+"""Framing, signing and the pickle boundary: the only place that unpickles.
+
+A message on the wire is a list of ZeroMQ frames::
+
+    [signature, head, payload, buffer_0, buffer_1, ...]
+
+- ``head`` is a fixed binary prefix (magic, sender id, destination id, sequence number, the
+  SHA-256 of ``payload``, the size of every buffer) followed by a small pickled *envelope* (what
+  the message is: its kind, target, reply port).
+- ``signature`` is HMAC-SHA256 of ``head`` under the job's key. The payload is covered through
+  its digest in the head, and out-of-band buffers through their sizes: buffers are only ever
+  copied into tensors or arrays, never unpickled, so hashing hundreds of megabytes buys nothing.
+- ``payload`` is the pickled user data (arguments, results), pickle protocol 5. Large tensors and
+  arrays leave it as out-of-band buffers, sent as zero-copy frames.
+
+Nothing is unpickled before the signature, the destination, the sequence number (against
+replays) and the payload digest have been checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import itertools
+import logging
+import os
+import pickle
+import struct
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"AM01"
+_FIXED = struct.Struct("<4s8s8sQ32sI")  # magic, sender, dest, seq, payload digest, nbuf
+_LEN = struct.Struct("<Q")
+SIG_SIZE = 32
+KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
+# Tensors and arrays smaller than this travel inside the payload (a copy is cheaper than a frame).
+OOB_THRESHOLD = 64 * 1024
+
+
+class WireError(Exception):
+    """A frame sequence that is not a valid, authentic message. It is dropped, never executed."""
+
+
+def new_key() -> bytes:
+    return os.urandom(32)
+
+
+def new_id() -> bytes:
+    return os.urandom(8)
+
+
+# ---------------------------------------------------------------------------------------------
+# pickling
+
+
+def _rebuild_tensor(
+    data: Any, dtype_name: str, shape: tuple[int, ...], requires_grad: bool, param: bool
+) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if isinstance(data, (bytes, bytearray)):
+        data = bytearray(data)  # torch.frombuffer needs a writable buffer
+    if len(memoryview(data)) == 0:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        # The frame is ours alone (ZeroMQ gave us the message), so the tensor may own it.
+        t = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle (by-value classes from ``__main__`` and notebook cells) plus zero-copy tensors."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            reduced = _reduce_tensor(obj, torch)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _reduce_tensor(t: Any, torch: Any) -> Any:
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
+        return None  # torch's own pickling handles the rest
+    data = t.detach()
+    if not data.is_contiguous():
+        data = data.contiguous()
+    nbytes = data.numel() * data.element_size()
+    flat = data.reshape(-1).view(torch.uint8) if data.numel() else None
+    if flat is None:
+        buf: Any = b""
+    elif nbytes >= OOB_THRESHOLD:
+        buf = pickle.PickleBuffer(flat.numpy())
+    else:
+        buf = flat.numpy().tobytes()
+    dtype_name = str(data.dtype).removeprefix("torch.")
+    param = isinstance(t, torch.nn.Parameter)
+    return (_rebuild_tensor, (buf, dtype_name, tuple(t.shape), bool(t.requires_grad), param))
+
+
+def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj``; large buffers come back separately, to be sent as zero-copy frames."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep_large(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes >= OOB_THRESHOLD:
+            buffers.append(buf)
+            return False  # out of band
+        return True  # small: inline
+
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=keep_large).dump(obj)
+    return f.getvalue(), buffers
+
+
+def loads(payload: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    """Unpickle a payload whose digest the receiver has already checked (see :func:`decode`)."""
+    return pickle.loads(payload, buffers=buffers)
+
+
+# ---------------------------------------------------------------------------------------------
+# framing and signing
+
+
+class Signer:
+    """Signs outgoing messages of one process: its sender id and a sequence number per message."""
+
+    def __init__(self, key: bytes, sender: bytes):
+        self.key = key
+        self.sender = sender
+        self._seq = itertools.count(1)
+
+    def frames(
+        self,
+        dest: bytes,
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> list[Any]:
+        """Frames for one message. Pass ``digest`` when the same payload goes to many places.
+
+        The sequence number is drawn here, so the caller must send the frames before any other
+        message to the same destination is framed (the sender holds the destination's lock).
+        """
+        if digest is None:
+            digest = hashlib.sha256(payload).digest()
+        env = pickle.dumps(envelope, protocol=5)
+        parts = [
+            _FIXED.pack(MAGIC, self.sender, dest, next(self._seq), digest, len(buffers)),
+            *(_LEN.pack(memoryview(b).nbytes) for b in buffers),
+            env,
+        ]
+        head = b"".join(parts)
+        sig = hmac.digest(self.key, head, "sha256")
+        return [sig, head, payload, *buffers]
+
+
+class Message:
+    """A decoded, authenticated message. The payload is unpickled only on demand."""
+
+    __slots__ = ("buffers", "envelope", "payload", "sender")
+
+    def __init__(
+        self, sender: bytes, envelope: tuple[Any, ...], payload: Any, buffers: list[Any]
+    ) -> None:
+        self.sender = sender
+        self.envelope = envelope
+        self.payload = payload
+        self.buffers = buffers
+
+    def value(self) -> Any:
+        return loads(self.payload, self.buffers)
+
+
+class Verifier:
+    """Checks incoming messages for one receiver: signature, destination, replay, sizes."""
+
+    def __init__(self, key: bytes, me: bytes):
+        self.key = key
+        self.me = me
+        self._last_seq: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+
+    def decode(self, frames: Sequence[Any]) -> Message:
+        if len(frames) < 3:
+            raise WireError(f"expected at least 3 frames, got {len(frames)}")
+        sig = _as_bytes(frames[0])
+        head = _as_bytes(frames[1])
+        if len(sig) != SIG_SIZE or len(head) < _FIXED.size:
+            raise WireError("truncated signature or head")
+        if not hmac.compare_digest(sig, hmac.digest(self.key, head, "sha256")):
+            raise WireError("bad signature")
+        # From here on the head is authentic: it was written by a holder of the key.
+        magic, sender, dest, seq, digest, nbuf = _FIXED.unpack_from(head)
+        if magic != MAGIC:
+            raise WireError(f"unknown protocol {magic!r}")
+        if dest != self.me:
+            raise WireError("message addressed to another process (replayed?)")
+        with self._lock:
+            if seq <= self._last_seq.get(sender, 0):
+                raise WireError(f"replayed or reordered message (seq {seq})")
+            self._last_seq[sender] = seq
+        if len(frames) != 3 + nbuf:
+            raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 3}")
+        off = _FIXED.size
+        buffers = list(frames[3:])
+        for i in range(nbuf):
+            (size,) = _LEN.unpack_from(head, off)
+            off += _LEN.size
+            if memoryview(buffers[i]).nbytes != size:
+                raise WireError(f"buffer {i} has the wrong size")
+        payload = frames[2]
+        payload_view = memoryview(payload)
+        if hashlib.sha256(payload_view).digest() != digest:
+            raise WireError("payload does not match its signed digest")
+        envelope = pickle.loads(head[off:])
+        if not isinstance(envelope, tuple) or not envelope:
+            raise WireError("malformed envelope")
+        return Message(sender, envelope, payload_view, buffers)
+
+
+def _as_bytes(frame: Any) -> bytes:
+    if isinstance(frame, bytes):
+        return frame
+    b = getattr(frame, "bytes", None)
+    return b if isinstance(b, bytes) else bytes(frame)
+
+
+def payload_digest(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).digest()
+
+
+DumpFn = Callable[[Any], tuple[bytes, list[pickle.PickleBuffer]]]

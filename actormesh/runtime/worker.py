@@ -1,0 +1,99 @@
+"""A worker process: one rank of a proc mesh, hosting that rank's actors.
+
+Its main thread only waits; the I/O thread receives messages and hands calls to the actors'
+threads, so heartbeats, stack dumps and stop requests are answered even while an endpoint runs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from .. import config
+from . import context as ctxmod
+from .hosting import ActorHost
+from .logs import capture_output, flush_output
+from .node import Node, set_node
+from .shape import Extent, Point
+from .transport import Address
+from .wire import Message
+
+logger = logging.getLogger(__name__)
+
+
+def _address(v: list[Any]) -> Address:
+    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
+
+
+def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
+    """Run this process as the worker described by ``spec``; returns when told to stop."""
+    for k, v in spec["env"].items():
+        os.environ[k] = v
+    try:
+        os.chdir(spec["cwd"])
+    except OSError:
+        pass
+    sys.path[:] = spec["sys_path"]
+    faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    labels, sizes = spec["extent"]
+    point = Point(spec["rank"], Extent(labels, sizes))
+    node = Node(
+        key,
+        init["run_dir"],
+        f"{spec['mesh_id']}-{spec['rank']}",
+        role="worker",
+        mailbox=bytes.fromhex(spec["mailbox"]),
+        ipc=spec["ipc"],
+    )
+    set_node(node)
+    node.controller = _address(init["controller"])
+    host = ActorHost(node, proc_rank=spec["rank"])
+    stop = threading.Event()
+
+    def on_stop(_: Message) -> None:
+        stop.set()
+
+    node.handlers["stop"] = on_stop
+    ctxmod.set_process_context(
+        ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
+    )
+    capture_output(node, spec["label"])
+    node.start()
+    node.send(node.controller, ("ready", spec["mesh_id"], spec["rank"], os.getpid()))
+    parent = os.getppid()
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            os._exit(1)  # orphaned: whoever started us is gone
+    host.stop_all(timeout=config.STOP_GRACE / 2)
+    flush_output()
+    node.close()
+
+
+def main() -> None:
+    """Entry point of a worker started as a fresh interpreter (``start_method=spawn``)."""
+    from .osutil import die_with_parent
+
+    die_with_parent(int(os.environ.pop("ACTORMESH_AGENT_PID")))
+    request = json.loads(sys.stdin.readline())
+    init = request["init"]
+    code = 0
+    try:
+        run(request["spec"], bytes.fromhex(init["key"]), init)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,589 @@
+"""Write RESULTS.md for one ``run.sh`` output directory.
+
+usage: python3 report.py OUT_DIR > OUT_DIR/RESULTS.md
+
+Reads ``<system>_run<k>.json`` (from the bench scripts), ``status.tsv``, ``command.txt``,
+``git.txt`` and ``*.freeze.txt`` written by run.sh.  Standard library only.
+
+Conventions (the same as shared/peers/RESULTS.md):
+- a cell is the median over rounds of each round's median, p90 in parentheses for latencies,
+  [min-max of the round medians] when there is more than one round;
+- a ratio k is a cost ratio against a reference: for a time (µs, s) system / reference, for
+  a rate (GB/s, msg/s) reference / system; so k > 1 always means "k times slower";
+- a target's ratio is computed within each round (the machine is shared and noisy) and the
+  verdict uses the median of those per-round ratios.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Run = dict[str, Any]
+SYSTEMS = ["limits", "actormesh", "monarch", "ray", "ray_zc", "ipp"]
+TITLE = {
+    "limits": "floor (raw pyzmq / memcpy)",
+    "actormesh": "actormesh",
+    "monarch": "Monarch 0.7.0",
+    "ray": "Ray 2.60.0",
+    "ray_zc": "Ray 2.60.0 zero-copy torch",
+    "ipp": "ipyparallel 9.2.0",
+}
+FIELD = {"us": "median_us", "s": "seconds", "GB/s": "median_GBps", "msg/s": "msgs_per_s"}
+TIME_UNITS = ("us", "s")
+X = "\u00d7"  # multiplication sign
+ND = "\u2013"  # en dash, for ranges
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def load(d: str) -> dict[str, dict[int, Run]]:
+    runs: dict[str, dict[int, Run]] = {}
+    for p in sorted(glob.glob(os.path.join(d, "*_run*.json"))):
+        m = re.search(r"_run(\d+)\.json$", p)
+        with open(p) as f:
+            r = json.load(f)
+        runs.setdefault(r["system"], {})[int(m.group(1)) if m else 0] = r
+    return runs
+
+
+RUNS: dict[str, dict[int, Run]] = {}
+
+
+def run_value(r: Run, key: str, field: str) -> float | None:
+    """One run's value; ``key*`` means the median over keys with that prefix (ff repeats)."""
+    m = r["metrics"]
+    keys = [k for k in m if k == key or (key.endswith("*") and k.startswith(key[:-1]))]
+    xs = []
+    for k in keys:
+        v: Any = m[k]
+        for f in field.split("."):
+            v = v.get(f) if isinstance(v, dict) else None
+        if isinstance(v, (int, float)):
+            xs.append(float(v))
+    return statistics.median(xs) if xs else None
+
+
+def per_round(system: str, key: str, field: str) -> dict[int, float]:
+    out = {}
+    for k, r in RUNS.get(system, {}).items():
+        v = run_value(r, key, field)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def failed(system: str, key: str) -> bool:
+    stem = key.rstrip("*")
+    return any(
+        e.startswith(stem) for r in RUNS.get(system, {}).values() for e in r.get("errors", {})
+    )
+
+
+# ---- formatting ------------------------------------------------------------------------------
+def fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "n/a"
+    if unit == "us":
+        return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+    if unit == "s":
+        return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+    if unit == "GB/s":
+        return f"{x:.3f}" if x < 1 else f"{x:.2f}"
+    if unit == "msg/s":
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def cost_ratio(x: float, ref: float, unit: str) -> float:
+    return x / ref if unit in TIME_UNITS else ref / x
+
+
+def cell(system: str, key: str | None, unit: str, field: str | None = None) -> str:
+    if key is None:
+        return "—"
+    field = field or FIELD[unit]
+    v = list(per_round(system, key, field).values())
+    if not v:
+        if not RUNS.get(system):
+            return "not run"
+        return "failed" if failed(system, key) else "n/a"
+    s = fmt(statistics.median(v), unit)
+    if unit == "us" and field == "median_us":
+        p = list(per_round(system, key, "p90_us").values())
+        if p:
+            s += f" ({fmt(statistics.median(p), unit)})"
+    if len(v) > 1:
+        s += f" [{fmt(min(v), unit)}{ND}{fmt(max(v), unit)}]"
+    return s
+
+
+def median_of(system: str, key: str, unit: str) -> float | None:
+    v = list(per_round(system, key, FIELD[unit]).values())
+    return statistics.median(v) if v else None
+
+
+def ratio_cell(system: str, key: str | None, ref_sys: str, ref_key: str | None, unit: str) -> str:
+    if key is None or ref_key is None:
+        return "—"
+    a, b = median_of(system, key, unit), median_of(ref_sys, ref_key, unit)
+    if a is None or b is None or a == 0 or b == 0:
+        return "—"
+    return f"{X}{cost_ratio(a, b, unit):.2f}"
+
+
+# ---- main table ------------------------------------------------------------------------------
+@dataclass
+class Row:
+    label: str
+    unit: str
+    keys: dict[str, str]  # system -> metric key
+    floor: str | None  # limits key used as the floor for this row
+
+
+def rows() -> list[Row]:
+    out = [
+        Row(
+            "runtime init (this_host / ray.init)",
+            "s",
+            {"actormesh": "init_s", "monarch": "init_s", "ray": "init_s"},
+            None,
+        )
+    ]
+    peers_same = ("actormesh", "monarch", "ray", "ipp")
+    for n in (2, 4, 8):
+        keys = {s: f"spawn_{n}" for s in peers_same} | {"limits": f"zmq_spawn_{n}"}
+        out.append(
+            Row(f"spawn {n} procs (import torch) until first reply", "s", keys, keys["limits"])
+        )
+    keys = {s: "call_one" for s in peers_same} | {"limits": "zmq_tcp_rtt_pickle"}
+    out.append(Row("call_one no-op round trip", "us", keys, keys["limits"]))
+    for n in (2, 4, 8):
+        keys = {s: f"call_all_{n}" for s in peers_same} | {"limits": f"zmq_tcp_call_all_{n}"}
+        out.append(Row(f"call all {n} + gather", "us", keys, keys["limits"]))
+    keys = {s: "ff_rep*" for s in peers_same} | {"limits": "zmq_tcp_ff_rep*"}
+    out.append(Row("fire-and-forget to 1 actor (until confirmed)", "msg/s", keys, keys["limits"]))
+    for sz in ("1MB", "64MB"):
+        keys = {s: f"send_{sz}" for s in peers_same} | {"limits": f"zmq_tcp_send_{sz}"}
+        out.append(Row(f"ctrl→actor {sz} (send + ack)", "GB/s", keys, keys["limits"]))
+        keys = {s: f"fetch_{sz}" for s in peers_same} | {"limits": f"zmq_tcp_fetch_{sz}"}
+        out.append(Row(f"actor→ctrl {sz} (fetch)", "GB/s", keys, keys["limits"]))
+    for sz in ("64MB", "256MB"):
+        keys = {s: f"a2a_msg_{sz}" for s in ("actormesh", "monarch", "ray")}
+        keys |= {"ipp": f"a2a_relay_{sz}", "limits": f"zmq_tcp_send_{sz}"}
+        out.append(Row(f"actor→actor {sz}: by message", "GB/s", keys, keys["limits"]))
+        keys = {
+            "actormesh": f"a2a_buffer_{sz}",
+            "monarch": f"a2a_rdma_{sz}",
+            "ray": f"a2a_putget_{sz}",
+            "limits": f"shm_mp_{sz}",
+        }
+        out.append(
+            Row(
+                f"actor→actor {sz}: TensorBuffer / RDMABuffer / ray.put+get / shm",
+                "GB/s",
+                keys,
+                f"zmq_tcp_send_{sz}",
+            )
+        )
+    out.append(Row("stack dump of every rank, 8 ranks", "us", {"actormesh": "stacks_8"}, None))
+    out.append(
+        Row("SIGKILL of a worker → caller's error", "s", {"actormesh": "fault_detect_s"}, None)
+    )
+    return out
+
+
+MAIN_SYSTEMS = ["limits", "actormesh", "monarch", "ray", "ipp"]
+PEERS = ["monarch", "ray", "ipp"]
+
+
+def main_table() -> str:
+    hdr = ["metric", "unit"] + [TITLE[s] for s in MAIN_SYSTEMS]
+    hdr += [f"actormesh {X}floor"] + [f"actormesh {X}{TITLE[p].split()[0]}" for p in PEERS]
+    lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for row in rows():
+        cells = [row.label, row.unit.replace("us", "µs")]
+        cells += [
+            cell(s, row.keys.get(s), row.unit) if s in row.keys else "—" for s in MAIN_SYSTEMS
+        ]
+        am_key = row.keys.get("actormesh")
+        cells.append(ratio_cell("actormesh", am_key, "limits", row.floor, row.unit))
+        cells += [ratio_cell("actormesh", am_key, p, row.keys.get(p), row.unit) for p in PEERS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---- targets (DESIGN.md §7) ------------------------------------------------------------------
+@dataclass
+class Target:
+    what: str
+    goal: str
+    # round -> (ratio or absolute value, how it was formed); None when not measurable
+    measure: Callable[[int], tuple[float, str] | None] | None
+    ok: Callable[[float], bool] | None
+    show: Callable[[float], str]
+    why_not: str = ""
+
+
+def value(system: str, key: str, unit: str, k: int, field: str | None = None) -> float | None:
+    r = RUNS.get(system, {}).get(k)
+    return run_value(r, key, field or FIELD[unit]) if r else None
+
+
+def ratio_target(
+    sys_a: str, key_a: str, sys_b: str, key_b: str, unit: str
+) -> Callable[[int], tuple[float, str] | None]:
+    def f(k: int) -> tuple[float, str] | None:
+        a, b = value(sys_a, key_a, unit, k), value(sys_b, key_b, unit, k)
+        if a is None or b is None or a == 0 or b == 0:
+            return None
+        return a / b, f"{fmt(a, unit)} / {fmt(b, unit)} {unit.replace('us', 'µs')}"
+
+    return f
+
+
+def spawn_incl_init(k: int) -> tuple[float, str] | None:
+    a = [value("actormesh", m, "s", k) for m in ("init_s", "spawn_8")]
+    b = [value("monarch", m, "s", k) for m in ("init_s", "spawn_8")]
+    if None in a or None in b:
+        return None
+    sa, sb = sum(x for x in a if x), sum(x for x in b if x)
+    return sa / sb, f"{fmt(sa, 's')} / {fmt(sb, 's')} s"
+
+
+def a2a_best(k: int) -> tuple[float, str] | None:
+    paths = {
+        "TensorBuffer": value("actormesh", "a2a_buffer_256MB", "GB/s", k),
+        "message": value("actormesh", "a2a_msg_256MB", "GB/s", k),
+    }
+    mem = value("limits", "memcpy_np_256MB", "GB/s", k)
+    got = {n: v for n, v in paths.items() if v}
+    if not got or not mem:
+        return None
+    name, best = max(got.items(), key=lambda kv: kv[1])
+    return best / mem, f"{name} {fmt(best, 'GB/s')} / memcpy {fmt(mem, 'GB/s')} GB/s"
+
+
+def absolute(system: str, key: str, unit: str) -> Callable[[int], tuple[float, str] | None]:
+    def f(k: int) -> tuple[float, str] | None:
+        v = value(system, key, unit, k)
+        return None if v is None else (v, "")
+
+    return f
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def times(x: float) -> str:
+    return f"{x:.2f} {X}"
+
+
+TARGETS = [
+    Target(
+        "`call_one` round trip, no-op endpoint",
+        f"≤ 2 {X} raw pyzmq pickled call",
+        ratio_target("actormesh", "call_one", "limits", "zmq_tcp_rtt_pickle", "us"),
+        lambda r: r <= 2.0,
+        times,
+    ),
+    Target(
+        "`call` to 8 actors and gather",
+        f"≤ 1.5 {X} raw pyzmq fan-out to 8",
+        ratio_target("actormesh", "call_all_8", "limits", "zmq_tcp_call_all_8", "us"),
+        lambda r: r <= 1.5,
+        times,
+    ),
+    Target(
+        "fire-and-forget messages to one actor",
+        "≥ 50 % of raw pyzmq's rate",
+        ratio_target("actormesh", "ff_rep*", "limits", "zmq_tcp_ff_rep*", "msg/s"),
+        lambda r: r >= 0.5,
+        pct,
+    ),
+    Target(
+        "64 MB tensor controller → actor",
+        "≥ 80 % of raw pyzmq bandwidth",
+        ratio_target("actormesh", "send_64MB", "limits", "zmq_tcp_send_64MB", "GB/s"),
+        lambda r: r >= 0.8,
+        pct,
+    ),
+    Target(
+        "256 MB tensor actor → actor, one host (best path)",
+        "≥ 50 % of memcpy into an existing buffer",
+        a2a_best,
+        lambda r: r >= 0.5,
+        pct,
+    ),
+    Target(
+        "spawn 8 procs that import torch, until first reply",
+        "≤ 25 % of Monarch's time",
+        ratio_target("actormesh", "spawn_8", "monarch", "spawn_8", "s"),
+        lambda r: r <= 0.25,
+        pct,
+    ),
+    Target(
+        "  same, counting `this_host()` on both sides",
+        "≤ 25 % of Monarch's time",
+        spawn_incl_init,
+        lambda r: r <= 0.25,
+        pct,
+    ),
+    Target(
+        "SIGKILL of a worker → caller's error",
+        "≤ 1 s",
+        absolute("actormesh", "fault_detect_s", "s"),
+        lambda r: r <= 1.0,
+        lambda x: f"{x:.2f} s",
+    ),
+    Target(
+        "`%%mesh` trivial cell on 8 ranks, end to end",
+        "≤ 25 % of ipyparallel `%%px` on 8 engines",
+        None,
+        None,
+        str,
+        "needs a kernel round trip; not part of this benchmark",
+    ),
+    Target(
+        "stack dump of every rank, 8 ranks",
+        "≤ 100 ms",
+        absolute("actormesh", "stacks_8", "us"),
+        lambda r: r <= 100_000,
+        lambda x: f"{x / 1000:.1f} ms",
+    ),
+    Target(
+        "controller cost of a cast",
+        "grows with hosts, not with actors",
+        None,
+        None,
+        str,
+        "needs several hosts; not part of this benchmark",
+    ),
+]
+
+
+def targets_table() -> str:
+    rounds = sorted(set().union(*[set(r) for r in RUNS.values()])) if RUNS else []
+    lines = [
+        "| target | goal | measured (median of rounds) | per round | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for t in TARGETS:
+        if t.measure is None:
+            lines.append(f"| {t.what} | {t.goal} | — | — | not measured: {t.why_not} |")
+            continue
+        got = [(k, m) for k in rounds if (m := t.measure(k)) is not None]
+        if not got:
+            lines.append(f"| {t.what} | {t.goal} | — | — | not measured (see errors) |")
+            continue
+        med = statistics.median(v for _, (v, _) in got)
+        per = "; ".join(f"r{k}: {t.show(v)}" + (f" ({how})" if how else "") for k, (v, how) in got)
+        verdict = "**met**" if t.ok and t.ok(med) else "**not met**"
+        lines.append(f"| {t.what} | {t.goal} | {t.show(med)} | {per} | {verdict} |")
+    return "\n".join(lines)
+
+
+# ---- extra rows ------------------------------------------------------------------------------
+EXTRA: list[tuple[str, str, str, str, str | None]] = [
+    # system, key, unit, label, field (None: the unit's default)
+    ("limits", "zmq_tcp_rtt_raw", "us", "pyzmq tcp RTT, raw 8 B echo", None),
+    ("limits", "zmq_ipc_rtt_pickle", "us", "pyzmq ipc RTT, pickled call", None),
+    ("limits", "zmq_ipc_ff_rep*", "msg/s", "pyzmq ipc fire-and-forget", None),
+    ("limits", "zmq_ipc_send_64MB", "GB/s", "pyzmq ipc send 64 MB + ack", None),
+    ("limits", "zmq_tcp_send_256MB", "GB/s", "pyzmq tcp send 256 MB + ack", None),
+    ("limits", "popen_spawn_8", "s", f"bare Popen of 8 {X} `python -c 'import torch'`", None),
+    ("limits", "pipe_rtt_bytes", "us", "multiprocessing.Pipe RTT, 8 B", None),
+    ("limits", "pipe_rtt_obj", "us", "multiprocessing.Pipe RTT, pickled tuple", None),
+    ("limits", "memcpy_np_256MB", "GB/s", "memcpy 256 MB numpy copyto (existing dst)", None),
+    ("limits", "memcpy_np_fresh_256MB", "GB/s", "memcpy 256 MB numpy .copy() (fresh dst)", None),
+    ("limits", "memcpy_torch_256MB", "GB/s", "memcpy 256 MB torch copy_ (existing dst)", None),
+    ("limits", "shm_mp_256MB", "GB/s", "shared_memory create+write+handoff 256 MB", None),
+    ("limits", "shm_mp_256MB", "us", "  ...handoff only, 256 MB", "handoff_only.median_us"),
+    ("actormesh", "spawn_8", "s", "spawn 8: `spawn_procs` returns", "spawn_procs_s"),
+    ("actormesh", "spawn_8", "s", "spawn 8: `spawn` returns", "spawn_s"),
+    ("actormesh", "spawn_8", "s", "spawn 8: first `call` returns", "first_call_s"),
+    (
+        "actormesh",
+        "ff_rep*",
+        "msg/s",
+        "broadcast enqueue rate (controller side)",
+        "send_msgs_per_s",
+    ),
+    (
+        "actormesh",
+        "a2a_msg_256MB",
+        "GB/s",
+        "actor B awaits A.produce 256 MB, inside B",
+        "inner.median_GBps",
+    ),
+    (
+        "actormesh",
+        "a2a_buffer_256MB",
+        "GB/s",
+        "TensorBuffer.read_into 256 MB, inside B",
+        "inner.median_GBps",
+    ),
+    ("actormesh", "fault_next_call_s", "s", "next call to a killed actor → error", None),
+    ("monarch", "ff_rep*", "msg/s", "Monarch broadcast enqueue rate", "send_msgs_per_s"),
+    (
+        "monarch",
+        "a2a_rdma_256MB",
+        "GB/s",
+        "Monarch RDMABuffer.read_into 256 MB, inside reader",
+        "inner.median_GBps",
+    ),
+    ("ray", "a2a_putget_256MB_np", "GB/s", "Ray put in A / get in B 256 MB numpy", None),
+    ("ray_zc", "send_64MB", "GB/s", "Ray zero-copy torch: ctrl→actor 64 MB", None),
+    ("ray_zc", "fetch_64MB", "GB/s", "Ray zero-copy torch: actor→ctrl 64 MB", None),
+    ("ray_zc", "a2a_msg_256MB", "GB/s", "Ray zero-copy torch: actor→actor 256 MB", None),
+    ("ipp", "send_64MB_torch", "GB/s", "ipp apply(consume, torch 64 MB) (pickled)", None),
+]
+
+
+def extra_table() -> str:
+    lines = ["| system | measurement | unit | median [range over rounds] |", "|---|---|---|---|"]
+    for system, key, unit, label, field in EXTRA:
+        lines.append(
+            f"| {TITLE[system]} | {label} | {unit.replace('us', 'µs')} "
+            f"| {cell(system, key, unit, field)} |"
+        )
+    return "\n".join(lines)
+
+
+# ---- context ---------------------------------------------------------------------------------
+def read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def machine(out_dir: str) -> list[str]:
+    ms = [r["machine"] for rs in RUNS.values() for r in rs.values()]
+    if not ms:
+        return ["- no results"]
+    m0 = min(ms, key=lambda m: m.get("date", ""))
+    loads = [float(m["loadavg"][0]) for m in ms if m.get("loadavg")]
+    status = [line.split("\t") for line in read(os.path.join(out_dir, "status.tsv")).splitlines()]
+    ends = [float(s[5].split()[0]) for s in status[1:] if len(s) > 5 and s[5] != "-"]
+    loads += ends
+    lines = [
+        f"- **CPU**: {m0.get('cpu_model', '?')}, {m0.get('cpus', '?')} logical cores; "
+        f"**memory** {m0.get('mem_total_kB', 0) / 2**20:.1f} GiB; {m0.get('platform', '?')}; "
+        f"Python {m0.get('python', '?')}",
+        f"- **Date**: {m0.get('date', '?')} (first benchmark start)",
+    ]
+    if loads:
+        lines.append(
+            f"- **1-minute load average** at the start/end of each benchmark: "
+            f"{min(loads):.2f}{ND}{max(loads):.2f} (median {statistics.median(loads):.2f}); "
+            "the machine is shared, so read ranges and within-round ratios"
+        )
+    return lines
+
+
+def versions(out_dir: str) -> list[str]:
+    out = []
+    for s in SYSTEMS:
+        rs = RUNS.get(s)
+        if rs:
+            v = next(iter(rs.values())).get("versions", {})
+            out.append(f"- {TITLE[s]}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
+    git = read(os.path.join(out_dir, "git.txt")).replace("\n", "; ")
+    if git:
+        out.append(f"- actormesh source: commit {git}")
+    freezes = sorted(glob.glob(os.path.join(out_dir, "*.freeze.txt")))
+    if freezes:
+        out.append(
+            "- full `pip freeze` of each venv: "
+            + ", ".join(f"`{os.path.basename(f)}`" for f in freezes)
+            + " beside the JSON files of this run"
+        )
+    return out
+
+
+def errors() -> str:
+    out = []
+    for s, rs in RUNS.items():
+        for k, r in sorted(rs.items()):
+            for key, msg in r.get("errors", {}).items():
+                out.append(f"- {s} round {k} `{key}`: {msg[:400]}")
+            for n in r.get("notes", []):
+                out.append(f"- {s} round {k} note: {n[:400]}")
+    return "\n".join(out) or "- none"
+
+
+def runs_list(out_dir: str) -> str:
+    status = read(os.path.join(out_dir, "status.tsv")).splitlines()
+    if len(status) <= 1:
+        return "- (no status.tsv)"
+    lines = ["| system | round | exit code | seconds | load at start | load at end |"]
+    lines.append("|---|---|---|---|---|---|")
+    for line in status[1:]:
+        lines.append("| " + " | ".join(line.split("\t")) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
+    RUNS.update(load(out_dir))
+    quick = any(r["params"].get("quick") for rs in RUNS.values() for r in rs.values())
+    n_rounds = max((len(rs) for rs in RUNS.values()), default=0)
+    p: list[str] = ["# actormesh benchmark: floor, peers and actormesh side by side", ""]
+    if quick:
+        p += [
+            f"> **Smoke run (QUICK=1)**: about 10{X} fewer iterations than the real comparison.",
+            "> The figures only show that everything runs; do not quote them.",
+            "",
+        ]
+    p += machine(out_dir)
+    p += ["", "## Versions", "", *versions(out_dir)]
+    p += ["", "## Command", "", "```bash", read(os.path.join(out_dir, "command.txt")), "```"]
+    p += [
+        "",
+        f"Rounds: {n_rounds}; in each round the systems run one after another, never two at once.",
+        "Raw JSON and logs: the directory of this file (`bench/out/<time>/` for "
+        "`bench/RESULTS.md`).",
+        "",
+        "## Targets (DESIGN.md §7)",
+        "",
+        "Each ratio is formed within one round and the verdict uses their median.",
+        "",
+        targets_table(),
+        "",
+        "## Medians",
+        "",
+        "Cell: median of the round medians (p90) [range of round medians]. "
+        f"{X}k: cost relative to the reference (time ratio, or inverse rate ratio), "
+        f"so {X}k > 1 means actormesh is k times slower and {X}k < 1 that it is faster. "
+        "Floor per row: pickled-call RTT, pickled fan-out, pickled one-way messages, zero-copy "
+        "frames + ack over tcp, tcp send for actor→actor (shared-memory handoff shown in its "
+        "cell), Popen + import torch + zmq hello for spawn.",
+        "",
+        main_table(),
+        "",
+        "## Floor details and extra variants",
+        "",
+        extra_table(),
+        "",
+        "## Errors and notes",
+        "",
+        errors(),
+        "",
+        "## Runs",
+        "",
+        runs_list(out_dir),
+    ]
+    print("\n".join(p))
+
+
+if __name__ == "__main__":
+    main()
