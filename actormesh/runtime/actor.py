@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ..errors import RemoteFailure
 from . import context as ctxmod
-from .wire import Message, dumps
+from .wire import Message, dumps, reply_port, shape_from_state
 
 if TYPE_CHECKING:
     from .node import Node, Port
@@ -147,7 +147,7 @@ class ActorRunner:
             self._loop.close()
 
     def _construct(self, msg: Message) -> None:
-        _, _key, _name, _shape, reply = msg.envelope
+        _, _key, _name, shape, reply = msg.envelope
         ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
         try:
             (cls, *args), kwargs = msg.value()
@@ -161,15 +161,16 @@ class ActorRunner:
             logger.debug("actor %s failed to start", self.name, exc_info=True)
         finally:
             ctxmod.set_current(None)
-        if reply is not None:
-            self._reply(reply, 0, FAILED if self.init_failure else OK, self.init_failure)
+        index = shape.local_index(self.proc_rank)
+        if reply is not None and index is not None:
+            self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
 
     def _handle_call(self, msg: Message) -> None:
         env = msg.envelope
         # ("call", key, endpoint, shape, reply_port)
         endpoint_name: str = env[2]
-        shape: Shape = env[3]
-        reply: Port | None = env[4]
+        shape: Shape = shape_from_state(env[3])
+        reply: Port | None = reply_port(env[4])
         index = shape.local_index(self.proc_rank)
         message_rank = shape.point(index) if index is not None else self.rank
         ctxmod.set_current(ctxmod.Context(self.actor_instance, message_rank))

@@ -34,6 +34,7 @@ from .wire import Message, Signer, Verifier, WireError, new_id
 logger = logging.getLogger(__name__)
 
 _DRAIN_BATCH = 512
+_SNDMORE = int(zmq.SNDMORE)
 
 
 class Address(NamedTuple):
@@ -140,7 +141,14 @@ class Transport:
         sock, lock = entry
         with lock:
             frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-            sock.send_multipart(frames, copy=False)
+            # Small frames are cheaper copied; only bulk buffers go zero-copy.
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                flags = 0 if i == last else _SNDMORE
+                if i == 0:
+                    sock.send(frame, flags)
+                else:
+                    sock.send(frame, flags, copy=False)
 
     def _connect(self, endpoint: str) -> tuple[zmq.Socket[Any], threading.Lock]:
         with self._outbox_lock:

@@ -2,7 +2,7 @@
 
 A message on the wire is a list of ZeroMQ frames::
 
-    [signature, head, payload, buffer_0, buffer_1, ...]
+    [signature + head + payload, buffer_0, buffer_1, ...]
 
 - ``head`` is a fixed binary prefix (magic, sender id, destination id, sequence number, the
   SHA-256 of ``payload``, the size of every buffer) followed by a small pickled *envelope* (what
@@ -37,12 +37,16 @@ import cloudpickle
 logger = logging.getLogger(__name__)
 
 MAGIC = b"AM01"
-_FIXED = struct.Struct("<4s8s8sQ32sI")  # magic, sender, dest, seq, payload digest, nbuf
+# magic, sender, dest, seq, payload digest, number of buffers, envelope length
+_FIXED = struct.Struct("<4s8s8sQ32sII")
 _LEN = struct.Struct("<Q")
 SIG_SIZE = 32
 KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
 # Tensors and arrays smaller than this travel inside the payload (a copy is cheaper than a frame).
 OOB_THRESHOLD = 64 * 1024
+
+
+SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
 class WireError(Exception):
@@ -112,8 +116,14 @@ def _reduce_tensor(t: Any, torch: Any) -> Any:
     return (_rebuild_tensor, (buf, dtype_name, tuple(t.shape), bool(t.requires_grad), param))
 
 
-def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Pickle ``obj``; large buffers come back separately, to be sent as zero-copy frames."""
+def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj``; large buffers come back separately, to be sent as zero-copy frames.
+
+    ``simple=True`` promises that ``obj`` holds only builtin scalars and containers, which the
+    plain C pickler handles several times faster than cloudpickle.
+    """
+    if simple or type(obj) in SIMPLE_TYPES:
+        return pickle.dumps(obj, protocol=5), []
     buffers: list[pickle.PickleBuffer] = []
 
     def keep_large(buf: pickle.PickleBuffer) -> bool:
@@ -160,14 +170,14 @@ class Signer:
         if digest is None:
             digest = hashlib.sha256(payload).digest()
         env = pickle.dumps(envelope, protocol=5)
-        parts = [
-            _FIXED.pack(MAGIC, self.sender, dest, next(self._seq), digest, len(buffers)),
-            *(_LEN.pack(memoryview(b).nbytes) for b in buffers),
-            env,
-        ]
-        head = b"".join(parts)
+        fixed = _FIXED.pack(MAGIC, self.sender, dest, next(self._seq), digest, len(buffers), len(env))
+        if buffers:
+            head = b"".join([fixed, *(_LEN.pack(memoryview(b).nbytes) for b in buffers), env])
+        else:
+            head = fixed + env
         sig = hmac.digest(self.key, head, "sha256")
-        return [sig, head, payload, *buffers]
+        # One frame for the signed head and the payload: every frame costs a syscall's worth.
+        return [b"".join((sig, head, payload)), *buffers]
 
 
 class Message:
@@ -194,44 +204,45 @@ class Verifier:
         self.key = key
         self.me = me
         self._last_seq: dict[bytes, int] = {}
-        self._lock = threading.Lock()
 
     def decode(self, frames: Sequence[Any]) -> Message:
-        if len(frames) < 3:
-            raise WireError(f"expected at least 3 frames, got {len(frames)}")
-        sig = _as_bytes(frames[0])
-        head = _as_bytes(frames[1])
-        if len(sig) != SIG_SIZE or len(head) < _FIXED.size:
-            raise WireError("truncated signature or head")
-        if not hmac.compare_digest(sig, hmac.digest(self.key, head, "sha256")):
+        """Authenticate and split a message (called by the receiving I/O thread only)."""
+        if not frames:
+            raise WireError("empty message")
+        first = memoryview(frames[0])
+        if first.nbytes < SIG_SIZE + _FIXED.size:
+            raise WireError("truncated head")
+        magic, sender, dest, seq, digest, nbuf, env_len = _FIXED.unpack_from(first, SIG_SIZE)
+        head_end = SIG_SIZE + _FIXED.size + nbuf * _LEN.size + env_len
+        if nbuf > 1024 or head_end > first.nbytes:
+            raise WireError("truncated head")
+        expected = hmac.digest(self.key, first[SIG_SIZE:head_end], "sha256")
+        if not hmac.compare_digest(first[:SIG_SIZE], expected):
             raise WireError("bad signature")
         # From here on the head is authentic: it was written by a holder of the key.
-        magic, sender, dest, seq, digest, nbuf = _FIXED.unpack_from(head)
         if magic != MAGIC:
-            raise WireError(f"unknown protocol {magic!r}")
+            raise WireError(f"unknown protocol {bytes(magic)!r}")
         if dest != self.me:
             raise WireError("message addressed to another process (replayed?)")
-        with self._lock:
-            if seq <= self._last_seq.get(sender, 0):
-                raise WireError(f"replayed or reordered message (seq {seq})")
-            self._last_seq[sender] = seq
-        if len(frames) != 3 + nbuf:
-            raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 3}")
-        off = _FIXED.size
-        buffers = list(frames[3:])
+        if seq <= self._last_seq.get(sender, 0):
+            raise WireError(f"replayed or reordered message (seq {seq})")
+        self._last_seq[sender] = seq
+        if len(frames) != 1 + nbuf:
+            raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
+        off = SIG_SIZE + _FIXED.size
+        buffers = list(frames[1:])
         for i in range(nbuf):
-            (size,) = _LEN.unpack_from(head, off)
+            (size,) = _LEN.unpack_from(first, off)
             off += _LEN.size
             if memoryview(buffers[i]).nbytes != size:
                 raise WireError(f"buffer {i} has the wrong size")
-        payload = frames[2]
-        payload_view = memoryview(payload)
-        if hashlib.sha256(payload_view).digest() != digest:
+        payload = first[head_end:]
+        if hashlib.sha256(payload).digest() != digest:
             raise WireError("payload does not match its signed digest")
-        envelope = pickle.loads(head[off:])
+        envelope = pickle.loads(first[off:head_end])
         if not isinstance(envelope, tuple) or not envelope:
             raise WireError("malformed envelope")
-        return Message(sender, envelope, payload_view, buffers)
+        return Message(sender, envelope, payload, buffers)
 
 
 def _as_bytes(frame: Any) -> bytes:
@@ -239,6 +250,44 @@ def _as_bytes(frame: Any) -> bytes:
         return frame
     b = getattr(frame, "bytes", None)
     return b if isinstance(b, bytes) else bytes(frame)
+
+
+def shape_state(shape: Any) -> tuple[Any, ...]:
+    """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
+    return (shape.labels, shape.offset, shape.sizes, shape.strides)
+
+
+_shapes: dict[tuple[Any, ...], Any] = {}
+
+
+def shape_from_state(state: tuple[Any, ...]) -> Any:
+    shape = _shapes.get(state)
+    if shape is None:
+        from .shape import Shape
+
+        if len(_shapes) > 4096:
+            _shapes.clear()
+        shape = _shapes[state] = Shape._unchecked(*state)
+    return shape
+
+
+_addresses: dict[tuple[Any, ...], Any] = {}
+
+
+def reply_port(reply: tuple[Any, ...] | None) -> Any:
+    """The Port of a reply, from the plain tuple an envelope carries."""
+    if reply is None:
+        return None
+    from .node import Port
+    from .transport import Address
+
+    addr_t, port_id = reply
+    address = _addresses.get(addr_t)
+    if address is None:
+        if len(_addresses) > 4096:
+            _addresses.clear()
+        address = _addresses[addr_t] = Address(*addr_t)
+    return Port(address, port_id)
 
 
 def payload_digest(payload: bytes) -> bytes:

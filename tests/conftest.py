@@ -1,0 +1,98 @@
+"""Fixtures shared by every tier: timeouts, process-leak detection, mesh factories."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _infrastructure(procs: list[psutil.Process]) -> set[int]:
+    """The controller's host agents and their fork servers: they live for the whole session."""
+    me = os.getpid()
+    keep: set[int] = set()
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+            if "actormesh.runtime.agent" in cmd and p.ppid() == me:
+                keep.add(p.pid)
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            if p.ppid() in keep and "actormesh.runtime.zygote" in " ".join(p.cmdline()):
+                keep.add(p.pid)
+        except psutil.Error:
+            continue
+    return keep
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it is true; raise with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fail the test that leaves a process behind (after giving stops a few seconds)."""
+    before = {p.pid for p in _descendants()}
+    yield
+
+    def leaked() -> list[psutil.Process]:
+        procs = _descendants()
+        infra = _infrastructure(procs)
+        out = []
+        for p in procs:
+            if p.pid in before or p.pid in infra:
+                continue
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                continue
+        return out
+
+    deadline = time.monotonic() + 10
+    left = leaked()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = leaked()
+    if left:
+        desc = [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in left if p.is_running()]
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        pytest.fail(f"test left {len(left)} process(es) running: {desc}")
+
+
+@pytest.fixture
+def spawn_procs() -> Iterator[Callable[..., object]]:
+    """Factory: ``spawn_procs(per_host={...})``; every mesh is stopped at teardown."""
+    import actormesh as am
+
+    meshes: list[am.ProcMesh] = []
+
+    def make(**kwargs: object) -> am.ProcMesh:
+        mesh = am.this_host().spawn_procs(**kwargs)  # type: ignore[arg-type]
+        meshes.append(mesh)
+        return mesh
+
+    yield make
+    for mesh in meshes:
+        mesh.stop().get(timeout=20)
