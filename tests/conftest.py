@@ -37,15 +37,6 @@ def _infrastructure(procs: list[psutil.Process]) -> set[int]:
     return keep
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; raise with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
     """Fail the test that leaves a process behind (after giving stops a few seconds)."""

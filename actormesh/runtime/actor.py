@@ -130,7 +130,7 @@ class ActorRunner:
     def stop(self) -> None:
         self.queue.put(None)
 
-    # -- the actor's thread -------------------------------------------------------------------------
+    # -- the actor's thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
         get = self.queue.get

@@ -26,6 +26,13 @@ class ActorMesh(MeshShape, Generic[A]):
     the ``ActorError`` of the ranks whose ``__init__`` raised).
     """
 
+    _procs: ProcTable
+    _key: str
+    _name: str
+    _class_name: str
+    _endpoints: frozenset[str]
+    _initialized: Future[Any] | None
+
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)")
 
@@ -52,14 +59,19 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh._create(
-            self._procs, shape, self._key, self._name, self._class_name, self._endpoints,
+            self._procs,
+            shape,
+            self._key,
+            self._name,
+            self._class_name,
+            self._endpoints,
             self._initialized,
         )
 
     @property
     def initialized(self) -> Future[ValueMesh[None]]:
         if self._initialized is None:
-            return Future._completed(None)  # type: ignore[arg-type]
+            return Future._completed(ValueMesh._create(self._shape, [None] * len(self._shape)))
         return self._initialized
 
     def __getattr__(self, name: str) -> Endpoint[Any, Any]:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .node import Node, set_node
@@ -65,7 +66,7 @@ class Agent:
         h["signal"] = self._on_signal
         h["shutdown"] = lambda _: self.done.set()
 
-    # -- fork server ------------------------------------------------------------------------------
+    # -- fork server -----------------------------------------------------------------------------
 
     def start_zygote(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -123,11 +124,11 @@ class Agent:
             r, w = os.pipe()
             os.set_blocking(r, False)
             worker.pipes[r] = stream
-            self.node.transport.add_reader(r, lambda r=r, wk=worker: self._on_output(wk, r))
+            self.node.transport.add_reader(r, partial(self._on_output, worker, r))
             write_ends.append(w)
         return write_ends
 
-    # -- requests from the controller -------------------------------------------------------------
+    # -- requests from the controller ------------------------------------------------------------
 
     def _on_spawn(self, msg: Message) -> None:
         _, mesh_id, procs, common = msg.envelope
@@ -155,7 +156,10 @@ class Agent:
         env = dict(os.environ, ACTORMESH_AGENT_PID=str(os.getpid()))
         popen = subprocess.Popen(
             [sys.executable, "-m", "actormesh.runtime.worker"],
-            stdin=subprocess.PIPE, stdout=out_w, stderr=err_w, env=env,
+            stdin=subprocess.PIPE,
+            stdout=out_w,
+            stderr=err_w,
+            env=env,
         )
         os.close(out_w)
         os.close(err_w)
@@ -190,7 +194,7 @@ class Agent:
             if w.mesh_id == mesh_id and (ranks is None or w.rank in ranks):
                 _kill(w.pid, signum)
 
-    # -- worker output and exits -------------------------------------------------------------------
+    # -- worker output and exits -----------------------------------------------------------------
 
     def _on_output(self, worker: Worker, fd: int) -> None:
         try:

@@ -170,7 +170,7 @@ class Controller:
         self._closed = False
         atexit.register(self.shutdown)
 
-    # -- agents -----------------------------------------------------------------------------------
+    # -- agents ----------------------------------------------------------------------------------
 
     def local_agent(self) -> AgentHandle:
         """The host agent of this machine, started on first use (it starts its fork server)."""
@@ -211,7 +211,7 @@ class Controller:
         agent.hostname = hostname
         agent.ready._set_result(agent)
 
-    # -- meshes ---------------------------------------------------------------------------------------
+    # -- meshes ----------------------------------------------------------------------------------
 
     def register(self, record: MeshRecord) -> None:
         self.meshes[record.table.mesh_id] = record
@@ -271,7 +271,7 @@ class Controller:
         except Exception:
             logger.exception("the fault hook raised")
 
-    # -- shutdown -------------------------------------------------------------------------------------
+    # -- shutdown --------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Stop every mesh and agent (at exit, or explicitly). Leaves no process behind."""

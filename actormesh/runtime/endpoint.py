@@ -13,6 +13,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from ..errors import (
@@ -32,6 +33,7 @@ from .wire import SIMPLE_TYPES, Message, dumps, payload_digest, shape_state
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
+    from .proc_table import ProcTable
     from .shape import Shape
 
 P = ParamSpec("P")
@@ -40,7 +42,9 @@ T = TypeVar("T")
 _MISSING: Any = object()
 
 
-def pickle_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> tuple[bytes, list[Any]]:
+def pickle_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> tuple[bytes, list[Any]]:
     """Pickle call arguments, or say exactly which argument cannot be pickled (nothing is sent)."""
     try:
         return dumps((args, kwargs), simple=_all_simple(args, kwargs))
@@ -63,6 +67,10 @@ def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return all(type(a) in simple for a in args) and all(type(v) in simple for v in kwargs.values())
 
 
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
 class Endpoint(Generic[P, R]):
     """An endpoint of an actor mesh (``mesh.step``). Not constructed by users.
 
@@ -82,7 +90,7 @@ class Endpoint(Generic[P, R]):
     def _what(self) -> str:
         return f"{self._mesh._name}.{self._name}"
 
-    # -- adverbs ------------------------------------------------------------------------------------
+    # -- adverbs ---------------------------------------------------------------------------------
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the mesh; the future gives a ``ValueMesh`` of their results.
@@ -91,7 +99,7 @@ class Endpoint(Generic[P, R]):
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
         shape = self._mesh._shape
-        gather = _Gather(self, shape, lambda values: ValueMesh._create(shape, values))
+        gather = _Gather(self._what, self._mesh._procs, shape, partial(ValueMesh._create, shape))
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -106,7 +114,7 @@ class Endpoint(Generic[P, R]):
                 f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
                 f"e.g. {hint}, or use call() to reach them all"
             )
-        gather: _Gather[R] = _Gather(self, shape, lambda values: values[0])
+        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -120,7 +128,7 @@ class Endpoint(Generic[P, R]):
         assert index is not None
         coords = dict(mesh._shape.point(index))
         shape = mesh._shape.slice(**coords)
-        gather: _Gather[R] = _Gather(self, shape, lambda values: values[0])
+        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -134,11 +142,11 @@ class Endpoint(Generic[P, R]):
         ``for fut in mesh.ep.stream(x): fut.get()`` or ``async for fut in ...``.
         """
         shape = self._mesh._shape
-        stream: Stream[R] = Stream(self, shape)
+        stream: Stream[R] = Stream(self._what, self._mesh._procs, shape)
         self._cast(shape, args, kwargs, stream)
         return stream
 
-    # -- sending -------------------------------------------------------------------------------------
+    # -- sending ---------------------------------------------------------------------------------
 
     def _cast(
         self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
@@ -173,10 +181,10 @@ class Endpoint(Generic[P, R]):
 class _Collector(Generic[T]):
     """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
 
-    def __init__(self, endpoint: Endpoint[Any, Any], shape: Shape) -> None:
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
         self.node: Node = current_node()
-        self.what = endpoint._what
-        self.procs = endpoint._mesh._procs
+        self.what = what
+        self.procs = procs
         self.shape = shape
         self.n = len(shape)
         self.values: list[Any] = [_MISSING] * self.n
@@ -186,21 +194,34 @@ class _Collector(Generic[T]):
 
     def missing_ranks(self) -> str:
         missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is _MISSING]
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
         return f"replies to {self.what} from rank {shown}"
 
     def on_message(self, msg: Message) -> None:
-        _, port_id, index, status = msg.envelope
+        _, _port_id, index, status = msg.envelope
         try:
             value = msg.value()
         except Exception as exc:
-            status, value = FAILED, RemoteFailure(
-                str(self.shape.point(index)), self.what, "", type(exc).__name__,
-                f"the reply could not be unpickled in the caller: {exc}", "",
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)),
+                    self.what,
+                    "",
+                    type(exc).__name__,
+                    f"the reply could not be unpickled in the caller: {exc}",
+                    "",
+                ),
             )
         if status == FAILED and not isinstance(value, RemoteFailure):
-            status, value = FAILED, RemoteFailure(str(self.shape.point(index)), self.what, "",
-                                                  "Error", repr(value), "")
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)), self.what, "", "Error", repr(value), ""
+                ),
+            )
         self.deliver(index, status == FAILED, value)
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
@@ -219,9 +240,9 @@ class _Collector(Generic[T]):
 
 class _Gather(_Collector[T]):
     def __init__(
-        self, endpoint: Endpoint[Any, Any], shape: Shape, finish: Callable[[list[Any]], T]
+        self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
     ) -> None:
-        super().__init__(endpoint, shape)
+        super().__init__(what, procs, shape)
         self.finish = finish
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.missing_ranks)
@@ -249,8 +270,8 @@ class _Gather(_Collector[T]):
 class Stream(_Collector[T], Generic[T]):
     """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
 
-    def __init__(self, endpoint: Endpoint[Any, Any], shape: Shape) -> None:
-        super().__init__(endpoint, shape)
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+        super().__init__(what, procs, shape)
         self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
         self._yielded = 0
 
@@ -303,4 +324,3 @@ class Stream(_Collector[T], Generic[T]):
         loop = asyncio.get_running_loop()
         while self._yielded < self.n:
             yield await loop.run_in_executor(None, self.next)
-

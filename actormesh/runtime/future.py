@@ -45,7 +45,7 @@ class Future(Generic[T]):
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
 
-    # -- completing (runtime side) -------------------------------------------------------------
+    # -- completing (runtime side) ---------------------------------------------------------------
 
     def _set_result(self, value: T) -> bool:
         return self._complete(_DONE, value)
@@ -90,7 +90,7 @@ class Future(Generic[T]):
             self._wait(timeout)
         if self._state == _FAILED:
             raise self._value
-        return self._value  # type: ignore[no-any-return]
+        return self._value
 
     def result(self, timeout: float | None = None) -> T:
         return self.get(timeout)

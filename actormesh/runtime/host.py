@@ -26,6 +26,9 @@ class HostMesh(MeshShape):
     ``{hosts: 1}``.
     """
 
+    _ctl: Controller
+    _agents: list[AgentHandle]
+
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("HostMesh is not constructed directly; use actormesh.this_host()")
 
@@ -67,7 +70,8 @@ class HostMesh(MeshShape):
             raise MeshUsageError("env must map str to str")
         host_extent = self._shape.extent
         extent = Extent(
-            list(host_extent.labels) + list(per_host), list(host_extent.sizes) + list(per_host.values())
+            list(host_extent.labels) + list(per_host),
+            list(host_extent.sizes) + list(per_host.values()),
         )
         per = Extent(list(per_host), list(per_host.values())).nelem
         agents = [self._agents[r] for r in self._shape.ranks()]
@@ -97,8 +101,12 @@ class HostMesh(MeshShape):
         for host_index, agent in enumerate(agents):
             assert agent.address is not None
             procs = [
-                {"rank": r, "label": labels[r], "mailbox": addresses[r].mailbox.hex(),
-                 "ipc": addresses[r].ipc}
+                {
+                    "rank": r,
+                    "label": labels[r],
+                    "mailbox": addresses[r].mailbox.hex(),
+                    "ipc": addresses[r].ipc,
+                }
                 for r in range(host_index * per, (host_index + 1) * per)
             ]
             ctl.node.send(agent.address, ("spawn", mesh_id, procs, common))

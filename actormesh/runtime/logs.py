@@ -42,9 +42,7 @@ class RankStream(io.TextIOBase):
         self._pending: list[str] = []
         self._lock = threading.Lock()
 
-    @property
-    def encoding(self) -> str:
-        return "utf-8"
+    encoding = "utf-8"
 
     def writable(self) -> bool:
         return True
@@ -102,7 +100,7 @@ def flush_output() -> None:
         s.flush()
 
 
-# -- the controller's side ------------------------------------------------------------------------
+# -- the controller's side ----------------------------------------------------------------------
 
 LogWriter = Callable[[str, str, str], None]  # (label, stream, text)
 

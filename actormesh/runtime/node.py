@@ -77,7 +77,7 @@ class Node:
     def start(self) -> None:
         self.transport.start()
 
-    # -- ports ------------------------------------------------------------------------------------
+    # -- ports -----------------------------------------------------------------------------------
 
     def open_port(self, handler: PortHandler) -> Port:
         port_id = next(self._port_ids)
@@ -94,7 +94,7 @@ class Node:
             return
         handler.on_message(msg)
 
-    # -- supervision view -------------------------------------------------------------------------
+    # -- supervision view ------------------------------------------------------------------------
 
     def record_death(self, mailbox: bytes, death: ProcDeath) -> None:
         """Mark a process dead and fail everything waiting on it (any thread)."""
@@ -121,7 +121,7 @@ class Node:
         _, mailbox, death = msg.envelope
         self.record_death(mailbox, death)
 
-    # -- dispatch (I/O thread) ------------------------------------------------------------------------
+    # -- dispatch (I/O thread) -------------------------------------------------------------------
 
     def _dispatch(self, msg: Message) -> None:
         handler = self.handlers.get(msg.envelope[0])

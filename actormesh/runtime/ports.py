@@ -27,28 +27,24 @@ class PortReceiver(Generic[T]):
     sender in order). Not constructed by users: use ``Channel.open()``.
     """
 
+    _values: queue.SimpleQueue[Any]
+    _waiters: queue.SimpleQueue[Future[T]]
+    _port: Port | None
+
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("PortReceiver is not constructed directly; use Channel.open()")
 
     @classmethod
     def _create(cls) -> PortReceiver[T]:
         self = object.__new__(cls)
-        self._values: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._waiters: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
-        self._port: Port | None = None
+        self._values = queue.SimpleQueue()
+        self._waiters = queue.SimpleQueue()
+        self._port = None
         return self
 
     # PortHandler protocol (I/O thread)
     def on_message(self, msg: Message) -> None:
-        value = msg.value()
-        while True:
-            try:
-                waiter = self._waiters.get_nowait()
-            except queue.Empty:
-                self._values.put(value)
-                return
-            if waiter._set_result(value):
-                return
+        self._deliver(msg.value())
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
         return  # a port does not know its senders; a dead sender simply sends no more
@@ -65,10 +61,10 @@ class PortReceiver(Generic[T]):
                 value = self._values.get_nowait()
             except queue.Empty:
                 return fut
-            self.on_message_value(value)
+            self._deliver(value)
         return fut
 
-    def on_message_value(self, value: Any) -> None:
+    def _deliver(self, value: Any) -> None:
         while True:
             try:
                 waiter = self._waiters.get_nowait()

@@ -30,6 +30,9 @@ class ProcMesh(MeshShape):
     stops the mesh on exit. Slicing is bookkeeping (no message is sent).
     """
 
+    _procs: ProcTable
+    _record: MeshRecord | None
+
     def __init__(self, *_: Any, **__: Any) -> None:
         raise TypeError("ProcMesh is not constructed directly; use this_host().spawn_procs(...)")
 
@@ -57,9 +60,11 @@ class ProcMesh(MeshShape):
     def __exit__(self, *exc: object) -> None:
         self.stop().get(timeout=30)
 
-    # -- actors ---------------------------------------------------------------------------------
+    # -- actors ----------------------------------------------------------------------------------
 
-    def spawn(self, name: str, cls: type[A] | Callable[..., A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(
+        self, name: str, cls: type[A] | Callable[..., A], *args: Any, **kwargs: Any
+    ) -> ActorMesh[A]:
         """Create one ``cls(*args, **kwargs)`` actor on every rank of this mesh; don't wait.
 
         ``__init__`` runs in each worker before the first message it handles; if it raises,
@@ -81,7 +86,7 @@ class ProcMesh(MeshShape):
         mesh: ActorMesh[A] = ActorMesh._create(
             self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
         )
-        gather: _Gather[Any] = _Gather(_SpawnEndpoint(mesh, name), shape, lambda _: None)
+        gather: _Gather[Any] = _Gather(f"{name}.__init__", self._procs, shape, _nothing)
         node = current_node()
         reply = gather.port = node.open_port(gather)
         envelope = ("spawn", key, name, shape, reply)
@@ -106,12 +111,8 @@ class ProcMesh(MeshShape):
         return self._record.stop()
 
 
-class _SpawnEndpoint:
-    """Lets the spawn's reply collector describe itself like an endpoint."""
-
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
-        self._mesh = mesh
-        self._what = f"{name}.__init__"
+def _nothing(_: list[Any]) -> None:
+    return None
 
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:

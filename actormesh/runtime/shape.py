@@ -411,7 +411,7 @@ class Shape:
             extent = Extent.from_dict(extent)
         return cls(extent.labels, 0, extent.sizes, _row_major_strides(extent.sizes))
 
-    # -- accessors ------------------------------------------------------------------------
+    # -- accessors -------------------------------------------------------------------------------
 
     @property
     def extent(self) -> Extent:
@@ -509,7 +509,7 @@ class Shape:
         """
         return _row_major_index(self._labels, self._sizes, coords, allow_negative=True)
 
-    # -- views ----------------------------------------------------------------------------
+    # -- views -----------------------------------------------------------------------------------
 
     def slice(self, **selectors: Selector) -> Shape:
         """A sub-view. ``dim=int`` selects one index and drops the dimension (negative ints count
@@ -624,7 +624,7 @@ class Shape:
             )
         return Shape._unchecked(labels, self._offset, self._sizes, self._strides)
 
-    # -- value semantics ------------------------------------------------------------------
+    # -- value semantics -------------------------------------------------------------------------
 
     def _key(self) -> tuple[Any, ...]:
         strides = tuple(

@@ -123,7 +123,7 @@ class Transport:
     def io_thread(self) -> threading.Thread:
         return self._thread
 
-    # -- sending (any thread) ----------------------------------------------------------------------
+    # -- sending (any thread) --------------------------------------------------------------------
 
     def send(
         self,
@@ -199,15 +199,15 @@ class Transport:
         if self._readers.pop(fd, None) is not None:
             self._poller.unregister(fd)
 
-    # -- the loop -----------------------------------------------------------------------------------
+    # -- the loop --------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         poller = self._poller
         inbox = self._inbox
         while self._running:
-            timeout = -1.0
+            timeout: int | None = None
             if self._timers:
-                timeout = max(0.0, (self._timers[0][0] - time.monotonic()) * 1000)
+                timeout = max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
             if self._calls:
                 timeout = 0
             try:
@@ -260,7 +260,7 @@ class Transport:
         except Exception:
             logger.exception("error on the actormesh I/O thread")
 
-    # -- closing --------------------------------------------------------------------------------------
+    # -- closing ---------------------------------------------------------------------------------
 
     def close(self, linger: float = 1.0) -> None:
         """Stop the I/O thread and close every socket (queued sends get ``linger`` seconds)."""

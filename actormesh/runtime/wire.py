@@ -28,7 +28,6 @@ import os
 import pickle
 import struct
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,7 +85,7 @@ def _rebuild_tensor(
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle (by-value classes from ``__main__`` and notebook cells) plus zero-copy tensors."""
+    """cloudpickle (by-value classes from ``__main__`` and notebook cells), zero-copy tensors."""
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
@@ -170,7 +169,9 @@ class Signer:
         if digest is None:
             digest = hashlib.sha256(payload).digest()
         env = pickle.dumps(envelope, protocol=5)
-        fixed = _FIXED.pack(MAGIC, self.sender, dest, next(self._seq), digest, len(buffers), len(env))
+        fixed = _FIXED.pack(
+            MAGIC, self.sender, dest, next(self._seq), digest, len(buffers), len(env)
+        )
         if buffers:
             head = b"".join([fixed, *(_LEN.pack(memoryview(b).nbytes) for b in buffers), env])
         else:

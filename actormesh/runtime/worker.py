@@ -63,6 +63,12 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
     capture_output(node, spec["label"])
+    # The worker is an entry point: its own warnings go to the controller, labelled by rank.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    package_logger = logging.getLogger("actormesh")
+    package_logger.addHandler(handler)
+    package_logger.setLevel(logging.WARNING)
     node.start()
     node.send(node.controller, ("ready", spec["mesh_id"], spec["rank"], os.getpid()))
     parent = os.getppid()

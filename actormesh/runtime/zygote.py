@@ -48,14 +48,14 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     me = os.getpid()
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             try:
                 os.read(wake_r, 4096)
             except BlockingIOError:
                 pass
             _reap(sock)
-        if sock in readable:
+        if sock.fileno() in readable:
             data, fds, _, _ = socket.recv_fds(sock, _MAX, 2)
             if not data:
                 os._exit(0)  # the agent is gone; our children die with us (PDEATHSIG)

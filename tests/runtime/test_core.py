@@ -129,7 +129,7 @@ def test_call_one_needs_one_actor_and_says_how_to_slice(shared_procs) -> None:
     c = shared_procs.spawn("counter1", Counter, 0)
     with pytest.raises(am.MeshError, match=r"4 actors.*slice\(gpus=0\)"):
         c.get.call_one()
-    with pytest.raises(am.MeshError, match="no endpoint 'nope'.*get, incr"):
+    with pytest.raises(am.MeshError, match=r"no endpoint 'nope'.*get, incr"):
         c.nope.call()
     with pytest.raises(ValueError, match=r"no dimension 'gpu'.*\{hosts: 1, gpus: 4\}"):
         c.slice(gpu=0)
@@ -224,7 +224,7 @@ def test_init_failure_surfaces_at_first_call_and_initialized(shared_procs) -> No
     with pytest.raises(am.ActorError, match="bad config") as info:
         b.initialized.get(timeout=10)
     assert "__init__" in str(info.value)
-    with pytest.raises(am.ActorError, match="failed in __init__.*bad config"):
+    with pytest.raises(am.ActorError, match=r"failed in __init__.*bad config"):
         b.ping.call().get(timeout=10)
 
 

@@ -1,0 +1,155 @@
+"""Controller scripts as users run them: __main__ actors, and no worker outliving the controller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import zmq
+from support import wait_until
+
+import actormesh as am
+from actormesh.runtime.controller import get_controller
+from actormesh.runtime.wire import Signer, new_id, shape_state
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import actormesh as am
+
+    class Greeter(am.Actor):          # defined in __main__: pickled by value
+        def __init__(self, greeting):
+            self.greeting = greeting
+
+        @am.endpoint
+        def greet(self, name):
+            print(f"{self.greeting}, {name} from {am.current_rank()['gpus']}")
+            return os.getpid()
+
+    procs = am.this_host().spawn_procs(per_host={"gpus": 3})
+    greeters = procs.spawn("greeter", Greeter, "hello")
+    pids = greeters.greet.call("world").get(timeout=60).values()
+    print("PIDS", " ".join(map(str, pids)), flush=True)
+    mode = sys.argv[1]
+    if mode == "exit":
+        sys.exit(0)
+    if mode == "raise":
+        raise RuntimeError("controller failed")
+    time.sleep(600)   # wait to be killed
+    """
+)
+
+
+def _run_controller(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], list[int]]:
+    script = tmp_path / "controller.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None
+    pids: list[int] = []
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("PIDS"):
+            pids = [int(p) for p in line.split()[1:]]
+            break
+    assert pids, f"controller printed no pids: {lines} {proc.stderr.read() if proc.poll() else ''}"
+    proc.lines = lines  # type: ignore[attr-defined]
+    return proc, pids
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def _family(proc: subprocess.Popen[str]) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit", "raise"])
+def test_no_worker_outlives_the_controller(tmp_path: Path, how: str) -> None:
+    mode = how if how in ("exit", "raise") else "wait"
+    proc, pids = _run_controller(tmp_path, mode)
+    family = _family(proc) + pids  # agent, fork server and workers
+    assert "hello, world from 0" in "".join(proc.lines)  # type: ignore[attr-defined]
+    if how.startswith("SIG"):
+        proc.send_signal(getattr(signal, how))
+    try:
+        proc.wait(timeout=30)
+        wait_until(lambda: _gone(family), timeout=10, what=f"processes {family} to exit")
+    finally:
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+        proc.wait()
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    if how == "exit":
+        assert proc.returncode == 0
+    if how == "raise":
+        assert proc.returncode == 1
+
+
+class Counter(am.Actor):
+    def __init__(self) -> None:
+        self.value = 0
+
+    @am.endpoint
+    def incr(self) -> None:
+        self.value += 1
+
+    @am.endpoint
+    def get(self) -> int:
+        return self.value
+
+
+def test_forged_and_unsigned_messages_are_dropped_and_logged(shared_procs, capsys) -> None:
+    counter = shared_procs.spawn("guarded", Counter)
+    target = counter.slice(gpus=0)
+    assert target.get.call_one().get(timeout=10) == 0
+    address = shared_procs._procs.addresses[0]
+    envelope = ("call", counter._key, "incr", shape_state(target._shape), None)
+    payload = __import__("pickle").dumps(((), {}))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(address.ipc)
+    try:
+        forged = Signer(os.urandom(32), new_id()).frames(address.mailbox, envelope, payload)
+        sock.send_multipart(forged)
+        sock.send_multipart([b"garbage", b"more garbage"])
+        # The same message with the right key is executed: the test would notice a no-op.
+        genuine = Signer(get_controller().key, new_id()).frames(address.mailbox, envelope, payload)
+        sock.send_multipart(genuine)
+        wait_until(lambda: target.get.call_one().get(timeout=10) == 1, 10, "the genuine message")
+    finally:
+        sock.close(linger=1000)
+        ctx.term()
+    assert target.get.call_one().get(timeout=10) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[gpus=0] WARNING")]
+    assert any("dropped a message that failed authentication: bad signature" in x for x in lines)
+    assert any("dropped a message that failed authentication: truncated" in x for x in lines)

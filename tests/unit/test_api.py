@@ -1,0 +1,40 @@
+"""The public API is a deliberate list, and dependencies point one way."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import actormesh
+
+PUBLIC = [
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Extent", "Future", "HostMesh",
+    "MeshClosedError", "MeshError", "MeshTimeoutError", "Point", "Port", "PortReceiver",
+    "ProcMesh", "SupervisionError", "ValueMesh", "context", "current_rank", "current_size",
+    "endpoint", "this_host", "this_proc",
+]  # fmt: skip
+
+
+def test_public_names_are_the_checked_in_list() -> None:
+    assert sorted(actormesh.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(actormesh, name) is not None
+
+
+def test_runtime_never_imports_kernel_or_debugger() -> None:
+    root = pathlib.Path(actormesh.__file__).parent / "runtime"
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(("kernel", "debugger")), path
+                assert "actormesh.kernel" not in node.module, path
+                assert "actormesh.debugger" not in node.module, path
+
+
+def test_runtime_objects_are_not_built_directly() -> None:
+    import pytest
+
+    for cls in (actormesh.ActorMesh, actormesh.ProcMesh, actormesh.HostMesh, actormesh.ValueMesh):
+        with pytest.raises(TypeError):
+            cls()

@@ -1,0 +1,91 @@
+"""The signed wire format: what is accepted, and that nothing else reaches the unpickler."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actormesh.runtime import wire
+
+KEY = bytes(range(32))
+
+
+def _pair() -> tuple[wire.Signer, wire.Verifier, bytes]:
+    dest = wire.new_id()
+    return wire.Signer(KEY, wire.new_id()), wire.Verifier(KEY, dest), dest
+
+
+def test_round_trip_with_out_of_band_buffers() -> None:
+    import torch
+
+    signer, verifier, dest = _pair()
+    value = {"t": torch.arange(100_000, dtype=torch.float32), "small": torch.ones(3), "n": 5}
+    payload, buffers = wire.dumps(value)
+    assert len(buffers) == 1  # the large tensor leaves the payload
+    frames = signer.frames(dest, ("call", "x"), payload, buffers)
+    msg = verifier.decode(frames)
+    assert msg.envelope == ("call", "x")
+    out = msg.value()
+    assert torch.equal(out["t"], value["t"]) and torch.equal(out["small"], value["small"])
+    assert out["n"] == 5
+
+
+def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
+    signer, verifier, dest = _pair()
+    frames = signer.frames(dest, ("call",), b"payload")
+    verifier.decode(frames)
+    with pytest.raises(wire.WireError, match="replayed"):
+        verifier.decode(frames)
+    forged = wire.Signer(os.urandom(32), wire.new_id()).frames(dest, ("call",), b"p")
+    with pytest.raises(wire.WireError, match="bad signature"):
+        verifier.decode(forged)
+    elsewhere = signer.frames(wire.new_id(), ("call",), b"p")
+    with pytest.raises(wire.WireError, match="another process"):
+        verifier.decode(elsewhere)
+
+
+def test_tampered_payload_and_buffer_sizes_are_rejected() -> None:
+    signer, verifier, dest = _pair()
+    frames = signer.frames(dest, ("call",), b"payload-bytes", [bytearray(100)])
+    tampered = bytearray(frames[0])
+    tampered[-1] ^= 1
+    with pytest.raises(wire.WireError, match="digest"):
+        verifier.decode([bytes(tampered), frames[1]])
+    frames = signer.frames(dest, ("call",), b"payload-bytes", [bytearray(100)])
+    with pytest.raises(wire.WireError, match="wrong size"):
+        verifier.decode([frames[0], bytearray(99)])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.binary(max_size=300), min_size=0, max_size=4),
+    st.sampled_from(["random", "truncated", "genuine+junk", "flipped"]),
+    st.integers(min_value=0, max_value=400),
+)
+def test_fuzzed_frames_never_reach_the_unpickler(frames: list[bytes], mode: str, cut: int) -> None:
+    signer, verifier, dest = _pair()
+    genuine = signer.frames(dest, ("call",), b"x" * 50)
+    if mode == "truncated":
+        frames = [genuine[0][: cut % len(genuine[0])], *frames]
+    elif mode == "genuine+junk":
+        frames = [genuine[0], *frames]
+    elif mode == "flipped":
+        flipped = bytearray(genuine[0])
+        flipped[cut % len(flipped)] ^= 0xFF
+        frames = [bytes(flipped)]
+    unpickled = []
+    original = wire.pickle.loads
+    wire.pickle.loads = lambda *a, **k: unpickled.append(a) or original(*a, **k)  # type: ignore[assignment]
+    try:
+        verifier.decode(frames)
+        accepted = True
+    except wire.WireError:
+        accepted = False
+    finally:
+        wire.pickle.loads = original  # type: ignore[assignment]
+    complete_and_genuine = mode == "genuine+junk" and not frames[1:]
+    assert accepted == complete_and_genuine
+    assert bool(unpickled) == complete_and_genuine
