@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import queue
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -118,6 +119,8 @@ class ActorRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.actor_instance = ctxmod.ActorInstance(name, rank, key)
         self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
+        # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
+        self._busy_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
 
     def start(self, spawn_msg: Message) -> None:
@@ -135,16 +138,52 @@ class ActorRunner:
     def _run(self) -> None:
         get = self.queue.get
         while True:
-            item = get()
-            if item is None:
-                break
-            kind, msg = item
-            if kind == "call":
-                self._handle_call(msg)
-            else:
-                self._construct(msg)
+            try:
+                item = get()
+                if item is None:
+                    break
+                kind, msg = item
+                if kind == "call":
+                    self._handle_call(msg)
+                else:
+                    self._construct(msg)
+            except KeyboardInterrupt:
+                continue  # an interrupt that arrived as the endpoint ended: nothing to stop
+            except SystemExit as exc:
+                self._exit_process(exc)
         if self._loop is not None:
             self._loop.close()
+
+    def interrupt(self) -> bool:
+        """Raise KeyboardInterrupt in the running endpoint, if any (from another thread)."""
+        from .stacks import raise_in_thread
+
+        with self._busy_lock:
+            if self.busy is None or self.thread.ident is None:
+                return False
+            raise_in_thread(self.thread.ident, KeyboardInterrupt)
+            return True
+
+    def _set_idle(self) -> None:
+        from .stacks import raise_in_thread
+
+        with self._busy_lock:
+            self.busy = None
+            if self.thread.ident is not None:
+                raise_in_thread(self.thread.ident, None)  # drop an interrupt not yet delivered
+
+    def _exit_process(self, exc: SystemExit) -> None:
+        """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
+        import os
+
+        from .logs import flush_output
+
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        flush_output()
+        sys.stderr.flush()
+        os._exit(code)
 
     def _construct(self, msg: Message) -> None:
         _, _key, _name, shape, reply = msg.envelope
@@ -197,10 +236,12 @@ class ActorRunner:
                 value = method(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = self._run_coroutine(value)
+        except SystemExit:
+            raise
         except BaseException as exc:
             status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
         finally:
-            self.busy = None
+            self._set_idle()
             ctxmod.set_current(None)
         if reply is not None and index is not None:
             self._reply(reply, index, status, value)
@@ -211,7 +252,14 @@ class ActorRunner:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
-        return self._loop.run_until_complete(coro)
+        task = self._loop.create_task(coro)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():  # interrupted from outside: don't leave the task half-run
+                task.cancel()
+                self._loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            raise
 
     def _reply(self, port: Port, index: int, status: int, value: Any) -> None:
         from .logs import flush_output
@@ -239,12 +287,6 @@ class ActorRunner:
         from .logs import flush_output
 
         flush_output()
-        logger.error(
-            "%s.%s raised with nobody waiting: %s",
-            failure.actor,
-            failure.endpoint,
-            failure.headline(),
-        )
         controller = self.node.controller
         if controller is not None:
             payload, buffers = dumps(failure)

@@ -24,7 +24,7 @@ from typing import Any
 from .node import Node, set_node
 from .osutil import describe_status, die_with_parent
 from .transport import Address
-from .wire import Message
+from .wire import Message, dumps
 from .zygote import FD_ENV
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class Worker:
     pipes: dict[int, str] = field(default_factory=dict)  # read fd -> "stdout" / "stderr"
     partial: dict[int, bytes] = field(default_factory=dict)
     exit_status: int | None = None
+    # While a faulthandler dump is being collected: its stderr goes here, not to the logs.
+    capture: list[bytes] | None = None
 
 
 def _address(v: list[Any]) -> Address:
@@ -65,6 +67,7 @@ class Agent:
         h["reap"] = self._on_reap
         h["signal"] = self._on_signal
         h["shutdown"] = lambda _: self.done.set()
+        h["dump"] = self._on_dump
 
     # -- fork server -----------------------------------------------------------------------------
 
@@ -194,6 +197,31 @@ class Agent:
             if w.mesh_id == mesh_id and (ranks is None or w.rank in ranks):
                 _kill(w.pid, signum)
 
+    def _on_dump(self, msg: Message) -> None:
+        """Stacks of a worker whose message thread cannot answer (the GIL is held in C code):
+        faulthandler's SIGUSR1 handler writes them to stderr without needing the GIL."""
+        _, mesh_id, rank, reply, index = msg.envelope
+        worker = next(
+            (w for w in self.workers.values() if w.mesh_id == mesh_id and w.rank == rank), None
+        )
+        if worker is None:
+            return
+        worker.capture = []
+        _kill(worker.pid, signal.SIGUSR1)
+
+        def answer() -> None:
+            captured = b"".join(worker.capture or [])
+            worker.capture = None
+            text = (
+                "(no answer from the message thread; faulthandler dump:)\n"
+                + captured.decode("utf-8", "replace")
+            )
+            addr_t, port_id = reply
+            payload, buffers = dumps(text)
+            self.node.send(Address(*addr_t), ("reply", port_id, index, 0), payload, buffers)
+
+        self.node.transport.call_later(0.3, answer)
+
     # -- worker output and exits -----------------------------------------------------------------
 
     def _on_output(self, worker: Worker, fd: int) -> None:
@@ -211,7 +239,10 @@ class Agent:
         if cut < len(text):
             worker.partial[fd] = text[cut:]
         if cut:
-            self._forward(worker, worker.pipes[fd], text[:cut])
+            if worker.capture is not None and worker.pipes[fd] == "stderr":
+                worker.capture.append(text[:cut])
+            else:
+                self._forward(worker, worker.pipes[fd], text[:cut])
 
     def _forward(self, worker: Worker, stream: str, data: bytes) -> None:
         text = data.decode("utf-8", "replace")

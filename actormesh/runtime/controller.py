@@ -18,7 +18,13 @@ import time
 from typing import Any
 
 from .. import config
-from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure, SupervisionError
+from ..errors import (
+    MeshClosedError,
+    MeshTimeoutError,
+    ProcDeath,
+    RemoteFailure,
+    SupervisionError,
+)
 from .future import Future
 from .hosting import ActorHost
 from .logs import LogSink
@@ -82,6 +88,9 @@ class MeshRecord:
         self.lock = threading.Lock()
         self.n = n
         self._is_ready = [False] * n
+        # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
+        self.common: dict[str, Any] = {}
+        self.actor_spawns: list[tuple[str, tuple[Any, ...], bytes, list[Any], bytes]] = []
 
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
@@ -120,6 +129,82 @@ class MeshRecord:
                 self.stopped._set_result(None)
             return
         self.ctl.notify_death(self, address, death)
+
+    def proc_request(self, rank: int) -> dict[str, Any]:
+        address = self.table.addresses[rank]
+        return {
+            "rank": rank,
+            "label": self.table.labels[rank],
+            "mailbox": address.mailbox.hex(),
+            "ipc": address.ipc,
+        }
+
+    def spawn_ranks(self, ranks: list[int]) -> None:
+        by_agent: dict[int, tuple[AgentHandle, list[dict[str, Any]]]] = {}
+        for rank in ranks:
+            agent = self.agent_of(rank)
+            by_agent.setdefault(id(agent), (agent, []))[1].append(self.proc_request(rank))
+        for agent, procs in by_agent.values():
+            assert agent.address is not None
+            self.ctl.node.send(agent.address, ("spawn", self.table.mesh_id, procs, self.common))
+
+    def heal(self) -> Future[None]:
+        """Respawn dead ranks at their old addresses, then re-create their actors."""
+        healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
+        with self.lock:
+            if self.stopping:
+                healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
+                return healed
+            dead = sorted(self.exited)
+            if not dead:
+                healed._set_result(None)
+                return healed
+            for rank in dead:
+                self.exited.discard(rank)
+                self._is_ready[rank] = False
+            self.started -= len(dead)
+            self.ready = Future(self._describe_missing)
+        node = self.ctl.node
+        for rank in dead:
+            mailbox = self.table.addresses[rank].mailbox
+            node.forget_death(mailbox)
+            self.ctl.logs.forget(mailbox)
+            self.ctl.broadcast_to_workers(("revived", mailbox))
+        logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
+        self.spawn_ranks(dead)
+        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed))
+        return healed
+
+    def _respawn_actors(self, ready: Future[None], ranks: list[int], healed: Future[None]) -> None:
+        exc = ready.exception()
+        if exc is not None:
+            healed._set_exception(exc)
+            return
+        node = self.ctl.node
+        pending = []
+        for key, envelope, payload, buffers, digest in self.actor_spawns:
+            shape = envelope[3]
+            mine = [r for r in ranks if shape.local_index(r) is not None]
+            if not mine:
+                continue
+            from .endpoint import _Gather
+
+            gather: _Gather[None] = _Gather(f"{envelope[2]}.__init__", self.table, shape, _none)
+            # Only the respawned ranks answer; the others count as done already.
+            for index, rank in enumerate(shape.ranks()):
+                if rank not in mine:
+                    gather.deliver(index, False, None)
+            reply = gather.port = node.open_port(gather)
+            new_envelope = (*envelope[:4], reply)
+            for rank in mine:
+                node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
+            pending.append(gather.future)
+        _when_all(pending, healed)
+
+    def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
+        agent = self.agent_of(rank)
+        if agent.address is not None:
+            self.ctl.node.send(agent.address, ("dump", self.table.mesh_id, rank, reply, index))
 
     def stop(self) -> Future[None]:
         with self.lock:
@@ -164,7 +249,7 @@ class Controller:
         h["ready"] = self._on_ready
         h["exit"] = self._on_exit
         h["log"] = self._on_log
-        h["fdlog"] = self._on_fdlog
+        h["fdlog"] = self._on_log
         h["unhandled"] = self._on_unhandled
         self.node.start()
         self._closed = False
@@ -240,23 +325,24 @@ class Controller:
         record.on_exit(rank, death)
 
     def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
-        """Tell every other live worker (their pending calls to it must fail too) and the hook."""
+        """Tell every other live worker (their pending calls to it must fail too)."""
+        self.broadcast_to_workers(("died", address.mailbox, death))
+
+    def broadcast_to_workers(self, envelope: tuple[Any, ...]) -> None:
         for rec in list(self.meshes.values()):
             if rec.stopping:
                 continue
             for rank, addr in enumerate(rec.table.addresses):
-                if rank in rec.exited or addr.mailbox == address.mailbox:
+                if rank in rec.exited:
                     continue
                 try:
-                    self.node.send(addr, ("died", address.mailbox, death))
+                    self.node.send(addr, envelope)
                 except Exception:
-                    pass
+                    logger.debug("could not reach %s", rec.table.labels[rank], exc_info=True)
 
     def _on_log(self, msg: Message) -> None:
-        _, label, stream, text = msg.envelope
-        self.logs.write(msg.sender, label, stream, text)
-
-    def _on_fdlog(self, msg: Message) -> None:
+        # "log" comes from a worker's sys.stdout/stderr, "fdlog" from its file descriptors
+        # (through the agent); both carry the worker's mailbox, which keys its stderr tail.
         _, mailbox, label, stream, text = msg.envelope
         self.logs.write(mailbox, label, stream, text)
 
@@ -289,6 +375,33 @@ class Controller:
             agent.close()
         self.node.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _none(_: list[Any]) -> None:
+    return None
+
+
+def _when_all(futures: list[Future[Any]], done: Future[None]) -> None:
+    """Complete ``done`` when every future has (with the first failure, if any)."""
+    remaining = [len(futures)]
+    if not futures:
+        done._set_result(None)
+        return
+    lock = threading.Lock()
+
+    def one(fut: Future[Any]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            done._set_exception(exc)
+            return
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            done._set_result(None)
+
+    for fut in futures:
+        fut.add_done_callback(one)
 
 
 def _address_to_json(a: Address) -> list[Any]:

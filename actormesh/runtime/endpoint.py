@@ -244,6 +244,7 @@ class _Gather(_Collector[T]):
     ) -> None:
         super().__init__(what, procs, shape)
         self.finish = finish
+        self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.missing_ranks)
         self.future.add_done_callback(lambda _: self.close())
@@ -255,7 +256,10 @@ class _Gather(_Collector[T]):
             self.values[index] = value
             self.remaining -= 1
             done = self.remaining == 0
-        if failed and isinstance(value, ProcDeath):
+        if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
+            self.values[index] = f"(dead: {value.describe()})\n"
+            failed = False
+        elif failed and isinstance(value, ProcDeath):
             self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
             return
         if failed:

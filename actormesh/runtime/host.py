@@ -92,24 +92,13 @@ class HostMesh(MeshShape):
         table = ProcTable(mesh_id, addresses, labels)
         record = MeshRecord(ctl, table, agents, per)
         ctl.register(record)
-        common = {
+        record.common = {
             "cwd": os.getcwd(),
             "sys_path": list(sys.path),
             "env": dict(env or {}),
             "extent": [list(extent.labels), list(extent.sizes)],
         }
-        for host_index, agent in enumerate(agents):
-            assert agent.address is not None
-            procs = [
-                {
-                    "rank": r,
-                    "label": labels[r],
-                    "mailbox": addresses[r].mailbox.hex(),
-                    "ipc": addresses[r].ipc,
-                }
-                for r in range(host_index * per, (host_index + 1) * per)
-            ]
-            ctl.node.send(agent.address, ("spawn", mesh_id, procs, common))
+        record.spawn_ranks(list(range(len(shape))))
         try:
             record.ready.get(timeout=config.SPAWN_TIMEOUT)
         except BaseException:

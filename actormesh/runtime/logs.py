@@ -79,7 +79,8 @@ class RankStream(io.TextIOBase):
             self._original.write(text)
             return
         try:
-            self._node.send(controller, ("log", self._label, self._stream, text))
+            envelope = ("log", self._node.address.mailbox, self._label, self._stream, text)
+            self._node.send(controller, envelope)
         except Exception:
             self._original.write(text)
 

@@ -65,6 +65,7 @@ class Node:
             "reply": self._on_port_message,
             "port": self._on_port_message,
             "died": self._on_died,
+            "revived": lambda msg: self.forget_death(msg.envelope[1]),
         }
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import MeshClosedError, MeshUsageError
 from .actor import Actor, endpoint_names
 from .actor_mesh import ActorMesh
-from .endpoint import _Gather, pickle_arguments
+from .endpoint import _MISSING, _Gather, pickle_arguments
 from .future import Future
 from .node import current_node
 from .proc_table import ProcTable
 from .shape import MeshShape, Shape
-from .wire import payload_digest
+from .value_mesh import ValueMesh
+from .wire import payload_digest, shape_state
 
 if TYPE_CHECKING:
     from .controller import MeshRecord
@@ -99,7 +101,77 @@ class ProcMesh(MeshShape):
                 continue
             node.send(address, envelope, payload, buffers, digest)
         mesh._initialized = gather.future
+        if self._record is not None:
+            self._record.actor_spawns.append((key, envelope, payload, buffers, digest))
         return mesh
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def health(self) -> ValueMesh[str]:
+        """Per-rank health, known without sending anything: ``"alive"`` or how the process died."""
+        dead = current_node().dead
+        values = []
+        for rank in self._shape.ranks():
+            death = dead.get(self._procs.addresses[rank].mailbox)
+            values.append("alive" if death is None else f"dead: {death.describe()}")
+        return ValueMesh._create(self._shape, values)
+
+    def stacks(self, timeout: float = 1.0) -> Future[ValueMesh[str]]:
+        """The Python stacks of every rank of this mesh (or slice), as text per rank.
+
+        Answered by each worker's message thread, so ranks busy in a long endpoint answer too.
+        A rank that does not answer within ``timeout`` seconds (a thread holding the GIL in C
+        code) is dumped by its host agent with faulthandler instead. Dead ranks say how they
+        died. ``actormesh.runtime.stacks.render_grouped(mesh)`` groups identical stacks.
+        """
+        shape = self._shape
+        gather: _Gather[ValueMesh[str]] = _Gather(
+            "stacks", self._procs, shape, partial(ValueMesh._create, shape)
+        )
+        gather.deaths_as_values = True
+        node = current_node()
+        port = gather.port = node.open_port(gather)
+        reply = (tuple(port.address), port.port_id)
+        self._control(("stacks", shape_state(shape), reply), gather)
+        record = self._record
+        if record is not None:
+
+            def fallback() -> None:
+                for index, value in enumerate(list(gather.values)):
+                    if value is _MISSING:
+                        record.dump_stacks(shape.global_rank(index), reply, index)
+
+            node.transport.call_soon(lambda: node.transport.call_later(timeout, fallback))
+        return gather.future
+
+    def interrupt(self) -> None:
+        """Raise ``KeyboardInterrupt`` in the endpoints running on this mesh's (slice's) ranks.
+
+        The actors survive and keep serving. Pure-Python code stops at once; a blocking call in
+        C (``time.sleep``, a collective) is interrupted when it returns to Python.
+        """
+        self._control(("interrupt",), None)
+
+    def heal(self) -> Future[None]:
+        """Respawn the dead ranks of this mesh in place and re-create their actors (with their
+        original constructor arguments), so existing ``ActorMesh`` handles work again. The
+        future completes when every re-created actor has run ``__init__``."""
+        if self._record is None:
+            raise MeshUsageError("only the process that spawned a proc mesh can heal it")
+        return self._record.heal()
+
+    def _control(self, envelope: tuple[Any, ...], collector: Any) -> None:
+        if self._procs.closed:
+            raise MeshClosedError("the proc mesh was stopped; spawn a new one")
+        node = current_node()
+        for rank in self._shape.ranks():
+            address = self._procs.addresses[rank]
+            death = node.dead.get(address.mailbox)
+            if death is not None:
+                if collector is not None:
+                    collector.on_death(address.mailbox, death)
+                continue
+            node.send(address, envelope)
 
     # -- lifetime --------------------------------------------------------------------------------
 

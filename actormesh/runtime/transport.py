@@ -87,7 +87,9 @@ class Transport:
         self.ctx = zmq.Context()
         self.mailbox = mailbox or new_id()
         self.host_id = host_id or local_host_id()
-        self._signer = Signer(key, self.mailbox)
+        # The sender id is new for every process incarnation (a healed rank reuses its mailbox,
+        # and receivers must not take its fresh sequence numbers for replays).
+        self._signer = Signer(key, new_id())
         self._verifier = Verifier(key, self.mailbox)
         self._on_message = on_message
         self._inbox = self.ctx.socket(zmq.PULL)

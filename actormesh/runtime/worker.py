@@ -10,6 +10,7 @@ import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -21,7 +22,9 @@ from .logs import capture_output, flush_output
 from .node import Node, set_node
 from .shape import Extent, Point
 from .transport import Address
-from .wire import Message
+from .actor import OK
+from .stacks import format_stacks
+from .wire import Message, dumps, reply_port, shape_from_state
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         pass
     sys.path[:] = spec["sys_path"]
     faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    # The agent's fallback for stack dumps of a process whose GIL is held in C code.
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
     labels, sizes = spec["extent"]
     point = Point(spec["rank"], Extent(labels, sizes))
     node = Node(
@@ -54,11 +59,25 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.controller = _address(init["controller"])
     host = ActorHost(node, proc_rank=spec["rank"])
     stop = threading.Event()
+    main_thread = threading.get_ident()  # only waits for "stop": not worth showing in stacks
 
     def on_stop(_: Message) -> None:
         stop.set()
 
+    def on_stacks(msg: Message) -> None:
+        _, state, reply = msg.envelope
+        index = shape_from_state(state).local_index(spec["rank"])
+        text = format_stacks(host.actors.values(), skip=[main_thread])
+        port = reply_port(reply)
+        node.send(port.address, ("reply", port.port_id, index, OK), *dumps(text))
+
+    def on_interrupt(_: Message) -> None:
+        for runner in host.actors.values():
+            runner.interrupt()
+
     node.handlers["stop"] = on_stop
+    node.handlers["stacks"] = on_stacks
+    node.handlers["interrupt"] = on_interrupt
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
