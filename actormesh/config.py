@@ -34,4 +34,4 @@ START_METHOD = os.environ.get("ACTORMESH_START_METHOD", "forkserver")
 # Where ipc:// sockets live; the path of a unix socket must stay short (108 bytes).
 RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
 # Lines of a dead worker's stderr kept for its SupervisionError.
-STDERR_TAIL_LINES = 20
+STDERR_TAIL_LINES = 30

@@ -85,6 +85,9 @@ class ActorError(MeshError):
         self.failures: tuple[RemoteFailure, ...] = tuple(failures)
         super().__init__(self._summary())
 
+    def __reduce__(self) -> tuple[type[ActorError], tuple[tuple[RemoteFailure, ...]]]:
+        return (type(self), (self.failures,))
+
     @property
     def rank(self) -> str:
         return self.failures[0].rank
@@ -144,6 +147,9 @@ class SupervisionError(MeshError):
         self.context = context
         super().__init__(self._summary())
 
+    def __reduce__(self) -> tuple[type[SupervisionError], tuple[tuple[ProcDeath, ...], str]]:
+        return (type(self), (self.deaths, self.context))
+
     @property
     def rank(self) -> str:
         return self.deaths[0].rank
@@ -161,6 +167,8 @@ class SupervisionError(MeshError):
         return self.deaths[0].signal
 
     def _summary(self) -> str:
+        if not self.deaths:
+            return self.context or "a process was lost"
         head = f"{self.context}: " if self.context else ""
         lines = [head + "; ".join(d.describe() for d in self.deaths[:4])]
         if len(self.deaths) > 4:

@@ -72,6 +72,22 @@ def no_leaked_processes() -> Iterator[None]:
         pytest.fail(f"test left {len(left)} process(es) running: {desc}")
 
 
+@pytest.fixture(autouse=True)
+def unhandled_failures() -> Iterator[list[object]]:
+    """Collects failures that reached the fault hook; a test that expects some empties the list.
+
+    Anything left at the end fails the test: an unhandled failure nobody meant to cause.
+    """
+    from actormesh.runtime import supervision
+
+    seen: list[object] = []
+    previous = supervision.set_fault_hook(seen.append)
+    yield seen
+    supervision.set_fault_hook(previous)
+    if seen:
+        pytest.fail(f"unexpected unhandled failures: {seen}")
+
+
 @pytest.fixture
 def spawn_procs() -> Iterator[Callable[..., object]]:
     """Factory: ``spawn_procs(per_host={...})``; every mesh is stopped at teardown."""

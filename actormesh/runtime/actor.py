@@ -15,6 +15,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -115,7 +116,7 @@ class ActorRunner:
         self.proc_rank = proc_rank
         self.instance: Any = None
         self.init_failure: RemoteFailure | None = None
-        self.queue: queue.SimpleQueue[tuple[str, Message] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.actor_instance = ctxmod.ActorInstance(name, rank, key)
         self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
@@ -145,8 +146,10 @@ class ActorRunner:
                 kind, msg = item
                 if kind == "call":
                     self._handle_call(msg)
-                else:
+                elif kind == "spawn":
                     self._construct(msg)
+                else:
+                    self._handle_supervise(msg)
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
@@ -183,11 +186,13 @@ class ActorRunner:
             print(exc.code, file=sys.stderr)
         flush_output()
         sys.stderr.flush()
+        self.node.transport.close(linger=1.0)  # deliver what is queued (output, replies)
         os._exit(code)
 
     def _construct(self, msg: Message) -> None:
         _, _key, _name, shape, reply = msg.envelope
         ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+        _tls.runner = self
         try:
             (cls, *args), kwargs = msg.value()
             instance = cls.__new__(cls)
@@ -200,6 +205,7 @@ class ActorRunner:
             logger.debug("actor %s failed to start", self.name, exc_info=True)
         finally:
             ctxmod.set_current(None)
+            _tls.runner = None
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
             self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
@@ -213,7 +219,8 @@ class ActorRunner:
         index = shape.local_index(self.proc_rank)
         message_rank = shape.point(index) if index is not None else self.rank
         ctxmod.set_current(ctxmod.Context(self.actor_instance, message_rank))
-        self.busy = (endpoint_name, _now())
+        _tls.runner = self
+        self.busy = (endpoint_name, time.monotonic())
         status, value = OK, None
         try:
             if self.init_failure is not None:
@@ -243,6 +250,7 @@ class ActorRunner:
         finally:
             self._set_idle()
             ctxmod.set_current(None)
+            _tls.runner = None
         if reply is not None and index is not None:
             self._reply(reply, index, status, value)
         elif status == FAILED:
@@ -287,13 +295,44 @@ class ActorRunner:
         from .logs import flush_output
 
         flush_output()
+        self._escalate(failure)
+
+    def _escalate(self, failure: Any) -> None:
+        """Hand a failure nobody handled here to whoever owns this process's mesh."""
         controller = self.node.controller
-        if controller is not None:
-            payload, buffers = dumps(failure)
-            self.node.send(controller, ("unhandled",), payload, buffers)
+        if controller is None or controller == self.node.address:
+            from .supervision import failure_of_broadcast, unhandled_fault_hook
+
+            unhandled_fault_hook(failure_of_broadcast(failure))
+            return
+        payload, buffers = dumps(failure)
+        self.node.send(controller, ("unhandled", self.node.mesh_id), payload, buffers)
+
+    def supervise(self, failure: Any) -> None:
+        """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
+        self.queue.put(("supervise", failure))
+
+    def _handle_supervise(self, failure: Any) -> None:
+        handler = getattr(self.instance, "__supervise__", None)
+        handled = False
+        if handler is not None:
+            ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+            _tls.runner = self
+            try:
+                handled = bool(handler(failure))
+            except Exception as exc:
+                logger.exception("__supervise__ of %s raised", self.name)
+                failure = render_failure(exc, self.rank, self.name, "__supervise__", 1)
+            finally:
+                ctxmod.set_current(None)
+                _tls.runner = None
+        if not handled:
+            self._escalate(failure)
 
 
-def _now() -> float:
-    import time
+_tls = threading.local()
 
-    return time.monotonic()
+
+def current_runner() -> ActorRunner | None:
+    """The actor whose endpoint is running on this thread, if any."""
+    return getattr(_tls, "runner", None)

@@ -17,10 +17,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .. import config
+from .logs import TEE_MARK
 from .node import Node, set_node
 from .osutil import describe_status, die_with_parent
 from .transport import Address
@@ -41,6 +44,7 @@ class Worker:
     pipes: dict[int, str] = field(default_factory=dict)  # read fd -> "stdout" / "stderr"
     partial: dict[int, bytes] = field(default_factory=dict)
     exit_status: int | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=config.STDERR_TAIL_LINES))
     # While a faulthandler dump is being collected: its stderr goes here, not to the logs.
     capture: list[bytes] | None = None
 
@@ -212,9 +216,8 @@ class Agent:
         def answer() -> None:
             captured = b"".join(worker.capture or [])
             worker.capture = None
-            text = (
-                "(no answer from the message thread; faulthandler dump:)\n"
-                + captured.decode("utf-8", "replace")
+            text = "(no answer from the message thread; faulthandler dump:)\n" + captured.decode(
+                "utf-8", "replace"
             )
             addr_t, port_id = reply
             payload, buffers = dumps(text)
@@ -245,8 +248,13 @@ class Agent:
                 self._forward(worker, worker.pipes[fd], text[:cut])
 
     def _forward(self, worker: Worker, stream: str, data: bytes) -> None:
-        text = data.decode("utf-8", "replace")
-        self.node.send(self.controller, ("fdlog", worker.mailbox, worker.label, stream, text))
+        lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+        if stream == "stderr":
+            worker.tail.extend(line.lstrip(TEE_MARK).rstrip("\n") for line in lines)
+        # Lines marked by the worker's sys.stderr already reached the controller as messages.
+        text = "".join(line for line in lines if not line.startswith(TEE_MARK))
+        if text:
+            self.node.send(self.controller, ("fdlog", worker.mailbox, worker.label, stream, text))
 
     def _close_pipe(self, worker: Worker, fd: int) -> None:
         rest = worker.partial.pop(fd, b"")
@@ -266,9 +274,8 @@ class Agent:
             while fd in worker.pipes:
                 self._on_output(worker, fd)
         exitcode, signame = describe_status(status)
-        self.node.send(
-            self.controller, ("exit", worker.mesh_id, worker.rank, pid, exitcode, signame)
-        )
+        report = ("exit", worker.mesh_id, worker.rank, pid, exitcode, signame, tuple(worker.tail))
+        self.node.send(self.controller, report)
         del self.workers[pid]
 
     def kill_all(self) -> None:

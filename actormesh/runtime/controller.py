@@ -20,31 +20,22 @@ from typing import Any
 from .. import config
 from ..errors import (
     MeshClosedError,
+    MeshError,
     MeshTimeoutError,
     ProcDeath,
-    RemoteFailure,
     SupervisionError,
 )
+from . import supervision
+from .actor import ActorRunner, current_runner
 from .future import Future
 from .hosting import ActorHost
 from .logs import LogSink
-from .node import Node, set_node_factory
+from .node import Node, node_if_started, set_node_factory
 from .proc_table import ProcTable
 from .transport import Address, make_run_dir
 from .wire import Message, new_key
 
 logger = logging.getLogger(__name__)
-
-
-def _default_fault_hook(failure: RemoteFailure | SupervisionError) -> None:
-    if isinstance(failure, RemoteFailure):
-        text = (
-            f"actormesh: {failure.actor}.{failure.endpoint} raised on rank {failure.rank} with "
-            f"nobody waiting for it (a broadcast):\n{failure.traceback}"
-        )
-    else:
-        text = f"actormesh: {failure}"
-    print(text, file=sys.stderr, flush=True)
 
 
 class AgentHandle:
@@ -90,6 +81,8 @@ class MeshRecord:
         self._is_ready = [False] * n
         # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
         self.common: dict[str, Any] = {}
+        # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
+        self.owner: ActorRunner | None = current_runner()
         self.actor_spawns: list[tuple[str, tuple[Any, ...], bytes, list[Any], bytes]] = []
 
     def _describe_missing(self) -> str:
@@ -121,7 +114,7 @@ class MeshRecord:
             self.ready._set_exception(
                 SupervisionError([death], "a process of the new proc mesh failed to start")
             )
-        self.ctl.node.record_death(address.mailbox, death)
+        observed = self.ctl.node.record_death(address.mailbox, death)
         self.ctl.node.transport.forget(address)
         if self.stopping:
             if all_gone:
@@ -129,6 +122,16 @@ class MeshRecord:
                 self.stopped._set_result(None)
             return
         self.ctl.notify_death(self, address, death)
+        if not observed and self.ready.done():
+            lost = SupervisionError([death], "a worker died while no call waited on it")
+            self.report_unhandled(lost)
+
+    def report_unhandled(self, failure: MeshError) -> None:
+        """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
+        if self.owner is not None:
+            self.owner.supervise(failure)
+        else:
+            supervision.unhandled_fault_hook(failure)
 
     def proc_request(self, rank: int) -> dict[str, Any]:
         address = self.table.addresses[rank]
@@ -162,7 +165,7 @@ class MeshRecord:
             for rank in dead:
                 self.exited.discard(rank)
                 self._is_ready[rank] = False
-            self.started -= len(dead)
+            self.started = sum(self._is_ready)
             self.ready = Future(self._describe_missing)
         node = self.ctl.node
         for rank in dead:
@@ -182,7 +185,7 @@ class MeshRecord:
             return
         node = self.ctl.node
         pending = []
-        for key, envelope, payload, buffers, digest in self.actor_spawns:
+        for _key, envelope, payload, buffers, digest in self.actor_spawns:
             shape = envelope[3]
             mine = [r for r in ranks if shape.local_index(r) is not None]
             if not mine:
@@ -233,13 +236,20 @@ class Controller:
     """Process-wide controller state (one per controller process)."""
 
     def __init__(self) -> None:
-        self.key = new_key()
-        self.run_dir = make_run_dir()
-        self.node = Node(self.key, self.run_dir, "ctl", role="controller")
-        self.node.controller = self.node.address
+        existing = node_if_started()
+        if existing is not None:
+            # Inside a worker: an actor spawning procs makes this process a controller too. It
+            # shares the worker's node, so replies to its calls and its meshes' reports meet.
+            self.key = existing.key
+            self.run_dir = existing.run_dir
+            self.node = existing
+        else:
+            self.key = new_key()
+            self.run_dir = make_run_dir()
+            self.node = Node(self.key, self.run_dir, "ctl", role="controller")
+            self.node.controller = self.node.address
+            ActorHost(self.node, proc_rank=0)  # this_proc(): actors in the controller itself
         self.logs = LogSink()
-        self.fault_hook = _default_fault_hook
-        self.actor_host = ActorHost(self.node, proc_rank=0)
         self.meshes: dict[str, MeshRecord] = {}
         self.agents: list[AgentHandle] = []
         self._local_agent: AgentHandle | None = None
@@ -251,7 +261,8 @@ class Controller:
         h["log"] = self._on_log
         h["fdlog"] = self._on_log
         h["unhandled"] = self._on_unhandled
-        self.node.start()
+        if existing is None:
+            self.node.start()
         self._closed = False
         atexit.register(self.shutdown)
 
@@ -308,7 +319,7 @@ class Controller:
             record.on_ready(rank, pid)
 
     def _on_exit(self, msg: Message) -> None:
-        _, mesh_id, rank, pid, exitcode, signame = msg.envelope
+        _, mesh_id, rank, pid, exitcode, signame, tail = msg.envelope
         record = self.meshes.get(mesh_id)
         if record is None:
             return
@@ -319,7 +330,7 @@ class Controller:
             pid=pid,
             exitcode=exitcode,
             signal=signame,
-            stderr_tail=self.logs.stderr_tail(address.mailbox),
+            stderr_tail=tuple(tail) or self.logs.stderr_tail(address.mailbox),
             reason="mesh stopped" if record.stopping else "",
         )
         record.on_exit(rank, death)
@@ -347,15 +358,18 @@ class Controller:
         self.logs.write(mailbox, label, stream, text)
 
     def _on_unhandled(self, msg: Message) -> None:
+        """A broadcast raised, or an owner actor escalated a failure it did not handle."""
+        _, mesh_id = msg.envelope
         try:
-            failure = msg.value()
+            failure = supervision.failure_of_broadcast(msg.value())
         except Exception:
             logger.exception("an unhandled failure report could not be read")
             return
-        try:
-            self.fault_hook(failure)
-        except Exception:
-            logger.exception("the fault hook raised")
+        record = self.meshes.get(mesh_id) if mesh_id else None
+        if record is not None:
+            record.report_unhandled(failure)
+        else:
+            supervision.unhandled_fault_hook(failure)
 
     # -- shutdown --------------------------------------------------------------------------------
 
@@ -373,8 +387,15 @@ class Controller:
                 break
         for agent in self.agents:
             agent.close()
-        self.node.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.node.role == "controller":
+            self.node.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        status = supervision.exit_status_override()
+        if status is not None and threading.current_thread() is threading.main_thread():
+            # A script with an unhandled failure must not exit 0 (this runs at interpreter exit).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
 
 
 def _none(_: list[Any]) -> None:

@@ -25,6 +25,7 @@ from ..errors import (
     RemoteFailure,
     SupervisionError,
 )
+from . import supervision
 from .actor import FAILED
 from .future import Future
 from .node import Node, current_node
@@ -151,6 +152,7 @@ class Endpoint(Generic[P, R]):
     def _cast(
         self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
     ) -> None:
+        supervision.raise_pending()
         mesh = self._mesh
         procs = mesh._procs
         if procs.closed:
@@ -224,10 +226,13 @@ class _Collector(Generic[T]):
             )
         self.deliver(index, status == FAILED, value)
 
-    def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        observed = False
         for i, rank in enumerate(self.shape.ranks()):
-            if self.procs.addresses[rank].mailbox == mailbox:
+            if self.procs.addresses[rank].mailbox == mailbox and self.values[i] is _MISSING:
                 self.deliver(i, True, death)
+                observed = True
+        return observed
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         raise NotImplementedError

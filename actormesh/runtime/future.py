@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from .. import config
 from ..errors import MeshTimeoutError
+from . import supervision
 
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -103,22 +104,31 @@ class Future(Generic[T]):
     def _wait(self, timeout: float | None) -> None:
         if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
             timeout = config.DEFAULT_GET_TIMEOUT
+        supervision.raise_pending()
         with self._lock:
             if self._state != _PENDING:
                 return
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
-        if timeout is None:
-            # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
-            while not event.wait(1.0):
-                pass
-            return
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or event.wait(min(left, 1.0)):
-                break
+        # In a script's main thread, an unhandled failure elsewhere wakes this wait (fail fast).
+        watched = supervision.add_main_waiter(event)
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._state == _PENDING:
+                # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                event.wait(left)
+                if self._state == _PENDING:
+                    supervision.raise_pending()
+                    with self._lock:  # woken for nothing: re-arm
+                        if self._state == _PENDING:
+                            event.clear()
+        finally:
+            if watched:
+                supervision.remove_main_waiter(event)
         if self._state == _PENDING:
             what = self._describe_pending() if self._describe_pending else "the result"
             raise MeshTimeoutError(f"timed out after {timeout:g} s waiting for {what}")

@@ -10,6 +10,7 @@ code, subprocesses, a crash) reaches the controller through the host agent inste
 from __future__ import annotations
 
 import io
+import os
 import sys
 import threading
 from collections import deque
@@ -21,6 +22,9 @@ from .. import config
 if TYPE_CHECKING:
     from .node import Node
     from .shape import Point
+
+
+TEE_MARK = "\x1e"  # starts a line of fd 2 that already went to the controller as a message
 
 
 def rank_label(point: Point) -> str:
@@ -74,6 +78,15 @@ class RankStream(io.TextIOBase):
             self._send(text)
 
     def _send(self, text: str) -> None:
+        if self._stream == "stderr":
+            # Also to fd 2, marked: the host agent keeps these lines for the stderr tail of a
+            # crash report (a message still queued in ZeroMQ dies with the process) and does
+            # not forward them a second time.
+            try:
+                marked = "".join(TEE_MARK + line for line in text.splitlines(keepends=True))
+                os.write(2, marked.encode("utf-8", "replace"))
+            except OSError:
+                pass
         controller = self._node.controller
         if controller is None:
             self._original.write(text)

@@ -37,7 +37,7 @@ class Port(NamedTuple):
 class PortHandler(Protocol):
     def on_message(self, msg: Message) -> None: ...
 
-    def on_death(self, mailbox: bytes, death: ProcDeath) -> None: ...
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None: ...
 
 
 class Node:
@@ -72,8 +72,9 @@ class Node:
         self._lock = threading.Lock()
         self.dead: dict[bytes, ProcDeath] = {}
         self.death_listeners: list[Callable[[bytes, ProcDeath], None]] = []
-        # Where rank-labelled output goes: the controller of the job.
+        # Where rank-labelled output and unhandled failures go: the owner of this process.
         self.controller: Address | None = None
+        self.mesh_id: str | None = None  # a worker's proc mesh
 
     def start(self) -> None:
         self.transport.start()
@@ -97,15 +98,18 @@ class Node:
 
     # -- supervision view ------------------------------------------------------------------------
 
-    def record_death(self, mailbox: bytes, death: ProcDeath) -> None:
-        """Mark a process dead and fail everything waiting on it (any thread)."""
+    def record_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        """Mark a process dead and fail everything waiting on it (any thread).
+
+        Returns whether some pending call observed the death (then it is handled)."""
         with self._lock:
             if mailbox in self.dead:
-                return
+                return True
             self.dead[mailbox] = death
+        observed = False
         for handler in list(self._ports.values()):
             try:
-                handler.on_death(mailbox, death)
+                observed = bool(handler.on_death(mailbox, death)) or observed
             except Exception:
                 logger.exception("port handler failed on a death notice")
         for listener in list(self.death_listeners):
@@ -113,6 +117,7 @@ class Node:
                 listener(mailbox, death)
             except Exception:
                 logger.exception("death listener failed")
+        return observed
 
     def forget_death(self, mailbox: bytes) -> None:
         with self._lock:

@@ -46,8 +46,8 @@ class PortReceiver(Generic[T]):
     def on_message(self, msg: Message) -> None:
         self._deliver(msg.value())
 
-    def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
-        return  # a port does not know its senders; a dead sender simply sends no more
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        return False  # a port does not know its senders; a dead sender simply sends no more
 
     def recv(self) -> Future[T]:
         """A future of the next value to arrive on this port."""

@@ -8,6 +8,7 @@ the host agent asks the process for a faulthandler dump (SIGUSR1), which needs n
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from .actor import ActorRunner
     from .value_mesh import ValueMesh
 
+_BUSY_FOR = re.compile(r" for [0-9.]+ s$", re.M)
 # Runtime frames that say nothing to a user (the actor loop waiting for a message, ...).
 _RUNTIME_THREADS = ("actormesh-io",)
 
@@ -46,7 +48,8 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
             user = [
                 f
                 for f in stack
-                if "actormesh/runtime/" not in f.filename and not f.filename.endswith("threading.py")
+                if not f.filename.endswith("threading.py")
+                and "actormesh/runtime/" not in f.filename
             ]
             out.append("".join(traceback.format_list(user or stack)))
         else:
@@ -57,17 +60,19 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
 
 def raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
     """Schedule ``exc`` in thread ``ident`` (``None`` cancels a pending one)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+    arg = ctypes.py_object(exc) if exc is not None else None  # None passes NULL: cancel
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), arg)
 
 
 def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
     """Ranks with identical stacks together: ``[(["gpus=0", "gpus=2"], text), ...]``,
     largest group first."""
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, tuple[list[str], str]] = {}
     for point, text in stacks.items():
         label = ",".join(f"{k}={v}" for k, v in point.items() if point.extent[k] > 1) or "0"
-        groups.setdefault(text, []).append(label)
-    return sorted(((ranks, text) for text, ranks in groups.items()), key=lambda g: -len(g[0]))
+        key = _BUSY_FOR.sub("", text)  # how long each rank has been busy differs: not the stack
+        groups.setdefault(key, ([], text))[0].append(label)
+    return sorted(groups.values(), key=lambda g: -len(g[0]))
 
 
 def render_grouped(stacks: ValueMesh[Any]) -> str:

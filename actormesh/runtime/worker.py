@@ -17,13 +17,13 @@ from typing import Any
 
 from .. import config
 from . import context as ctxmod
+from .actor import OK
 from .hosting import ActorHost
 from .logs import capture_output, flush_output
 from .node import Node, set_node
 from .shape import Extent, Point
-from .transport import Address
-from .actor import OK
 from .stacks import format_stacks
+from .transport import Address
 from .wire import Message, dumps, reply_port, shape_from_state
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     except OSError:
         pass
     sys.path[:] = spec["sys_path"]
-    faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    faulthandler.enable(file=sys.__stderr__ or sys.stderr, all_threads=False)
     # The agent's fallback for stack dumps of a process whose GIL is held in C code.
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
     labels, sizes = spec["extent"]
@@ -57,6 +57,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     )
     set_node(node)
     node.controller = _address(init["controller"])
+    node.mesh_id = spec["mesh_id"]
     host = ActorHost(node, proc_rank=spec["rank"])
     stop = threading.Event()
     main_thread = threading.get_ident()  # only waits for "stop": not worth showing in stacks
