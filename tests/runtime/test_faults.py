@@ -117,7 +117,9 @@ def test_stacks_of_busy_ranks_and_interrupt(spawn_procs) -> None:
     v = procs.spawn("spinner", Victim)
     futs = [v.slice(gpus=g).spin.call_one(60) for g in range(3)]
     wait_until(
-        lambda: "in spin" in procs.stacks().get(timeout=5).values()[2], 10, "rank 2 spinning"
+        lambda: all("in spin" in t for t in procs.stacks().get(timeout=5).values()[:3]),
+        10,
+        "ranks 0-2 spinning",
     )
     stacks = procs.stacks().get(timeout=5)
     groups = group_stacks(stacks)
