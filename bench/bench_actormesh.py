@@ -6,6 +6,9 @@ actormesh beside the floor and the peers:
 - ``init_s``            ``am.this_host()`` alone
 - ``spawn_{n}``         ``spawn_procs(per_host={"gpus": n})`` + ``spawn`` + first ``call`` returning
                         from all n actors (each imports torch in ``__init__``), for n = 2, 4, 8
+                        in that order in one controller process (as the peers measure it)
+- ``spawn_cold_8``      the same for 8, ``this_host()`` included, in a fresh controller process
+                        started first (nothing of this runtime warm yet)
 - ``call_all_{n}``      ``actors.ping.call(i).get()`` on all n actors (ValueMesh gathered)
 - ``call_one``          ``actors.slice(gpus=0).ping.call_one(i).get()``
 - ``ff_rep{k}``         10,000 ``incr.broadcast()`` to one actor until ``count`` returns 10,000
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -142,6 +147,8 @@ class Watchdog:
         timer.start()
         try:
             yield
+        except NotImplementedError as e:
+            self.R.error(name, f"not measured: {e}")
         except Exception as e:
             traceback.print_exc()
             self.R.error(name, e)
@@ -227,6 +234,8 @@ def bench_a2a(R: C.Results, a: Any, b: Any, name: str, size: tuple[int, int, int
         st["inner"] = C.stats_ns(inner[w:], nb)
         R.add(f"a2a_msg_{name}", st)
     with watchdog.phase(f"a2a_buffer_{name}"):
+        if not hasattr(am, "TensorBuffer"):
+            raise NotImplementedError("actormesh has no TensorBuffer yet")
         buf = a.make_buffer.call_one(nb).get()
         inner_b: list[int] = []
         st = C.time_loop(lambda i: inner_b.append(b.read_buffer.call_one(buf, nb).get()), w, it, nb)
@@ -237,6 +246,8 @@ def bench_a2a(R: C.Results, a: Any, b: Any, name: str, size: tuple[int, int, int
 
 
 def bench_stacks(R: C.Results, procs: Any, n: int) -> None:
+    if not hasattr(procs, "stacks"):
+        raise NotImplementedError("ProcMesh has no stacks() yet")
     w, it = (1, 2) if C.QUICK else (1, 5)
     R.add(f"stacks_{n}", C.time_loop(lambda i: resolve(procs.stacks()), w, it))
 
@@ -254,6 +265,7 @@ def bench_fault(R: C.Results, actors: Any, n: int) -> None:
     except Exception as e:
         dt = time.perf_counter() - t0
         R.add("fault_detect_s", {"seconds": dt, "error": f"{type(e).__name__}: {e}"[:500]})
+        R.note(f"SIGKILL test: the pending call raised {type(e).__name__}: {e}"[:500])
     else:
         R.error("fault_detect_s", "the pending call returned a value after its worker was killed")
         return
@@ -312,6 +324,30 @@ def bench_actors(R: C.Results, procs: Any, actors: Any, n: int) -> None:
             bench_fault(R, actors, n)
 
 
+def cold_spawn_main(n: int) -> None:
+    """``--cold-spawn N``: this process is a fresh controller; print its spawn timings as JSON."""
+    t0 = time.perf_counter()
+    host = am.this_host()
+    t1 = time.perf_counter()
+    procs = host.spawn_procs(per_host={"gpus": n})
+    actors = procs.spawn(f"cold{n}", Worker)
+    pids = actors.ready.call().get()
+    t2 = time.perf_counter()
+    procs.stop().get()
+    n_pids = len(set(pids.values()))
+    print(json.dumps({"seconds": t2 - t0, "init_s": t1 - t0, "spawn_s": t2 - t1, "n": n_pids}))
+
+
+def bench_cold_spawn(R: C.Results, n: int) -> None:
+    """Run ``cold_spawn_main`` in a child process (imports are done before its clock starts)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--cold-spawn", str(n)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=PHASE_TIMEOUT_S)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-1500:]}")
+    lines = [x for x in p.stdout.splitlines() if x.startswith('{"seconds"')]
+    R.add(f"spawn_cold_{n}", json.loads(lines[-1]))
+
+
 def versions() -> dict[str, str]:
     def v(dist: str) -> str:
         try:
@@ -328,12 +364,16 @@ def versions() -> dict[str, str]:
     }
 
 
+# One run per process: the results and the watchdog are module-level so every phase can use them.
 R = C.Results("actormesh")
 watchdog = Watchdog(R)
 
 
 def main() -> None:
     R.data["versions"] = versions()
+    n_cold = max(C.MESH_SIZES)
+    with watchdog.phase(f"spawn_cold_{n_cold}"):
+        bench_cold_spawn(R, n_cold)
     with watchdog.phase("init_s"):
         t0 = time.perf_counter()
         host = am.this_host()
@@ -345,4 +385,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--cold-spawn":
+        cold_spawn_main(int(sys.argv[2]))
+    else:
+        main()

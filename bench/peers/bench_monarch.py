@@ -1,13 +1,16 @@
 """PyTorch Monarch (torchmonarch 0.7.0, Rust hyperactor backend) benchmark.
 
-Adapted from shared/peers/bench_monarch.py: same workloads, parameters and metric names.
+Adapted from shared/peers/bench_monarch.py: same workloads, parameters and metric names, plus
+``spawn_cold_8``: ``this_host()`` + spawn 8 + first call in a fresh controller process.
 Run:  BENCH_OUT=out.json bench/.venvs/monarch/bin/python bench/peers/bench_monarch.py
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -198,9 +201,37 @@ def bench_mesh(R: C.Results, host: Any, n: int) -> None:
         R.error(f"stop_{n}", e)
 
 
+def cold_spawn_main(n: int) -> None:
+    """``--cold-spawn N``: this process is a fresh controller; print its spawn timings as JSON."""
+    t0 = time.perf_counter()
+    host = this_host()
+    t1 = time.perf_counter()
+    procs = host.spawn_procs(per_host={"gpus": n})
+    am = procs.spawn(f"cold{n}", Worker)
+    pids = am.ready.call().get()
+    t2 = time.perf_counter()
+    procs.stop().get()
+    n_pids = len(set(pids.values()))
+    print(json.dumps({"seconds": t2 - t0, "init_s": t1 - t0, "spawn_s": t2 - t1, "n": n_pids}))
+
+
+def bench_cold_spawn(R: C.Results, n: int) -> None:
+    """Run ``cold_spawn_main`` in a child process (imports are done before its clock starts)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--cold-spawn", str(n)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-1500:]}")
+        lines = [x for x in p.stdout.splitlines() if x.startswith('{"seconds"')]
+        R.add(f"spawn_cold_{n}", json.loads(lines[-1]))
+    except Exception as e:
+        R.error(f"spawn_cold_{n}", e)
+
+
 def main() -> None:
     R = C.Results("monarch")
     R.data["versions"] = {"torchmonarch": version("torchmonarch"), "torch": torch.__version__}
+    bench_cold_spawn(R, max(C.MESH_SIZES))
     t0 = time.perf_counter()
     host = this_host()
     R.add("init_s", {"seconds": time.perf_counter() - t0})
@@ -210,4 +241,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--cold-spawn":
+        cold_spawn_main(int(sys.argv[2]))
+    else:
+        main()
