@@ -1,0 +1,22 @@
+"""The examples in examples/ are documentation that runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize("name", ["quickstart.py", "heal_training.py"])
+def test_example_runs(name: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=100
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    if name == "heal_training.py":
+        assert "was killed by SIGKILL" in result.stdout
+        assert "same final loss" in result.stdout
