@@ -122,6 +122,7 @@ class ActorRunner:
         self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
         # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
         self._busy_lock = threading.Lock()
+        self._interrupted = False
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
 
     def start(self, spawn_msg: Message) -> None:
@@ -165,6 +166,7 @@ class ActorRunner:
             if self.busy is None or self.thread.ident is None:
                 return False
             raise_in_thread(self.thread.ident, KeyboardInterrupt)
+            self._interrupted = True
             return True
 
     def _set_idle(self) -> None:
@@ -172,8 +174,9 @@ class ActorRunner:
 
         with self._busy_lock:
             self.busy = None
-            if self.thread.ident is not None:
+            if self._interrupted and self.thread.ident is not None:
                 raise_in_thread(self.thread.ident, None)  # drop an interrupt not yet delivered
+            self._interrupted = False
 
     def _exit_process(self, exc: SystemExit) -> None:
         """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
@@ -217,8 +220,7 @@ class ActorRunner:
         shape: Shape = shape_from_state(env[3])
         reply: Port | None = reply_port(env[4])
         index = shape.local_index(self.proc_rank)
-        message_rank = shape.point(index) if index is not None else self.rank
-        ctxmod.set_current(ctxmod.Context(self.actor_instance, message_rank))
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
         self.busy = (endpoint_name, time.monotonic())
         status, value = OK, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .shape import Extent, Point
+from .shape import Extent, Point, Shape
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,6 @@ class ActorInstance:
         return self.rank.extent
 
 
-@dataclass(frozen=True)
 class Context:
     """What ``context()`` returns: the actor instance and the rank of the current message.
 
@@ -33,8 +32,32 @@ class Context:
     ``actor_instance.rank`` when the whole mesh was called).
     """
 
-    actor_instance: ActorInstance
-    message_rank: Point
+    __slots__ = ("_index", "_message_rank", "_shape", "actor_instance")
+
+    def __init__(
+        self,
+        actor_instance: ActorInstance,
+        message_rank: Point | None = None,
+        shape: Shape | None = None,
+        index: int | None = None,
+    ) -> None:
+        self.actor_instance = actor_instance
+        self._message_rank = message_rank
+        # Built on demand: most endpoints never ask, and a Point costs microseconds per message.
+        self._shape = shape
+        self._index = index
+
+    @property
+    def message_rank(self) -> Point:
+        if self._message_rank is None:
+            if self._shape is not None and self._index is not None:
+                self._message_rank = self._shape.point(self._index)
+            else:
+                self._message_rank = self.actor_instance.rank
+        return self._message_rank
+
+    def __repr__(self) -> str:
+        return f"Context(actor={self.actor_instance.name!r}, message_rank={self.message_rank})"
 
 
 _EMPTY = Point(0, Extent([], []))

@@ -177,7 +177,10 @@ class Endpoint(Generic[P, R]):
                     collector.on_death(address.mailbox, death)
                     continue
                 raise SupervisionError([death], f"cannot broadcast to {self._what}")
-            node.send(address, envelope, payload, buffers, digest)
+            if collector is None and not buffers:
+                node.transport.send_one_way(address, envelope, payload)
+            else:
+                node.send(address, envelope, payload, buffers, digest)
 
 
 class _Collector(Generic[T]):

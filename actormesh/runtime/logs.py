@@ -93,7 +93,7 @@ class RankStream(io.TextIOBase):
             return
         try:
             envelope = ("log", self._node.address.mailbox, self._label, self._stream, text)
-            self._node.send(controller, envelope)
+            self._node.transport.send_one_way(controller, envelope, b"")
         except Exception:
             self._original.write(text)
 

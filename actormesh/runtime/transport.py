@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _DRAIN_BATCH = 512
 _SNDMORE = int(zmq.SNDMORE)
+_MAX_BATCH = 256
 
 
 class Address(NamedTuple):
@@ -103,6 +104,8 @@ class Transport:
             tcp = f"tcp://{tcp_host}:{port}"
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
         self._outboxes: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
+        # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
+        self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
         self._outbox_lock = threading.Lock()
         # Work handed to the I/O thread from other threads, and its wake-up fd.
         self._calls: deque[Callable[[], None]] = deque()
@@ -116,6 +119,7 @@ class Transport:
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._running = True
         self._closed = False
+        self._closing = False
         self._thread = threading.Thread(target=self._loop, name=f"actormesh-io-{name}", daemon=True)
 
     def start(self) -> None:
@@ -142,15 +146,62 @@ class Transport:
             entry = self._connect(endpoint)
         sock, lock = entry
         with lock:
+            if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
+                self._send_batch(sock, endpoint)
             frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-            # Small frames are cheaper copied; only bulk buffers go zero-copy.
-            last = len(frames) - 1
-            for i, frame in enumerate(frames):
-                flags = 0 if i == last else _SNDMORE
-                if i == 0:
-                    sock.send(frame, flags)
-                else:
-                    sock.send(frame, flags, copy=False)
+            self._send_frames(sock, frames)
+
+    def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
+        """Send a message nobody answers (a broadcast), possibly batched with the next ones.
+
+        Back-to-back one-way messages to one process travel as one signed ZeroMQ message:
+        the I/O thread sends what has accumulated as soon as it gets to it, and any other send
+        to that process sends the batch first, so per-sender order is kept.
+        """
+        endpoint = dest.endpoint_from(self.host_id)
+        entry = self._outboxes.get(endpoint)
+        if entry is None:
+            entry = self._connect(endpoint)
+        sock, lock = entry
+        with lock:
+            pending = self._batches.get(endpoint)
+            if pending is not None:
+                pending[1].append((envelope, payload))
+                if len(pending[1]) >= _MAX_BATCH:
+                    self._send_batch(sock, endpoint)
+                return
+            self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+        self.call_soon(lambda: self._flush(endpoint))
+
+    def _flush(self, endpoint: str) -> None:
+        entry = self._outboxes.get(endpoint)
+        if entry is None:
+            self._batches.pop(endpoint, None)
+            return
+        sock, lock = entry
+        with lock:
+            if endpoint in self._batches:
+                self._send_batch(sock, endpoint)
+
+    def _send_batch(self, sock: zmq.Socket[Any], endpoint: str) -> None:
+        # Caller holds the destination's lock.
+        mailbox, items = self._batches.pop(endpoint)
+        if len(items) == 1:
+            envelope, payload = items[0]
+        else:
+            envelope, payload = ("batch", items), b""
+        self._send_frames(sock, self._signer.frames(mailbox, envelope, payload))
+
+    @staticmethod
+    def _send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+        # Small frames are cheaper copied; only bulk buffers go zero-copy.
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            flags = 0 if i == last else _SNDMORE
+            if i == 0:
+                sock.send(frame, flags)
+            else:
+                sock.send(frame, flags, copy=False)
 
     def _connect(self, endpoint: str) -> tuple[zmq.Socket[Any], threading.Lock]:
         with self._outbox_lock:
@@ -266,18 +317,21 @@ class Transport:
 
     def close(self, linger: float = 1.0) -> None:
         """Stop the I/O thread and close every socket (queued sends get ``linger`` seconds)."""
-        if self._closed:
+        if self._closing:
             return
-        self._closed = True
+        self._closing = True
         self._running = False
         self.call_soon(lambda: None)
         if threading.current_thread() is not self._thread and self._thread.is_alive():
             self._thread.join(timeout=5)
         with self._outbox_lock:
-            outboxes = list(self._outboxes.values())
+            self._closed = True
+            outboxes = list(self._outboxes.items())
             self._outboxes.clear()
-        for sock, lock in outboxes:
+        for endpoint, (sock, lock) in outboxes:
             with lock:
+                if endpoint in self._batches:  # unsent one-way messages go before we close
+                    self._send_batch(sock, endpoint)
                 sock.close(linger=int(linger * 1000))
         self._inbox.close(linger=0)
         self.ctx.term()
