@@ -429,6 +429,8 @@ EXTRA: list[tuple[str, str, str, str, str | None]] = [
         "inner.median_GBps",
     ),
     ("actormesh", "fault_next_call_s", "s", "next call to a killed actor → error", None),
+    ("actormesh", "heal_one_s", "s", "heal one killed rank until its actor answers", None),
+    ("actormesh", "stacks_busy_8", "us", "stack dump of 8 ranks all busy in an endpoint", None),
     ("monarch", "ff_rep*", "msg/s", "Monarch broadcast enqueue rate", "send_msgs_per_s"),
     (
         "monarch",

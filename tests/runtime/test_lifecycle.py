@@ -153,3 +153,40 @@ def test_forged_and_unsigned_messages_are_dropped_and_logged(shared_procs, capsy
     lines = [line for line in err.splitlines() if line.startswith("[gpus=0] WARNING")]
     assert any("dropped a message that failed authentication: bad signature" in x for x in lines)
     assert any("dropped a message that failed authentication: truncated" in x for x in lines)
+
+
+def test_random_frames_never_crash_a_worker_or_the_controller(shared_procs) -> None:
+    import random
+
+    counter = shared_procs.spawn("fuzzed", Counter)
+    target = counter.slice(gpus=1)
+    rng = random.Random(7)
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for address in (shared_procs._procs.addresses[1], get_controller().node.address):
+            sock = ctx.socket(zmq.PUSH)
+            sock.connect(address.ipc)
+            socks.append(sock)
+            for _ in range(200):
+                frames = [rng.randbytes(rng.randint(0, 300)) for _ in range(rng.randint(1, 4))]
+                sock.send_multipart(frames)
+        target.incr.broadcast()
+        assert target.get.call_one().get(timeout=10) == 1  # both still serve
+    finally:
+        for sock in socks:
+            sock.close(linger=1000)
+        ctx.term()
+
+
+def test_python_logging_in_an_endpoint_reaches_the_controller(shared_procs, capsys) -> None:
+    class Logs(am.Actor):
+        @am.endpoint
+        def log(self) -> None:
+            import logging
+
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+            logging.getLogger("training").info("step done")
+
+    shared_procs.spawn("logs", Logs).slice(gpus=3).log.call_one().get(timeout=10)
+    assert "[gpus=3] INFO step done" in capsys.readouterr().err
