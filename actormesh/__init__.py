@@ -30,6 +30,7 @@ from .errors import SupervisionError as SupervisionError
 from .runtime.actor import Actor as Actor
 from .runtime.actor import endpoint as endpoint
 from .runtime.actor_mesh import ActorMesh as ActorMesh
+from .runtime.buffers import TensorBuffer as TensorBuffer
 from .runtime.context import context as context
 from .runtime.context import current_rank as current_rank
 from .runtime.context import current_size as current_size
@@ -65,6 +66,7 @@ __all__ = [
     "PortReceiver",
     "ProcMesh",
     "SupervisionError",
+    "TensorBuffer",
     "ValueMesh",
     "context",
     "current_rank",
@@ -75,3 +77,10 @@ __all__ = [
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext actormesh``: the ``%%mesh`` magics in any IPython (an IPython hook, not API)."""
+    from .kernel import load_ipython_extension as load
+
+    load(ipython)

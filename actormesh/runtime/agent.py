@@ -9,6 +9,8 @@ agent kills its workers and exits. Workers are forked by the agent's fork server
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import logging
 import os
@@ -273,6 +275,10 @@ class Agent:
         for fd in list(worker.pipes):
             while fd in worker.pipes:
                 self._on_output(worker, fd)
+        # Shared-memory files of its TensorBuffers die with it (see buffers.py for the name).
+        for name in glob.glob(f"/dev/shm/actormesh-{worker.mailbox.hex()}-{pid}-*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
         exitcode, signame = describe_status(status)
         report = ("exit", worker.mesh_id, worker.rank, pid, exitcode, signame, tuple(worker.tail))
         self.node.send(self.controller, report)

@@ -387,6 +387,9 @@ class Controller:
                 break
         for agent in self.agents:
             agent.close()
+        from .buffers import cleanup_owned
+
+        cleanup_owned()
         if self.node.role == "controller":
             self.node.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)

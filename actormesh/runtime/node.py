@@ -71,6 +71,7 @@ class Node:
             "died": self._on_died,
             "revived": lambda msg: self.forget_death(msg.envelope[1]),
             "batch": self._on_batch,
+            "buf_done": self._on_port_message,
         }
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)

@@ -18,6 +18,7 @@ from typing import Any
 from .. import config
 from . import context as ctxmod
 from .actor import OK
+from .buffers import cleanup_owned
 from .hosting import ActorHost
 from .logs import capture_output, flush_output
 from .node import Node, set_node
@@ -96,6 +97,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         if os.getppid() != parent:
             os._exit(1)  # orphaned: whoever started us is gone
     host.stop_all(timeout=config.STOP_GRACE / 2)
+    cleanup_owned()
     flush_output()
     node.close()
 

@@ -10,8 +10,8 @@ import actormesh
 PUBLIC = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Extent", "Future", "HostMesh",
     "MeshClosedError", "MeshError", "MeshTimeoutError", "Point", "Port", "PortReceiver",
-    "ProcMesh", "SupervisionError", "ValueMesh", "context", "current_rank", "current_size",
-    "endpoint", "this_host", "this_proc",
+    "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context", "current_rank",
+    "current_size", "endpoint", "this_host", "this_proc",
 ]  # fmt: skip
 
 
