@@ -77,7 +77,6 @@ class Node:
         self._port_ids = itertools.count(1)
         self._lock = threading.Lock()
         self.dead: dict[bytes, ProcDeath] = {}
-        self.death_listeners: list[Callable[[bytes, ProcDeath], None]] = []
         # Where rank-labelled output and unhandled failures go: the owner of this process.
         self.controller: Address | None = None
         self.mesh_id: str | None = None  # a worker's proc mesh
@@ -118,11 +117,6 @@ class Node:
                 observed = bool(handler.on_death(mailbox, death)) or observed
             except Exception:
                 logger.exception("port handler failed on a death notice")
-        for listener in list(self.death_listeners):
-            try:
-                listener(mailbox, death)
-            except Exception:
-                logger.exception("death listener failed")
         return observed
 
     def forget_death(self, mailbox: bytes) -> None:

@@ -28,7 +28,7 @@ import os
 import pickle
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
@@ -246,13 +246,6 @@ class Verifier:
         return Message(sender, envelope, payload, buffers)
 
 
-def _as_bytes(frame: Any) -> bytes:
-    if isinstance(frame, bytes):
-        return frame
-    b = getattr(frame, "bytes", None)
-    return b if isinstance(b, bytes) else bytes(frame)
-
-
 def shape_state(shape: Any) -> tuple[Any, ...]:
     """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
     return (shape.labels, shape.offset, shape.sizes, shape.strides)
@@ -293,6 +286,3 @@ def reply_port(reply: tuple[Any, ...] | None) -> Any:
 
 def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()
-
-
-DumpFn = Callable[[Any], tuple[bytes, list[pickle.PickleBuffer]]]
