@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from .shape import Point
 
 
-TEE_MARK = "\x1e"  # starts a line of fd 2 that already went to the controller as a message
+# Starts a line of fd 2 that already went to the controller as a message. Not a character that
+# str.splitlines() treats as a line break (\x1c-\x1e are), or the mark would become a line.
+TEE_MARK = "\x02"
 
 
 def rank_label(point: Point) -> str:

@@ -107,6 +107,7 @@ def main() -> None:
     from .osutil import die_with_parent
 
     die_with_parent(int(os.environ.pop("ACTORMESH_AGENT_PID")))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts arrive as messages
     request = json.loads(sys.stdin.readline())
     init = request["init"]
     code = 0

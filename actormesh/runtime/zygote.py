@@ -67,7 +67,8 @@ def main() -> None:
                     os.close(fd)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                # Interrupts reach endpoints as messages; a group-wide Ctrl-C must not kill us.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 _child(request, fds, me, init)
             for fd in fds:
                 os.close(fd)

@@ -190,3 +190,31 @@ def test_python_logging_in_an_endpoint_reaches_the_controller(shared_procs, caps
 
     shared_procs.spawn("logs", Logs).slice(gpus=3).log.call_one().get(timeout=10)
     assert "[gpus=3] INFO step done" in capsys.readouterr().err
+
+
+def test_sigint_does_not_kill_a_worker_and_stderr_arrives_once(shared_procs, capsys) -> None:
+    class Pid(am.Actor):
+        @am.endpoint
+        def pid(self) -> int:
+            import sys
+
+            print("complaint", file=sys.stderr, flush=True)
+            return os.getpid()
+
+        @am.endpoint
+        def raw(self) -> None:
+            os.write(2, b"raw marker\n")  # only the host agent sees this: it comes after
+
+    p = shared_procs.spawn("pid", Pid).slice(gpus=2)
+    pid = p.pid.call_one().get(timeout=10)
+    os.kill(pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+    assert p.pid.call_one().get(timeout=10) == pid
+    p.raw.call_one().get(timeout=10)
+    seen: list[str] = []
+    wait_until(
+        lambda: seen.append(capsys.readouterr().err) or "raw marker" in "".join(seen),
+        10,
+        "the agent to forward the raw line",
+    )
+    # The agent forwards fd 2 in order: a duplicate of the earlier lines would be here by now.
+    assert "".join(seen).count("[gpus=2] complaint") == 2

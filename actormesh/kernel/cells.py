@@ -1,0 +1,440 @@
+"""Running a ``%%mesh`` cell: the mesh behind a TARGET, the cast to its ranks, waiting, results.
+
+A cell is one cast of ``MeshExecutor.run`` to the selected ranks, collected rank by rank (so
+the status strip and the interrupt report know every rank's state, and one dead rank does not
+hide the others' outcomes). While a blocking cell runs, its thread installs an
+:class:`OutputGrouper` as the runtime's log writer and flushes it every few tens of
+milliseconds; the writer is restored before the cell returns, whatever happens.
+
+This module uses runtime internals on purpose (``ProcMesh._create``, ``_Collector``,
+``Endpoint._cast``): the kernel lives in the same package and runs on meshes it did not wrap.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
+from ..runtime import controller as controller_mod
+from ..runtime.actor_mesh import ActorMesh
+from ..runtime.endpoint import _MISSING, _Collector
+from ..runtime.proc_mesh import ProcMesh
+from ..runtime.proc_table import ProcTable
+from ..runtime.shape import Shape
+from ..runtime.value_mesh import ValueMesh
+from ..runtime.wire import Message
+from .display import (
+    CellInterrupted,
+    CellTimeout,
+    OutputGrouper,
+    StatusStrip,
+    cell_error,
+    interruption_report,
+    prefix,
+)
+from .executor import CellFailure, MeshExecutor, MeshStatus
+from .selection import Selection, SelectionError
+
+logger = logging.getLogger(__name__)
+
+STRIP_AFTER = 1.0  # a cell running longer than this shows the per-rank status strip
+INTERRUPT_GRACE = 5.0  # how long an interrupted cell waits for its ranks to stop
+GROUP_WINDOW = 0.1  # how long a line waits for identical lines from other ranks
+GROUP_MAX_HOLD = 1.0  # ... and at most this long while its peer ranks are still silent
+
+
+# -- meshes behind a TARGET -----------------------------------------------------------------------
+
+
+class MeshTools:
+    """The kernel's helpers living on one proc mesh: the executor (and status) actors."""
+
+    def __init__(self, table: ProcTable, record: Any) -> None:
+        self.table = table
+        self.record = record
+        labels, sizes = record.common["extent"]
+        self.shape = Shape.from_extent(dict(zip(labels, sizes, strict=True)))
+        self.procs = ProcMesh._create(table, self.shape, record)
+        self.n = len(self.shape)
+        self._flat = self.shape.flatten("rank")
+        self._executor: ActorMesh[MeshExecutor] | None = None
+        self._status: ActorMesh[MeshStatus] | None = None
+        self.labels = {label: rank for rank, label in enumerate(table.labels)}
+
+    def rank_shape(self, rank: int) -> Shape:
+        return self._flat.slice(rank=builtins.slice(rank, rank + 1))
+
+    def executor_mesh(self) -> ActorMesh[MeshExecutor]:
+        """The executors of every rank (spawned on first use; cells queue behind the spawn)."""
+        if self._executor is None:
+            self._executor = self.procs.spawn("_mesh_executor", MeshExecutor)
+        return self._executor
+
+    def executor(self, rank: int) -> ActorMesh[MeshExecutor]:
+        """The executor of one rank."""
+        return self.executor_mesh()._new_with_shape(self.rank_shape(rank))
+
+    def status_actors(self) -> ActorMesh[MeshStatus]:
+        if self._status is None:
+            self._status = self.procs.spawn("_mesh_status", MeshStatus)
+        return self._status
+
+    def proc(self, rank: int) -> ProcMesh:
+        return ProcMesh._create(self.table, self.rank_shape(rank), self.record)
+
+    def interrupt(self, ranks: list[int]) -> None:
+        if len(ranks) == self.n:
+            self.procs.interrupt()
+            return
+        for r in ranks:
+            self.proc(r).interrupt()
+
+
+@dataclass
+class Target:
+    """What a TARGET expression names: a view of a proc mesh, maybe an actor mesh on it."""
+
+    tools: MeshTools
+    shape: Shape  # the view the TARGET covers
+    actor_key: str | None  # an ActorMesh target: the rank's actor is `actor` in cells
+    text: str
+
+    @property
+    def procs(self) -> ProcMesh:
+        return ProcMesh._create(self.tools.table, self.shape, self.tools.record)
+
+
+class MeshRegistry:
+    """The kernel's ``MeshTools`` per proc mesh, dropped when the mesh is stopped."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, MeshTools] = {}
+
+    def tools(self, table: ProcTable) -> MeshTools:
+        cached = self._tools.get(table.mesh_id)
+        if cached is not None and cached.table is table and not table.closed:
+            return cached
+        ctl = controller_mod._controller
+        record = None if ctl is None else ctl.meshes.get(table.mesh_id)
+        if record is None or table.closed:
+            raise SelectionError(
+                f"proc mesh {table.mesh_id} is stopped or was not spawned by this kernel"
+            )
+        tools = self._tools[table.mesh_id] = MeshTools(table, record)
+        return tools
+
+    def target(self, obj: Any, text: str) -> Target:
+        if isinstance(obj, ProcMesh):
+            return Target(self.tools(obj._procs), obj._shape, None, text)
+        if isinstance(obj, ActorMesh):
+            return Target(self.tools(obj._procs), obj._shape, obj._key, text)
+        raise SelectionError(
+            f"TARGET {text!r} is a {type(obj).__name__}; give a ProcMesh or an ActorMesh"
+        )
+
+    def live(self) -> list[MeshTools]:
+        """Every live proc mesh of this kernel's controller."""
+        ctl = controller_mod._controller
+        if ctl is None:
+            return []
+        out = []
+        for record in list(ctl.meshes.values()):
+            if record.stopping or record.table.closed:
+                continue
+            out.append(self.tools(record.table))
+        return out
+
+
+# -- one cell --------------------------------------------------------------------------------------
+
+
+def _write(stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()
+
+
+def _show(data: dict[str, Any], metadata: dict[str, Any]) -> None:
+    from IPython.core.display_functions import publish_display_data
+
+    publish_display_data(data=data, metadata=metadata)
+
+
+@dataclass
+class CellOptions:
+    filename: str
+    source: str
+    selection: Selection
+    dedup: bool = True
+    timeout: float | None = None
+    strip: bool = True  # show the status strip when the cell runs long (needs a kernel)
+
+
+Outcome = CellFailure | str | None  # None: success; str: how the rank's process died
+
+
+class _CellCollector(_Collector[Any]):
+    """Hands each rank's reply to the cell as it arrives (the runtime's gather would drop the
+    other ranks' replies once one rank dies). Runs on the I/O thread."""
+
+    def __init__(self, run: CellRun, what: str, procs: ProcTable, shape: Shape) -> None:
+        super().__init__(what, procs, shape)
+        self.run = run
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        with self.lock:
+            if self.values[index] is not _MISSING:
+                return
+            self.values[index] = value
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.close()
+        self.run.deliver(self.shape.global_rank(index), failed, value)
+
+
+class CellRun:
+    """One cell on its ranks.
+
+    The cell is one cast to the selected ranks (one per rank when they are not evenly spaced),
+    gathered by a :class:`_CellCollector` that hands over each rank's reply as it arrives, so a
+    rank that dies fails only itself: the others' outcomes still arrive. Rich output comes
+    through a port of this kernel. Both are handled on the I/O thread; the cell's thread waits
+    on ``_wake``.
+    """
+
+    def __init__(self, target: Target, options: CellOptions) -> None:
+        self.target = target
+        self.options = options
+        self.ranks = options.selection.ranks
+        self.states: dict[int, str] = dict.fromkeys(self.ranks, "running")
+        self.outcomes: dict[int, Outcome] = {}
+        self.values: dict[int, Any] = {}
+        self.grouper: OutputGrouper | None = None
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._port: Any = None
+        self._strip: StatusStrip | None = None
+        self._started = 0.0
+
+    # -- I/O thread --------------------------------------------------------------------------
+
+    def on_message(self, msg: Message) -> None:
+        """Rich output from a rank (the display port)."""
+        try:
+            kind, rank, data, metadata = msg.value()
+        except Exception:
+            logger.exception("a message from a rank of %s could not be read", self.options.filename)
+            return
+        if kind != "display":
+            return
+        if self.grouper is not None:
+            self.grouper.display(rank, data, metadata)
+        else:  # --noblock: nowhere to group it; show its text
+            print(f"{prefix([rank])} {data.get('text/plain', '')}")
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        return False  # the cell's collector reports deaths
+
+    def deliver(self, rank: int, failed: bool, value: Any) -> None:
+        """A rank's reply (``(value, failure)``), its death, or a failure of the call itself."""
+        if not failed:
+            result, failure = value
+            self._finish(rank, failure, result)
+        elif isinstance(value, ProcDeath):
+            self._finish(rank, value.describe(), None)
+        elif isinstance(value, RemoteFailure):
+            self._finish(
+                rank, CellFailure(value.exc_type, value.message, value.traceback, None), None
+            )
+        else:
+            self._finish(rank, CellFailure("MeshError", repr(value), repr(value), None), None)
+
+    def _finish(self, rank: int, outcome: Outcome, value: Any) -> None:
+        with self._lock:
+            if rank in self.outcomes:
+                return
+            self.outcomes[rank] = outcome
+            self.values[rank] = value
+            last = len(self.outcomes) == len(self.ranks)
+        if isinstance(outcome, str):
+            state = "dead"
+        elif outcome is None:
+            state = "done"
+        else:
+            state = "interrupted" if outcome.interrupted else "error"
+        self.states[rank] = state
+        if self.grouper is not None:
+            self.grouper.finished(rank)
+        if last and self._port is not None:
+            controller_mod.get_controller().node.close_port(self._port)
+        if not last:
+            return  # the cell's thread polls the states; only the end must wake it
+        self._wake.set()
+
+    # -- any thread --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        tools = self.target.tools
+        node = controller_mod.get_controller().node
+        self._started = time.monotonic()
+        port = self._port = node.open_port(self)
+        executor = tools.executor_mesh()
+        opts = self.options
+        shape = opts.selection.shape
+        views = [shape] if shape is not None else [tools.rank_shape(r) for r in self.ranks]
+        args = (opts.filename, opts.source, port, self.target.actor_key)
+        for view in views:
+            collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
+            executor._new_with_shape(view).run._cast(view, args, {}, collector)
+
+    def done(self) -> bool:
+        return len(self.outcomes) == len(self.ranks)
+
+    def running(self) -> list[int]:
+        return [r for r in self.ranks if r not in self.outcomes]
+
+    def result(self) -> ValueMesh[Any]:
+        """The values of a finished cell, or its grouped error."""
+        failures = {r: f for r, f in self.outcomes.items() if f is not None}
+        if failures:
+            raise cell_error(self.options.filename, failures)
+        values = [self.values[r] for r in self.ranks]
+        shape = self.options.selection.shape or Shape.from_extent({"ranks": len(values)})
+        return ValueMesh._create(shape, values)
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until every rank has its outcome (interruptible; ``MeshTimeoutError``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if left <= 0:
+                raise MeshTimeoutError(
+                    f"timed out after {timeout:g} s waiting for {self.options.filename} on "
+                    f"{prefix(self.running())[1:-1]}"
+                )
+            self._wake.wait(left)
+            self._wake.clear()
+
+    # -- blocking --------------------------------------------------------------------------------
+
+    def run_blocking(self) -> ValueMesh[Any]:
+        """Run the cell with live grouped output; returns its values or raises its error."""
+        logs = controller_mod.get_controller().logs
+        grouper = self.grouper = OutputGrouper(
+            self.target.tools.labels,
+            _write,
+            _show,
+            dedup=self.options.dedup,
+            window=GROUP_WINDOW,
+            max_hold=GROUP_MAX_HOLD,
+            ranks=self.ranks,
+        )
+        previous = logs.writer
+        logs.writer = grouper.writer
+        try:
+            self.start()
+            self._wait(grouper)
+        except KeyboardInterrupt:
+            self._stop_ranks(grouper, None)
+        except _Deadline:
+            self._stop_ranks(grouper, self.options.timeout)
+        finally:
+            if logs.writer == grouper.writer:
+                logs.writer = previous
+            grouper.flush(final=True)
+            if self._strip is not None:
+                self._strip.update(self.states, time.monotonic() - self._started, final=True)
+        return self.result()
+
+    def _wait(self, grouper: OutputGrouper, until: float | None = None) -> None:
+        start = self._started
+        deadline = None if self.options.timeout is None else start + self.options.timeout
+        title = f"%%mesh {self.target.text} ({self.options.filename.strip('<>')})"
+        while not self.done():
+            self._wake.wait(0.03 if grouper.pending else 0.25)
+            self._wake.clear()
+            grouper.flush()
+            now = time.monotonic()
+            if self._strip is None and self.options.strip and now - start > STRIP_AFTER:
+                self.options.strip = False  # one try
+                self._strip = _make_strip(title)
+            if self._strip is not None:
+                self._strip.update(self.states, now - start)
+            if until is not None and now > until:
+                return
+            if deadline is not None and until is None and now > deadline:
+                raise _Deadline
+
+    def _stop_ranks(self, grouper: OutputGrouper, timeout: float | None) -> None:
+        running = self.running()
+        self.target.tools.interrupt(running)
+        try:
+            self._wait(grouper, until=time.monotonic() + INTERRUPT_GRACE)
+        except KeyboardInterrupt:
+            pass  # a second interrupt: stop waiting for the ranks
+        grouper.flush(final=True)
+        still = self.running()
+        outcomes = {r: o for r, o in self.outcomes.items() if r in running}
+        if timeout is not None:
+            head = f"%%mesh cell timed out after {timeout:g} s on {prefix(running)[1:-1]}"
+            raise CellTimeout(interruption_report(head, outcomes, still))
+        head = f"KeyboardInterrupt: %%mesh cell interrupted on {prefix(running)[1:-1]}"
+        raise CellInterrupted(interruption_report(head, outcomes, still))
+
+
+class _Deadline(Exception):
+    pass
+
+
+def _make_strip(title: str) -> StatusStrip | None:
+    shell = _shell()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None
+    try:
+        return StatusStrip(title)
+    except ImportError:
+        return None
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+class PendingCell:
+    """A ``%%mesh --noblock`` cell: ``get()`` waits for its values (or raises its error)."""
+
+    def __init__(self, run: CellRun) -> None:
+        self._run = run
+
+    def done(self) -> bool:
+        return self._run.done()
+
+    def get(self, timeout: float | None = None) -> ValueMesh[Any]:
+        """Block until every rank finished (at most ``timeout`` s); its values or its error."""
+        self._run.wait(timeout)
+        return self._run.result()
+
+    def interrupt(self) -> None:
+        self._run.target.tools.interrupt(self._run.running())
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self._run.ranks
+
+    def __repr__(self) -> str:
+        states: dict[str, list[int]] = {}
+        for r, s in sorted(self._run.states.items()):
+            states.setdefault(s, []).append(r)
+        desc = ", ".join(f"{s} {prefix(rs)[1:-1]}" for s, rs in states.items())
+        return f"<%%mesh {self._run.options.filename.strip('<>')}: {desc}>"

@@ -1,0 +1,410 @@
+"""The rank side of ``%%mesh``: an actor that runs notebook cells in a per-rank namespace.
+
+One ``MeshExecutor`` is spawned lazily on every rank of a proc mesh the first time a cell runs
+there; its namespace persists across cells. A cell is compiled under a file name such as
+``<mesh-cell-7>`` whose source is registered in ``linecache``, so tracebacks show the cell's own
+lines; the last expression's value comes back (like IPython's ``Out``). Rich output
+(``display()``, ``IPython.display``, matplotlib figures) is turned into MIME bundles here and
+sent to the kernel through a port as it happens, after flushing the rank's pending prints, so
+text and displays keep their order.
+
+This module is imported by workers: it must stay cheap to import (no IPython at import time).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import builtins
+import importlib.abc
+import importlib.machinery
+import inspect
+import linecache
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime.actor import Actor, endpoint
+from ..runtime.context import current_rank
+from ..runtime.logs import flush_output
+from ..runtime.node import Port
+from ..runtime.wire import dumps
+
+# -- what travels back to the kernel ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repr:
+    """Stands for a value that could not be pickled: shows the value's repr."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class CellFailure:
+    """A cell raised on one rank: the exception as text, from the cell's first frame on."""
+
+    ename: str
+    evalue: str
+    traceback: str
+    line: int | None  # the line of the cell where it was raised, when known
+
+    @property
+    def interrupted(self) -> bool:
+        return self.ename == "KeyboardInterrupt"
+
+
+# -- rich output on the rank ---------------------------------------------------------------------
+
+
+class _Cell(threading.local):
+    port: Port | None = None
+    rank: int = 0
+
+
+_cell = _Cell()
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+)
+
+
+def mime_bundle(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(data, metadata)`` for ``obj``, as IPython's display formatter would make them."""
+    data: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if method is not None and not isinstance(obj, type):
+        try:
+            got = method(include=None, exclude=None)
+        except TypeError:
+            got = method()
+        if isinstance(got, tuple):
+            got, md = got
+            metadata.update(md or {})
+        data.update(got or {})
+    for name, mime in _REPR_METHODS:
+        if mime in data or isinstance(obj, type):
+            continue
+        method = getattr(obj, name, None)
+        if method is None:
+            continue
+        value = method()
+        if isinstance(value, tuple):
+            value, md = value
+            metadata[mime] = md
+        if value is not None:
+            data[mime] = value
+    if "image/png" not in data and _is_figure(obj):
+        data["image/png"] = _figure_png(obj)
+    for mime in ("image/png", "image/jpeg"):
+        if isinstance(data.get(mime), bytes):
+            data[mime] = base64.b64encode(data[mime]).decode("ascii")
+    data.setdefault("text/plain", repr(obj))
+    return data, metadata
+
+
+def _is_figure(obj: Any) -> bool:
+    return type(obj).__module__.startswith("matplotlib.") and hasattr(obj, "savefig")
+
+
+def _figure_png(fig: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
+    """Send one MIME bundle to the cell's output, labelled with this rank."""
+    port = _cell.port
+    if port is None:  # not inside a blocking %%mesh cell: plain text is all we can show
+        print(data.get("text/plain", ""))
+        return
+    flush_output()  # what the cell printed so far arrives first (same ordered pipe)
+    port.send(("display", _cell.rank, data, metadata or {}))
+
+
+def display(
+    *objs: Any, raw: bool = False, metadata: dict[str, Any] | None = None, **_: Any
+) -> None:
+    """``IPython.display.display`` for cells running on a rank."""
+    for obj in objs:
+        if raw:
+            publish(obj, metadata)
+        else:
+            data, md = mime_bundle(obj)
+            publish(data, {**md, **(metadata or {})})
+
+
+def _flush_figures() -> None:
+    """Show and close the figures a cell left open, as the inline backend does."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        for num in plt.get_fignums():
+            display(plt.figure(num))
+    finally:
+        plt.close("all")
+
+
+class _PatchDisplay(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Replace ``IPython.core.display_functions.display`` the moment it is imported, so
+    ``from IPython.display import display`` in a cell gets ours. Costs nothing until then."""
+
+    target = "IPython.core.display_functions"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.target:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        real = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return real.create_module(spec)
+
+            def exec_module(self, module: types.ModuleType) -> None:
+                real.exec_module(module)
+                _patch(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+def _patch(module: types.ModuleType) -> None:
+    module.display = display  # type: ignore[attr-defined]
+    display_mod = sys.modules.get("IPython.display")
+    if display_mod is not None:
+        display_mod.display = display  # type: ignore[attr-defined]
+
+
+def _install_display_hook() -> None:
+    existing = sys.modules.get(_PatchDisplay.target)
+    if existing is not None:
+        _patch(existing)
+    elif not any(isinstance(f, _PatchDisplay) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchDisplay())
+    if "MPLBACKEND" not in os.environ and "matplotlib" not in sys.modules:
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("matplotlib_inline") is not None:
+                os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        except (ImportError, ValueError):
+            pass
+
+
+# -- running cells ---------------------------------------------------------------------------------
+
+# What the executor of this process is running: read by MeshStatus from its own thread.
+_running: dict[str, Any] = {}
+
+
+def _transportable(value: Any) -> Any:
+    """``value`` if it can travel to the kernel, else its repr (a cell must not fail on it)."""
+    if value is None or type(value) in (int, float, str, bool, bytes):
+        return value
+    try:
+        dumps(value)  # large buffers stay out of band: a trial costs little even for tensors
+    except Exception:
+        try:
+            return Repr(repr(value))
+        except Exception as exc:
+            return Repr(f"<{type(value).__name__}: repr failed: {exc}>")
+    return value
+
+
+def _failure(exc: BaseException, filename: str) -> CellFailure:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next  # start at the cell: the executor's own frames say nothing
+    line = None
+    t = tb
+    while t is not None:
+        if t.tb_frame.f_code.co_filename == filename:
+            line = t.tb_lineno
+        t = t.tb_next
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        line = exc.lineno
+        tb = None
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    etype = type(exc)
+    name = etype.__qualname__
+    if etype.__module__ not in ("builtins", "__main__", "__mesh__"):
+        name = f"{etype.__module__}.{name}"
+    return CellFailure(name, str(exc), text, line)
+
+
+class MeshExecutor(Actor):
+    """Runs ``%%mesh`` cells on one rank. Spawned by the kernel; not used directly."""
+
+    def __init__(self) -> None:
+        point = current_rank()
+        self.rank = point.rank
+        self.ns: dict[str, Any] = {
+            "__name__": "__mesh__",
+            "__builtins__": builtins,
+            "rank": point.rank,
+            "size": point.extent.nelem,
+            "display": display,
+        }
+        import actormesh
+
+        self.ns["am"] = actormesh
+        self._loop: asyncio.AbstractEventLoop | None = None
+        _install_display_hook()
+
+    @endpoint
+    def run(
+        self, filename: str, source: str, port: Port, actor_key: str | None = None
+    ) -> tuple[Any, CellFailure | None]:
+        """Run ``source`` here: ``(value of the last expression, None)`` or ``(None, failure)``.
+        Rich output goes to ``port`` while the cell runs."""
+        ns = self.ns
+        if actor_key is not None:
+            ns["actor"] = _local_actor(actor_key)
+        lines = source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        _cell.port, _cell.rank = port, self.rank
+        _running.update(cell=filename, since=time.monotonic(), thread=threading.get_ident())
+        value, failure = None, None
+        try:
+            value = _transportable(self._execute(source, filename))
+            _flush_figures()
+        except BaseException as exc:  # KeyboardInterrupt (interrupt) and SystemExit included
+            failure = _failure(exc, filename)
+            try:
+                _flush_figures()
+            except Exception:
+                pass
+        finally:
+            _running.clear()
+            _cell.port = None
+        return value, failure
+
+    def _execute(self, source: str, filename: str) -> Any:
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree = ast.parse(source, filename=filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body[-1].value)
+            del tree.body[-1]
+        value = None
+        if tree.body:
+            value = self._eval(compile(tree, filename, "exec", flags=flags))
+        if last is not None:
+            value = self._eval(compile(last, filename, "eval", flags=flags))
+            if source.rstrip().endswith(";"):
+                value = None  # as in IPython: a trailing semicolon hides the value
+        return value
+
+    def _eval(self, code: types.CodeType) -> Any:
+        result = eval(code, self.ns)  # the code of a cell the user sent to this rank
+        if code.co_flags & inspect.CO_COROUTINE:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
+
+    @endpoint
+    def push(self, values: dict[str, Any]) -> None:
+        self.ns.update(values)
+
+    @endpoint
+    def pull(self, name: str) -> Any:
+        try:
+            return _transportable(self.ns[name])
+        except KeyError:
+            raise NameError(f"name {name!r} is not defined on rank {self.rank}") from None
+
+
+def _local_actor(key: str) -> Any:
+    host = _actor_host()
+    runner = None if host is None else host.actors.get(key)
+    return None if runner is None else runner.instance
+
+
+def _actor_host() -> Any:
+    from ..runtime.node import current_node
+
+    handler = current_node().handlers.get("call")
+    return getattr(handler, "__self__", None)  # ActorHost._on_call is a bound method
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+
+class MeshStatus(Actor):
+    """Answers ``%mesh status`` on its own thread, so it answers while a cell runs."""
+
+    @endpoint
+    def status(self) -> dict[str, Any]:
+        import psutil
+
+        proc = psutil.Process()
+        now = time.monotonic()
+        info: dict[str, Any] = {
+            "rank": current_rank().rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "rss": proc.memory_info().rss,
+            "cpu": proc.cpu_percent(interval=None),
+            "threads": proc.num_threads(),
+            "gpu_mem": _gpu_memory(),
+        }
+        running = dict(_running)
+        if running:
+            info["cell"] = running["cell"]
+            info["cell_for"] = now - running["since"]
+            info["cell_line"] = _line_of(running["thread"], running["cell"])
+        host = _actor_host()
+        busy = []
+        for runner in list(getattr(host, "actors", {}).values()):
+            state = runner.busy
+            if state is not None and runner.name not in ("_mesh_executor", "_mesh_status"):
+                busy.append((runner.name, state[0], now - state[1]))
+        info["busy"] = busy
+        return info
+
+
+def _line_of(ident: int, filename: str) -> int | None:
+    frame = sys._current_frames().get(ident)
+    line = None
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            line = frame.f_lineno
+            break
+        frame = frame.f_back
+    return line
+
+
+def _gpu_memory() -> int | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.memory_allocated())
+    except Exception:
+        pass
+    return None

@@ -1,0 +1,70 @@
+"""``ActormeshKernel``: an IPython kernel that hosts the actormesh controller.
+
+The controller (its I/O thread, host agents and meshes) lives in the kernel process, so cells
+spawn meshes and call actors directly. What the kernel adds to IPython's:
+
+- the ``%%mesh`` / ``%mesh`` magics are loaded at start;
+- interrupt (``interrupt_mode: message`` in the kernelspec) sends SIGINT to the kernel process
+  only, never to its process group: workers are in that group and must survive an interrupt.
+  The running ``%%mesh`` cell turns the ``KeyboardInterrupt`` into an interrupt of its ranks;
+- shutdown and restart stop every mesh before the process exits. A kernel killed outright
+  (SIGKILL) leaves no worker either: each host agent watches a pipe from the controller and
+  kills its workers when it closes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import signal
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelapp import IPKernelApp
+
+from .. import __version__
+
+logger = logging.getLogger(__name__)
+
+
+class ActormeshKernel(IPythonKernel):
+    """IPython, plus the actormesh controller and magics."""
+
+    implementation = "actormesh"
+    implementation_version = __version__
+    banner = "actormesh kernel: %%mesh TARGET runs a cell on every rank (see %mesh?)"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert self.shell is not None
+        self.shell.extension_manager.load_extension("actormesh")
+
+    def _send_interrupt_children(self) -> None:
+        # Only this process: ipykernel's default signals the whole process group.
+        os.kill(os.getpid(), signal.SIGINT)
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        stop_all_meshes()  # blocks this (control) thread for at most ACTORMESH_STOP_GRACE s
+        result = super().do_shutdown(restart)
+        if inspect.isawaitable(result):
+            result = await result
+        return dict(result)
+
+
+def stop_all_meshes() -> None:
+    """Stop every mesh and host agent of this process's controller (if it has one)."""
+    from ..runtime import controller
+
+    ctl = controller._controller
+    if ctl is None:
+        return
+    try:
+        ctl.shutdown()
+    except Exception:
+        logger.exception("stopping the meshes at kernel shutdown failed")
+
+
+def main() -> None:
+    """Run the kernel: ``python -m actormesh.kernel -f CONNECTION_FILE``."""
+    IPKernelApp.launch_instance(kernel_class=ActormeshKernel)

@@ -1,0 +1,392 @@
+"""``%%mesh`` and ``%mesh``: run notebook cells on the ranks of a mesh, and look after them."""
+
+from __future__ import annotations
+
+import ast
+import html
+import itertools
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from ..errors import MeshError
+from ..runtime.stacks import render_grouped
+from ..runtime.value_mesh import ValueMesh
+from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, Target
+from .display import CellInterrupted, CellSyntaxError
+from .selection import SelectionError, resolve_target, select
+
+_SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off")
+
+
+def _usage(message: str) -> UsageError:
+    return UsageError(" ".join(message.split()))
+
+
+def _identifier(name: str, what: str) -> str:
+    if not name or not name.isidentifier():
+        raise _usage(f"{what} must be a Python name, got {name!r}")
+    return name
+
+
+class CellArgs:
+    """The parsed line of ``%%mesh TARGET [--ranks SEL] [--noblock] [--timeout S]
+    [--no-dedup] [-o NAME]``."""
+
+    def __init__(self, line: str) -> None:
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:
+            raise _usage(f"%%mesh: cannot parse {line!r}: {exc}") from None
+        target: list[str] = []
+        self.ranks: str | None = None
+        self.noblock = False
+        self.timeout: float | None = None
+        self.dedup = True
+        self.output = "_mesh"
+        it = iter(tokens)
+        for tok in it:
+            if tok in ("--ranks", "-r", "--timeout", "-o", "--out"):
+                value = next(it, None)
+                if value is None:
+                    raise _usage(f"%%mesh: {tok} needs a value")
+                if tok in ("--ranks", "-r"):
+                    self.ranks = value
+                elif tok == "--timeout":
+                    try:
+                        self.timeout = float(value)
+                    except ValueError:
+                        raise _usage(f"%%mesh: --timeout needs seconds, got {value!r}") from None
+                    if not self.timeout > 0:
+                        raise _usage(f"%%mesh: --timeout must be > 0, got {value}")
+                else:
+                    self.output = _identifier(value, "%%mesh -o")
+            elif tok.startswith("--ranks="):
+                self.ranks = tok.split("=", 1)[1]
+            elif tok == "--noblock":
+                self.noblock = True
+            elif tok == "--no-dedup":
+                self.dedup = False
+            elif (tok.startswith("-") and not target) or tok.startswith("--"):
+                raise _usage(f"%%mesh: unknown option {tok!r}")
+            else:
+                target.append(tok)
+        self.target = " ".join(target)
+        if not self.target:
+            raise _usage("%%mesh needs a TARGET: a ProcMesh or ActorMesh, e.g. %%mesh procs")
+
+
+@magics_class
+class MeshMagics(Magics):
+    """The actormesh magics; loaded by the actormesh kernel and by ``%load_ext actormesh``."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.registry = MeshRegistry()
+        self._count = itertools.count(1)
+        self._names: set[str] = set()
+        self._auto: str | None = None  # the line of %mesh on
+        self._pending: list[PendingCell] = []
+        self.last_target: str | None = None
+
+    @property
+    def ip(self) -> InteractiveShell:
+        assert self.shell is not None
+        return self.shell
+
+    @line_cell_magic
+    def mesh(self, line: str, cell: str | None = None) -> Any:
+        """Run a cell on every rank of a mesh, or manage the mesh (line form).
+
+        %%mesh TARGET [--ranks SEL] [--noblock] [--timeout S] [--no-dedup] [-o NAME]
+            Run the cell on each rank of TARGET (a ProcMesh or ActorMesh, e.g. procs,
+            procs.slice(gpus=1), trainers), in a namespace per rank that persists across cells
+            (`rank`, `size`, `am`, `display` are defined; `actor` is the rank's actor when
+            TARGET is an ActorMesh). Output streams live, grouped by rank; identical lines from
+            several ranks are shown once. The last expression's values come back as a
+            ValueMesh, stored in `_mesh` (or NAME). Interrupting the kernel interrupts the
+            ranks. SEL: 0 | 0,2 | 1:4 | ::2 | gpus=1 | hosts=0,gpus=0:2. --noblock returns at
+            once (`_mesh.get()` waits); --timeout interrupts the ranks after S seconds;
+            --no-dedup shows every rank's lines.
+
+            In [2]: %%mesh procs
+               ...: print("hello")
+               ...: rank * 10
+            [ranks 0-3] hello
+            Out[2]: ValueMesh({gpus=0: 0, gpus=1: 10, gpus=2: 20, gpus=3: 30})
+
+        %mesh status [TARGET]        rank, host, pid, state, what runs and for how long, memory
+        %mesh push TARGET NAME...    copy kernel variables into every rank's namespace
+        %mesh pull TARGET NAME       a ValueMesh of NAME from every rank
+        %mesh stacks [TARGET]        Python stacks of every rank, identical ones grouped
+        %mesh interrupt [TARGET]     interrupt what the ranks are running (all meshes by default)
+        %mesh on TARGET [options]    run every following cell as %%mesh TARGET [options]
+        %mesh off                    back to running cells in the kernel
+
+            In [3]: %mesh pull procs rank
+            Out[3]: ValueMesh({gpus=0: 0, gpus=1: 1, gpus=2: 2, gpus=3: 3})
+        """
+        if cell is not None:
+            return self._cell(line, cell)
+        return self._line(line)
+
+    # -- %%mesh ----------------------------------------------------------------------------------
+
+    def _cell(self, line: str, cell: str) -> Any:
+        args = CellArgs(line)
+        target = self._target(args.target)
+        try:
+            selection = select(target.shape, args.ranks)
+        except SelectionError as exc:
+            raise _usage(f"%%mesh: {exc}") from None
+        filename = self._filename()
+        try:  # here, not on every rank: one clear error, and nothing is sent
+            compile(cell, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        except SyntaxError as exc:
+            raise CellSyntaxError(exc) from None
+        options = CellOptions(
+            filename=filename,
+            source=cell,
+            selection=selection,
+            dedup=args.dedup,
+            timeout=args.timeout,
+        )
+        run = CellRun(target, options)
+        self.last_target = args.target
+        user_ns = self.ip.user_ns
+        if args.noblock:
+            run.start()
+            pending = PendingCell(run)
+            self._pending = [p for p in self._pending if not p.done()] + [pending]
+            user_ns[args.output] = pending
+            return pending
+        values = run.run_blocking()
+        user_ns[args.output] = values
+        if cell.rstrip().endswith(";") or all(v is None for v in values.values()):
+            return None
+        return values
+
+    def _filename(self) -> str:
+        count = getattr(self.shell, "execution_count", None) or next(self._count)
+        name = f"<mesh-cell-{count}>"
+        k = 1
+        while name in self._names:
+            k += 1
+            name = f"<mesh-cell-{count}.{k}>"
+        self._names.add(name)
+        return name
+
+    def _target(self, text: str) -> Target:
+        try:
+            obj = resolve_target(text, self.ip.user_ns)
+            return self.registry.target(obj, text)
+        except SelectionError as exc:
+            raise _usage(f"%mesh: {exc}") from None
+
+    def _targets(self, text: str | None) -> list[MeshTools | Target]:
+        if text:
+            return [self._target(text)]
+        live = self.registry.live()
+        if not live:
+            raise _usage("%mesh: no live proc mesh; spawn one with am.this_host().spawn_procs()")
+        return list(live)
+
+    # -- %mesh SUBCOMMAND ------------------------------------------------------------------------
+
+    def _line(self, line: str) -> Any:
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise _usage(f"%mesh: cannot parse {line!r}: {exc}") from None
+        if not words:
+            state = f"on: %%mesh {self._auto}" if self._auto else "off"
+            print(f"%mesh {state}. Subcommands: {', '.join(_SUBCOMMANDS)}; see %mesh?")
+            return None
+        command, rest = words[0], words[1:]
+        handler: Callable[[list[str]], Any] | None = getattr(self, f"_cmd_{command}", None)
+        if command not in _SUBCOMMANDS or handler is None:
+            raise _usage(
+                f"%mesh: unknown subcommand {command!r}; use one of {', '.join(_SUBCOMMANDS)} "
+                "(or %%mesh TARGET for a cell)"
+            )
+        try:
+            return handler(rest)
+        except MeshError as exc:
+            raise _usage(f"%mesh {command}: {exc}") from None
+
+    def _cmd_status(self, rest: list[str]) -> None:
+        if len(rest) > 1:
+            raise _usage("%mesh status takes at most one TARGET")
+        rows = []
+        for t in self._targets(rest[0] if rest else None):
+            rows.extend(_status_rows(t))
+        _show_table(
+            ["rank", "host", "pid", "state", "running", "for", "memory", "gpu memory"], rows
+        )
+
+    def _cmd_push(self, rest: list[str]) -> None:
+        if len(rest) < 2:
+            raise _usage("%mesh push TARGET NAME...: give a TARGET and at least one name")
+        target = self._target(rest[0])
+        values = {}
+        for name in rest[1:]:
+            _identifier(name, "%mesh push NAME")
+            if name not in self.ip.user_ns:
+                raise _usage(f"%mesh push: name {name!r} is not defined")
+            values[name] = self.ip.user_ns[name]
+        ranks = select(target.shape, None).ranks
+        futures = [target.tools.executor(r).push.call_one(values) for r in ranks]
+        for fut in futures:
+            fut.get(timeout=60)
+
+    def _cmd_pull(self, rest: list[str]) -> ValueMesh[Any]:
+        if len(rest) != 2:
+            raise _usage("%mesh pull TARGET NAME: give a TARGET and one name")
+        target = self._target(rest[0])
+        name = _identifier(rest[1], "%mesh pull NAME")
+        selection = select(target.shape, None)
+        futures = [target.tools.executor(r).pull.call_one(name) for r in selection.ranks]
+        values = [fut.get(timeout=60) for fut in futures]
+        assert selection.shape is not None
+        return ValueMesh._create(selection.shape, values)
+
+    def _cmd_stacks(self, rest: list[str]) -> None:
+        if len(rest) > 1:
+            raise _usage("%mesh stacks takes at most one TARGET")
+        for t in self._targets(rest[0] if rest else None):
+            procs = t.procs
+            print(render_grouped(procs.stacks().get(timeout=10)))
+
+    def _cmd_interrupt(self, rest: list[str]) -> None:
+        if len(rest) > 1:
+            raise _usage("%mesh interrupt takes at most one TARGET")
+        for t in self._targets(rest[0] if rest else None):
+            t.procs.interrupt()
+
+    def _cmd_on(self, rest: list[str]) -> None:
+        if not rest:
+            raise _usage("%mesh on TARGET [options]: give a TARGET")
+        line = shlex.join(rest)
+        args = CellArgs(line)
+        if args.noblock:
+            raise _usage("%mesh on: --noblock is not allowed (each cell would return at once)")
+        self._target(args.target)  # fail now, not at the next cell
+        self._auto = line
+        transformers = self.ip.input_transformers_cleanup
+        if self._transform not in transformers:
+            transformers.append(self._transform)
+        print(f"%mesh on: the following cells run as %%mesh {line} (%mesh off to stop)")
+
+    def _cmd_off(self, rest: list[str]) -> None:
+        if rest:
+            raise _usage("%mesh off takes no argument")
+        self._auto = None
+        transformers = self.ip.input_transformers_cleanup
+        if self._transform in transformers:
+            transformers.remove(self._transform)
+
+    def _transform(self, lines: list[str]) -> list[str]:
+        """With ``%mesh on``: a cell that is not a magic runs as ``%%mesh TARGET``."""
+        if self._auto is None:
+            return lines
+        first = next((s.strip() for s in lines if s.strip()), "")
+        if not first or first.startswith(("%mesh", "%%")):
+            return lines
+        return [f"%%mesh {self._auto}\n", *lines]
+
+    # -- kernel interrupt of a plain cell ---------------------------------------------------------
+
+    def post_run_cell(self, result: Any) -> None:
+        """A plain cell interrupted while it waited on a mesh: interrupt the ranks too."""
+        exc = getattr(result, "error_in_exec", None)
+        if not isinstance(exc, KeyboardInterrupt) or isinstance(exc, CellInterrupted):
+            return
+        tb = exc.__traceback__
+        waited = False
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("runtime/future.py"):
+                waited = True
+                break
+            tb = tb.tb_next
+        if not waited:
+            return
+        for tools in self.registry.live():
+            try:
+                tools.procs.interrupt()
+            except MeshError:
+                pass
+
+
+def _status_rows(t: MeshTools | Target) -> list[list[str]]:
+    tools = t if isinstance(t, MeshTools) else t.tools
+    ranks = tools.shape.ranks() if isinstance(t, MeshTools) else t.shape.ranks()
+    health = tools.procs.health().values()
+    actors = tools.status_actors()
+    futures = {
+        r: actors._new_with_shape(tools.rank_shape(r)).status.call_one()
+        for r in ranks
+        if health[r] == "alive"
+    }
+    rows = []
+    for r in ranks:
+        label = tools.table.labels[r]
+        pid = str(tools.table.pids[r])
+        host = tools.table.addresses[r].host.split(":")[0]
+        if health[r] != "alive":
+            rows.append([f"{r} ({label})", host, pid, health[r], "", "", "", ""])
+            continue
+        try:
+            info = futures[r].get(timeout=3)
+        except MeshError as exc:
+            rows.append([f"{r} ({label})", host, pid, "not answering", str(exc)[:60], "", "", ""])
+            continue
+        running, since = "", ""
+        if "cell" in info:
+            at = f" line {info['cell_line']}" if info.get("cell_line") else ""
+            running, since = f"{info['cell'].strip('<>')}{at}", f"{info['cell_for']:.1f} s"
+        elif info["busy"]:
+            name, ep, secs = info["busy"][0]
+            running, since = f"{name}.{ep}", f"{secs:.1f} s"
+        state = "busy" if running else "idle"
+        gpu = "" if info["gpu_mem"] is None else _mib(info["gpu_mem"])
+        rows.append(
+            [f"{r} ({label})", info["host"], str(info["pid"]), state, running, since,
+             _mib(info["rss"]), gpu]
+        )  # fmt: skip
+    return rows
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _show_table(header: list[str], rows: list[list[str]]) -> None:
+    from IPython.display import publish_display_data
+
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    text = "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    table = f"<table class='jp-actormesh-status'><thead><tr>{cells}</tr></thead>{body}</table>"
+    publish_display_data({"text/plain": text, "text/html": table})
+
+
+def load(shell: Any) -> MeshMagics:
+    """Register the magics with ``shell`` (once); returns them."""
+    existing = getattr(shell, "_actormesh_magics", None)
+    if existing is not None:
+        return existing
+    magics = MeshMagics(shell)
+    shell.register_magics(magics)
+    shell.events.register("post_run_cell", magics.post_run_cell)
+    shell._actormesh_magics = magics
+    return magics

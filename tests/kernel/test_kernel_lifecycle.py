@@ -1,0 +1,103 @@
+"""The kernel's lifetime: restart and SIGKILL leave no worker; ``%load_ext`` in a stock kernel;
+the kernelspec from pip (shared-data) and from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import Kernel, alive, spawn_code, start_kernel, wait_gone
+from support import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mesh_pids(kernel: Kernel, n: int) -> list[int]:
+    """The kernel's children and grandchildren once its mesh of ``n`` ranks is up."""
+    wait_until(lambda: len(kernel.tree()) >= n + 3, 30, f"agent, fork server and {n} workers")
+    return [p for p in kernel.tree() if p != kernel.pid]
+
+
+def test_restart_stops_every_mesh(kernel: Kernel) -> None:
+    kernel.ok(spawn_code(4))
+    workers = kernel.ok("print(*procs._procs.pids)").stream().split()
+    below = _mesh_pids(kernel, 4)
+    assert {int(w) for w in workers} <= set(below)
+    old_kernel = kernel.pid
+    kernel.km.restart_kernel(now=False)
+    wait_gone([old_kernel, *below], 30, "the old kernel, its agent and its workers to exit")
+    kernel.kc.wait_for_ready(timeout=60)
+    assert kernel.ok("'procs' in dir()").value == "False"  # a fresh kernel
+    kernel.ok(spawn_code(2))  # and it can spawn again
+    assert kernel.ok("%%mesh procs\nrank").value == "ValueMesh({gpus=0: 0, gpus=1: 1})"
+
+
+def test_shutdown_stops_every_mesh() -> None:
+    k = start_kernel()
+    k.ok(spawn_code(3))
+    tree = k.tree()
+    assert len(alive(tree)) >= 6
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=False)  # a shutdown_request: the kernel stops its meshes
+    wait_gone(tree, 30, "every process of the kernel to exit after shutdown")
+
+
+def test_sigkill_of_the_kernel_leaves_no_worker() -> None:
+    k = start_kernel()
+    try:
+        k.ok(spawn_code(4))
+        k.ok("%%mesh procs\nx = rank")  # executors up too
+        tree = [k.pid, *_mesh_pids(k, 4)]
+        os.kill(k.pid, signal.SIGKILL)
+        wait_gone(tree, 15, "the agent and workers of a SIGKILLed kernel to exit")
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+
+
+def test_load_ext_in_a_stock_ipython_kernel() -> None:
+    k = start_kernel("python3")
+    try:
+        assert k.kc.kernel_info(reply=True, timeout=30)["content"]["implementation"] == "ipython"
+        assert k.execute("%%mesh procs\n1").stream("stderr").startswith("UsageError: Cell magic")
+        k.ok("%load_ext actormesh")
+        k.ok(spawn_code(2))
+        r = k.ok("%%mesh procs\nprint('hi')\nrank")
+        assert "[ranks 0-1] hi" in r.stream()
+        assert r.value == "ValueMesh({gpus=0: 0, gpus=1: 1})"
+        k.ok("procs.stop().get(timeout=20)")
+    finally:
+        k.shutdown()
+
+
+def test_cli_installs_the_same_kernelspec_that_pip_ships(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "actormesh", "install-kernel", "--prefix", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    installed = tmp_path / "share" / "jupyter" / "kernels" / "actormesh" / "kernel.json"
+    assert str(installed.parent) in out.stdout
+    shipped = ROOT / "share" / "jupyter" / "kernels" / "actormesh" / "kernel.json"
+    spec = json.loads(installed.read_text())
+    assert spec == json.loads(shipped.read_text())
+    assert spec["argv"][:3] == ["python", "-m", "actormesh.kernel"]
+    assert spec["interrupt_mode"] == "message"
+    # pip installs it through hatch's shared-data.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.hatch.build.targets.wheel.shared-data]", 1)[1]
+    mapping = '"share/jupyter/kernels/actormesh" = "share/jupyter/kernels/actormesh"'
+    assert mapping in section.split("\n[", 1)[0]
+    bad = subprocess.run(
+        [sys.executable, "-m", "actormesh", "install-kernel", "--user", "--sys-prefix"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "not allowed with" in bad.stderr
