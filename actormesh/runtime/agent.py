@@ -95,7 +95,10 @@ class Agent:
 
     def _on_zygote(self) -> None:
         assert self.zygote_sock is not None
-        data = self.zygote_sock.recv(1 << 20)
+        try:
+            data = self.zygote_sock.recv(1 << 20)
+        except OSError:
+            data = b""  # reset by a fork server that died: the same as end-of-file
         if not data:
             if not self.done.is_set():
                 logger.error("the fork server exited unexpectedly; stopping this host agent")

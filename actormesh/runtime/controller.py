@@ -47,6 +47,7 @@ class AgentHandle:
         self.lifeline = lifeline
         self.address: Address | None = None
         self.hostname = ""
+        self.dead = False
         self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
 
     def close(self, timeout: float = 3.0) -> None:
@@ -103,10 +104,12 @@ class MeshRecord:
         if done:
             self.ready._set_result(None)
 
-    def on_exit(self, rank: int, death: ProcDeath) -> None:
+    def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
+        """Record the exit of ``rank``; returns whether it is left unhandled (and, when
+        ``report``, hands it to the owner or the fault hook)."""
         with self.lock:
             if rank in self.exited:
-                return
+                return False
             self.exited.add(rank)
             all_gone = len(self.exited) == self.n
         address = self.table.addresses[rank]
@@ -120,11 +123,13 @@ class MeshRecord:
             if all_gone:
                 self.ctl.meshes.pop(self.table.mesh_id, None)
                 self.stopped._set_result(None)
-            return
+            return False
         self.ctl.notify_death(self, address, death)
-        if not observed and self.ready.done():
+        unhandled = not observed and self.ready.done()
+        if unhandled and report:
             lost = SupervisionError([death], "a worker died while no call waited on it")
             self.report_unhandled(lost)
+        return unhandled
 
     def report_unhandled(self, failure: MeshError) -> None:
         """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
@@ -277,17 +282,25 @@ class Controller:
 
     def _start_local_agent(self) -> AgentHandle:
         r, w = os.pipe()
+        # The agent holds the write end of `watch` and never writes: end-of-file on our side
+        # means the agent is gone (killed), and so are its workers.
+        watch_r, watch_w = os.pipe()
         env = dict(os.environ)
         env.pop("ACTORMESH_KEY", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "actormesh.runtime.agent", "--lifeline-fd", str(r)],
-            pass_fds=(r,),
+            pass_fds=(r, watch_w),
             env=env,
             stdin=subprocess.DEVNULL,
         )
         os.close(r)
+        os.close(watch_w)
         handle = AgentHandle(len(self.agents), proc, w)
         self.agents.append(handle)
+        transport = self.node.transport
+        transport.call_soon(
+            lambda: transport.add_reader(watch_r, lambda: self._on_agent_eof(handle, watch_r))
+        )
         init = {
             "key": self.key.hex(),
             "controller": _address_to_json(self.node.address),
@@ -299,6 +312,42 @@ class Controller:
         }
         os.write(w, (json.dumps(init) + "\n").encode())
         return handle
+
+    def _on_agent_eof(self, agent: AgentHandle, fd: int) -> None:
+        """The host agent died: its workers die with it (parent-death signals); say so now."""
+        try:
+            if os.read(fd, 1):
+                return
+        except BlockingIOError:
+            return
+        self.node.transport.remove_reader(fd)
+        os.close(fd)
+        agent.dead = True
+        if self._local_agent is agent:
+            self._local_agent = None  # the next this_host() starts a new one
+        if not agent.ready.done():
+            agent.ready._set_exception(SupervisionError([], "the host agent exited at start-up"))
+        if self._closed:
+            return
+        logger.warning("the host agent (pid %s) died", agent.proc.pid if agent.proc else "?")
+        for record in list(self.meshes.values()):
+            lost = []
+            for rank in range(record.n):
+                if record.agent_of(rank) is agent and rank not in record.exited:
+                    address = record.table.addresses[rank]
+                    death = ProcDeath(
+                        rank=record.table.labels[rank],
+                        host=address.host,
+                        pid=record.table.pids[rank],
+                        exitcode=None,
+                        signal="SIGKILL",
+                        stderr_tail=self.logs.stderr_tail(address.mailbox),
+                        reason="its host agent died",
+                    )
+                    if record.on_exit(rank, death, report=False):
+                        lost.append(death)
+            if lost:  # one event, one report: not one per rank
+                record.report_unhandled(SupervisionError(lost, "the host agent died"))
 
     def _on_agent_ready(self, msg: Message) -> None:
         _, host_rank, address, hostname = msg.envelope

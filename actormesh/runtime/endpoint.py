@@ -255,15 +255,20 @@ class _Gather(_Collector[T]):
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.missing_ranks)
-        self.future.add_done_callback(lambda _: self.close())
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         with self.lock:
-            if self.values[index] is not _MISSING or self.future.done():
+            if self.values[index] is not _MISSING:
                 return
             self.values[index] = value
             self.remaining -= 1
             done = self.remaining == 0
+        if done:
+            # The port stays open until every rank has answered or died, even after a death
+            # failed the future: the other deaths of that event are then observed, not orphaned.
+            self.close()
+        if self.future.done():
+            return
         if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
             self.values[index] = f"(dead: {value.describe()})\n"
             failed = False

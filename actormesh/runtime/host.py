@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import config
-from ..errors import MeshUsageError
+from ..errors import MeshUsageError, SupervisionError
 from .controller import AgentHandle, Controller, MeshRecord, get_controller
 from .logs import rank_label
 from .proc_mesh import ProcMesh
@@ -77,6 +77,10 @@ class HostMesh(MeshShape):
         agents = [self._agents[r] for r in self._shape.ranks()]
         for agent in agents:
             agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+            if agent.dead:
+                raise SupervisionError(
+                    [], "the host agent of this host mesh died; call this_host() again"
+                )
         ctl = self._ctl
         mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
         shape = Shape.from_extent(extent)

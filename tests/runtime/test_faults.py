@@ -326,3 +326,47 @@ def test_script_mode_fails_fast_on_an_unhandled_failure(tmp_path) -> None:
 def test_fault_hook_is_replaceable() -> None:
     previous = supervision.set_fault_hook(None)
     assert supervision.set_fault_hook(previous) is supervision.default_fault_hook
+
+
+AGENT_KILL_SCRIPT = """
+import time
+import actormesh as am
+from actormesh.runtime.controller import get_controller
+
+class Spin(am.Actor):
+    @am.endpoint
+    def spin(self):
+        time.sleep(30)
+    @am.endpoint
+    def three(self):
+        return 3
+
+procs = am.this_host().spawn_procs(per_host={"gpus": 2})
+fut = procs.spawn("orphaned", Spin).spin.call()
+agent = get_controller().local_agent()
+start = time.monotonic()
+agent.proc.kill()
+try:
+    fut.get(timeout=10)
+except am.SupervisionError as err:
+    print(f"failed after {time.monotonic() - start:.2f} s:", str(err).splitlines()[0])
+agent.proc.wait(10)
+fresh = am.this_host().spawn_procs(per_host={"gpus": 1})
+print("fresh mesh says", fresh.spawn("fresh", Spin).three.call().get(timeout=30).values())
+"""
+
+
+def test_a_killed_host_agent_fails_its_ranks_and_a_new_one_starts(tmp_path) -> None:
+    # In its own controller process: this test's controller keeps its agent for the others.
+    import subprocess
+    import sys
+
+    script = tmp_path / "agent_kill.py"
+    script.write_text(AGENT_KILL_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90
+    )
+    out = result.stdout
+    assert "its host agent died" in out, out + result.stderr
+    assert float(out.split("failed after ")[1].split(" s")[0]) < 2
+    assert "fresh mesh says [3]" in out
