@@ -11,7 +11,7 @@ import pytest
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["quickstart.py", "heal_training.py", "param_server.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "heal_training.py", "param_server.py", "ddp.py"])
 def test_example_runs(name: str) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=100
