@@ -95,7 +95,9 @@ class RankStream(io.TextIOBase):
             return
         try:
             envelope = ("log", self._node.address.mailbox, self._label, self._stream, text)
-            self._node.transport.send_one_way(controller, envelope, b"")
+            # Sent at once, not batched: a process about to crash should not take its last
+            # words with it.
+            self._node.send(controller, envelope)
         except Exception:
             self._original.write(text)
 

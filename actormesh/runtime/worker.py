@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import config
 from . import context as ctxmod
@@ -84,6 +84,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
     capture_output(node, spec["label"])
+    _deliver_output_before_exit(node)
     # The worker is an entry point: its own warnings go to the controller, labelled by rank.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -100,6 +101,25 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     cleanup_owned()
     flush_output()
     node.close()
+
+
+def _deliver_output_before_exit(node: Node) -> None:
+    """Make ``os._exit`` in user code send what the rank printed first.
+
+    Output travels as messages; a process that calls ``os._exit`` right after ``print`` would
+    otherwise take its last words with it (ZeroMQ sends from a background thread). Signals and
+    crashes cannot be intercepted: their stderr still reaches the controller through the agent.
+    """
+    real_exit = os._exit
+
+    def exit_after_output(status: int) -> NoReturn:
+        try:
+            flush_output()
+            node.transport.close(linger=1.0)
+        finally:
+            real_exit(status)
+
+    os._exit = exit_after_output
 
 
 def main() -> None:
