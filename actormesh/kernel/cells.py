@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
 from ..runtime import controller as controller_mod
 from ..runtime.actor_mesh import ActorMesh
-from ..runtime.endpoint import _MISSING, _Collector
+from ..runtime.endpoint import _Collector
 from ..runtime.proc_mesh import ProcMesh
 from ..runtime.proc_table import ProcTable
 from ..runtime.shape import Shape
@@ -188,14 +188,8 @@ class _CellCollector(_Collector[Any]):
         self.run = run
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
-        with self.lock:
-            if self.values[index] is not _MISSING:
-                return
-            self.values[index] = value
-            self.remaining -= 1
-            last = self.remaining == 0
-        if last:
-            self.close()
+        if self.record(index, value) is None:
+            return
         self.run.deliver(self.shape.global_rank(index), failed, value)
 
 

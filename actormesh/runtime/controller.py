@@ -27,7 +27,7 @@ from ..errors import (
 )
 from . import supervision
 from .actor import ActorRunner, current_runner
-from .future import Future
+from .future import Future, when_all
 from .hosting import ActorHost
 from .logs import LogSink
 from .node import Node, node_if_started, set_node_factory
@@ -207,7 +207,8 @@ class MeshRecord:
             for rank in mine:
                 node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
             pending.append(gather.future)
-        _when_all(pending, healed)
+        all_done = when_all(pending)
+        all_done.add_done_callback(lambda f: _settle_none(f, healed))
 
     def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
         agent = self.agent_of(rank)
@@ -454,27 +455,12 @@ def _none(_: list[Any]) -> None:
     return None
 
 
-def _when_all(futures: list[Future[Any]], done: Future[None]) -> None:
-    """Complete ``done`` when every future has (with the first failure, if any)."""
-    remaining = [len(futures)]
-    if not futures:
-        done._set_result(None)
-        return
-    lock = threading.Lock()
-
-    def one(fut: Future[Any]) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            done._set_exception(exc)
-            return
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            done._set_result(None)
-
-    for fut in futures:
-        fut.add_done_callback(one)
+def _settle_none(src: Future[Any], dst: Future[None]) -> None:
+    exc = src.exception()
+    if exc is not None:
+        dst._set_exception(exc)
+    else:
+        dst._set_result(None)
 
 
 def _address_to_json(a: Address) -> list[Any]:

@@ -44,7 +44,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -53,7 +53,7 @@ from ..errors import MeshError, MeshUsageError
 from .actor import Actor, endpoint
 from .actor_mesh import ActorMesh
 from .context import context
-from .future import Future
+from .future import Future, then, when_all
 from .proc_mesh import ProcMesh
 from .proc_table import ProcTable
 from .shape import Shape
@@ -252,66 +252,9 @@ def release_on_failure(
 # -- small future combinators (the I/O thread runs the steps; they only send) ------------------
 
 
-def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
-    """A future for ``step(first's result)``: failures of either propagate, nothing blocks."""
-    current: list[Future[Any]] = [first]
-
-    def describe() -> str:
-        pending = current[-1]._describe_pending
-        return pending() if pending is not None else "the next step"
-
-    out: Future[Y] = Future(describe)
-
-    def on_first(done: Future[X]) -> None:
-        exc = done.exception()
-        if exc is not None:
-            out._set_exception(exc)
-            return
-        try:
-            nxt = step(done.get())
-        except BaseException as err:
-            out._set_exception(err)
-            return
-        current.append(nxt)
-        nxt.add_done_callback(lambda f: _settle(f, out))
-
-    first.add_done_callback(on_first)
-    return out
-
-
 def both(a: Future[X], b: Future[Y]) -> Future[tuple[X, Y]]:
     """A future for the pair of results; fails with whichever fails first."""
-
-    def describe() -> str:
-        pending = (a if not a.done() else b)._describe_pending
-        return pending() if pending is not None else "two results"
-
-    out: Future[tuple[X, Y]] = Future(describe)
-    lock = threading.Lock()
-    remaining = [2]
-
-    def one(fut: Future[Any]) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            out._set_exception(exc)
-            return
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            out._set_result((a.get(), b.get()))
-
-    a.add_done_callback(one)
-    b.add_done_callback(one)
-    return out
-
-
-def _settle(src: Future[X], dst: Future[X]) -> None:
-    exc = src.exception()
-    if exc is not None:
-        dst._set_exception(exc)
-    else:
-        dst._set_result(src.get())
+    return then(when_all([a, b]), lambda pair: Future._completed((pair[0], pair[1])))
 
 
 # -- the worker's side -------------------------------------------------------------------------

@@ -240,6 +240,20 @@ class _Collector(Generic[T]):
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         raise NotImplementedError
 
+    def record(self, index: int, value: Any) -> bool | None:
+        """Store rank ``index``'s answer: ``None`` if it had answered already, else whether it was
+        the last one. After the last, the port is closed: until then it stays open, even when a
+        death already failed the call, so the other deaths of that event are observed too."""
+        with self.lock:
+            if self.values[index] is not _MISSING:
+                return None
+            self.values[index] = value
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.close()
+        return last
+
     def close(self) -> None:
         port = self.port
         if port is not None:
@@ -257,17 +271,8 @@ class _Gather(_Collector[T]):
         self.future: Future[T] = Future(self.missing_ranks)
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
-        with self.lock:
-            if self.values[index] is not _MISSING:
-                return
-            self.values[index] = value
-            self.remaining -= 1
-            done = self.remaining == 0
-        if done:
-            # The port stays open until every rank has answered or died, even after a death
-            # failed the future: the other deaths of that event are then observed, not orphaned.
-            self.close()
-        if self.future.done():
+        done = self.record(index, value)
+        if done is None or self.future.done():
             return
         if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
             self.values[index] = f"(dead: {value.describe()})\n"
@@ -293,14 +298,8 @@ class Stream(_Collector[T], Generic[T]):
         self._yielded = 0
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
-        with self.lock:
-            if self.values[index] is not _MISSING:
-                return
-            self.values[index] = value
-            self.remaining -= 1
-            last = self.remaining == 0
-        if last:
-            self.close()
+        if self.record(index, value) is None:
+            return
         if isinstance(value, ProcDeath):
             fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
         elif failed:

@@ -157,6 +157,70 @@ class Future(Generic[T]):
         return f"<actormesh.Future {state}>"
 
 
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
+def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
+    """A future for ``step(first's result)``: failures of either propagate, nothing blocks."""
+    current: list[Future[Any]] = [first]
+
+    def describe() -> str:
+        pending = current[-1]._describe_pending
+        return pending() if pending is not None else "the next step"
+
+    out: Future[Y] = Future(describe)
+
+    def on_first(done: Future[X]) -> None:
+        exc = done.exception()
+        if exc is not None:
+            out._set_exception(exc)
+            return
+        try:
+            nxt = step(done.get())
+        except BaseException as err:
+            out._set_exception(err)
+            return
+        current.append(nxt)
+        nxt.add_done_callback(lambda f: _settle(f, out))
+
+    first.add_done_callback(on_first)
+    return out
+
+
+def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
+    """A future for every result, in order; fails with the first failure. Nothing blocks."""
+    out: Future[list[Any]] = Future(lambda: f"{sum(not f.done() for f in futures)} more results")
+    remaining = [len(futures)]
+    if not futures:
+        out._set_result([])
+        return out
+    lock = threading.Lock()
+
+    def one(fut: Future[Any]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            out._set_exception(exc)
+            return
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out._set_result([f.get() for f in futures])
+
+    for fut in futures:
+        fut.add_done_callback(one)
+    return out
+
+
+def _settle(src: Future[X], dst: Future[X]) -> None:
+    exc = src.exception()
+    if exc is not None:
+        dst._set_exception(exc)
+    else:
+        dst._set_result(src.get())
+
+
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
