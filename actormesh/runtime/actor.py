@@ -123,6 +123,8 @@ class ActorRunner:
         # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
         self._busy_lock = threading.Lock()
         self._interrupted = False
+        self._posted = 0  # calls handed to this actor so far
+        self._cancel_through = 0  # calls up to this number were interrupted before starting
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
 
     def start(self, spawn_msg: Message) -> None:
@@ -130,7 +132,9 @@ class ActorRunner:
         self.thread.start()
 
     def post(self, msg: Message) -> None:
-        self.queue.put(("call", msg))
+        # Called on the I/O thread only, like interrupt(): the numbering follows arrival order.
+        self._posted += 1
+        self.queue.put(("call", (self._posted, msg)))
 
     def stop(self) -> None:
         self.queue.put(None)
@@ -146,7 +150,11 @@ class ActorRunner:
                     break
                 kind, msg = item
                 if kind == "call":
-                    self._handle_call(msg)
+                    number, call = msg
+                    if number <= self._cancel_through:
+                        self._cancel(call)
+                    else:
+                        self._handle_call(call)
                 elif kind == "spawn":
                     self._construct(msg)
                 else:
@@ -159,9 +167,11 @@ class ActorRunner:
             self._loop.close()
 
     def interrupt(self) -> bool:
-        """Raise KeyboardInterrupt in the running endpoint, if any (from another thread)."""
+        """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that
+        arrived before the interrupt but have not started (I/O thread)."""
         from .stacks import raise_in_thread
 
+        self._cancel_through = self._posted
         with self._busy_lock:
             if self.busy is None or self.thread.ident is None:
                 return False
@@ -212,6 +222,23 @@ class ActorRunner:
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
             self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
+
+    def _cancel(self, msg: Message) -> None:
+        """A call that an interrupt caught before it started: it fails without running."""
+        _, _, endpoint_name, state, reply = msg.envelope
+        shape = shape_from_state(state)
+        index = shape.local_index(self.proc_rank)
+        failure = RemoteFailure(
+            str(self.rank),
+            self.name,
+            endpoint_name,
+            "KeyboardInterrupt",
+            "interrupted before it started",
+            "KeyboardInterrupt: interrupted before it started\n",
+        )
+        port = reply_port(reply)
+        if port is not None and index is not None:
+            self._reply(port, index, FAILED, failure)
 
     def _handle_call(self, msg: Message) -> None:
         env = msg.envelope

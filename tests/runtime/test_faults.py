@@ -370,3 +370,20 @@ def test_a_killed_host_agent_fails_its_ranks_and_a_new_one_starts(tmp_path) -> N
     assert "its host agent died" in out, out + result.stderr
     assert float(out.split("failed after ")[1].split(" s")[0]) < 2
     assert "fresh mesh says [3]" in out
+
+
+def test_interrupt_also_cancels_calls_queued_behind_the_running_one(shared_procs) -> None:
+    v = shared_procs.spawn("queued", Victim, 4)
+    one = v.slice(gpus=3)
+    running = one.spin.call_one(60)
+    queued = one.spin.call_one(60)  # waits behind the first: must not start after the interrupt
+    wait_until(
+        lambda: "in spin" in shared_procs.slice(gpus=3).stacks().get(timeout=5).values()[0],
+        10,
+        "the first spin to start",
+    )
+    shared_procs.slice(gpus=3).interrupt()
+    for fut in (running, queued):
+        with pytest.raises(am.ActorError, match="KeyboardInterrupt"):
+            fut.get(timeout=10)
+    assert one.get.call_one().get(timeout=10) == 4  # a call sent after the interrupt runs
