@@ -140,11 +140,7 @@ class Transport:
         digest: bytes | None = None,
     ) -> None:
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
-        endpoint = dest.endpoint_from(self.host_id)
-        entry = self._outboxes.get(endpoint)
-        if entry is None:
-            entry = self._connect(endpoint)
-        sock, lock = entry
+        endpoint, sock, lock = self._outbox(dest)
         with lock:
             if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
                 self._send_batch(sock, endpoint)
@@ -158,11 +154,7 @@ class Transport:
         the I/O thread sends what has accumulated as soon as it gets to it, and any other send
         to that process sends the batch first, so per-sender order is kept.
         """
-        endpoint = dest.endpoint_from(self.host_id)
-        entry = self._outboxes.get(endpoint)
-        if entry is None:
-            entry = self._connect(endpoint)
-        sock, lock = entry
+        endpoint, sock, lock = self._outbox(dest)
         with lock:
             pending = self._batches.get(endpoint)
             if pending is not None:
@@ -202,6 +194,13 @@ class Transport:
                 sock.send(frame, flags)
             else:
                 sock.send(frame, flags, copy=False)
+
+    def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any], threading.Lock]:
+        endpoint = dest.endpoint_from(self.host_id)
+        entry = self._outboxes.get(endpoint)
+        if entry is None:
+            entry = self._connect(endpoint)
+        return (endpoint, *entry)
 
     def _connect(self, endpoint: str) -> tuple[zmq.Socket[Any], threading.Lock]:
         with self._outbox_lock:
