@@ -249,31 +249,30 @@ def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> N
     current_node().send(Address(*addr_t), ("buf_done", port_id, ok, text), b"", buffers)
 
 
-def _lookup(buffer_id: int) -> _Owned | None:
+def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:
+    """The buffer a read or write asks for; a dropped one is refused here, for both."""
+    _, buffer_id, reply = msg.envelope
     with _owned_lock:
-        return _owned.get(buffer_id)
+        owned = _owned.get(buffer_id)
+    if owned is None:
+        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
+    return owned, reply
 
 
 def _on_read(msg: Message) -> None:
     # On the owner's I/O thread: the frame is sent zero-copy from the tensor's memory.
-    _, buffer_id, reply = msg.envelope
-    owned = _lookup(buffer_id)
-    if owned is None:
-        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
-        return
-    _reply(reply, True, "", [_bytes_of(owned.tensor).numpy()])
+    owned, reply = _requested(msg)
+    if owned is not None:
+        _reply(reply, True, "", [_bytes_of(owned.tensor).numpy()])
 
 
 def _on_write(msg: Message) -> None:
     import torch
 
-    _, buffer_id, reply = msg.envelope
-    owned = _lookup(buffer_id)
-    if owned is None:
-        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
-        return
-    _bytes_of(owned.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
-    _reply(reply, True, "", [])
+    owned, reply = _requested(msg)
+    if owned is not None:
+        _bytes_of(owned.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+        _reply(reply, True, "", [])
 
 
 def _restore(state: tuple[Any, ...], transport: str) -> TensorBuffer:

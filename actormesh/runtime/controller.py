@@ -27,7 +27,7 @@ from ..errors import (
 )
 from . import supervision
 from .actor import ActorRunner, current_runner
-from .future import Future, when_all
+from .future import Future, settle, when_all
 from .hosting import ActorHost
 from .logs import LogSink
 from .node import Node, node_if_started, set_node_factory
@@ -195,9 +195,9 @@ class MeshRecord:
             mine = [r for r in ranks if shape.local_index(r) is not None]
             if not mine:
                 continue
-            from .endpoint import _Gather
+            from .endpoint import _Gather, no_values
 
-            gather: _Gather[None] = _Gather(f"{envelope[2]}.__init__", self.table, shape, _none)
+            gather: _Gather[None] = _Gather(f"{envelope[2]}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.
             for index, rank in enumerate(shape.ranks()):
                 if rank not in mine:
@@ -208,7 +208,7 @@ class MeshRecord:
                 node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
             pending.append(gather.future)
         all_done = when_all(pending)
-        all_done.add_done_callback(lambda f: _settle_none(f, healed))
+        all_done.add_done_callback(lambda f: settle(f, healed, None))
 
     def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
         agent = self.agent_of(rank)
@@ -449,18 +449,6 @@ class Controller:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
-
-
-def _none(_: list[Any]) -> None:
-    return None
-
-
-def _settle_none(src: Future[Any], dst: Future[None]) -> None:
-    exc = src.exception()
-    if exc is not None:
-        dst._set_exception(exc)
-    else:
-        dst._set_result(None)
 
 
 def _address_to_json(a: Address) -> list[Any]:

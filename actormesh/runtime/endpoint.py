@@ -72,6 +72,11 @@ def _first(values: list[Any]) -> Any:
     return values[0]
 
 
+def no_values(_: list[Any]) -> None:
+    """The result of a gather whose replies only say "done" (spawns, re-spawns)."""
+    return None
+
+
 class Endpoint(Generic[P, R]):
     """An endpoint of an actor mesh (``mesh.step``). Not constructed by users.
 

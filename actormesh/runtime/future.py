@@ -182,7 +182,7 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
             out._set_exception(err)
             return
         current.append(nxt)
-        nxt.add_done_callback(lambda f: _settle(f, out))
+        nxt.add_done_callback(lambda f: settle(f, out))
 
     first.add_done_callback(on_first)
     return out
@@ -213,12 +213,17 @@ def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
     return out
 
 
-def _settle(src: Future[X], dst: Future[X]) -> None:
+_KEEP: Any = object()
+
+
+def settle(src: Future[Any], dst: Future[Any], value: Any = _KEEP) -> None:
+    """Complete ``dst`` as ``src`` completed (``src`` is done): its failure, else its result or,
+    when given, ``value`` instead."""
     exc = src.exception()
     if exc is not None:
         dst._set_exception(exc)
     else:
-        dst._set_result(src.get())
+        dst._set_result(src.get() if value is _KEEP else value)
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import MeshClosedError, MeshUsageError
 from .actor import Actor, endpoint_names
 from .actor_mesh import ActorMesh
-from .endpoint import _MISSING, _Gather, pickle_arguments
+from .endpoint import _MISSING, _Gather, no_values, pickle_arguments
 from .future import Future
 from .node import current_node
 from .proc_table import ProcTable
@@ -88,7 +88,7 @@ class ProcMesh(MeshShape):
         mesh: ActorMesh[A] = ActorMesh._create(
             self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
         )
-        gather: _Gather[Any] = _Gather(f"{name}.__init__", self._procs, shape, _nothing)
+        gather: _Gather[Any] = _Gather(f"{name}.__init__", self._procs, shape, no_values)
         node = current_node()
         reply = gather.port = node.open_port(gather)
         envelope = ("spawn", key, name, shape, reply)
@@ -181,10 +181,6 @@ class ProcMesh(MeshShape):
         if self._record is None:
             raise MeshUsageError("only the process that spawned a proc mesh can stop it")
         return self._record.stop()
-
-
-def _nothing(_: list[Any]) -> None:
-    return None
 
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
