@@ -27,6 +27,9 @@ from .errors import MeshClosedError as MeshClosedError
 from .errors import MeshError as MeshError
 from .errors import MeshTimeoutError as MeshTimeoutError
 from .errors import SupervisionError as SupervisionError
+from .hosts import SlurmJob as SlurmJob
+from .hosts import listen_for_hosts as listen_for_hosts
+from .hosts import wait_for_hosts as wait_for_hosts
 from .runtime.actor import Actor as Actor
 from .runtime.actor import endpoint as endpoint
 from .runtime.actor_mesh import ActorMesh as ActorMesh
@@ -65,6 +68,7 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "SlurmJob",
     "SupervisionError",
     "TensorBuffer",
     "ValueMesh",
@@ -72,8 +76,10 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "listen_for_hosts",
     "this_host",
     "this_proc",
+    "wait_for_hosts",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())

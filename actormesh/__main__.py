@@ -2,6 +2,7 @@
 
 python -m actormesh install-kernel [--user | --sys-prefix | --prefix PREFIX]
 python -m actormesh run [--nproc-per-host N] script.py [script args...]
+python -m actormesh host --connect HOST:PORT [--key-file FILE]   (a host agent; see actormesh.hosts)
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "run", add_help=False, help="run a torchrun-style script: run --nproc-per-host N script ..."
     )
+    commands.add_parser(
+        "host", add_help=False, help="run a host agent that dials back: host --connect HOST:PORT"
+    )
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["host"]:
+        from .hosts.agent_main import main as host_main
+
+        return host_main(argv[1:])
     if argv[:1] == ["run"]:  # its own parser: the script's arguments must reach it untouched
         from .runtime.spmd import main as run_main
 

@@ -35,3 +35,15 @@ START_METHOD = os.environ.get("ACTORMESH_START_METHOD", "forkserver")
 RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
 # Lines of a dead worker's stderr kept for its SupervisionError.
 STDERR_TAIL_LINES = 30
+# Hosts other than the controller's (actormesh.hosts): how often controller and host agents
+# exchange heartbeats, and how long without one before the other side counts as lost (the
+# agent then kills its workers; the controller fails the host's ranks with SupervisionError).
+HOST_HEARTBEAT = _float("ACTORMESH_HOST_HEARTBEAT", 0.5)
+HOST_DEADLINE = _float("ACTORMESH_HOST_DEADLINE", 3.0)
+# Encrypt tcp:// traffic between hosts with CurveZMQ: "auto" (on as soon as a host that is not
+# the controller's joins), "1" (same), or "0" (off: messages are still signed, not secret).
+CURVE = os.environ.get("ACTORMESH_CURVE", "auto").strip().lower()
+# Where the controller listens for host agents, and the address it gives them to reach it
+# (default: this machine's name, resolved), when listen_for_hosts() is not told.
+HOST_LISTEN = os.environ.get("ACTORMESH_LISTEN", "0.0.0.0:29500")
+ADVERTISE = os.environ.get("ACTORMESH_ADVERTISE", "")

@@ -49,6 +49,10 @@ class AgentHandle:
         self.hostname = ""
         self.dead = False
         self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
+        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
+        # live under the agent's own run directory, and errors name the host.
+        self.run_dir: str | None = None
+        self.name = "this host"
 
     def close(self, timeout: float = 3.0) -> None:
         if self.lifeline is not None:
@@ -145,6 +149,9 @@ class MeshRecord:
             "label": self.table.labels[rank],
             "mailbox": address.mailbox.hex(),
             "ipc": address.ipc,
+            # A rank healed in place binds its old tcp port again, so copies of the proc table
+            # held by other processes stay valid.
+            "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
         }
 
     def spawn_ranks(self, ranks: list[int]) -> None:
@@ -250,7 +257,7 @@ class Controller:
             self.run_dir = existing.run_dir
             self.node = existing
         else:
-            self.key = new_key()
+            self.key = job_key()
             self.run_dir = make_run_dir()
             self.node = Node(self.key, self.run_dir, "ctl", role="controller")
             self.node.controller = self.node.address
@@ -323,14 +330,21 @@ class Controller:
             return
         self.node.transport.remove_reader(fd)
         os.close(fd)
-        agent.dead = True
         if self._local_agent is agent:
             self._local_agent = None  # the next this_host() starts a new one
+        if not self._closed:
+            logger.warning("the host agent (pid %s) died", agent.proc.pid if agent.proc else "?")
+        self.lose_agent(agent, "its host agent died", "the host agent died")
+
+    def lose_agent(self, agent: AgentHandle, reason: str, summary: str) -> None:
+        """A host agent is gone (died, or a remote host stopped answering): fail its ranks."""
+        if agent.dead:
+            return
+        agent.dead = True
         if not agent.ready.done():
             agent.ready._set_exception(SupervisionError([], "the host agent exited at start-up"))
         if self._closed:
             return
-        logger.warning("the host agent (pid %s) died", agent.proc.pid if agent.proc else "?")
         for record in list(self.meshes.values()):
             lost = []
             for rank in range(record.n):
@@ -338,17 +352,17 @@ class Controller:
                     address = record.table.addresses[rank]
                     death = ProcDeath(
                         rank=record.table.labels[rank],
-                        host=address.host,
+                        host=address.host if agent.run_dir is None else agent.name,
                         pid=record.table.pids[rank],
                         exitcode=None,
                         signal="SIGKILL",
                         stderr_tail=self.logs.stderr_tail(address.mailbox),
-                        reason="its host agent died",
+                        reason=reason,
                     )
                     if record.on_exit(rank, death, report=False):
                         lost.append(death)
             if lost:  # one event, one report: not one per rank
-                record.report_unhandled(SupervisionError(lost, "the host agent died"))
+                record.report_unhandled(SupervisionError(lost, summary))
 
     def _on_agent_ready(self, msg: Message) -> None:
         _, host_rank, address, hostname = msg.envelope
@@ -363,9 +377,12 @@ class Controller:
         self.meshes[record.table.mesh_id] = record
 
     def _on_ready(self, msg: Message) -> None:
-        _, mesh_id, rank, pid = msg.envelope
+        _, mesh_id, rank, pid, *tcp = msg.envelope
         record = self.meshes.get(mesh_id)
         if record is not None:
+            if tcp:  # a worker on another host: its tcp port is known only now
+                addresses = record.table.addresses
+                addresses[rank] = addresses[rank]._replace(tcp=tcp[0])
             record.on_ready(rank, pid)
 
     def _on_exit(self, msg: Message) -> None:
@@ -449,6 +466,17 @@ class Controller:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
+
+
+def job_key() -> bytes:
+    """The job's key: from ``ACTORMESH_KEY_FILE`` when set (so host agents started by a
+    scheduler, e.g. from a Kubernetes secret, can share it), else a fresh random one."""
+    path = os.environ.get("ACTORMESH_KEY_FILE")
+    if not path:
+        return new_key()
+    from .wire import read_key_file
+
+    return read_key_file(path)
 
 
 def _address_to_json(a: Address) -> list[Any]:

@@ -78,8 +78,9 @@ class HostMesh(MeshShape):
         for agent in agents:
             agent.ready.get(timeout=config.SPAWN_TIMEOUT)
             if agent.dead:
+                again = "call this_host() again" if agent.run_dir is None else "get new hosts"
                 raise SupervisionError(
-                    [], "the host agent of this host mesh died; call this_host() again"
+                    [], f"the host agent of {agent.name} in this host mesh died; {again}"
                 )
         ctl = self._ctl
         mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -89,8 +90,9 @@ class HostMesh(MeshShape):
         for rank in range(len(shape)):
             agent = agents[rank // per]
             assert agent.address is not None
+            run_dir = agent.run_dir or ctl.run_dir
             addresses.append(
-                Address(agent.address.host, f"ipc://{ctl.run_dir}/{mesh_id}-{rank}", None, new_id())
+                Address(agent.address.host, f"ipc://{run_dir}/{mesh_id}-{rank}", None, new_id())
             )
             labels.append(rank_label(shape.point(rank)))
         table = ProcTable(mesh_id, addresses, labels)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import ProcDeath
+from .curve import CurveKeys
 from .transport import Address, Transport
 from .wire import Message
 
@@ -57,12 +58,14 @@ class Node:
         host_id: str | None = None,
         mailbox: bytes | None = None,
         ipc: str | None = None,
+        tcp_port: int = 0,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.key = key
         self.role = role
         self.run_dir = run_dir
         self.transport = Transport(
-            key, self._dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc
+            key, self._dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
         )
         self.address = self.transport.address
         self.handlers: dict[str, Callable[[Message], None]] = {
@@ -83,6 +86,13 @@ class Node:
 
     def start(self) -> None:
         self.transport.start()
+
+    def listen_tcp(self, host: str, advertise: str, curve: CurveKeys | None) -> Address:
+        """Make this node reachable from other hosts (see ``Transport.listen_tcp``).
+
+        Ports opened afterwards carry the tcp:// address, so other hosts can answer them."""
+        self.address = self.transport.listen_tcp(host, advertise, curve)
+        return self.address
 
     # -- ports -----------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from .. import config
+from .curve import CurveKeys
 from .wire import Message, Signer, Verifier, WireError, new_id
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,12 @@ class Transport:
         host_id: str | None = None,
         mailbox: bytes | None = None,
         ipc: str | None = None,
+        tcp_port: int = 0,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.ctx = zmq.Context()
+        # Across hosts, tcp:// traffic may be encrypted (ipc:// never is: it stays on the host).
+        self._curve = curve
         self.mailbox = mailbox or new_id()
         self.host_id = host_id or local_host_id()
         # The sender id is new for every process incarnation (a healed rank reuses its mailbox,
@@ -100,8 +105,7 @@ class Transport:
         self._inbox.bind(ipc)
         tcp = None
         if tcp_host is not None:
-            port = self._inbox.bind_to_random_port(f"tcp://{tcp_host}")
-            tcp = f"tcp://{tcp_host}:{port}"
+            tcp = self._bind_tcp(tcp_host, tcp_port)
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
         self._outboxes: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
         # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
@@ -124,6 +128,48 @@ class Transport:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _bind_tcp(self, host: str, port: int) -> str:
+        # Socket options are copied when a bind happens, so the ipc:// bind made before stays
+        # plain while this one requires Curve.
+        if self._curve is not None:
+            self._inbox.setsockopt(zmq.CURVE_SERVER, 1)
+            self._inbox.setsockopt(zmq.CURVE_SECRETKEY, self._curve.server_secret)
+        if port:
+            self._inbox.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._inbox.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
+
+    def listen_tcp(self, host: str, advertise: str, curve: CurveKeys | None) -> Address:
+        """Also accept messages over tcp:// (for other hosts); returns the new address.
+
+        Any thread: the bind runs on the I/O thread, which owns the inbox.
+        """
+        if self.address.tcp is not None:
+            return self.address
+        done = threading.Event()
+        result: list[Any] = []
+
+        def bind() -> None:
+            try:
+                self._curve = curve
+                endpoint = self._bind_tcp(host, 0)
+                result.append(f"tcp://{advertise}:{endpoint.rsplit(':', 1)[1]}")
+            except Exception as exc:
+                result.append(exc)
+            done.set()
+
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self.call_soon(bind)
+            if not done.wait(10):
+                raise TimeoutError("the I/O thread did not bind the tcp inbox")
+        else:
+            bind()
+        if isinstance(result[0], Exception):
+            raise result[0]
+        self.address = self.address._replace(tcp=result[0])
+        return self.address
 
     @property
     def io_thread(self) -> threading.Thread:
@@ -211,6 +257,10 @@ class Transport:
                 sock = self.ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, 2000)
                 sock.setsockopt(zmq.SNDHWM, 10000)
+                if self._curve is not None and endpoint.startswith("tcp://"):
+                    sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
+                    sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
+                    sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.client_secret)
                 sock.connect(endpoint)
                 entry = (sock, threading.Lock())
                 self._outboxes[endpoint] = entry

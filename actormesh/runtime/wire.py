@@ -56,6 +56,25 @@ def new_key() -> bytes:
     return os.urandom(32)
 
 
+def read_key_file(path: str) -> bytes:
+    """A job key stored as hex in a file (the way schedulers hand it to host agents)."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the actormesh job key from {path}: {exc}") from exc
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(
+            f"{path} does not hold an actormesh job key (expected at least 32 hex digits); "
+            "write one with actormesh.hosts.write_key_file(path)"
+        )
+    return key
+
+
 def new_id() -> bytes:
     return os.urandom(8)
 

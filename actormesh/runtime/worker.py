@@ -19,6 +19,7 @@ from .. import config
 from . import context as ctxmod
 from .actor import OK
 from .buffers import cleanup_owned
+from .curve import curve_keys
 from .hosting import ActorHost
 from .logs import capture_output, flush_output
 from .node import Node, set_node
@@ -55,6 +56,12 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         role="worker",
         mailbox=bytes.fromhex(spec["mailbox"]),
         ipc=spec["ipc"],
+        # On a host other than the controller's, the worker is also reachable over tcp://
+        # (at its old port again when it is healed in place), possibly encrypted.
+        tcp_host=init.get("tcp_host"),
+        host_id=init.get("host_id"),
+        tcp_port=spec.get("tcp_port", 0),
+        curve=curve_keys(key) if init.get("curve") else None,
     )
     set_node(node)
     node.controller = _address(init["controller"])
@@ -92,7 +99,10 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     package_logger.addHandler(handler)
     package_logger.setLevel(logging.WARNING)
     node.start()
-    node.send(node.controller, ("ready", spec["mesh_id"], spec["rank"], os.getpid()))
+    ready: tuple[Any, ...] = ("ready", spec["mesh_id"], spec["rank"], os.getpid())
+    if node.address.tcp is not None:
+        ready += (node.address.tcp,)  # the port was picked at bind time: tell the controller
+    node.send(node.controller, ready)
     parent = os.getppid()
     while not stop.wait(0.5):
         if os.getppid() != parent:

@@ -12,6 +12,7 @@ PUBLIC = [
     "MeshClosedError", "MeshError", "MeshTimeoutError", "Point", "Port", "PortReceiver",
     "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context", "current_rank",
     "current_size", "endpoint", "this_host", "this_proc",
+    "SlurmJob", "listen_for_hosts", "wait_for_hosts",
 ]  # fmt: skip
 
 
