@@ -142,7 +142,8 @@ class HostListener:
         where: Callable[[dict[str, Any]], bool] | None = None,
     ) -> HostMesh:
         """Wait until ``n`` agents not yet in a host mesh have registered and started; return them
-        as a host mesh of extent ``{hosts: n}``, ordered by registration.
+        as a host mesh of extent ``{hosts: n}``, ordered by host name, then address (the first
+        ``n`` to register are taken).
 
         Blocks (user thread) at most ``timeout`` seconds (default ``ACTORMESH_SPAWN_TIMEOUT``)
         and raises ``MeshTimeoutError`` saying how many arrived. ``where`` picks agents by what
@@ -163,7 +164,7 @@ class HostListener:
                     and (where is None or where(a.info))
                 ]
                 if len(free) >= n:
-                    chosen = free[:n]
+                    chosen = sorted(free[:n], key=_host_order)
                     for a in chosen:
                         a.taken = True
                     break
@@ -273,6 +274,12 @@ class HostListener:
         self._thread.join(timeout=2)
         self._router.close(linger=0)
         self._ctx.term()
+
+
+def _host_order(agent: RemoteAgentHandle) -> tuple[str, tuple[int, ...], str]:
+    address = str(agent.info.get("address", ""))
+    parts = tuple(int(p) for p in address.split(".") if p.isdigit())
+    return (str(agent.info.get("hostname", "")), parts, address)
 
 
 def _address_json(a: Any) -> list[Any]:

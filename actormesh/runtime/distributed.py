@@ -190,7 +190,8 @@ def init_process_group(
         timeout: seconds, the process group's timeout for collectives (torch's default when
             ``None``). Members wait at most ``RENDEZVOUS_TIMEOUT`` seconds for each other.
         master_addr: the address other hosts reach rank 0 at; default ``127.0.0.1`` when all
-            members share a host, else rank 0's fully qualified host name.
+            members share a host, else the address rank 0's host agent advertises (the route
+            to the controller: a host name may resolve to 127.0.0.1), else its host name.
 
     The future fails with ``ActorError`` when a member cannot join (it already belongs to a
     group, the backend is unavailable, the rendezvous timed out) and with ``SupervisionError``
@@ -284,7 +285,8 @@ def serve_store(master_addr: str | None) -> tuple[str, int]:
     """Start a TCPStore server on a free port of this process; keep it until released."""
     import torch.distributed as dist
 
-    addr = master_addr or socket.getfqdn()
+    # A remote host agent tells its workers the address other hosts reach it at.
+    addr = master_addr or os.environ.get("ACTORMESH_HOST_ADDR") or socket.getfqdn()
     # Port 0: the kernel picks the port and the server holds it at once (no race).
     server = dist.TCPStore(
         addr,

@@ -1,0 +1,91 @@
+"""Fixtures for multi-host tests: one fake network of namespaces, the controller listening on
+it, and factories that start host agents "on" fake hosts and stop them afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+from fakehosts import FakeNet, require_fake_hosts
+from support import wait_until
+
+import actormesh as am
+
+N_HOSTS = 4  # h0 runs Slurm's controller in the Slurm test; agents use h1..h3
+
+
+@pytest.fixture(scope="session")
+def fake_net() -> Iterator[FakeNet]:
+    """The namespaces (created once: the controller's tcp inbox is bound to this network for the
+    rest of the session) and, at the end, their removal with every process in them."""
+    require_fake_hosts()
+    net = FakeNet(N_HOSTS)
+    try:
+        yield net
+    finally:
+        net.down()
+
+
+@pytest.fixture(scope="session")
+def listener(fake_net: FakeNet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    listener = am.listen_for_hosts(f"{fake_net.controller_ip}:0")
+    listener.key_path = listener.write_key_file(  # type: ignore[attr-defined]
+        str(tmp_path_factory.mktemp("key") / "job.key")
+    )
+    yield listener
+    listener.close()
+
+
+class Agents:
+    """Host agents started on fake hosts by a test or fixture; ``stop_all`` leaves none."""
+
+    def __init__(self, net: FakeNet, listener: object) -> None:
+        self.net = net
+        self.listener = listener
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, host: int, *extra: str) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, ACTORMESH_KEY_FILE=self.listener.key_path)  # type: ignore[attr-defined]
+        cmd = [*self.listener.agent_command(), *extra]  # type: ignore[attr-defined]
+        proc = self.net.popen(host, cmd, env=env)
+        self.procs[host] = proc
+        return proc
+
+    def stop_all(self) -> None:
+        mine = {p.pid for p in self.procs.values()}
+        for agent in self.listener.agents:  # type: ignore[attr-defined]
+            if agent.info["pid"] in mine and not agent.dead:
+                agent.close()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for host in self.procs:
+            wait_until(lambda h=host: not self.net.pids(h), 10, f"no process left on host {host}")
+
+
+@pytest.fixture
+def agents(fake_net: FakeNet, listener: object) -> Iterator[Agents]:
+    """Factory: ``agents.start(host)``; every agent (and so every worker) is gone afterwards."""
+    made = Agents(fake_net, listener)
+    yield made
+    made.stop_all()
+
+
+@pytest.fixture(scope="module")
+def three_hosts(fake_net: FakeNet, listener: object) -> Iterator[am.HostMesh]:
+    """Agents on h1..h3 for a whole module, as a host mesh of extent {hosts: 3}."""
+    made = Agents(fake_net, listener)
+    for host in (1, 2, 3):
+        made.start(host)
+    try:
+        yield listener.wait_for_hosts(3, timeout=60)  # type: ignore[attr-defined]
+    finally:
+        made.stop_all()
+
+
+HostFactory = Callable[..., object]

@@ -1,0 +1,200 @@
+"""The same API across hosts: three fake hosts (network namespaces), one agent each."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import pytest
+from fakehosts import FakeNet
+from support import wait_until
+
+import actormesh as am
+from actormesh.runtime.distributed import destroy_process_group, init_process_group
+
+WAIT = 60
+
+
+class Probe(am.Actor):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @am.endpoint
+    def where(self) -> tuple[str, str, int]:
+        return str(am.current_rank()), os.environ["ACTORMESH_HOST_ADDR"], os.getpid()
+
+    @am.endpoint
+    def record(self, i: int) -> None:
+        self.seen.append(i)
+
+    @am.endpoint
+    def recorded(self) -> list[int]:
+        return self.seen
+
+    @am.endpoint
+    def ask(self, others: am.ActorMesh[Any]) -> list[str]:
+        # Actor to actor: the replies come straight here, from the other hosts.
+        return [r for r, _, _ in others.where.call().get(timeout=WAIT).values()]
+
+    @am.endpoint
+    def send_to(self, port: am.Port) -> None:
+        port.send((str(am.current_rank()), os.environ["ACTORMESH_HOST_ADDR"]))
+
+    @am.endpoint
+    def nap(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)
+
+    @am.endpoint
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    @am.endpoint
+    def all_reduce(self, value: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
+
+@pytest.fixture(scope="module")
+def procs(three_hosts: am.HostMesh) -> Any:
+    mesh = three_hosts.spawn_procs(per_host={"gpus": 2})
+    yield mesh
+    mesh.stop().get(timeout=30)
+
+
+def test_spawn_procs_across_three_hosts(procs: Any, fake_net: FakeNet) -> None:
+    assert procs.extent == am.Extent(["hosts", "gpus"], [3, 2])
+    probes = procs.spawn("where", Probe)
+    seen = probes.where.call().get(timeout=WAIT)
+    for point, (rank, addr, _pid) in seen.items():
+        assert rank == str(point)
+        assert addr == fake_net.ip(1 + point["hosts"])  # host i of the mesh is the i-th agent
+    assert len({pid for _, _, pid in seen.values()}) == 6
+    # Slicing works across hosts as on one.
+    one = probes.slice(hosts=2, gpus=1).where.call_one().get(timeout=WAIT)
+    assert one[1] == fake_net.ip(3)
+    column = probes.slice(gpus=0).where.call().get(timeout=WAIT)
+    assert [a for _, a, _ in column.values()] == [fake_net.ip(i) for i in (1, 2, 3)]
+
+
+def test_per_sender_fifo_across_hosts(procs: Any) -> None:
+    probes = procs.spawn("fifo", Probe)
+    for i in range(50):
+        if i % 3 == 0:
+            probes.slice(hosts=i % 3).record.broadcast(i)
+        probes.record.broadcast(i)
+    got = probes.recorded.call().get(timeout=WAIT)
+    for point, seen in got.items():
+        expected = [i for i in range(50) for _ in range(1 + (i % 3 == 0 and point["hosts"] == 0))]
+        assert seen == expected
+
+
+def test_actor_to_actor_and_ports_across_hosts(procs: Any, fake_net: FakeNet) -> None:
+    probes = procs.spawn("a2a", Probe)
+    others = procs.spawn("others", Probe)
+    # An actor on host 0 calls a mesh on every host; replies go to it directly.
+    answers = probes.slice(hosts=0, gpus=0).ask.call_one(others).get(timeout=WAIT)
+    assert sorted(answers) == sorted(str(p) for p, _ in others.where.call().get(WAIT).items())
+    # Every actor sends to a port of the controller.
+    port, receiver = am.Channel.open()
+    probes.send_to.broadcast(port)
+    got = sorted(receiver.recv().get(timeout=WAIT) for _ in range(6))
+    assert {addr for _, addr in got} == {fake_net.ip(i) for i in (1, 2, 3)}
+
+
+def test_output_and_stacks_across_hosts(procs: Any, capsys: Any) -> None:
+    probes = procs.spawn("talk", Probe)
+    probes.slice(hosts=2).say.call("hello from far away").get(timeout=WAIT)
+    out = capsys.readouterr().out
+    assert "[hosts=2,gpus=0] hello from far away" in out
+    assert "[hosts=2,gpus=1] hello from far away" in out
+    napping = probes.slice(hosts=1, gpus=0).nap.call_one(5.0)
+
+    def shows_nap() -> bool:
+        stacks = procs.stacks().get(timeout=WAIT)
+        assert len(stacks) == 6
+        return "in nap" in stacks.values()[2]
+
+    wait_until(shows_nap, WAIT, "the stack of the rank in nap() on host 1")
+    napping.get(timeout=WAIT)
+
+
+def test_gloo_all_reduce_across_hosts(procs: Any, fake_net: FakeNet) -> None:
+    # Every fake host's name is this machine's, which may resolve to 127.0.0.1: the group must
+    # still use the addresses other hosts reach (the agent sets them), or gloo hangs.
+    members = procs.spawn("member", Probe)
+    joined = init_process_group(members, timeout=30).get(timeout=WAIT)
+    assert [m.rank for m in joined.values()] == list(range(6))
+    assert {m.master_addr for m in joined.values()} == {fake_net.ip(1)}
+    futures = [
+        members.slice(hosts=h, gpus=g).all_reduce.call_one(float(2 * h + g + 1))
+        for h in range(3)
+        for g in range(2)
+    ]
+    assert [f.get(timeout=WAIT) for f in futures] == [21.0] * 6
+    destroy_process_group(members).get(timeout=WAIT)
+
+
+def test_tensor_buffer_across_hosts(procs: Any) -> None:
+    import torch
+
+    class Owner(am.Actor):
+        def __init__(self) -> None:
+            self.t = torch.arange(1 << 16, dtype=torch.float32)
+            self.buf = am.TensorBuffer(self.t)
+
+        @am.endpoint
+        def handle(self) -> am.TensorBuffer:
+            return self.buf
+
+        @am.endpoint
+        def total(self) -> float:
+            return float(self.t.sum())
+
+    class Reader(am.Actor):
+        @am.endpoint
+        def read(self, buf: am.TensorBuffer) -> float:
+            dst = torch.empty(1 << 16, dtype=torch.float32)
+            buf.read_into(dst).get(timeout=WAIT)
+            buf.write_from(torch.ones(1 << 16)).get(timeout=WAIT)
+            return float(dst.sum())
+
+    owner = procs.slice(hosts=0, gpus=0).spawn("owner", Owner)
+    reader = procs.slice(hosts=2, gpus=1).spawn("reader", Reader)
+    buf = owner.handle.call_one().get(timeout=WAIT)
+    expected = float(torch.arange(1 << 16, dtype=torch.float32).sum())
+    assert reader.read.call_one(buf).get(timeout=WAIT) == expected
+    assert owner.total.call_one().get(timeout=WAIT) == float(1 << 16)
+
+
+def test_cross_host_inboxes_speak_curve(procs: Any) -> None:
+    """Encryption is on by default across hosts: the controller's and every remote worker's
+    tcp:// inbox greets with the CURVE mechanism (ZMTP 3 greeting, bytes 12..32)."""
+    from actormesh.runtime.node import current_node
+
+    endpoints = [current_node().address.tcp, procs._procs.addresses[0].tcp]
+    for endpoint in endpoints:
+        assert endpoint is not None
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0"))
+            greeting = b""
+            while len(greeting) < 32:
+                chunk = s.recv(64)
+                assert chunk, "the inbox closed the connection during the greeting"
+                greeting += chunk
+        assert greeting[12:32].rstrip(b"\0") == b"CURVE"
+
+
+def test_no_process_left_after_stop(three_hosts: am.HostMesh, fake_net: FakeNet) -> None:
+    mesh = three_hosts.spawn_procs(per_host={"gpus": 1})
+    before = {h: len(fake_net.pids(h)) for h in (1, 2, 3)}
+    mesh.stop().get(timeout=30)
+    for h in (1, 2, 3):
+        wait_until(lambda h=h: len(fake_net.pids(h)) == before[h] - 1, 10, f"host {h} reaped")
