@@ -1,0 +1,95 @@
+"""Faults across hosts: a host killed outright, a host unplugged from the switch. Each test has
+its own two agents (h1, h2); the deadline is the default heartbeat deadline."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from fakehosts import FakeNet
+from support import wait_until
+
+import actormesh as am
+from actormesh import config
+
+WAIT = 60
+
+
+class Sleeper(am.Actor):
+    @am.endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+    @am.endpoint
+    def ping(self) -> str:
+        return os.environ["ACTORMESH_HOST_ADDR"]
+
+
+@pytest.fixture
+def two_hosts(agents: Any, listener: Any) -> Any:
+    agents.start(1)
+    agents.start(2)
+    hosts = listener.wait_for_hosts(2, timeout=WAIT)
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    yield procs
+    procs.stop().get(timeout=30)
+
+
+def _lost_host(unhandled: list[object], fake_net: FakeNet, host: int) -> None:
+    """The failure report of the event, if nobody waited: one SupervisionError naming the host."""
+    for failure in unhandled:
+        assert isinstance(failure, am.SupervisionError)
+        assert fake_net.ip(host) in str(failure)
+    unhandled.clear()
+
+
+def test_killed_host_fails_its_ranks_naming_the_host(
+    two_hosts: Any, fake_net: FakeNet, unhandled_failures: list[object]
+) -> None:
+    sleepers = two_hosts.spawn("sleepers", Sleeper)
+    sleepers.ping.call().get(timeout=WAIT)
+    pending = sleepers.slice(hosts=1).nap.call(60.0)
+    started = time.monotonic()
+    fake_net.kill_host(2)  # agent, fork server and workers of h2, all at once (SIGKILL)
+    with pytest.raises(am.SupervisionError) as info:
+        pending.get(timeout=WAIT)
+    took = time.monotonic() - started
+    assert fake_net.ip(2) in str(info.value), str(info.value)
+    assert took < config.HOST_DEADLINE + 5, f"detected after {took:.1f} s"
+    # The other host keeps working.
+    alive = sleepers.slice(hosts=0).ping.call().get(timeout=WAIT)
+    assert alive.values() == [fake_net.ip(1)] * 2
+    # Later calls to the lost ranks fail at once, naming the host too.
+    with pytest.raises(am.SupervisionError, match=fake_net.ip(2).replace(".", r"\.")):
+        sleepers.slice(hosts=1).ping.call().get(timeout=WAIT)
+    assert not fake_net.pids(2)
+    _lost_host(unhandled_failures, fake_net, 2)
+
+
+def test_cut_link_is_detected_by_heartbeats_and_the_host_cleans_up(
+    two_hosts: Any, fake_net: FakeNet, unhandled_failures: list[object]
+) -> None:
+    sleepers = two_hosts.spawn("sleepers", Sleeper)
+    sleepers.ping.call().get(timeout=WAIT)
+    pending = sleepers.slice(hosts=1).nap.call(60.0)
+    started = time.monotonic()
+    fake_net.cut_link(2)
+    try:
+        with pytest.raises(am.SupervisionError) as info:
+            pending.get(timeout=WAIT)
+        took = time.monotonic() - started
+        assert fake_net.ip(2) in str(info.value)
+        assert "heartbeat" in str(info.value)
+        assert took < config.HOST_DEADLINE + 5, f"detected after {took:.1f} s"
+        # The unplugged host's agent stops hearing the controller too: it kills its workers
+        # and exits, so nothing is left running there.
+        wait_until(lambda: not fake_net.pids(2), config.HOST_DEADLINE + 10, "h2 to clean up")
+        assert sleepers.slice(hosts=0).ping.call().get(timeout=WAIT).values() == [
+            fake_net.ip(1)
+        ] * 2
+    finally:
+        fake_net.restore_link(2)
+    _lost_host(unhandled_failures, fake_net, 2)
