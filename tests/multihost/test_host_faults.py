@@ -87,9 +87,9 @@ def test_cut_link_is_detected_by_heartbeats_and_the_host_cleans_up(
         # The unplugged host's agent stops hearing the controller too: it kills its workers
         # and exits, so nothing is left running there.
         wait_until(lambda: not fake_net.pids(2), config.HOST_DEADLINE + 10, "h2 to clean up")
-        assert sleepers.slice(hosts=0).ping.call().get(timeout=WAIT).values() == [
-            fake_net.ip(1)
-        ] * 2
+        assert (
+            sleepers.slice(hosts=0).ping.call().get(timeout=WAIT).values() == [fake_net.ip(1)] * 2
+        )
     finally:
         fake_net.restore_link(2)
     _lost_host(unhandled_failures, fake_net, 2)
