@@ -12,7 +12,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import queue
 import sys
 import threading
 import time
@@ -22,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from ..errors import RemoteFailure
 from . import context as ctxmod
+from .actor_inbox import ActorInbox
+from .transport import actor_address
 from .wire import Message, dumps, reply_port, shape_from_state
 
 if TYPE_CHECKING:
@@ -116,33 +117,39 @@ class ActorRunner:
         self.proc_rank = proc_rank
         self.instance: Any = None
         self.init_failure: RemoteFailure | None = None
-        self.queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.actor_instance = ctxmod.ActorInstance(name, rank, key)
         self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
         # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
         self._busy_lock = threading.Lock()
         self._interrupted = False
-        self._posted = 0  # calls handed to this actor so far
-        self._cancel_through = 0  # calls up to this number were interrupted before starting
+        # sender -> sequence number of its last interrupt: its calls sent before it are cancelled
+        self._cancel_before: dict[bytes, int] = {}
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
 
     def start(self, spawn_msg: Message) -> None:
-        self.queue.put(("spawn", spawn_msg))
+        self.inbox.put(("spawn", spawn_msg))
         self.thread.start()
 
     def post(self, msg: Message) -> None:
-        # Called on the I/O thread only, like interrupt(): the numbering follows arrival order.
-        self._posted += 1
-        self.queue.put(("call", (self._posted, msg)))
+        """Hand over a call that came through the process inbox (any thread)."""
+        self.inbox.put(("call", msg))
 
     def stop(self) -> None:
-        self.queue.put(None)
+        self.inbox.put(None)
 
     # -- the actor's thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        get = self.queue.get
+        try:
+            self.inbox.open()
+        except Exception:
+            # Callers on this host send to that socket: without it the actor is unreachable.
+            logger.exception("actor %s could not open its inbox; the process exits", self.name)
+            self._exit_process(SystemExit(1))
+        get = self.inbox.get
+        cancel_before = self._cancel_before
         while True:
             try:
                 item = get()
@@ -150,11 +157,10 @@ class ActorRunner:
                     break
                 kind, msg = item
                 if kind == "call":
-                    number, call = msg
-                    if number <= self._cancel_through:
-                        self._cancel(call)
+                    if cancel_before and msg.seq < cancel_before.get(msg.sender, 0):
+                        self._cancel(msg)
                     else:
-                        self._handle_call(call)
+                        self._handle_call(msg)
                 elif kind == "spawn":
                     self._construct(msg)
                 else:
@@ -163,15 +169,16 @@ class ActorRunner:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
                 self._exit_process(exc)
+        self.inbox.close()
         if self._loop is not None:
             self._loop.close()
 
-    def interrupt(self) -> bool:
+    def interrupt(self, request: Message) -> bool:
         """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that
-        arrived before the interrupt but have not started (I/O thread)."""
+        the interrupt's sender sent before it and that have not started (I/O thread)."""
         from .stacks import raise_in_thread
 
-        self._cancel_through = self._posted
+        self._cancel_before[request.sender] = request.seq
         with self._busy_lock:
             if self.busy is None or self.thread.ident is None:
                 return False
@@ -339,7 +346,7 @@ class ActorRunner:
 
     def supervise(self, failure: Any) -> None:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
-        self.queue.put(("supervise", failure))
+        self.inbox.put(("supervise", failure))
 
     def _handle_supervise(self, failure: Any) -> None:
         handler = getattr(self.instance, "__supervise__", None)

@@ -29,6 +29,7 @@ from . import supervision
 from .actor import FAILED
 from .future import Future
 from .node import Node, current_node
+from .reply_inbox import reply_inbox
 from .value_mesh import ValueMesh
 from .wire import SIMPLE_TYPES, Message, dumps, payload_digest, shape_state
 
@@ -166,14 +167,24 @@ class Endpoint(Generic[P, R]):
             )
         payload, buffers = pickle_arguments(args, kwargs, self._what)
         node = current_node()
+        transport = node.transport
         reply = None
         if collector is not None:
-            port = collector.port = node.open_port(collector)
+            inbox = None
+            if isinstance(collector, _Gather) and all(
+                procs.addresses[r].host == transport.host_id for r in shape.ranks()
+            ):
+                inbox = reply_inbox(node)  # replies read by this thread as it waits
+            port = collector.port = node.open_port(
+                collector, None if inbox is None else inbox.address
+            )
             reply = (tuple(port.address), port.port_id)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
         envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
         dead = node.dead
+        key = mesh._key
+        dests = []
         for rank in shape.ranks():
             address = procs.addresses[rank]
             death = dead.get(address.mailbox)
@@ -182,10 +193,12 @@ class Endpoint(Generic[P, R]):
                     collector.on_death(address.mailbox, death)
                     continue
                 raise SupervisionError([death], f"cannot broadcast to {self._what}")
-            if collector is None and not buffers:
-                node.transport.send_one_way(address, envelope, payload)
-            else:
-                node.send(address, envelope, payload, buffers, digest)
+            dests.append(transport.route_to_actor(address, key))
+        if collector is None and not buffers:
+            for dest in dests:  # batched with the casts that follow (send_one_way)
+                transport.send_one_way(dest, envelope, payload)
+        elif dests:
+            transport.send_many(dests, envelope, payload, buffers, digest)
 
 
 class _Collector(Generic[T]):

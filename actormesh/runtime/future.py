@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 from .. import config
 from ..errors import MeshTimeoutError
 from . import supervision
+from .reply_inbox import ReplyInbox, waiting_inbox
 
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -36,13 +37,22 @@ class Future(Generic[T]):
       ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the I/O thread (keep it short).
     """
 
-    __slots__ = ("_callbacks", "_describe_pending", "_event", "_lock", "_state", "_value")
+    __slots__ = (
+        "_callbacks",
+        "_describe_pending",
+        "_event",
+        "_lock",
+        "_state",
+        "_value",
+        "_waker",
+    )
 
     def __init__(self, describe_pending: Callable[[], str] | None = None) -> None:
         self._state = _PENDING
         self._value: Any = None
         self._lock = threading.Lock()
         self._event: threading.Event | None = None
+        self._waker: ReplyInbox | None = None  # a thread reading its reply inbox for this
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
 
@@ -60,10 +70,12 @@ class Future(Generic[T]):
                 return False
             self._state = state
             self._value = value
-            event, callbacks = self._event, self._callbacks
+            event, callbacks, waker = self._event, self._callbacks, self._waker
             self._callbacks = []
         if event is not None:
             event.set()
+        if waker is not None and waker.owner is not threading.current_thread():
+            waker.set()
         for cb in callbacks:
             _run_callback(cb, self)
         return True
@@ -105,6 +117,12 @@ class Future(Generic[T]):
         if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
             timeout = config.DEFAULT_GET_TIMEOUT
         supervision.raise_pending()
+        inbox = waiting_inbox()
+        if inbox is not None:
+            self._wait_reading(inbox, timeout)
+            if self._state != _PENDING:
+                return
+            # The inbox closed under the wait (the node is closing): wait the ordinary way.
         with self._lock:
             if self._state != _PENDING:
                 return
@@ -130,8 +148,28 @@ class Future(Generic[T]):
             if watched:
                 supervision.remove_main_waiter(event)
         if self._state == _PENDING:
-            what = self._describe_pending() if self._describe_pending else "the result"
-            raise MeshTimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+            self._timed_out(timeout)
+
+    def _wait_reading(self, inbox: ReplyInbox, timeout: float | None) -> None:
+        """Wait by reading the thread's reply inbox (see reply_inbox.py)."""
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            self._waker = inbox
+        watched = supervision.add_main_waiter(inbox)
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            inbox.wait(self, deadline, supervision.raise_pending)
+        finally:
+            self._waker = None
+            if watched:
+                supervision.remove_main_waiter(inbox)
+        if self._state == _PENDING and not inbox.closed:
+            self._timed_out(timeout)
+
+    def _timed_out(self, timeout: float | None) -> None:
+        what = self._describe_pending() if self._describe_pending else "the result"
+        raise MeshTimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
     def add_done_callback(self, fn: Callable[[Future[T]], None]) -> None:
         with self._lock:

@@ -65,7 +65,7 @@ class Node:
         self.role = role
         self.run_dir = run_dir
         self.transport = Transport(
-            key, self._dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
+            key, self.dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
         )
         self.address = self.transport.address
         self.handlers: dict[str, Callable[[Message], None]] = {
@@ -83,6 +83,7 @@ class Node:
         # Where rank-labelled output and unhandled failures go: the owner of this process.
         self.controller: Address | None = None
         self.mesh_id: str | None = None  # a worker's proc mesh
+        self._on_close: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self.transport.start()
@@ -96,10 +97,12 @@ class Node:
 
     # -- ports -----------------------------------------------------------------------------------
 
-    def open_port(self, handler: PortHandler) -> Port:
+    def open_port(self, handler: PortHandler, address: Address | None = None) -> Port:
+        """A port for ``handler``, received on the process inbox or on ``address`` (a thread's
+        reply inbox in this process)."""
         port_id = next(self._port_ids)
         self._ports[port_id] = handler
-        return Port(self.address, port_id)
+        return Port(address or self.address, port_id)
 
     def close_port(self, port: Port) -> None:
         self._ports.pop(port.port_id, None)
@@ -139,7 +142,8 @@ class Node:
 
     # -- dispatch (I/O thread) -------------------------------------------------------------------
 
-    def _dispatch(self, msg: Message) -> None:
+    def dispatch(self, msg: Message) -> None:
+        """Run the handler of a received message (on whichever thread read it)."""
         handler = self.handlers.get(msg.envelope[0])
         if handler is None:
             logger.warning("no handler for message kind %r", msg.envelope[0])
@@ -150,7 +154,7 @@ class Node:
         # One signed message carrying several one-way ones (see Transport.send_one_way); the
         # payloads were covered by the signature of the head that carried them.
         for envelope, payload in msg.envelope[1]:
-            self._dispatch(Message(msg.sender, envelope, payload, []))
+            self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq))
 
     def send(
         self,
@@ -162,7 +166,16 @@ class Node:
     ) -> None:
         self.transport.send(dest, envelope, payload, buffers, digest)
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when this node closes (before its transport does)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
+        for fn in self._on_close:
+            try:
+                fn()
+            except Exception:
+                logger.exception("closing %r failed", fn)
         self.transport.close()
 
 

@@ -17,6 +17,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..errors import ActorError, MeshError, SupervisionError
 
@@ -26,7 +27,15 @@ FaultHook = Callable[[MeshError], None]
 
 _pending: list[MeshError] = []  # unhandled failures the main thread has not seen yet
 _lock = threading.Lock()
-_main_waiters: set[threading.Event] = set()
+
+
+class Waker(Protocol):
+    """What a waiting thread sleeps on: ``threading.Event`` or a reply inbox."""
+
+    def set(self) -> None: ...
+
+
+_main_waiters: set[Waker] = set()
 _exit_with_failure = False
 
 
@@ -86,7 +95,7 @@ def raise_pending() -> None:
     raise failure
 
 
-def add_main_waiter(event: threading.Event) -> bool:
+def add_main_waiter(event: Waker) -> bool:
     if threading.current_thread() is not threading.main_thread() or is_interactive():
         return False
     with _lock:
@@ -94,7 +103,7 @@ def add_main_waiter(event: threading.Event) -> bool:
     return True
 
 
-def remove_main_waiter(event: threading.Event) -> None:
+def remove_main_waiter(event: Waker) -> None:
     with _lock:
         _main_waiters.discard(event)
 

@@ -4,9 +4,12 @@ Socket ownership (ZeroMQ sockets are not thread-safe):
 - The *inbox* (a PULL socket bound on ``ipc://`` for this host and, when asked, ``tcp://`` for
   other hosts) is read only by the I/O thread.
 - An *outbox* (a PUSH socket connected to one destination) is written by whichever thread sends,
-  always under that destination's lock. The lock is a full memory barrier, which is what ZeroMQ
-  asks for when a socket moves between threads, and it also makes "draw a sequence number, then
-  send" atomic per destination, so per-sender FIFO order holds.
+  always under the transport's send lock. The lock is a full memory barrier, which is what
+  ZeroMQ asks for when a socket moves between threads, and it also makes "draw a sequence
+  number, then send" atomic, so per-sender FIFO order holds. One lock rather than one per
+  destination, because a cast to many receivers is signed once with one sequence number.
+- An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
+  read by their own threads, so calls and replies skip the I/O thread.
 
 The I/O thread never runs user code: it authenticates, decodes envelopes and dispatches to the
 handler, which must only do short work (complete a future, queue a message for an actor).
@@ -14,6 +17,7 @@ handler, which must only do short work (complete a future, queue a message for a
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import logging
@@ -36,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 _DRAIN_BATCH = 512
 _SNDMORE = int(zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
 _MAX_BATCH = 256
 
 
@@ -53,6 +58,35 @@ class Address(NamedTuple):
         if self.tcp is None:
             raise ConnectionError(f"process {self.mailbox.hex()} on {self.host} has no tcp inbox")
         return self.tcp
+
+
+# Unix socket paths are limited to 107 bytes; a longer actor path would not bind.
+MAX_IPC_PATH = 100
+
+
+def has_message(sock: zmq.Socket[Any]) -> bool:
+    """Whether a receive would not block (several times cheaper than an empty receive's
+    exception)."""
+    events: int = sock.get(zmq.EVENTS)  # type: ignore[assignment]
+    return bool(events & _POLLIN)
+
+
+def actor_address(proc: Address, key: str) -> Address | None:
+    """The inbox of actor ``key`` in process ``proc``, read by the actor's own thread.
+
+    Senders on the same host call an actor there directly, so no thread of the receiving
+    process stands between the socket and the endpoint. Both ends derive the address from the
+    process address and the actor key, so nothing has to be exchanged. ``None`` when the actor
+    can only be reached through its process's inbox (no ipc:// path, or one too long).
+    """
+    if proc.ipc is None:
+        return None
+    tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    ipc = f"{proc.ipc}.{tag}"
+    if len(ipc) - len("ipc://") > MAX_IPC_PATH:
+        return None
+    mailbox = hashlib.blake2b(proc.mailbox + key.encode(), digest_size=8).digest()
+    return Address(proc.host, ipc, None, mailbox)
 
 
 def local_host_id() -> str:
@@ -107,10 +141,12 @@ class Transport:
         if tcp_host is not None:
             tcp = self._bind_tcp(tcp_host, tcp_port)
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
-        self._outboxes: dict[str, tuple[zmq.Socket[Any], threading.Lock]] = {}
+        self._outboxes: dict[str, zmq.Socket[Any]] = {}
+        self._send_lock = threading.Lock()
         # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
         self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
         self._outbox_lock = threading.Lock()
+        self._actor_routes: dict[tuple[Address, str], Address] = {}
         # Work handed to the I/O thread from other threads, and its wake-up fd.
         self._calls: deque[Callable[[], None]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -186,12 +222,34 @@ class Transport:
         digest: bytes | None = None,
     ) -> None:
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
-        endpoint, sock, lock = self._outbox(dest)
-        with lock:
+        endpoint, sock = self._outbox(dest)
+        with self._send_lock:
             if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
                 self._send_batch(sock, endpoint)
             frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
             self._send_frames(sock, frames)
+
+    def send_many(
+        self,
+        dests: Sequence[Address],
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> None:
+        """Send one message to several processes: signed once, then sent back to back."""
+        if len(dests) == 1:
+            self.send(dests[0], envelope, payload, buffers, digest)
+            return
+        outboxes = [self._outbox(dest) for dest in dests]
+        with self._send_lock:
+            for endpoint, sock in outboxes:
+                if endpoint in self._batches:
+                    self._send_batch(sock, endpoint)
+            mailboxes = [dest.mailbox for dest in dests]
+            frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
+            for _, sock in outboxes:
+                self._send_frames(sock, frames)
 
     def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
         """Send a message nobody answers (a broadcast), possibly batched with the next ones.
@@ -200,8 +258,8 @@ class Transport:
         the I/O thread sends what has accumulated as soon as it gets to it, and any other send
         to that process sends the batch first, so per-sender order is kept.
         """
-        endpoint, sock, lock = self._outbox(dest)
-        with lock:
+        endpoint, sock = self._outbox(dest)
+        with self._send_lock:
             pending = self._batches.get(endpoint)
             if pending is not None:
                 pending[1].append((envelope, payload))
@@ -212,17 +270,15 @@ class Transport:
         self.call_soon(lambda: self._flush(endpoint))
 
     def _flush(self, endpoint: str) -> None:
-        entry = self._outboxes.get(endpoint)
-        if entry is None:
-            self._batches.pop(endpoint, None)
-            return
-        sock, lock = entry
-        with lock:
-            if endpoint in self._batches:
+        with self._send_lock:
+            sock = self._outboxes.get(endpoint)
+            if sock is None:
+                self._batches.pop(endpoint, None)
+            elif endpoint in self._batches:
                 self._send_batch(sock, endpoint)
 
     def _send_batch(self, sock: zmq.Socket[Any], endpoint: str) -> None:
-        # Caller holds the destination's lock.
+        # Caller holds the send lock.
         mailbox, items = self._batches.pop(endpoint)
         if len(items) == 1:
             envelope, payload = items[0]
@@ -241,43 +297,60 @@ class Transport:
             else:
                 sock.send(frame, flags, copy=False)
 
-    def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any], threading.Lock]:
-        endpoint = dest.endpoint_from(self.host_id)
-        entry = self._outboxes.get(endpoint)
-        if entry is None:
-            entry = self._connect(endpoint)
-        return (endpoint, *entry)
+    def route_to_actor(self, proc: Address, key: str) -> Address:
+        """Where to send calls for actor ``key`` living in ``proc``: its own inbox when it is on
+        this host, else the process inbox (whose I/O thread hands them over).
 
-    def _connect(self, endpoint: str) -> tuple[zmq.Socket[Any], threading.Lock]:
+        For one sender and one actor the answer never changes, so per-sender FIFO holds.
+        """
+        route = self._actor_routes.get((proc, key))
+        if route is None:
+            direct = actor_address(proc, key) if proc.host == self.host_id else None
+            route = self._actor_routes[(proc, key)] = direct or proc
+        return route
+
+    def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
+        endpoint = dest.endpoint_from(self.host_id)
+        sock = self._outboxes.get(endpoint)
+        if sock is None:
+            sock = self._connect(endpoint)
+        return endpoint, sock
+
+    def _connect(self, endpoint: str) -> zmq.Socket[Any]:
         with self._outbox_lock:
-            entry = self._outboxes.get(endpoint)
-            if entry is None:
+            existing = self._outboxes.get(endpoint)
+            if existing is None:
                 if self._closed:
                     raise ConnectionError("transport is closed")
                 sock = self.ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, 2000)
                 sock.setsockopt(zmq.SNDHWM, 10000)
+                # An actor's own inbox is bound when its spawn arrives, which can be just after
+                # the first call to it connects: retry soon, then back off.
+                sock.setsockopt(zmq.RECONNECT_IVL, 2)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
                 if self._curve is not None and endpoint.startswith("tcp://"):
                     sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
                     sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
                     sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.client_secret)
                 sock.connect(endpoint)
-                entry = (sock, threading.Lock())
-                self._outboxes[endpoint] = entry
-            return entry
+                self._outboxes[endpoint] = existing = sock
+            return existing
 
     def forget(self, dest: Address) -> None:
-        """Close the outbox to a process that is gone (its queued messages are dropped)."""
-        try:
-            endpoint = dest.endpoint_from(self.host_id)
-        except ConnectionError:
-            return
-        with self._outbox_lock:
-            entry = self._outboxes.pop(endpoint, None)
-        if entry is not None:
-            sock, lock = entry
-            with lock:
-                sock.close(linger=0)
+        """Close the outboxes to a process that is gone and to its actors (queued messages are
+        dropped: a healed rank must not receive calls meant for its previous incarnation)."""
+        routes = [route for (proc, _), route in list(self._actor_routes.items()) if proc == dest]
+        for address in (dest, *routes):
+            try:
+                endpoint = address.endpoint_from(self.host_id)
+            except ConnectionError:
+                continue
+            with self._outbox_lock, self._send_lock:
+                sock = self._outboxes.pop(endpoint, None)
+                self._batches.pop(endpoint, None)
+                if sock is not None:
+                    sock.close(linger=0)
 
     # -- scheduling on the I/O thread ------------------------------------------------------------
 
@@ -338,10 +411,9 @@ class Transport:
 
     def _drain(self, inbox: zmq.Socket[Any]) -> None:
         for _ in range(_DRAIN_BATCH):
-            try:
-                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not has_message(inbox):
                 return
+            frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
             try:
                 msg = self._verifier.decode(frames)
             except WireError as exc:
@@ -377,8 +449,8 @@ class Transport:
             self._closed = True
             outboxes = list(self._outboxes.items())
             self._outboxes.clear()
-        for endpoint, (sock, lock) in outboxes:
-            with lock:
+        with self._send_lock:
+            for endpoint, sock in outboxes:
                 if endpoint in self._batches:  # unsent one-way messages go before we close
                     self._send_batch(sock, endpoint)
                 sock.close(linger=int(linger * 1000))

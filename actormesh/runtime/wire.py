@@ -4,9 +4,10 @@ A message on the wire is a list of ZeroMQ frames::
 
     [signature + head + payload, buffer_0, buffer_1, ...]
 
-- ``head`` is a fixed binary prefix (magic, sender id, destination id, sequence number, the
-  SHA-256 of ``payload``, the size of every buffer) followed by a small pickled *envelope* (what
-  the message is: its kind, target, reply port).
+- ``head`` is a fixed binary prefix (magic, sender id, sequence number, the SHA-256 of
+  ``payload``, the destination ids, the size of every buffer) followed by a small pickled
+  *envelope* (what the message is: its kind, target, reply port). A cast to several receivers
+  is signed once and names them all; each receiver checks that it is one of them.
 - ``signature`` is HMAC-SHA256 of ``head`` under the job's key. The payload is covered through
   its digest in the head, and out-of-band buffers through their sizes: buffers are only ever
   copied into tensors or arrays, never unpickled, so hashing hundreds of megabytes buys nothing.
@@ -35,10 +36,12 @@ import cloudpickle
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"AM01"
-# magic, sender, dest, seq, payload digest, number of buffers, envelope length
-_FIXED = struct.Struct("<4s8s8sQ32sII")
+MAGIC = b"AM02"
+# magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length
+_FIXED = struct.Struct("<4s8sQ32sIII")
 _LEN = struct.Struct("<Q")
+_ID_SIZE = 8
+_MAX_DESTS = 1 << 16
 SIG_SIZE = 32
 KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
 # Tensors and arrays smaller than this travel inside the payload (a copy is cheaper than a frame).
@@ -174,27 +177,36 @@ class Signer:
 
     def frames(
         self,
-        dest: bytes,
+        dest: bytes | Sequence[bytes],
         envelope: tuple[Any, ...],
         payload: bytes = b"",
         buffers: Sequence[Any] = (),
         digest: bytes | None = None,
     ) -> list[Any]:
-        """Frames for one message. Pass ``digest`` when the same payload goes to many places.
+        """Frames for one message to one receiver (``dest``, its id) or several (a list of ids:
+        the same frames then go to each). Pass ``digest`` when it is already known.
 
         The sequence number is drawn here, so the caller must send the frames before any other
-        message to the same destination is framed (the sender holds the destination's lock).
+        message to the same destinations is framed (the sender holds its send lock).
         """
         if digest is None:
             digest = hashlib.sha256(payload).digest()
+        dests = dest if isinstance(dest, bytes) else b"".join(dest)
         env = pickle.dumps(envelope, protocol=5)
         fixed = _FIXED.pack(
-            MAGIC, self.sender, dest, next(self._seq), digest, len(buffers), len(env)
+            MAGIC,
+            self.sender,
+            next(self._seq),
+            digest,
+            len(dests) // _ID_SIZE,
+            len(buffers),
+            len(env),
         )
         if buffers:
-            head = b"".join([fixed, *(_LEN.pack(memoryview(b).nbytes) for b in buffers), env])
+            sizes = (_LEN.pack(memoryview(b).nbytes) for b in buffers)
+            head = b"".join([fixed, dests, *sizes, env])
         else:
-            head = fixed + env
+            head = b"".join((fixed, dests, env))
         sig = hmac.digest(self.key, head, "sha256")
         # One frame for the signed head and the payload: every frame costs a syscall's worth.
         return [b"".join((sig, head, payload)), *buffers]
@@ -203,15 +215,21 @@ class Signer:
 class Message:
     """A decoded, authenticated message. The payload is unpickled only on demand."""
 
-    __slots__ = ("buffers", "envelope", "payload", "sender")
+    __slots__ = ("buffers", "envelope", "payload", "sender", "seq")
 
     def __init__(
-        self, sender: bytes, envelope: tuple[Any, ...], payload: Any, buffers: list[Any]
+        self,
+        sender: bytes,
+        envelope: tuple[Any, ...],
+        payload: Any,
+        buffers: list[Any],
+        seq: int = 0,
     ) -> None:
         self.sender = sender
         self.envelope = envelope
         self.payload = payload
         self.buffers = buffers
+        self.seq = seq  # the sender's sequence number: orders its messages to any receiver
 
     def value(self) -> Any:
         return loads(self.payload, self.buffers)
@@ -232,9 +250,10 @@ class Verifier:
         first = memoryview(frames[0])
         if first.nbytes < SIG_SIZE + _FIXED.size:
             raise WireError("truncated head")
-        magic, sender, dest, seq, digest, nbuf, env_len = _FIXED.unpack_from(first, SIG_SIZE)
-        head_end = SIG_SIZE + _FIXED.size + nbuf * _LEN.size + env_len
-        if nbuf > 1024 or head_end > first.nbytes:
+        magic, sender, seq, digest, ndest, nbuf, env_len = _FIXED.unpack_from(first, SIG_SIZE)
+        dests_end = SIG_SIZE + _FIXED.size + ndest * _ID_SIZE
+        head_end = dests_end + nbuf * _LEN.size + env_len
+        if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
             raise WireError("truncated head")
         expected = hmac.digest(self.key, first[SIG_SIZE:head_end], "sha256")
         if not hmac.compare_digest(first[:SIG_SIZE], expected):
@@ -242,14 +261,14 @@ class Verifier:
         # From here on the head is authentic: it was written by a holder of the key.
         if magic != MAGIC:
             raise WireError(f"unknown protocol {bytes(magic)!r}")
-        if dest != self.me:
+        if not self._addressed_to_me(first, SIG_SIZE + _FIXED.size, ndest):
             raise WireError("message addressed to another process (replayed?)")
         if seq <= self._last_seq.get(sender, 0):
             raise WireError(f"replayed or reordered message (seq {seq})")
         self._last_seq[sender] = seq
         if len(frames) != 1 + nbuf:
             raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
-        off = SIG_SIZE + _FIXED.size
+        off = dests_end
         buffers = list(frames[1:])
         for i in range(nbuf):
             (size,) = _LEN.unpack_from(first, off)
@@ -262,7 +281,18 @@ class Verifier:
         envelope = pickle.loads(first[off:head_end])
         if not isinstance(envelope, tuple) or not envelope:
             raise WireError("malformed envelope")
-        return Message(sender, envelope, payload, buffers)
+        return Message(sender, envelope, payload, buffers, seq)
+
+    def _addressed_to_me(self, first: memoryview, start: int, ndest: int) -> bool:
+        if ndest == 1:
+            return first[start : start + _ID_SIZE] == self.me
+        dests = first[start : start + ndest * _ID_SIZE].tobytes()
+        at = dests.find(self.me)
+        while at != -1:
+            if at % _ID_SIZE == 0:  # a whole id, not the tail of one and the head of the next
+                return True
+            at = dests.find(self.me, at + 1)
+        return False
 
 
 def shape_state(shape: Any) -> tuple[Any, ...]:

@@ -80,9 +80,9 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         port = reply_port(reply)
         node.send(port.address, ("reply", port.port_id, index, OK), *dumps(text))
 
-    def on_interrupt(_: Message) -> None:
+    def on_interrupt(msg: Message) -> None:
         for runner in host.actors.values():
-            runner.interrupt()
+            runner.interrupt(msg)
 
     node.handlers["stop"] = on_stop
     node.handlers["stacks"] = on_stacks

@@ -1,0 +1,182 @@
+"""A socket for the replies to one thread's calls, read by that thread while it waits.
+
+A script or a notebook cell calls an actor and waits: ``actors.ping.call_one(1).get()``. If the
+reply arrived on the process inbox, the I/O thread would read it and then wake the waiting
+thread: two thread wake-ups where one does. So the main thread gets its own reply socket, and
+while it waits in ``Future.get`` it reads that socket itself.
+
+When the thread is not waiting (it runs user code, or awaits in an event loop), the I/O thread
+reads the socket instead, so futures still complete and callbacks still run on their own. The
+two never read at the same time: a lock guards the socket, and the I/O thread stops watching it
+while the thread waits (and looks again shortly after, so nothing is left unread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from .actor_inbox import actor_context
+from .transport import MAX_IPC_PATH, Address, has_message
+from .wire import Verifier, WireError, new_id
+
+if TYPE_CHECKING:
+    from .future import Future
+    from .node import Node
+
+logger = logging.getLogger(__name__)
+
+# How soon the I/O thread looks at the socket again after a wait ended (seconds).
+_RECHECK_S = 0.02
+_POLL_IN = select.POLLIN
+
+
+class ReplyInbox:
+    """The reply socket of one thread. See the module docstring."""
+
+    def __init__(self, node: Node, owner: threading.Thread) -> None:
+        transport = node.transport
+        ipc = node.address.ipc
+        assert ipc is not None
+        self.node = node
+        self.owner = owner
+        self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
+        self._verifier = Verifier(node.key, self.address.mailbox)
+        self._lock = threading.Lock()
+        self._socket: zmq.Socket[Any] = actor_context().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.bind(self.address.ipc or "")
+        self._fd = self._socket.getsockopt(zmq.FD)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller = select.poll()
+        self._poller.register(self._fd, _POLL_IN)
+        self._poller.register(self._wake_r, _POLL_IN)
+        self.waiting = False
+        self.closed = False
+        transport.call_soon(self._watch)
+
+    # -- the owner thread ------------------------------------------------------------------------
+
+    def wait(self, fut: Future[Any], deadline: float | None, on_wake: Any) -> None:
+        """Read replies until ``fut`` is done, ``deadline`` passes (then return), or ``on_wake``
+        raises (it runs after every wake-up: pending failures, Ctrl-C)."""
+        self.waiting = True
+        try:
+            while not fut.done() and not self.closed:
+                with self._lock:
+                    if not self.closed:
+                        self._drain()
+                if fut.done():
+                    return
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                for fd, _ in self._poller.poll(left * 1000):
+                    if fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except OSError:
+                            pass
+                on_wake()
+        finally:
+            self.waiting = False
+
+    def set(self) -> None:
+        """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
+        to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- the I/O thread --------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        if not self.closed:
+            self.node.transport.add_reader(self._fd, self._on_readable)
+            self._on_readable()
+
+    def _on_readable(self) -> None:
+        if self.waiting:
+            # The owner reads now; look again once it is done.
+            self.node.transport.remove_reader(self._fd)
+            self.node.transport.call_later(_RECHECK_S, self._recheck)
+            return
+        with self._lock:
+            if not self.closed:
+                self._drain()
+
+    def _recheck(self) -> None:
+        if self.closed:
+            return
+        if self.waiting:
+            self.node.transport.call_later(_RECHECK_S, self._recheck)
+        else:
+            self._watch()
+
+    # -- either -----------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
+        dispatch = self.node.dispatch
+        sock = self._socket
+        while has_message(sock):
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            try:
+                msg = self._verifier.decode(frames)
+            except WireError as exc:
+                logger.warning("dropped a reply that failed authentication: %s", exc)
+                continue
+            except Exception as exc:
+                logger.warning("dropped an undecodable reply: %r", exc)
+                continue
+            try:
+                dispatch(msg)
+            except Exception:
+                logger.exception("error handling a %r message", msg.envelope[0])
+
+    def close(self) -> None:
+        """Close the socket (when the node closes). A waiting owner stops waiting here."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._socket.close(linger=0)
+        self.set()
+
+
+_local = threading.local()
+_numbers = itertools.count(1)
+
+
+def reply_inbox(node: Node) -> ReplyInbox | None:
+    """The calling thread's reply inbox, if it gets one: the process's main thread does (it is
+    the one that makes calls and waits in scripts and notebooks); other threads use the
+    process inbox."""
+    current = threading.current_thread()
+    ipc = node.address.ipc
+    if current is not threading.main_thread() or ipc is None or len(ipc) > MAX_IPC_PATH:
+        return None
+    inbox: ReplyInbox | None = getattr(_local, "inbox", None)
+    if inbox is None or inbox.node is not node or inbox.closed:
+        inbox = ReplyInbox(node, current)
+        _local.inbox = inbox
+        node.on_close(inbox.close)
+    return inbox
+
+
+def waiting_inbox() -> ReplyInbox | None:
+    """The calling thread's reply inbox if it has one and is not already waiting on it."""
+    inbox: ReplyInbox | None = getattr(_local, "inbox", None)
+    if inbox is None or inbox.closed or inbox.waiting:
+        return None
+    return inbox
