@@ -253,6 +253,9 @@ class ActorRunner:
         endpoint_name: str = env[2]
         shape: Shape = shape_from_state(env[3])
         reply: Port | None = reply_port(env[4])
+        # A reply to a thread's own reply inbox may overtake what this process sent to the
+        # caller's process inbox before it: say where to wait up to (Node.in_order).
+        caller = env[4][2] if reply is not None and len(env[4]) > 2 else None
         index = shape.local_index(self.proc_rank)
         ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
@@ -288,7 +291,7 @@ class ActorRunner:
             ctxmod.set_current(None)
             _tls.runner = None
         if reply is not None and index is not None:
-            self._reply(reply, index, status, value)
+            self._reply(reply, index, status, value, caller)
         elif status == FAILED:
             self._report_unhandled(value)
 
@@ -305,7 +308,9 @@ class ActorRunner:
                 self._loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
             raise
 
-    def _reply(self, port: Port, index: int, status: int, value: Any) -> None:
+    def _reply(
+        self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
+    ) -> None:
         from .logs import flush_output
 
         flush_output()  # what the endpoint printed arrives before its reply
@@ -323,7 +328,12 @@ class ActorRunner:
             )
             status, (payload, buffers) = FAILED, dumps(failure)
         try:
-            self.node.send(port.address, ("reply", port.port_id, index, status), payload, buffers)
+            envelope: tuple[Any, ...] = ("reply", port.port_id, index, status)
+            if caller is not None:
+                after = self.node.transport.last_seq_to(caller)
+                if after:
+                    envelope = (*envelope, after)
+            self.node.send(port.address, envelope, payload, buffers)
         except Exception:
             logger.exception("could not send the reply of %s", self.name)
 

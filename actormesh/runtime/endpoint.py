@@ -168,17 +168,20 @@ class Endpoint(Generic[P, R]):
         payload, buffers = pickle_arguments(args, kwargs, self._what)
         node = current_node()
         transport = node.transport
-        reply = None
+        reply: tuple[Any, ...] | None = None
         if collector is not None:
             inbox = None
             if isinstance(collector, _Gather) and all(
                 procs.addresses[r].host == transport.host_id for r in shape.ranks()
             ):
                 inbox = reply_inbox(node)  # replies read by this thread as it waits
-            port = collector.port = node.open_port(
-                collector, None if inbox is None else inbox.address
-            )
-            reply = (tuple(port.address), port.port_id)
+            if inbox is None:
+                port = collector.port = node.open_port(collector)
+                reply = (tuple(port.address), port.port_id)
+            else:
+                port = collector.port = node.open_port(collector, inbox.address)
+                # The repliers also learn this process's mailbox (see Node.in_order).
+                reply = (tuple(port.address), port.port_id, node.address.mailbox)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
         envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
@@ -223,7 +226,7 @@ class _Collector(Generic[T]):
         return f"replies to {self.what} from rank {shown}"
 
     def on_message(self, msg: Message) -> None:
-        _, _port_id, index, status = msg.envelope
+        index, status = msg.envelope[2], msg.envelope[3]
         try:
             value = msg.value()
         except Exception as exc:

@@ -84,6 +84,11 @@ class Node:
         self.controller: Address | None = None
         self.mesh_id: str | None = None  # a worker's proc mesh
         self._on_close: list[Callable[[], None]] = []
+        # Replies that overtook earlier messages from their sender (see in_order).
+        self._handled: dict[bytes, int] = {}  # sender -> last seq handled off the process inbox
+        self._held: list[tuple[bytes, int, Message]] = []
+        self._held_lock = threading.Lock()
+        self.transport.on_handled = self._note_handled
 
     def start(self) -> None:
         self.transport.start()
@@ -114,6 +119,43 @@ class Node:
             return
         handler.on_message(msg)
 
+    # -- order across sockets --------------------------------------------------------------------
+
+    def in_order(self, msg: Message) -> bool:
+        """Whether a reply read off a thread's reply inbox may be handled now.
+
+        Its sender may have sent this process other messages before it (an endpoint's printed
+        lines, port messages), which travel through the process inbox. A reply that names the
+        sequence number of the last of them waits until the I/O thread has handled that one;
+        the I/O thread then handles the reply itself.
+        """
+        env = msg.envelope
+        if len(env) < 5 or not env[4]:
+            return True
+        with self._held_lock:
+            if self._handled.get(msg.sender, 0) >= env[4]:
+                return True
+            self._held.append((msg.sender, env[4], msg))
+            return False
+
+    def _note_handled(self, msg: Message) -> None:
+        with self._held_lock:
+            self._handled[msg.sender] = msg.seq
+            if not self._held:
+                return
+            ready = [m for s, seq, m in self._held if s == msg.sender and seq <= msg.seq]
+            if ready:
+                self._held = [h for h in self._held if h[2] not in ready]
+        for reply in ready:
+            self.dispatch(reply)
+
+    def _release_held(self) -> None:
+        # The sender died: what it sent before the reply will not come.
+        with self._held_lock:
+            held, self._held = self._held, []
+        for _, _, reply in held:
+            self.dispatch(reply)
+
     # -- supervision view ------------------------------------------------------------------------
 
     def record_death(self, mailbox: bytes, death: ProcDeath) -> bool:
@@ -124,6 +166,8 @@ class Node:
             if mailbox in self.dead:
                 return True
             self.dead[mailbox] = death
+        if self._held:
+            self._release_held()
         observed = False
         for handler in list(self._ports.values()):
             try:

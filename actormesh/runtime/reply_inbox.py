@@ -128,6 +128,7 @@ class ReplyInbox:
     def _drain(self) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
         dispatch = self.node.dispatch
+        in_order = self.node.in_order
         sock = self._socket
         while has_message(sock):
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -139,6 +140,8 @@ class ReplyInbox:
             except Exception as exc:
                 logger.warning("dropped an undecodable reply: %r", exc)
                 continue
+            if not in_order(msg):
+                continue  # handed to the I/O thread, after what its sender sent before it
             try:
                 dispatch(msg)
             except Exception:

@@ -143,6 +143,10 @@ class Transport:
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
         self._outboxes: dict[str, zmq.Socket[Any]] = {}
         self._send_lock = threading.Lock()
+        # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
+        self._last_seq: dict[bytes, int] = {}
+        # Called on the I/O thread after each message off the process inbox is handled.
+        self.on_handled: Callable[[Message], None] | None = None
         # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
         self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
         self._outbox_lock = threading.Lock()
@@ -228,6 +232,7 @@ class Transport:
                 self._send_batch(sock, endpoint)
             frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
             self._send_frames(sock, frames)
+            self._last_seq[dest.mailbox] = self._signer.last_seq
 
     def send_many(
         self,
@@ -250,6 +255,9 @@ class Transport:
             frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
             for _, sock in outboxes:
                 self._send_frames(sock, frames)
+            seq = self._signer.last_seq
+            for mailbox in mailboxes:
+                self._last_seq[mailbox] = seq
 
     def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
         """Send a message nobody answers (a broadcast), possibly batched with the next ones.
@@ -285,6 +293,7 @@ class Transport:
         else:
             envelope, payload = ("batch", items), b""
         self._send_frames(sock, self._signer.frames(mailbox, envelope, payload))
+        self._last_seq[mailbox] = self._signer.last_seq
 
     @staticmethod
     def _send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
@@ -296,6 +305,18 @@ class Transport:
                 sock.send(frame, flags)
             else:
                 sock.send(frame, flags, copy=False)
+
+    def last_seq_to(self, mailbox: bytes) -> int:
+        """The sequence number of the last message this process sent to ``mailbox`` (0: none).
+
+        A reply that travels by another socket than earlier messages to the caller's process
+        carries it, so the caller handles those messages first (see ``Node.in_order``).
+        """
+        with self._send_lock:
+            for endpoint, (to, _) in list(self._batches.items()):
+                if to == mailbox:  # queued one-way messages go first
+                    self._send_batch(self._outboxes[endpoint], endpoint)
+            return self._last_seq.get(mailbox, 0)
 
     def route_to_actor(self, proc: Address, key: str) -> Address:
         """Where to send calls for actor ``key`` living in ``proc``: its own inbox when it is on
@@ -426,6 +447,8 @@ class Transport:
                 self._on_message(msg)
             except Exception:
                 logger.exception("error handling a %r message", msg.envelope[0])
+            if self.on_handled is not None:
+                self.on_handled(msg)
 
     @staticmethod
     def _guard(fn: Callable[[], None]) -> None:

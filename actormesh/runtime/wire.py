@@ -174,6 +174,7 @@ class Signer:
         self.key = key
         self.sender = sender
         self._seq = itertools.count(1)
+        self.last_seq = 0  # of the frames made last (read under the sender's send lock)
 
     def frames(
         self,
@@ -193,10 +194,11 @@ class Signer:
             digest = hashlib.sha256(payload).digest()
         dests = dest if isinstance(dest, bytes) else b"".join(dest)
         env = pickle.dumps(envelope, protocol=5)
+        seq = self.last_seq = next(self._seq)
         fixed = _FIXED.pack(
             MAGIC,
             self.sender,
-            next(self._seq),
+            seq,
             digest,
             len(dests) // _ID_SIZE,
             len(buffers),
@@ -324,7 +326,7 @@ def reply_port(reply: tuple[Any, ...] | None) -> Any:
     from .node import Port
     from .transport import Address
 
-    addr_t, port_id = reply
+    addr_t, port_id = reply[0], reply[1]
     address = _addresses.get(addr_t)
     if address is None:
         if len(_addresses) > 4096:

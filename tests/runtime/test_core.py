@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
+import threading
 
 import pytest
+from support import wait_until
 
 import actormesh as am
 
@@ -169,6 +171,31 @@ def test_future_in_sync_async_and_running_loop(shared_procs) -> None:
     called = []
     fut.add_done_callback(lambda f: called.append(f.get()))
     assert called == [7]
+
+
+def test_replies_to_the_main_thread_arrive_while_it_does_not_wait(shared_procs) -> None:
+    # The main thread reads its replies itself while it waits in get(); when it does not wait,
+    # the I/O thread must read them, or futures would never complete on their own.
+    one = shared_procs.spawn("counter4", Counter, 3).slice(gpus=2)
+    untouched = one.get.call_one()
+    wait_until(untouched.done, timeout=10, what="a reply nobody waits for")
+    assert one.get.call_one().get(timeout=10) == 3  # the main thread reads this one itself
+    after_wait = one.get.call_one()
+    seen = threading.Event()
+    after_wait.add_done_callback(lambda _: seen.set())
+    assert seen.wait(10), "the callback of a reply that arrived after a wait never ran"
+    # Other threads get their replies through the process inbox, beside the main thread's.
+    results: list[int] = []
+    workers = [
+        threading.Thread(target=lambda: results.append(one.get.call_one().get(timeout=10)))
+        for _ in range(4)
+    ]
+    for t in workers:
+        t.start()
+    assert [one.get.call_one().get(timeout=10) for _ in range(20)] == [3] * 20
+    for t in workers:
+        t.join(timeout=10)
+    assert results == [3] * 4
 
 
 def test_prints_arrive_before_the_reply_prefixed_with_rank(shared_procs, capsys) -> None:

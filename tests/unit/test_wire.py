@@ -47,6 +47,20 @@ def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
         verifier.decode(elsewhere)
 
 
+def test_a_cast_signed_once_is_accepted_by_each_receiver_and_no_other() -> None:
+    signer = wire.Signer(KEY, wire.new_id())
+    ids = [wire.new_id() for _ in range(3)]
+    frames = signer.frames(ids, ("call",), b"payload")
+    for dest in ids:
+        assert wire.Verifier(KEY, dest).decode(frames).envelope == ("call",)
+    with pytest.raises(wire.WireError, match="another process"):
+        wire.Verifier(KEY, wire.new_id()).decode(frames)
+    # An id made of the tail of one receiver's and the head of the next is not a receiver.
+    straddling = ids[0][4:] + ids[1][:4]
+    with pytest.raises(wire.WireError, match="another process"):
+        wire.Verifier(KEY, straddling).decode(frames)
+
+
 def test_tampered_payload_and_buffer_sizes_are_rejected() -> None:
     signer, verifier, dest = _pair()
     frames = signer.frames(dest, ("call",), b"payload-bytes", [bytearray(100)])
