@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import MeshClosedError, MeshUsageError
+from . import relay
 from .actor import Actor, endpoint_names
 from .actor_mesh import ActorMesh
 from .endpoint import _MISSING, _Gather, no_values, pickle_arguments
@@ -164,6 +165,10 @@ class ProcMesh(MeshShape):
         if self._procs.closed:
             raise MeshClosedError("the proc mesh was stopped; spawn a new one")
         node = current_node()
+        if self._procs.relays is not None:  # the same route as casts, so interrupts keep order
+            state = shape_state(self._shape)
+            relay.send(node, self._procs, self._shape, state, envelope, collector=collector)
+            return
         for rank in self._shape.ranks():
             address = self._procs.addresses[rank]
             death = node.dead.get(address.mailbox)
