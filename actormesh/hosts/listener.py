@@ -89,6 +89,9 @@ class HostListener:
         keys = curve.curve_keys(ctl.key) if self.encrypt else None
         if ctl.node.address.tcp is None:
             ctl.node.listen_tcp(host if not is_wildcard(host) else "*", advertise, keys)
+        # Workers spawned on this host from now on listen on tcp:// too (at the advertised
+        # address, which must be this machine's), so remote actors can call and answer them.
+        ctl.local_tcp = {"tcp_host": advertise, "curve": self.encrypt}
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)

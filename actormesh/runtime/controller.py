@@ -152,6 +152,7 @@ class MeshRecord:
             # A rank healed in place binds its old tcp port again, so copies of the proc table
             # held by other processes stay valid.
             "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
+            **((self.ctl.local_tcp or {}) if self.agent_of(rank).run_dir is None else {}),
         }
 
     def spawn_ranks(self, ranks: list[int]) -> None:
@@ -265,6 +266,9 @@ class Controller:
         self.logs = LogSink()
         self.meshes: dict[str, MeshRecord] = {}
         self.agents: list[AgentHandle] = []
+        # Set by listen_for_hosts: workers on this host then also get a tcp:// inbox
+        # ({"tcp_host": address, "curve": bool}), so actors on other hosts can reach them.
+        self.local_tcp: dict[str, Any] | None = None
         self._local_agent: AgentHandle | None = None
         self._lock = threading.Lock()
         h = self.node.handlers

@@ -39,6 +39,8 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     """Run this process as the worker described by ``spec``; returns when told to stop."""
     for k, v in spec["env"].items():
         os.environ[k] = v
+    if "tcp_host" in spec:  # the address other hosts reach us at (torch.distributed uses it)
+        os.environ.setdefault("ACTORMESH_HOST_ADDR", spec["tcp_host"])
     try:
         os.chdir(spec["cwd"])
     except OSError:
@@ -58,10 +60,11 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         ipc=spec["ipc"],
         # On a host other than the controller's, the worker is also reachable over tcp://
         # (at its old port again when it is healed in place), possibly encrypted.
-        tcp_host=init.get("tcp_host"),
+        # On the controller's host too once other hosts take part (the spec says so then).
+        tcp_host=spec.get("tcp_host", init.get("tcp_host")),
         host_id=init.get("host_id"),
         tcp_port=spec.get("tcp_port", 0),
-        curve=curve_keys(key) if init.get("curve") else None,
+        curve=curve_keys(key) if spec.get("curve", init.get("curve")) else None,
     )
     set_node(node)
     node.controller = _address(init["controller"])

@@ -178,6 +178,25 @@ def test_actor_to_actor_and_ports_across_hosts(procs: Any, fake_net: FakeNet) ->
     assert {addr for _, addr in got} == {fake_net.ip(i) for i in (1, 2, 3)}
 
 
+def test_remote_and_local_actors_call_each_other(procs: Any, fake_net: FakeNet) -> None:
+    """Once hosts are connected, workers on the controller's host listen on tcp:// too (Curve
+    included), so actors on other hosts can call them and answer them."""
+    local = am.this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        assert all(a.tcp is not None for a in local._procs.addresses)
+        near = local.spawn("near", Probe)
+        far = procs.spawn("far", Probe)
+        expected_near = sorted(str(p) for p, _ in near.where.call().get(WAIT).items())
+        # A remote actor calls the local mesh; the local workers answer it over tcp://.
+        asked = far.slice(hosts=2, gpus=0).ask.call_one(near).get(timeout=WAIT)
+        assert sorted(asked) == expected_near
+        # A local actor calls the remote mesh (through the remote hosts' agents).
+        asked = near.slice(gpus=1).ask.call_one(far).get(timeout=WAIT)
+        assert sorted(asked) == sorted(str(p) for p, _ in far.where.call().get(WAIT).items())
+    finally:
+        local.stop().get(timeout=30)
+
+
 def test_output_and_stacks_across_hosts(procs: Any, capsys: Any) -> None:
     probes = procs.spawn("talk", Probe)
     probes.slice(hosts=2).say.call("hello from far away").get(timeout=WAIT)
