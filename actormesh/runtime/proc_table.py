@@ -39,6 +39,12 @@ class ProcTable:
         return (_restore, (self.mesh_id, self.addresses, self.labels, self.relays))
 
 
+def live_table(mesh_id: str) -> ProcTable | None:
+    """This process's table of ``mesh_id``, if it holds one."""
+    with _live_lock:
+        return _live.get(mesh_id)
+
+
 def _restore(
     mesh_id: str,
     addresses: list[Address],

@@ -13,10 +13,12 @@ import os
 import signal
 import sys
 import threading
+from functools import partial
 from typing import Any, NoReturn
 
 from .. import config
 from . import context as ctxmod
+from . import rehost
 from .actor import OK
 from .buffers import cleanup_owned
 from .curve import curve_keys
@@ -90,6 +92,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.handlers["stop"] = on_stop
     node.handlers["stacks"] = on_stacks
     node.handlers["interrupt"] = on_interrupt
+    node.handlers["moved"] = partial(rehost.on_moved, node)  # a healed rank on another host
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
