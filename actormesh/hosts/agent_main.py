@@ -27,6 +27,7 @@ import zmq
 from ..runtime.agent import Agent
 from ..runtime.curve import curve_keys
 from ..runtime.node import Node, set_node
+from ..runtime.relay import Relayer
 from ..runtime.transport import Address, make_run_dir
 from ..runtime.wire import Message, read_key_file
 from . import handshake
@@ -42,6 +43,7 @@ class RemoteAgent(Agent):
         super().__init__(node, init)
         self.last_heartbeat = time.monotonic()
         node.handlers["hb"] = self._on_heartbeat
+        self.relayer = Relayer(node)
         # torch.distributed in the workers: advertise the address other hosts reach us at, not
         # whatever the host name resolves to (often 127.0.0.1 in containers and test hosts).
         self.host_env = {"ACTORMESH_HOST_ADDR": init["tcp_host"]}
@@ -50,6 +52,20 @@ class RemoteAgent(Agent):
             for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 if var not in os.environ:
                     self.host_env[var] = ifname
+
+    def _on_spawn(self, msg: Message) -> None:
+        # Remember where this host's workers listen, to fan casts out to them (relay.py).
+        _, mesh_id, procs, _common = msg.envelope
+        for p in procs:
+            address = Address(self.node.address.host, p["ipc"], None, bytes.fromhex(p["mailbox"]))
+            self.relayer.add(mesh_id, p["rank"], address)
+        super()._on_spawn(msg)
+
+    def _on_worker_exit(self, pid: int, status: int) -> None:
+        worker = self.workers.get(pid)
+        if worker is not None:
+            self.relayer.remove(worker.mesh_id, worker.rank)
+        super()._on_worker_exit(pid, status)
 
     def _on_heartbeat(self, _: Message) -> None:
         self.last_heartbeat = time.monotonic()

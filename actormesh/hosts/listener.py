@@ -89,6 +89,10 @@ class HostListener:
         keys = curve.curve_keys(ctl.key) if self.encrypt else None
         if ctl.node.address.tcp is None:
             ctl.node.listen_tcp(host if not is_wildcard(host) else "*", advertise, keys)
+        # Workers spawned on this host from now on listen on tcp:// too (at the advertised
+        # address, which must be this machine's), so remote actors can call and answer them.
+        ctl.local_tcp = {"tcp_host": advertise, "curve": self.encrypt}
+        ctl.find_spare = self.take_spare
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -177,6 +181,16 @@ class HostListener:
                     )
                 self._changed.wait(min(left, 0.5))
         return HostMesh._create(self.ctl, list(chosen), Shape.from_extent({"hosts": n}))
+
+    def take_spare(self) -> RemoteAgentHandle | None:
+        """A started agent in no host mesh yet (for healing a lost host), now taken; or None."""
+        with self._changed:
+            for agent in sorted(self.agents, key=_host_order):
+                started = agent.ready.done() and agent.ready.exception() is None
+                if started and not agent.taken and not agent.dead:
+                    agent.taken = True
+                    return agent
+        return None
 
     # -- registration thread ---------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import config
@@ -25,7 +26,7 @@ from ..errors import (
     ProcDeath,
     SupervisionError,
 )
-from . import supervision
+from . import rehost, supervision
 from .actor import ActorRunner, current_runner
 from .future import Future, settle, when_all
 from .hosting import ActorHost
@@ -152,6 +153,7 @@ class MeshRecord:
             # A rank healed in place binds its old tcp port again, so copies of the proc table
             # held by other processes stay valid.
             "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
+            **((self.ctl.local_tcp or {}) if self.agent_of(rank).run_dir is None else {}),
         }
 
     def spawn_ranks(self, ranks: list[int]) -> None:
@@ -163,8 +165,9 @@ class MeshRecord:
             assert agent.address is not None
             self.ctl.node.send(agent.address, ("spawn", self.table.mesh_id, procs, self.common))
 
-    def heal(self) -> Future[None]:
-        """Respawn dead ranks at their old addresses, then re-create their actors."""
+    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+        """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
+        host: see rehost.py), then re-create their actors."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
         with self.lock:
             if self.stopping:
@@ -173,6 +176,11 @@ class MeshRecord:
             dead = sorted(self.exited)
             if not dead:
                 healed._set_result(None)
+                return healed
+            try:
+                moved = rehost.move_lost_hosts(self, dead, spares)
+            except SupervisionError as exc:
+                healed._set_exception(exc)
                 return healed
             for rank in dead:
                 self.exited.discard(rank)
@@ -187,14 +195,17 @@ class MeshRecord:
             self.ctl.broadcast_to_workers(("revived", mailbox))
         logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
         self.spawn_ranks(dead)
-        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed))
+        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
         return healed
 
-    def _respawn_actors(self, ready: Future[None], ranks: list[int], healed: Future[None]) -> None:
+    def _respawn_actors(
+        self, ready: Future[None], ranks: list[int], healed: Future[None], moved: list[int]
+    ) -> None:
         exc = ready.exception()
         if exc is not None:
             healed._set_exception(exc)
             return
+        rehost.announce(self, moved)
         node = self.ctl.node
         pending = []
         for _key, envelope, payload, buffers, digest in self.actor_spawns:
@@ -265,6 +276,11 @@ class Controller:
         self.logs = LogSink()
         self.meshes: dict[str, MeshRecord] = {}
         self.agents: list[AgentHandle] = []
+        # Set by listen_for_hosts: workers on this host then also get a tcp:// inbox
+        # ({"tcp_host": address, "curve": bool}), so actors on other hosts can reach them.
+        self.local_tcp: dict[str, Any] | None = None
+        # Set by listen_for_hosts: a host agent in no host mesh yet, for heal() (or None).
+        self.find_spare: Callable[[], AgentHandle | None] | None = None
         self._local_agent: AgentHandle | None = None
         self._lock = threading.Lock()
         h = self.node.handlers

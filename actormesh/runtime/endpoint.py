@@ -25,7 +25,7 @@ from ..errors import (
     RemoteFailure,
     SupervisionError,
 )
-from . import supervision
+from . import relay, supervision
 from .actor import FAILED
 from .future import Future
 from .node import Node, current_node
@@ -185,6 +185,10 @@ class Endpoint(Generic[P, R]):
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
         envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
+        if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
+            what = self._what
+            relay.cast(node, procs, shape, envelope, payload, buffers, digest, collector, what)
+            return
         dead = node.dead
         key = mesh._key
         dests = []

@@ -87,6 +87,8 @@ class HostMesh(MeshShape):
         shape = Shape.from_extent(extent)
         addresses: list[Address] = []
         labels: list[str] = []
+        # Casts from other hosts reach a remote host's ranks through its agent (relay.py).
+        relays: list[Address | None] = []
         for rank in range(len(shape)):
             agent = agents[rank // per]
             assert agent.address is not None
@@ -95,7 +97,8 @@ class HostMesh(MeshShape):
                 Address(agent.address.host, f"ipc://{run_dir}/{mesh_id}-{rank}", None, new_id())
             )
             labels.append(rank_label(shape.point(rank)))
-        table = ProcTable(mesh_id, addresses, labels)
+            relays.append(agent.address if agent.run_dir is not None else None)
+        table = ProcTable(mesh_id, addresses, labels, relays if any(relays) else None)
         record = MeshRecord(ctl, table, agents, per)
         ctl.register(record)
         record.common = {

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import config
 from ..errors import MeshClosedError, MeshUsageError
+from . import relay
 from .actor import Actor, endpoint_names
 from .actor_mesh import ActorMesh
 from .endpoint import _MISSING, _Gather, no_values, pickle_arguments
@@ -20,6 +22,7 @@ from .wire import payload_digest, shape_state
 
 if TYPE_CHECKING:
     from .controller import MeshRecord
+    from .host import HostMesh
 
 A = TypeVar("A", bound=Actor)
 
@@ -152,18 +155,32 @@ class ProcMesh(MeshShape):
         """
         self._control(("interrupt",), None)
 
-    def heal(self) -> Future[None]:
+    def heal(self, hosts: HostMesh | None = None) -> Future[None]:
         """Respawn the dead ranks of this mesh in place and re-create their actors (with their
         original constructor arguments), so existing ``ActorMesh`` handles work again. The
-        future completes when every re-created actor has run ``__init__``."""
+        future completes when every re-created actor has run ``__init__``.
+
+        The ranks of a host that was lost (its agent died or stopped answering) move to a spare
+        host: one of ``hosts`` when given (e.g. ``listener.wait_for_hosts(1)``), else a host
+        agent that dialled in and is in no host mesh yet. Without one, the future fails with a
+        ``SupervisionError`` saying so."""
         if self._record is None:
             raise MeshUsageError("only the process that spawned a proc mesh can heal it")
-        return self._record.heal()
+        spares = None
+        if hosts is not None:
+            spares = [hosts._agents[r] for r in hosts._shape.ranks()]
+            for agent in spares:
+                agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+        return self._record.heal(spares)
 
     def _control(self, envelope: tuple[Any, ...], collector: Any) -> None:
         if self._procs.closed:
             raise MeshClosedError("the proc mesh was stopped; spawn a new one")
         node = current_node()
+        if self._procs.relays is not None:  # the same route as casts, so interrupts keep order
+            state = shape_state(self._shape)
+            relay.send(node, self._procs, self._shape, state, envelope, collector=collector)
+            return
         for rank in self._shape.ranks():
             address = self._procs.addresses[rank]
             death = node.dead.get(address.mailbox)

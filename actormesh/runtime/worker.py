@@ -13,10 +13,12 @@ import os
 import signal
 import sys
 import threading
+from functools import partial
 from typing import Any, NoReturn
 
 from .. import config
 from . import context as ctxmod
+from . import rehost
 from .actor import OK
 from .buffers import cleanup_owned
 from .curve import curve_keys
@@ -39,6 +41,8 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     """Run this process as the worker described by ``spec``; returns when told to stop."""
     for k, v in spec["env"].items():
         os.environ[k] = v
+    if "tcp_host" in spec:  # the address other hosts reach us at (torch.distributed uses it)
+        os.environ.setdefault("ACTORMESH_HOST_ADDR", spec["tcp_host"])
     try:
         os.chdir(spec["cwd"])
     except OSError:
@@ -58,10 +62,11 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         ipc=spec["ipc"],
         # On a host other than the controller's, the worker is also reachable over tcp://
         # (at its old port again when it is healed in place), possibly encrypted.
-        tcp_host=init.get("tcp_host"),
+        # On the controller's host too once other hosts take part (the spec says so then).
+        tcp_host=spec.get("tcp_host", init.get("tcp_host")),
         host_id=init.get("host_id"),
         tcp_port=spec.get("tcp_port", 0),
-        curve=curve_keys(key) if init.get("curve") else None,
+        curve=curve_keys(key) if spec.get("curve", init.get("curve")) else None,
     )
     set_node(node)
     node.controller = _address(init["controller"])
@@ -87,6 +92,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.handlers["stop"] = on_stop
     node.handlers["stacks"] = on_stacks
     node.handlers["interrupt"] = on_interrupt
+    node.handlers["moved"] = partial(rehost.on_moved, node)  # a healed rank on another host
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )

@@ -44,27 +44,27 @@ class Agents:
     def __init__(self, net: FakeNet, listener: object) -> None:
         self.net = net
         self.listener = listener
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: list[tuple[int, subprocess.Popen[bytes]]] = []  # (host, agent)
 
     def start(self, host: int, *extra: str) -> subprocess.Popen[bytes]:
         env = dict(os.environ, ACTORMESH_KEY_FILE=self.listener.key_path)  # type: ignore[attr-defined]
         cmd = [*self.listener.agent_command(), *extra]  # type: ignore[attr-defined]
         proc = self.net.popen(host, cmd, env=env)
-        self.procs[host] = proc
+        self.procs.append((host, proc))
         return proc
 
     def stop_all(self) -> None:
-        mine = {p.pid for p in self.procs.values()}
+        mine = {p.pid for _, p in self.procs}
         for agent in self.listener.agents:  # type: ignore[attr-defined]
             if agent.info["pid"] in mine and not agent.dead:
                 agent.close()
-        for proc in self.procs.values():
+        for _, proc in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        for host in self.procs:
+        for host in {h for h, _ in self.procs}:
             wait_until(lambda h=host: not self.net.pids(h), 10, f"no process left on host {host}")
 
 

@@ -93,3 +93,65 @@ def test_cut_link_is_detected_by_heartbeats_and_the_host_cleans_up(
     finally:
         fake_net.restore_link(2)
     _lost_host(unhandled_failures, fake_net, 2)
+
+
+class Keeper(am.Actor):
+    """Remembers its constructor argument: a healed rank gets the same one."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    @am.endpoint
+    def where(self) -> tuple[str, str]:
+        return self.tag, os.environ["ACTORMESH_HOST_ADDR"]
+
+    @am.endpoint
+    def ask(self, others: am.ActorMesh[Any]) -> list[str]:
+        return [addr for _, addr in others.where.call().get(timeout=WAIT).values()]
+
+
+def _spare_registered(listener: Any, proc: Any) -> bool:
+    return any(
+        a.info["pid"] == proc.pid and a.ready.done() and not a.taken for a in listener.agents
+    )
+
+
+def test_heal_moves_a_lost_hosts_ranks_to_a_spare_host(
+    agents: Any, listener: Any, fake_net: FakeNet, unhandled_failures: list[object]
+) -> None:
+    agents.start(1)
+    agents.start(2)
+    procs = listener.wait_for_hosts(2, timeout=WAIT).spawn_procs(per_host={"gpus": 2})
+    try:
+        keepers = procs.spawn("keepers", Keeper, "kept")
+        watcher = procs.slice(hosts=0, gpus=0).spawn("watcher", Keeper, "watcher")
+        ip = [fake_net.ip(i) for i in range(4)]
+        assert [a for _, a in keepers.where.call().get(WAIT).values()] == [ip[1]] * 2 + [ip[2]] * 2
+        # A host lost with no spare: calls fail naming it, and heal() says what is missing.
+        fake_net.kill_host(2)
+        with pytest.raises(am.SupervisionError, match=ip[2].replace(".", r"\.")):
+            keepers.where.call().get(timeout=WAIT)
+        with pytest.raises(am.SupervisionError, match="no spare host"):
+            procs.heal().get(timeout=WAIT)
+        # A spare dials in: heal() takes it, the actors are re-created there with their
+        # arguments, and calls from the controller and from actors on other hosts reach them.
+        spare = agents.start(3)
+        wait_until(lambda: _spare_registered(listener, spare), WAIT, "the spare host h3")
+        procs.heal().get(timeout=WAIT)
+        moved = keepers.where.call().get(timeout=WAIT).values()
+        assert moved == [("kept", ip[1])] * 2 + [("kept", ip[3])] * 2
+        assert watcher.ask.call_one(keepers).get(timeout=WAIT) == [ip[1]] * 2 + [ip[3]] * 2
+        assert procs.health().values() == ["alive"] * 4
+        # heal(hosts=...): lose the new host too, and heal onto one given explicitly.
+        fake_net.kill_host(3)
+        with pytest.raises(am.SupervisionError, match=ip[3].replace(".", r"\.")):
+            keepers.where.call().get(timeout=WAIT)
+        agents.start(2)
+        procs.heal(hosts=listener.wait_for_hosts(1, timeout=WAIT)).get(timeout=WAIT)
+        assert [a for _, a in keepers.where.call().get(WAIT).values()] == [ip[1]] * 2 + [ip[2]] * 2
+        assert watcher.ask.call_one(keepers).get(timeout=WAIT) == [ip[1]] * 2 + [ip[2]] * 2
+    finally:
+        procs.stop().get(timeout=30)
+    for failure in unhandled_failures:
+        assert isinstance(failure, am.SupervisionError)
+    unhandled_failures.clear()

@@ -29,6 +29,10 @@ class Probe(am.Actor):
         self.seen.append(i)
 
     @am.endpoint
+    def tensor_record(self, i: int, _t: Any) -> None:
+        self.seen.append(i)
+
+    @am.endpoint
     def recorded(self) -> list[int]:
         return self.seen
 
@@ -95,6 +99,72 @@ def test_per_sender_fifo_across_hosts(procs: Any) -> None:
         assert seen == expected
 
 
+def test_a_cast_sends_one_message_per_host(procs: Any, monkeypatch: Any) -> None:
+    """The controller sends a cast once per host, to its agent, which fans it out locally."""
+    from actormesh.runtime.node import current_node
+
+    probes = procs.spawn("fanout", Probe)
+    probes.where.call().get(timeout=WAIT)
+    transport = current_node().transport
+    sent: list[bytes] = []
+    real_send, real_one_way = transport.send, transport.send_one_way
+
+    # Heartbeats to the agents go on meanwhile: count what the casts send.
+    def send(dest: Any, envelope: Any, *args: Any, **kwargs: Any) -> None:
+        if envelope[0] != "hb":
+            sent.append(dest.mailbox)
+        real_send(dest, envelope, *args, **kwargs)
+
+    def send_one_way(dest: Any, envelope: Any, *args: Any, **kwargs: Any) -> None:
+        if envelope[0] != "hb":
+            sent.append(dest.mailbox)
+        real_one_way(dest, envelope, *args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    monkeypatch.setattr(transport, "send_one_way", send_one_way)
+    agents = {a.address.mailbox for a in procs._record.agents}
+    workers = {a.mailbox for a in procs._procs.addresses}
+    assert len(probes.where.call().get(timeout=WAIT)) == 6
+    probes.record.broadcast(1)
+    probes.slice(gpus=1).record.broadcast(2)
+    assert sorted(sent) == sorted(list(agents) * 3)
+    assert not workers & set(sent)
+    sent.clear()
+    probes.slice(hosts=2, gpus=1).where.call_one().get(timeout=WAIT)
+    assert sent == [procs._record.agents[2].address.mailbox]
+
+
+def test_fifo_across_routes_of_every_kind(procs: Any) -> None:
+    """Calls, broadcasts, slices and calls with out-of-band tensors from one sender arrive in
+    the order sent, whichever path each took through the agents (batched or not)."""
+    import torch
+
+    probes = procs.spawn("fifo-kinds", Probe)
+    big = torch.zeros(1 << 15)  # 128 KB: travels as a separate zero-copy frame
+    expected: dict[int, list[int]] = {r: [] for r in range(6)}
+    pending = []
+    for i in range(60):
+        kind = i % 4
+        if kind == 0:
+            probes.record.broadcast(i)
+            targets = range(6)
+        elif kind == 1:
+            pending.append(probes.slice(hosts=i % 3).record.call(i))
+            targets = [2 * (i % 3), 2 * (i % 3) + 1]
+        elif kind == 2:
+            pending.append(probes.slice(hosts=1, gpus=i % 2).record.call_one(i))
+            targets = [2 + i % 2]
+        else:
+            probes.tensor_record.broadcast(i, big)
+            targets = range(6)
+        for r in targets:
+            expected[r].append(i)
+    for fut in pending:
+        fut.get(timeout=WAIT)
+    got = probes.recorded.call().get(timeout=WAIT).values()
+    assert got == [expected[r] for r in range(6)]
+
+
 def test_actor_to_actor_and_ports_across_hosts(procs: Any, fake_net: FakeNet) -> None:
     probes = procs.spawn("a2a", Probe)
     others = procs.spawn("others", Probe)
@@ -106,6 +176,25 @@ def test_actor_to_actor_and_ports_across_hosts(procs: Any, fake_net: FakeNet) ->
     probes.send_to.broadcast(port)
     got = sorted(receiver.recv().get(timeout=WAIT) for _ in range(6))
     assert {addr for _, addr in got} == {fake_net.ip(i) for i in (1, 2, 3)}
+
+
+def test_remote_and_local_actors_call_each_other(procs: Any, fake_net: FakeNet) -> None:
+    """Once hosts are connected, workers on the controller's host listen on tcp:// too (Curve
+    included), so actors on other hosts can call them and answer them."""
+    local = am.this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        assert all(a.tcp is not None for a in local._procs.addresses)
+        near = local.spawn("near", Probe)
+        far = procs.spawn("far", Probe)
+        expected_near = sorted(str(p) for p, _ in near.where.call().get(WAIT).items())
+        # A remote actor calls the local mesh; the local workers answer it over tcp://.
+        asked = far.slice(hosts=2, gpus=0).ask.call_one(near).get(timeout=WAIT)
+        assert sorted(asked) == expected_near
+        # A local actor calls the remote mesh (through the remote hosts' agents).
+        asked = near.slice(gpus=1).ask.call_one(far).get(timeout=WAIT)
+        assert sorted(asked) == sorted(str(p) for p, _ in far.where.call().get(WAIT).items())
+    finally:
+        local.stop().get(timeout=30)
 
 
 def test_output_and_stacks_across_hosts(procs: Any, capsys: Any) -> None:
