@@ -88,10 +88,13 @@ def send(
     transport = node.transport
     if buffers and digest is None:
         digest = payload_digest(payload)
+    actor = envelope[1] if envelope[0] == "call" else None
     for rank in direct:
         address = procs.addresses[rank]
         if dead and address.mailbox in dead:
             continue
+        if actor is not None:  # the same route as casts to meshes on one host take
+            address = transport.route_to_actor(address, actor)
         if one_way and not buffers:
             transport.send_one_way(address, envelope, payload)
         else:

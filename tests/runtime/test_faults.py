@@ -144,9 +144,13 @@ def test_stacks_of_a_rank_wedged_in_c_come_from_faulthandler(spawn_procs) -> Non
     v = procs.spawn("wedged", Victim)
     v.get.call().get(timeout=30)
     fut = v.wedge.call()
-    text = procs.stacks(timeout=0.5).get(timeout=10).values()[0]
-    if "faulthandler" not in text:  # the regex had not started yet: ask again
+    # The call reaches the actor's own inbox while stacks go through the process inbox: ask
+    # until the regex has started (bounded).
+    text = ""
+    for _ in range(20):
         text = procs.stacks(timeout=0.5).get(timeout=10).values()[0]
+        if "faulthandler" in text:
+            break
     assert "faulthandler dump" in text and "in wedge" in text
     procs.stop().get(timeout=20)
     with pytest.raises(am.SupervisionError):
