@@ -52,6 +52,15 @@ class ActormeshKernel(IPythonKernel):
         assert self.session is not None  # set before any message can arrive
         self.session.send(stream, REPLY_TYPE, content, parent, ident)
 
+    def _publish_status(self, status: str, channel: str, parent: Any = None) -> None:
+        # JupyterLab shows the notebook's busy/idle from every status message except those
+        # answering a fixed list of request types (debug_request, ...). A panel request ends
+        # with "idle" while a cell may still run, so its statuses are not published.
+        msg = parent or self.get_parent(channel)
+        if channel == "control" and msg.get("header", {}).get("msg_type") == REQUEST_TYPE:
+            return
+        super()._publish_status(status, channel, parent)
+
     def _send_interrupt_children(self) -> None:
         # Only this process: ipykernel's default signals the whole process group.
         os.kill(os.getpid(), signal.SIGINT)

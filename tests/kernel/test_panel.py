@@ -31,6 +31,7 @@ class Panel:
         self.client = f"test-{uuid.uuid4().hex[:6]}"
         self.comm_id: str | None = None
         self.messages: list[dict[str, Any]] = []
+        self.request_statuses = 0  # status messages answering a panel request (want none)
         # A client of our own, with its own session: the test's client reads iopub for its own
         # cells, and two clients sharing a session reject each other's messages as replays.
         self.kc = BlockingKernelClient()
@@ -44,6 +45,8 @@ class Panel:
             return
         content = msg["content"]
         kind = msg["msg_type"]
+        if kind == "status" and msg["parent_header"].get("msg_type") == protocol.REQUEST_TYPE:
+            self.request_statuses += 1
         if kind == "comm_open" and content.get("target_name") == protocol.COMM_TARGET:
             data = content["data"]
             protocol.check_message(data)
@@ -152,6 +155,8 @@ def test_subscribe_empty_then_live_states(panel_kernel: tuple[Kernel, Panel]) ->
     assert reply["content"]["status"] == "error"  # the cell reports its interrupted ranks
     panel.forget()
     panel.snapshot("idle again", states("idle", "idle", "idle", "idle"))
+    # A status "idle" answering a panel request would show the notebook idle while a cell runs.
+    assert panel.request_statuses == 0
 
 
 def test_death_respawn_and_stop(
