@@ -31,6 +31,14 @@ from .panel import REPLY_TYPE, REQUEST_TYPE, PanelService
 logger = logging.getLogger(__name__)
 
 
+_QUIET_REQUESTS = (
+    REQUEST_TYPE,
+    "create_subshell_request",
+    "delete_subshell_request",
+    "list_subshell_request",
+)
+
+
 class ActormeshKernel(IPythonKernel):
     """IPython, plus the actormesh controller and magics."""
 
@@ -54,10 +62,11 @@ class ActormeshKernel(IPythonKernel):
 
     def _publish_status(self, status: str, channel: str, parent: Any = None) -> None:
         # JupyterLab shows the notebook's busy/idle from every status message except those
-        # answering a fixed list of request types (debug_request, ...). A panel request ends
-        # with "idle" while a cell may still run, so its statuses are not published.
+        # answering a fixed list of request types (debug_request, ...). These control requests
+        # end with "idle" while a cell may still run (JupyterLab 4.6 asks for a subshell for
+        # each new comm target, e.g. a widget a running cell displays): no status for them.
         msg = parent or self.get_parent(channel)
-        if channel == "control" and msg.get("header", {}).get("msg_type") == REQUEST_TYPE:
+        if channel == "control" and msg.get("header", {}).get("msg_type") in _QUIET_REQUESTS:
             return
         super()._publish_status(status, channel, parent)
 

@@ -51,6 +51,8 @@ export class MeshModel {
   /** A line about the connection, e.g. the kernel's name or an error. */
   detail = '';
   snapshot: ISnapshot | null = null;
+  /** Our clock (seconds) when the snapshot arrived: elapsed times count on from there. */
+  snapshotReceived = 0;
   /** The last stacks of each mesh, until closed. */
   readonly stacks = new Map<string, IStacks>();
   notice: INotice | null = null;
@@ -255,6 +257,7 @@ export class MeshModel {
     switch (message.type) {
       case 'snapshot':
         this.snapshot = message;
+        this.snapshotReceived = Date.now() / 1000;
         for (const meshId of [...this.stacks.keys()]) {
           if (!message.meshes.some(m => m.mesh_id === meshId)) {
             this.stacks.delete(meshId);

@@ -435,11 +435,11 @@ export class MeshSidebar extends Widget {
     if (!snapshot) {
       return;
     }
-    // The kernel's clock may differ from ours: count from the snapshot's own time.
-    const offset = Date.now() / 1000 - snapshot.time;
+    // The kernel's clock may differ from ours: its time now is the snapshot's time plus what
+    // our clock says has passed since the snapshot arrived.
+    const kernelNow = snapshot.time + (Date.now() / 1000 - this.model.snapshotReceived);
     for (const node of Array.from(this.node.querySelectorAll<HTMLElement>(`.${PREFIX}-elapsed`))) {
-      const since = Number(node.dataset.since);
-      node.textContent = formatDuration(Date.now() / 1000 - offset - since);
+      node.textContent = formatDuration(kernelNow - Number(node.dataset.since));
     }
   }
 
