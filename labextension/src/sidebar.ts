@@ -177,7 +177,8 @@ export class MeshSidebar extends Widget {
     if (snapshot.meshes.length === 0) {
       const empty = el('div', 'empty');
       empty.appendChild(document.createTextNode('No mesh yet. Spawn one in a cell: '));
-      empty.appendChild(el('code', null, 'procs = am.this_host().spawn_procs(per_host={"gpus": 4})'));
+      empty.appendChild(el('code', null, 'am.this_host().spawn_procs()'));
+      empty.title = 'procs = am.this_host().spawn_procs(per_host={"gpus": 4})';
       root.appendChild(empty);
     }
     const live = new Set(snapshot.meshes.map(m => m.mesh_id));

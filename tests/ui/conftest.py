@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ui_support import BUILT, CHROMIUM, SCREENSHOTS, WAIT_MS, Lab
+from ui_support import BUILT, CHROMIUM, SCREENSHOTS, WAIT_MS, Lab, running
 
 pytest.importorskip("jupyterlab")
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -31,6 +31,18 @@ def _require_browser() -> None:
     if os.environ.get("ACTORMESH_UI_TESTS") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(lab: Lab) -> Iterator[None]:
+    """The UI tier's leak check (it replaces the root one): the processes below the lab server
+    (kernels, host agents, workers) must be gone when a test ends. Chromium's own helper
+    processes come and go as it likes; the browser fixture closes them all at module end."""
+    before = set(lab.kernel_tree())
+    yield
+    lab.shutdown_kernels()  # and waits until every process below the server has exited
+    left = [pid for pid in lab.kernel_tree() if pid not in before and running(pid)]
+    assert not left, f"processes left below the lab server: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +119,6 @@ def page(lab: Lab, module_page: Any, request: pytest.FixtureRequest) -> Iterator
             Path(f"{stem}.console.txt").write_text("\n".join(module_page.console_messages))
             Path(f"{stem}.lab.log").write_text(lab.log())
         module_page.goto("about:blank")
-        lab.shutdown_kernels()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -131,7 +131,7 @@ class Lab:
             self.api("DELETE", f"kernels/{kernel['id']}")
 
         def gone() -> bool:
-            return not [p for p in tree if _running(p)]
+            return not [p for p in tree if running(p)]
 
         wait_until(gone, 60, "the test's kernels and their meshes to exit")
 
@@ -154,14 +154,14 @@ class Lab:
             self.proc.kill()
             self.proc.wait(10)
         for pid in tree:
-            if _running(pid):
+            if running(pid):
                 try:
                     psutil.Process(pid).kill()
                 except psutil.Error:
                     pass
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -23,7 +23,7 @@ from ...runtime.stacks import _BUSY_FOR
 from ..cells import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
-from .watch import MeshWatcher, paused_ranks
+from .watch import MeshWatcher, debugger_state, paused_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -222,12 +222,11 @@ class PanelService:
 
 
 def _debugger() -> Any:
-    try:
-        from ...debugger import state  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
+    state = debugger_state()
+    if state is None:
         raise PanelRequestError(
             "pause and continue need actormesh's debugger, which this installation lacks"
-        ) from None
+        )
     return state
 
 

@@ -53,11 +53,25 @@ class MeshView:
     ranks: dict[int, RankView] = field(default_factory=dict)
 
 
+def debugger_state() -> Any:
+    """``actormesh.debugger.state``, or None where this installation has no debugger (the
+    answer is remembered: the panel asks several times a second)."""
+    if not _debugger:
+        try:
+            from ...debugger import state  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:
+            state = None
+        _debugger.append(state)
+    return _debugger[0]
+
+
+_debugger: list[Any] = []
+
+
 def paused_ranks() -> tuple[bool, dict[tuple[str, int], Any]]:
     """``(debugger available, {(mesh_id, rank): PausedRank})``; the debugger is optional."""
-    try:
-        from ...debugger import state  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
+    state = debugger_state()
+    if state is None:
         return False, {}
     try:
         return True, {(p.mesh_id, p.rank): p for p in state.paused_ranks()}
