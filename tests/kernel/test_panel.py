@@ -155,6 +155,22 @@ def test_subscribe_empty_then_live_states(panel_kernel: tuple[Kernel, Panel]) ->
     assert reply["content"]["status"] == "error"  # the cell reports its interrupted ranks
     panel.forget()
     panel.snapshot("idle again", states("idle", "idle", "idle", "idle"))
+
+    # An actor's endpoint: busy in actor.endpoint, on the ranks it was called on.
+    kernel.ok(
+        "class Sleeper(am.Actor):\n"
+        "    @am.endpoint\n"
+        "    def nap(self, s):\n"
+        "        import time; time.sleep(s)\n"
+        "sleepers = procs.spawn('sleeper', Sleeper)\n"
+        "sleepers.slice(gpus=slice(2, 4)).nap.broadcast(600)"
+    )
+    snap = panel.snapshot("ranks 2-3 napping", states("idle", "idle", "busy", "busy"))
+    assert ranks_of(snap)[3]["busy"] == {"kind": "endpoint", "what": "sleeper.nap", "line": None}
+    assert snap["meshes"][0]["actors"] == ["sleeper"]
+    assert sorted(snap["meshes"][0]["names"]) == ["procs", "sleepers"]
+    panel.ok("interrupt", mesh_id=mesh_id, ranks=[2, 3])
+    panel.snapshot("the nap interrupted", states("idle", "idle", "idle", "idle"))
     # A status "idle" answering a panel request would show the notebook idle while a cell runs.
     assert panel.request_statuses == 0
 
