@@ -90,6 +90,11 @@ def test_live_states_and_controls(page: Any, lab: Lab) -> None:
     expect(page.locator(f"{ROWS} .jp-actormesh-pid").first).to_have_text(re.compile(r"^\d+$"))
     expect(page.locator(f"{ROWS} .jp-actormesh-memory").first).to_have_text(re.compile("MiB"))
     shot(page, "01-idle")
+    if not _debugger_available():  # pause and continue need the debugger: say so, not fail
+        for op in ("pause", "resume"):
+            button = page.locator(f"{SIDEBAR} button[data-op='{op}']")
+            expect(button).to_be_disabled()
+            expect(button).to_have_attribute("title", re.compile("needs actormesh's debugger"))
 
     # A long %%mesh cell: every rank busy in it, the panel still live while the shell is busy.
     long_cell = run_cell(page, 1)
