@@ -90,3 +90,9 @@ def load_ipython_extension(ipython: object) -> None:
     from .kernel import load_ipython_extension as load
 
     load(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the built JupyterLab sidebar is, for ``jupyter labextension develop`` (a Jupyter
+    hook, not API; ``pip install`` puts it in place by itself)."""
+    return [{"src": "labextension", "dest": "actormesh"}]

@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
-# Install actormesh with its test and lint tools into .venv, check style and types, run the tests.
+# Install actormesh with its test and lint tools into .venv (this builds the JupyterLab sidebar
+# from labextension/, which needs node and the npm registry), check style and types, run the
+# sidebar's TypeScript tests, then the Python tests (tests/ui drives Debian's chromium).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+step() { echo "::step [$((SECONDS))s] $*"; }
+step "node and chromium"
+bash scripts/install-browser.sh
+export YARN_ENABLE_IMMUTABLE_INSTALLS=true  # labextension/yarn.lock is the truth
+step "venv"
 bash scripts/setup-venv.sh dev
 . .venv/bin/activate
+if [ ! -f actormesh/labextension/package.json ]; then
+  echo "the sidebar was not built (actormesh/labextension/ is missing); see pip's output above" >&2
+  exit 1
+fi
+step "slurm"
 # The Slurm integration test (tests/multihost/test_slurm.py) needs Slurm from Debian's packages;
 # without root or apt it skips and says why.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   bash scripts/slurm/install.sh || echo "could not install Slurm: its integration test will skip"
 fi
+step "lint and types"
 ruff check .
 ruff format --check .
 mypy
+step "labextension tests"
+(cd labextension && jlpm install >/dev/null && jlpm test) || {
+  echo "labextension tests failed: cd labextension && jlpm test" >&2
+  exit 1
+}
+step "pytest"
+export ACTORMESH_UI_TESTS=1  # a missing browser fails the UI tests instead of skipping them
 python -m pytest "$@"
+step "done"

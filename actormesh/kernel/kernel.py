@@ -7,6 +7,8 @@ spawn meshes and call actors directly. What the kernel adds to IPython's:
 - interrupt (``interrupt_mode: message`` in the kernelspec) sends SIGINT to the kernel process
   only, never to its process group: workers are in that group and must survive an interrupt.
   The running ``%%mesh`` cell turns the ``KeyboardInterrupt`` into an interrupt of its ranks;
+- the JupyterLab sidebar's requests arrive on the control channel (``actormesh_panel_request``,
+  see ``panel/``), so the panel works while a cell runs;
 - shutdown and restart stop every mesh before the process exits. A kernel killed outright
   (SIGKILL) leaves no worker either: each host agent watches a pipe from the controller and
   kills its workers when it closes.
@@ -24,8 +26,17 @@ from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 
 from .. import __version__
+from .panel import REPLY_TYPE, REQUEST_TYPE, PanelService
 
 logger = logging.getLogger(__name__)
+
+
+_QUIET_REQUESTS = (
+    REQUEST_TYPE,
+    "create_subshell_request",
+    "delete_subshell_request",
+    "list_subshell_request",
+)
 
 
 class ActormeshKernel(IPythonKernel):
@@ -34,17 +45,37 @@ class ActormeshKernel(IPythonKernel):
     implementation = "actormesh"
     implementation_version = __version__
     banner = "actormesh kernel: %%mesh TARGET runs a cell on every rank (see %mesh?)"
+    control_msg_types = [*IPythonKernel.control_msg_types, REQUEST_TYPE]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         assert self.shell is not None
         self.shell.extension_manager.load_extension("actormesh")
+        magics = self.shell.magics_manager.registry["MeshMagics"]
+        self.panel = PanelService(magics.registry, self.shell.user_ns)
+
+    def actormesh_panel_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """A request from the JupyterLab sidebar (control thread; see ``panel/service.py``)."""
+        content = self.panel.handle(parent.get("content"))
+        assert self.session is not None  # set before any message can arrive
+        self.session.send(stream, REPLY_TYPE, content, parent, ident)
+
+    def _publish_status(self, status: str, channel: str, parent: Any = None) -> None:
+        # JupyterLab shows the notebook's busy/idle from every status message except those
+        # answering a fixed list of request types (debug_request, ...). These control requests
+        # end with "idle" while a cell may still run (JupyterLab 4.6 asks for a subshell for
+        # each new comm target, e.g. a widget a running cell displays): no status for them.
+        msg = parent or self.get_parent(channel)
+        if channel == "control" and msg.get("header", {}).get("msg_type") in _QUIET_REQUESTS:
+            return
+        super()._publish_status(status, channel, parent)
 
     def _send_interrupt_children(self) -> None:
         # Only this process: ipykernel's default signals the whole process group.
         os.kill(os.getpid(), signal.SIGINT)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        self.panel.close()
         stop_all_meshes()  # blocks this (control) thread for at most ACTORMESH_STOP_GRACE s
         result = super().do_shutdown(restart)
         if inspect.isawaitable(result):

@@ -171,7 +171,9 @@ class MeshMagics(Magics):
         return values
 
     def _filename(self) -> str:
-        count = getattr(self.shell, "execution_count", None) or next(self._count)
+        # IPython counts the running cell before it runs: its prompt shows one less.
+        running = getattr(self.shell, "execution_count", None)
+        count = running - 1 if running else next(self._count)
         name = f"<mesh-cell-{count}>"
         k = 1
         while name in self._names:

@@ -1,0 +1,433 @@
+/**
+ * The messages between the actormesh kernel and this panel, protocol version 1.
+ *
+ * Written down once in docs/panel-protocol.md; every message has a JSON fixture under
+ * tests/fixtures/panel/ that both the Python and the TypeScript tests check. This module is
+ * pure (no JupyterLab imports) so the tests can run it under plain node.
+ *
+ * Panel -> kernel: a control-channel request `actormesh_panel_request` (the control channel
+ * is answered even while a cell runs), answered by `actormesh_panel_reply`.
+ * Kernel -> panel: a comm with target `actormesh.panel` that the kernel opens on `subscribe`,
+ * carrying `hello`, then `snapshot`, `stacks` and `result` messages over iopub.
+ */
+
+export const PROTOCOL_VERSION = 1;
+export const COMM_TARGET = 'actormesh.panel';
+export const REQUEST_TYPE = 'actormesh_panel_request';
+export const REPLY_TYPE = 'actormesh_panel_reply';
+
+export type Op =
+  | 'subscribe'
+  | 'interrupt'
+  | 'stacks'
+  | 'pause'
+  | 'resume'
+  | 'respawn'
+  | 'stop';
+
+export const OPS: readonly Op[] = [
+  'subscribe',
+  'interrupt',
+  'stacks',
+  'pause',
+  'resume',
+  'respawn',
+  'stop'
+];
+
+export interface IRequest {
+  protocol: number;
+  request_id: string;
+  op: Op;
+  /** Which comm the kernel should open (subscribe only): the panel's own token. */
+  client?: string;
+  mesh_id?: string;
+  /** Flat ranks within the mesh; null: the whole mesh. */
+  ranks?: number[] | null;
+}
+
+export interface IReply {
+  protocol: number;
+  request_id: string;
+  status: 'ok' | 'error';
+  message: string;
+}
+
+export type RankState = 'starting' | 'idle' | 'busy' | 'paused' | 'dead';
+
+export interface IBusy {
+  /** 'cell': a %%mesh cell; 'endpoint': an actor endpoint. */
+  kind: 'cell' | 'endpoint';
+  /** The cell's label ("In [3]") or "actor.endpoint". */
+  what: string;
+  line: number | null;
+}
+
+export interface IPaused {
+  file: string;
+  line: number;
+  function: string;
+}
+
+export interface IDeath {
+  exitcode: number | null;
+  signal: string | null;
+  reason: string;
+}
+
+export interface IRank {
+  rank: number;
+  label: string;
+  state: RankState;
+  /** Unix time (seconds) the rank entered this state, when known. */
+  since: number | null;
+  pid: number | null;
+  rss: number | null;
+  gpu_mem: number | null;
+  busy: IBusy | null;
+  paused: IPaused | null;
+  dead: IDeath | null;
+}
+
+export interface IHost {
+  host_rank: number;
+  hostname: string;
+  ranks: IRank[];
+}
+
+export interface IMesh {
+  mesh_id: string;
+  /** Names of the notebook variables holding this mesh (or its actor meshes). */
+  names: string[];
+  extent: Record<string, number>;
+  actors: string[];
+  hosts: IHost[];
+}
+
+export interface IHello {
+  protocol: number;
+  type: 'hello';
+  client: string;
+  debugger: boolean;
+}
+
+export interface ISnapshot {
+  protocol: number;
+  type: 'snapshot';
+  /** Unix time of the snapshot (kernel clock). */
+  time: number;
+  debugger: boolean;
+  meshes: IMesh[];
+}
+
+export interface IStackGroup {
+  ranks: number[];
+  labels: string[];
+  text: string;
+}
+
+export interface IStacks {
+  protocol: number;
+  type: 'stacks';
+  request_id: string;
+  mesh_id: string;
+  groups: IStackGroup[];
+}
+
+export interface IResult {
+  protocol: number;
+  type: 'result';
+  request_id: string;
+  op: Op;
+  ok: boolean;
+  message: string;
+}
+
+export type KernelMessage = IHello | ISnapshot | IStacks | IResult;
+
+/** A message that does not follow the protocol (or speaks another version). */
+export class ProtocolError extends Error {}
+
+type Json = { [key: string]: unknown };
+
+function obj(v: unknown, where: string): Json {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    throw new ProtocolError(`${where}: expected an object`);
+  }
+  return v as Json;
+}
+
+function str(o: Json, key: string, where: string): string {
+  const v = o[key];
+  if (typeof v !== 'string') {
+    throw new ProtocolError(`${where}.${key}: expected a string`);
+  }
+  return v;
+}
+
+function num(o: Json, key: string, where: string): number {
+  const v = o[key];
+  if (typeof v !== 'number' || !isFinite(v)) {
+    throw new ProtocolError(`${where}.${key}: expected a number`);
+  }
+  return v;
+}
+
+function optNum(o: Json, key: string, where: string): number | null {
+  const v = o[key];
+  if (v === null || v === undefined) {
+    return null;
+  }
+  return num(o, key, where);
+}
+
+function bool(o: Json, key: string, where: string): boolean {
+  const v = o[key];
+  if (typeof v !== 'boolean') {
+    throw new ProtocolError(`${where}.${key}: expected true or false`);
+  }
+  return v;
+}
+
+function arr(o: Json, key: string, where: string): unknown[] {
+  const v = o[key];
+  if (!Array.isArray(v)) {
+    throw new ProtocolError(`${where}.${key}: expected a list`);
+  }
+  return v;
+}
+
+function strings(o: Json, key: string, where: string): string[] {
+  return arr(o, key, where).map((v, i) => {
+    if (typeof v !== 'string') {
+      throw new ProtocolError(`${where}.${key}[${i}]: expected a string`);
+    }
+    return v;
+  });
+}
+
+function ints(o: Json, key: string, where: string): number[] {
+  return arr(o, key, where).map((v, i) => {
+    if (typeof v !== 'number' || !Number.isInteger(v)) {
+      throw new ProtocolError(`${where}.${key}[${i}]: expected an integer`);
+    }
+    return v;
+  });
+}
+
+function op(o: Json, where: string): Op {
+  const v = str(o, 'op', where);
+  if (!(OPS as readonly string[]).includes(v)) {
+    throw new ProtocolError(`${where}.op: unknown operation ${JSON.stringify(v)}`);
+  }
+  return v as Op;
+}
+
+function checkVersion(o: Json, where: string): number {
+  const v = num(o, 'protocol', where);
+  if (v !== PROTOCOL_VERSION) {
+    throw new ProtocolError(
+      `the kernel speaks panel protocol ${v}, this panel speaks ${PROTOCOL_VERSION}: ` +
+        'install the same actormesh version in JupyterLab and in the kernel'
+    );
+  }
+  return v;
+}
+
+const STATES: readonly RankState[] = ['starting', 'idle', 'busy', 'paused', 'dead'];
+
+function parseRank(v: unknown, where: string): IRank {
+  const o = obj(v, where);
+  const state = str(o, 'state', where);
+  if (!(STATES as readonly string[]).includes(state)) {
+    throw new ProtocolError(`${where}.state: unknown state ${JSON.stringify(state)}`);
+  }
+  let busy: IBusy | null = null;
+  if (o.busy !== null && o.busy !== undefined) {
+    const b = obj(o.busy, `${where}.busy`);
+    const kind = str(b, 'kind', `${where}.busy`);
+    if (kind !== 'cell' && kind !== 'endpoint') {
+      throw new ProtocolError(`${where}.busy.kind: expected "cell" or "endpoint"`);
+    }
+    busy = { kind, what: str(b, 'what', `${where}.busy`), line: optNum(b, 'line', `${where}.busy`) };
+  }
+  let paused: IPaused | null = null;
+  if (o.paused !== null && o.paused !== undefined) {
+    const p = obj(o.paused, `${where}.paused`);
+    paused = {
+      file: str(p, 'file', `${where}.paused`),
+      line: num(p, 'line', `${where}.paused`),
+      function: str(p, 'function', `${where}.paused`)
+    };
+  }
+  let dead: IDeath | null = null;
+  if (o.dead !== null && o.dead !== undefined) {
+    const d = obj(o.dead, `${where}.dead`);
+    const signal = d.signal;
+    if (signal !== null && typeof signal !== 'string') {
+      throw new ProtocolError(`${where}.dead.signal: expected a string or null`);
+    }
+    dead = {
+      exitcode: optNum(d, 'exitcode', `${where}.dead`),
+      signal,
+      reason: str(d, 'reason', `${where}.dead`)
+    };
+  }
+  return {
+    rank: num(o, 'rank', where),
+    label: str(o, 'label', where),
+    state: state as RankState,
+    since: optNum(o, 'since', where),
+    pid: optNum(o, 'pid', where),
+    rss: optNum(o, 'rss', where),
+    gpu_mem: optNum(o, 'gpu_mem', where),
+    busy,
+    paused,
+    dead
+  };
+}
+
+function parseMesh(v: unknown, where: string): IMesh {
+  const o = obj(v, where);
+  const extentObj = obj(o.extent, `${where}.extent`);
+  const extent: Record<string, number> = {};
+  for (const key of Object.keys(extentObj)) {
+    extent[key] = num(extentObj, key, `${where}.extent`);
+  }
+  return {
+    mesh_id: str(o, 'mesh_id', where),
+    names: strings(o, 'names', where),
+    extent,
+    actors: strings(o, 'actors', where),
+    hosts: arr(o, 'hosts', where).map((h, i) => {
+      const hw = `${where}.hosts[${i}]`;
+      const ho = obj(h, hw);
+      return {
+        host_rank: num(ho, 'host_rank', hw),
+        hostname: str(ho, 'hostname', hw),
+        ranks: arr(ho, 'ranks', hw).map((r, j) => parseRank(r, `${hw}.ranks[${j}]`))
+      };
+    })
+  };
+}
+
+/** Check a comm message from the kernel; throws ProtocolError saying what is wrong. */
+export function parseKernelMessage(data: unknown): KernelMessage {
+  const o = obj(data, 'message');
+  const protocol = checkVersion(o, 'message');
+  const type = str(o, 'type', 'message');
+  switch (type) {
+    case 'hello':
+      return {
+        protocol,
+        type,
+        client: str(o, 'client', 'hello'),
+        debugger: bool(o, 'debugger', 'hello')
+      };
+    case 'snapshot':
+      return {
+        protocol,
+        type,
+        time: num(o, 'time', 'snapshot'),
+        debugger: bool(o, 'debugger', 'snapshot'),
+        meshes: arr(o, 'meshes', 'snapshot').map((m, i) => parseMesh(m, `snapshot.meshes[${i}]`))
+      };
+    case 'stacks':
+      return {
+        protocol,
+        type,
+        request_id: str(o, 'request_id', 'stacks'),
+        mesh_id: str(o, 'mesh_id', 'stacks'),
+        groups: arr(o, 'groups', 'stacks').map((g, i) => {
+          const gw = `stacks.groups[${i}]`;
+          const go = obj(g, gw);
+          return {
+            ranks: ints(go, 'ranks', gw),
+            labels: strings(go, 'labels', gw),
+            text: str(go, 'text', gw)
+          };
+        })
+      };
+    case 'result':
+      return {
+        protocol,
+        type,
+        request_id: str(o, 'request_id', 'result'),
+        op: op(o, 'result'),
+        ok: bool(o, 'ok', 'result'),
+        message: str(o, 'message', 'result')
+      };
+    default:
+      throw new ProtocolError(`message.type: unknown type ${JSON.stringify(type)}`);
+  }
+}
+
+/** Check the kernel's reply to a request. */
+export function parseReply(data: unknown): IReply {
+  const o = obj(data, 'reply');
+  const protocol = checkVersion(o, 'reply');
+  const status = str(o, 'status', 'reply');
+  if (status !== 'ok' && status !== 'error') {
+    throw new ProtocolError('reply.status: expected "ok" or "error"');
+  }
+  return {
+    protocol,
+    request_id: str(o, 'request_id', 'reply'),
+    status,
+    message: str(o, 'message', 'reply')
+  };
+}
+
+let counter = 0;
+
+/** A request for the kernel; `ranks` null means the whole mesh. */
+export function makeRequest(
+  requestOp: Op,
+  target: { mesh_id?: string; ranks?: number[] | null; client?: string } = {}
+): IRequest {
+  counter += 1;
+  const request: IRequest = {
+    protocol: PROTOCOL_VERSION,
+    request_id: `${Date.now().toString(36)}-${counter}`,
+    op: requestOp
+  };
+  if (target.client !== undefined) {
+    request.client = target.client;
+  }
+  if (target.mesh_id !== undefined) {
+    request.mesh_id = target.mesh_id;
+    request.ranks = target.ranks ?? null;
+  }
+  return request;
+}
+
+/** Check a request the way the kernel will (the tests run the fixtures through this). */
+export function parseRequest(data: unknown): IRequest {
+  const o = obj(data, 'request');
+  const protocol = checkVersion(o, 'request');
+  const requestOp = op(o, 'request');
+  const request: IRequest = { protocol, request_id: str(o, 'request_id', 'request'), op: requestOp };
+  if (requestOp === 'subscribe') {
+    request.client = str(o, 'client', 'request');
+    return request;
+  }
+  request.mesh_id = str(o, 'mesh_id', 'request');
+  request.ranks = o.ranks === null || o.ranks === undefined ? null : ints(o, 'ranks', 'request');
+  return request;
+}
+
+/** "0-3, 5" for [0, 1, 2, 3, 5]. */
+export function rankRanges(ranks: readonly number[]): string {
+  const sorted = [...ranks].sort((a, b) => a - b);
+  const parts: string[] = [];
+  let i = 0;
+  while (i < sorted.length) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
+      j += 1;
+    }
+    parts.push(i === j ? `${sorted[i]}` : `${sorted[i]}-${sorted[j]}`);
+    i = j + 1;
+  }
+  return parts.join(', ');
+}

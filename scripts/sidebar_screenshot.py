@@ -1,0 +1,88 @@
+"""Take the README's picture of the sidebar beside a notebook: ``docs/sidebar.png``.
+
+Runs JupyterLab in a temp dir (as tests/ui does), a notebook with a 4-rank mesh where three
+ranks run a long cell and one was killed, the stacks of the busy ranks open.
+Usage: ``python scripts/sidebar_screenshot.py [OUT.png]`` (needs the dev extras and chromium).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "ui"), str(ROOT / "tests")]
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from ui_support import CHROMIUM, WAIT_MS, Lab  # noqa: E402
+
+CELLS = [
+    'import actormesh as am\nprocs = am.this_host().spawn_procs(per_host={"gpus": 4})',
+    "class Trainer(am.Actor):\n"
+    "    @am.endpoint\n"
+    "    def step(self, lr: float) -> float:\n"
+    "        return lr * am.current_rank().rank\n\n"
+    'trainers = procs.spawn("trainer", Trainer)\n'
+    "trainers.step.call(0.1).get()",
+    "%%mesh procs --ranks 3\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    "%%mesh procs --ranks 0:3\nimport time\n\nfor step in range(3000):\n    time.sleep(0.1)",
+]
+
+
+def main(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(Path(tmp))
+        lab.start()
+        try:
+            name = lab.notebook("train.ipynb", CELLS)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(
+                    executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+                )
+                page = browser.new_page(viewport={"width": 1360, "height": 880})
+                page.set_default_timeout(WAIT_MS)
+                expect.set_options(timeout=WAIT_MS)
+                page.goto(f"{lab.url}/lab/workspaces/shot/tree/{name}?token={lab.token}")
+                page.wait_for_selector(".jp-NotebookPanel")
+                page.click(".jp-SideBar [data-id='actormesh-sidebar']")
+                expect(page.locator("#actormesh-sidebar [data-connection='live']")).to_have_count(1)
+                # Widen the sidebar: drag the handle between it and the notebook.
+                handle = page.locator(".lm-SplitPanel-handle:visible").first
+                box = handle.bounding_box()
+                assert box is not None
+                page.mouse.move(box["x"] + 2, box["y"] + 300)
+                page.mouse.down()
+                page.mouse.move(box["x"] + 130, box["y"] + 300, steps=5)
+                page.mouse.up()
+                cells = page.locator(".jp-NotebookPanel .jp-Cell")
+                for i in range(len(CELLS)):
+                    cells.nth(i).locator(".jp-InputArea-editor").click()
+                    page.keyboard.press("Shift+Enter")
+                    if i < len(CELLS) - 1:
+                        prompt = cells.nth(i).locator(".jp-InputPrompt")
+                        expect(prompt).to_have_text(re.compile(r"\[\d+\]"))
+                rows = page.locator("#actormesh-sidebar .jp-actormesh-rank")
+                busy = page.locator("#actormesh-sidebar .jp-actormesh-rank[data-state='busy']")
+                expect(busy).to_have_count(3)
+                for rank in (0, 1, 2):
+                    page.locator(
+                        f"#actormesh-sidebar .jp-actormesh-rank[data-rank='{rank}'] input"
+                    ).check()
+                page.locator("#actormesh-sidebar button[data-op='stacks']").click()
+                expect(page.locator("#actormesh-sidebar .jp-actormesh-stacks")).to_have_count(1)
+                page.locator(".jp-NotebookPanel .jp-Cell").nth(3).click()
+                page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
+                elapsed = rows.first.locator(".jp-actormesh-elapsed")
+                expect(elapsed).to_have_text(re.compile(r"^[4-9] s$"))
+                page.screenshot(path=str(out))
+                browser.close()
+        finally:
+            lab.shutdown_kernels()
+            lab.stop()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "sidebar.png")
