@@ -49,11 +49,55 @@ def load(d: str) -> dict[str, dict[int, Run]]:
         m = re.search(r"_run(\d+)\.json$", p)
         with open(p) as f:
             r = json.load(f)
+        if "system" not in r:  # one of actormesh's separate scripts (EXTRAS)
+            continue
         runs.setdefault(r["system"], {})[int(m.group(1)) if m else 0] = r
     return runs
 
 
 RUNS: dict[str, dict[int, Run]] = {}
+# actormesh's separate scripts, each with its floor inside: name -> round -> its JSON
+EXTRAS: dict[str, dict[int, dict[str, Any]]] = {}
+EXTRA_SCRIPTS = ("buffers", "allreduce", "kernel")
+
+
+def load_extras(d: str) -> dict[str, dict[int, dict[str, Any]]]:
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in EXTRA_SCRIPTS:
+        for p in sorted(glob.glob(os.path.join(d, f"{name}_run*.json"))):
+            m = re.search(r"_run(\d+)\.json$", p)
+            with open(p) as f:
+                out.setdefault(name, {})[int(m.group(1)) if m else 0] = json.load(f)
+    return out
+
+
+def extra_measure(
+    name: str, form: Callable[[dict[str, Any]], tuple[float, str]]
+) -> Callable[[int], tuple[float, str] | None]:
+    def f(k: int) -> tuple[float, str] | None:
+        r = EXTRAS.get(name, {}).get(k)
+        try:
+            return form(r) if r else None
+        except (KeyError, TypeError, ZeroDivisionError):
+            return None
+
+    return f
+
+
+def _kernel_ratio(r: dict[str, Any]) -> tuple[float, str]:
+    mesh = r["actormesh"]["mesh_cell"]["median_ms"]
+    px = r["ipp"]["px_cell"]["median_ms"]
+    return mesh / px, f"{mesh:.1f} / {px:.1f} ms"
+
+
+def _buffer_ratio(r: dict[str, Any]) -> tuple[float, str]:
+    got = r["GBps"]
+    return got["buffer"] / got["raw_ipc"], f"{got['buffer']:.2f} / {got['raw_ipc']:.2f} GB/s"
+
+
+def _allreduce_ratio(r: dict[str, Any]) -> tuple[float, str]:
+    a, t = r["actormesh"]["median_us"], r["torchrun"]["median_us"]
+    return a / t, f"{a / 1000:.1f} / {t / 1000:.1f} ms"
 
 
 def run_value(r: Run, key: str, field: str) -> float | None:
@@ -341,12 +385,28 @@ TARGETS = [
         lambda x: f"{x:.2f} s",
     ),
     Target(
-        "`%%mesh` trivial cell on 8 ranks, end to end",
+        "`%%mesh` trivial cell on 8 ranks, end to end (`bench_kernel.py`)",
         "≤ 25 % of ipyparallel `%%px` on 8 engines",
-        None,
-        None,
-        str,
-        "needs a kernel round trip; not part of this benchmark",
+        extra_measure("kernel", _kernel_ratio),
+        lambda r: r <= 0.25,
+        pct,
+        "run with SYSTEMS including kernel",
+    ),
+    Target(
+        "64 MB through `TensorBuffer`'s socket path (`bench_buffers.py`)",
+        "≥ 80 % of raw pyzmq between the same two processes",
+        extra_measure("buffers", _buffer_ratio),
+        lambda r: r >= 0.80,
+        pct,
+        "run with SYSTEMS including buffers",
+    ),
+    Target(
+        "gloo all-reduce of 64 MB across 4 actors (`bench_allreduce.py`)",
+        "within 10 % of torchrun",
+        extra_measure("allreduce", _allreduce_ratio),
+        lambda r: r <= 1.10,
+        lambda x: f"{x:.2f} {X}",
+        "run with SYSTEMS including allreduce",
     ),
     Target(
         "stack dump of every rank, 8 ranks",
@@ -367,7 +427,8 @@ TARGETS = [
 
 
 def targets_table() -> str:
-    rounds = sorted(set().union(*[set(r) for r in RUNS.values()])) if RUNS else []
+    every = [*RUNS.values(), *EXTRAS.values()]
+    rounds = sorted(set().union(*[set(r) for r in every])) if every else []
     lines = [
         "| target | goal | measured (median of rounds) | per round | verdict |",
         "|---|---|---|---|---|",
@@ -540,6 +601,7 @@ def runs_list(out_dir: str) -> str:
 def main() -> None:
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
     RUNS.update(load(out_dir))
+    EXTRAS.update(load_extras(out_dir))
     quick = any(r["params"].get("quick") for rs in RUNS.values() for r in rs.values())
     n_rounds = max((len(rs) for rs in RUNS.values()), default=0)
     p: list[str] = ["# actormesh benchmark: floor, peers and actormesh side by side", ""]

@@ -26,7 +26,7 @@ packages() {  # name -> the packages installed after torch
     monarch) echo "torchmonarch==0.7.0 numpy pyzmq" ;;
     ray) echo "ray[default]==2.60.0 numpy pyzmq" ;;
     ipp) echo "ipyparallel==9.2.0 numpy pyzmq" ;;
-    actormesh) echo "-e $REPO numpy" ;;
+    actormesh) echo "-e $REPO[notebook] numpy" ;;  # notebook: bench_kernel.py's kernel
     *) return 1 ;;
   esac
 }

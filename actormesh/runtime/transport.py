@@ -327,6 +327,8 @@ class Transport:
         route = self._actor_routes.get((proc, key))
         if route is None:
             direct = actor_address(proc, key) if proc.host == self.host_id else None
+            if len(self._actor_routes) > 65536:  # meshes come and go in a long notebook
+                self._actor_routes.clear()
             route = self._actor_routes[(proc, key)] = direct or proc
         return route
 
