@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 from .. import config
 from ..errors import MeshTimeoutError
 from . import supervision
-from .reply_inbox import ReplyInbox, waiting_inbox
+from .reply_inbox import ReplyInbox, hand_back_replies, waiting_inbox
 
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -175,6 +175,7 @@ class Future(Generic[T]):
         with self._lock:
             if self._state == _PENDING:
                 self._callbacks.append(fn)
+                hand_back_replies()  # its reply may be due on the main thread's reply inbox
                 return
         _run_callback(fn, self)
 

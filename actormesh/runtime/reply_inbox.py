@@ -62,6 +62,7 @@ class ReplyInbox:
         self._poller.register(self._wake_r, _POLL_IN)
         self.waiting = False
         self.closed = False
+        self._watched = False  # by the I/O thread (only it changes this)
         transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
@@ -100,23 +101,38 @@ class ReplyInbox:
 
     # -- the I/O thread --------------------------------------------------------------------------
 
+    def hand_back(self) -> None:
+        """Have the I/O thread watch the socket again now rather than at its next look (any
+        thread): a reply is about to be awaited or called back, not waited for in ``get``."""
+        if not self._watched and not self.waiting:
+            self.node.transport.call_soon(self._watch_if_idle)
+
+    def _watch_if_idle(self) -> None:
+        if not self.waiting:
+            self._watch()
+
     def _watch(self) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        if not self._watched:
+            self._watched = True
             self.node.transport.add_reader(self._fd, self._on_readable)
-            self._on_readable()
+        self._on_readable()
 
     def _on_readable(self) -> None:
         if self.waiting:
             # The owner reads now; look again once it is done.
-            self.node.transport.remove_reader(self._fd)
-            self.node.transport.call_later(_RECHECK_S, self._recheck)
+            if self._watched:
+                self._watched = False
+                self.node.transport.remove_reader(self._fd)
+                self.node.transport.call_later(_RECHECK_S, self._recheck)
             return
         with self._lock:
             if not self.closed:
                 self._drain()
 
     def _recheck(self) -> None:
-        if self.closed:
+        if self.closed or self._watched:
             return
         if self.waiting:
             self.node.transport.call_later(_RECHECK_S, self._recheck)
@@ -159,6 +175,7 @@ class ReplyInbox:
 
 _local = threading.local()
 _numbers = itertools.count(1)
+_main_inbox: ReplyInbox | None = None
 
 
 def reply_inbox(node: Node) -> ReplyInbox | None:
@@ -171,10 +188,18 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
         return None
     inbox: ReplyInbox | None = getattr(_local, "inbox", None)
     if inbox is None or inbox.node is not node or inbox.closed:
-        inbox = ReplyInbox(node, current)
+        global _main_inbox
+        inbox = _main_inbox = ReplyInbox(node, current)
         _local.inbox = inbox
         node.on_close(inbox.close)
     return inbox
+
+
+def hand_back_replies() -> None:
+    """See :meth:`ReplyInbox.hand_back` (the main thread's inbox, if there is one)."""
+    inbox = _main_inbox
+    if inbox is not None and not inbox.closed:
+        inbox.hand_back()
 
 
 def waiting_inbox() -> ReplyInbox | None:
