@@ -421,7 +421,7 @@ TARGETS = [
         None,
         None,
         str,
-        "needs several hosts; not part of this benchmark",
+        'needs several hosts: see the "Many hosts" section below (bench_multihost.py)',
     ),
 ]
 
@@ -649,6 +649,10 @@ def main() -> None:
         "",
         runs_list(out_dir),
     ]
+    # Benchmarks that need more than this machine's one host (network-namespace fake hosts,
+    # a debugger session) keep their own results beside this report; they are shown here too.
+    for extra in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "RESULTS-*.md"))):
+        p += ["", read(extra).rstrip()]
     print("\n".join(p))
 
 
