@@ -1,9 +1,11 @@
 """One Future for sync and async callers: ``.get(timeout=)`` blocks, ``await`` suspends.
 
-Results are set from the I/O thread; waiting happens on any thread. ``get`` works in a plain
-script, inside a running event loop (a Jupyter cell: it blocks that thread only; the reply is
-received by the I/O thread, so it cannot deadlock), and inside a sync endpoint that calls another
-actor (same reason).
+Results are set from the I/O thread, or by the main thread itself: replies to its calls come to
+a socket of its own, which it reads while it waits in ``get`` (``reply_inbox.py``). Waiting
+happens on any thread. ``get`` works in a plain script, inside a running event loop (a Jupyter
+cell: it blocks that thread only, and the replies are read by that thread or the I/O thread, so
+it cannot deadlock), and inside a sync endpoint that calls another actor (the I/O thread reads
+the reply).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Future(Generic[T]):
       Past the deadline it raises :class:`MeshTimeoutError` naming what has not answered.
     - ``await future`` does the same without blocking the event loop.
     - ``result()`` is ``get()``; ``exception()`` waits and returns the error or ``None``;
-      ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the I/O thread (keep it short).
+      ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the thread that completes it
+      (the I/O thread, or the main thread while it reads its replies in ``get``): keep it short.
     """
 
     __slots__ = (
