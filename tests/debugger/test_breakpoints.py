@@ -1,0 +1,46 @@
+"""``breakpoint()`` on one rank of a real 4-rank mesh, then list / eval / next / continue."""
+
+from __future__ import annotations
+
+from conftest import Kernel
+from support import wait_until
+
+
+def count(result: object) -> int:
+    return int(result.reply["content"]["execution_count"])  # type: ignore[attr-defined]
+
+
+def test_breakpoint_in_a_cell_pauses_one_rank_and_the_cell_returns(dbg4: Kernel) -> None:
+    r = dbg4.ok(
+        "%%mesh procs\n"
+        "x = rank * 10\n"
+        "if rank == 2:\n"
+        "    breakpoint()\n"
+        "    y = x + 1\n"
+        "    print('after', y)\n"
+        "print('done', rank)\n"
+    )
+    n = count(r)
+    out = r.stream()
+    for rank in (0, 1, 3):
+        assert f"done {rank}" in out
+    assert "done 2" not in out
+    assert f"rank 2 {{gpus=2}} paused at In [{n}]:4 in <module>" in out, out
+
+    listing = dbg4.ok("%mesh dbg list").stream()
+    assert f"rank 2 {{gpus=2}}: paused at In [{n}]:4 in <module>" in listing, listing
+    assert "rank 0 {gpus=0}: running" in listing and "1 paused" in listing
+
+    assert dbg4.ok("v = %mesh dbg eval -r 2 x\nv.values()").value == "[20]"
+    stepped = dbg4.ok("%mesh dbg next -r 2").stream()
+    assert f"paused at In [{n}]:5 in <module>" in stepped, stepped
+    assert dbg4.ok("%mesh dbg eval -r 2 y + 1").value.endswith(": 22})")
+
+    dbg4.ok("%mesh dbg continue -r 2")
+    rest = dbg4.ok("_mesh.get(timeout=30)")
+    assert rest.value == "ValueMesh({gpus=0: None, gpus=1: None, gpus=2: None, gpus=3: None})"
+    wait_until(
+        lambda: "no rank is paused" in dbg4.ok("%mesh dbg list").stream(),
+        10,
+        "rank 2 to be running again",
+    )
