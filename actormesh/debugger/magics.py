@@ -84,15 +84,10 @@ class DebugMagics:
         return default_label(path)
 
     def _kernel_cells(self) -> list[tuple[int, str]]:
-        shell = self.shell
-        hist = getattr(getattr(shell, "history_manager", None), "input_hist_raw", [])
-        out = []
-        for n in range(len(hist) - 1, 0, -1):
-            try:
-                out.append((n, shell.compile.get_code_name(hist[n], hist[n], n)))
-            except Exception:
-                continue
-        return out
+        """``(N, file)`` of this kernel's plain cells, newest first. IPython's compiler keeps
+        the map (it is how its tracebacks say "Cell In[N]")."""
+        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
+        return sorted(((n, path) for path, n in names.items()), reverse=True)
 
     def resolve_file(self, text: str) -> str:
         """The code file a user means: ``In[N]`` (a cell), ``<mesh-cell-N>``, or a path."""
@@ -350,7 +345,9 @@ class _Args:
         self.words: list[str] = []
         it = iter(rest)
         for tok in it:
-            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame") and not self.words:
+            # eval's options come before EXPR (which may hold a "-"); elsewhere anywhere
+            option_here = command != "eval" or not self.words
+            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame") and option_here:
                 value = next(it, None)
                 if value is None:
                     raise _usage(f"%mesh dbg {command}: {tok} needs a value")
@@ -364,7 +361,7 @@ class _Args:
                     self.frame = int(value)
             elif tok == "--clear" and command == "break":
                 self.clear = True
-            elif tok.startswith("-") and not self.words and command != "eval":
+            elif tok.startswith("-") and command != "eval":
                 raise _usage(f"%mesh dbg {command}: unknown option {tok!r}")
             else:
                 self.words.append(tok)

@@ -206,6 +206,19 @@ class DebugAgent(Actor):
                 linecache.cache[path] = (len(text), None, text.splitlines(True), path)
 
     @endpoint
+    def materialize(self, path: str, text: str) -> None:
+        """Write a notebook cell's source to its file name on this host, if missing: pydevd
+        only accepts breakpoints in files that exist (ipykernel's own debugger does the same
+        with the cells it debugs)."""
+        if os.path.exists(path):
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # ranks of one host race to write the same file
+
+    @endpoint
     def source_lines(self, locations: list[tuple[str, int]]) -> list[str]:
         return source_lines(locations)
 

@@ -473,6 +473,11 @@ class Debugger:
             for r in ranks:
                 lines = self._breakpoints.setdefault((mesh_id, r), {}).setdefault(path, set())
                 (lines.discard if remove else lines.add)(line)
+        source = self.sources().get(path)
+        if source is not None and not path.startswith("<"):
+            waits = [self.agent(mesh_id, r).materialize.call_one(path, source) for r in ranks]
+            for fut in waits:
+                fut.get(timeout=30)
         out = {}
         for rd in self.attach(mesh_id, ranks):
             got = rd.set_breakpoints(path, sorted(self.breakpoints_of(rd.key).get(path, ())))

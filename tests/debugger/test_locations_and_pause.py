@@ -1,0 +1,88 @@
+"""Breakpoints by location on chosen ranks, pausing a busy rank, and tensor summaries."""
+
+from __future__ import annotations
+
+from conftest import Kernel
+from support import wait_until
+
+
+def listing(k: Kernel) -> str:
+    return k.ok("%mesh dbg list").stream()
+
+
+def test_breakpoint_by_location_in_an_actor_class_defined_in_a_cell(dbg4: Kernel) -> None:
+    r = dbg4.ok(
+        "class Doubler(am.Actor):\n"
+        "    @am.endpoint\n"
+        "    def work(self, x):\n"
+        "        y = x * 2\n"
+        "        z = y + 1\n"
+        "        return z\n"
+    )
+    n = r.reply["content"]["execution_count"]
+    dbg4.ok("doublers = procs.spawn('doublers', Doubler)")
+    out = dbg4.ok(f"%mesh dbg break In[{n}]:5 -r 0,3").stream()
+    assert f"breakpoint set at In [{n}]:5 on ranks 0, 3" in out, out
+    dbg4.ok("pending = doublers.work.call(7)")
+    wait_until(lambda: "2 paused" in listing(dbg4), 30, "ranks 0 and 3 to hit the breakpoint")
+    text = listing(dbg4)
+    for rank in (0, 3):
+        assert f"rank {rank} {{gpus={rank}}}: paused at In [{n}]:5 in work" in text, text
+    for rank in (1, 2):
+        assert f"rank {rank} {{gpus={rank}}}: running" in text, text
+    assert dbg4.ok("v = %mesh dbg eval -r 0,3 y\nv.values()").value == "[14, 14]"
+    # The source of the cell is shown on the ranks, though its file exists only in the kernel.
+    where = dbg4.ok("%mesh dbg where -r 0,3").stream()
+    assert "=== ranks 0, 3 ===" in where and "z = y + 1" in where, where
+    dbg4.ok(f"%mesh dbg break In[{n}]:5 -r 0,3 --clear")
+    dbg4.ok("%mesh dbg continue")
+    assert dbg4.ok("pending.get(timeout=30).values()").value == "[15, 15, 15, 15]"
+    assert "no rank is paused" in listing(dbg4)
+
+
+def test_pause_stops_a_busy_rank_and_where_shows_the_loop(dbg4: Kernel) -> None:
+    dbg4.ok(
+        "%%mesh procs --ranks 1 --noblock -o spin\n"
+        "stop = False\n"
+        "n = 0\n"
+        "while not stop:\n"
+        "    n += 1\n"
+    )
+    out = dbg4.ok("%mesh dbg pause -r 1").stream()
+    assert "rank 1 {gpus=1}: paused at In [" in out, out
+    where = dbg4.ok("%mesh dbg where -r 1").stream()
+    assert "while not stop" in where or "n += 1" in where, where
+    assert "paused at" in where
+    stacks = dbg4.ok("%mesh stacks").stream()
+    assert "paused at" in stacks and "in the debugger" in stacks, stacks
+    assert dbg4.ok("%mesh dbg eval -r 1 n > 0").value is not None
+    dbg4.ok("%mesh dbg eval -r 1 stop = True")
+    dbg4.ok("%mesh dbg continue -r 1")
+    dbg4.ok("spin.get(timeout=30)")
+    # The other ranks were never paused.
+    assert dbg4.ok("%%mesh procs --ranks 0 -o free\n'free'\n").value is not None
+
+
+def test_tensor_summaries_flag_the_rank_with_a_nan(dbg4: Kernel) -> None:
+    dbg4.ok("%%mesh procs\nt = torch.ones(8)\nif rank == 1:\n    t[3] = float('nan')\n")
+    r = dbg4.ok("c = %mesh dbg inspect t\nprint(repr(c))\nc.flagged")
+    assert r.value == "['rank 1 {gpus=1}']", r.stream()
+    table = r.stream()
+    assert "shape" in table and "(8)" in table and "nan" in table, table
+    html = dbg4.ok("c._repr_html_()").value
+    assert html is not None and "jp-actormesh-odd" in html
+
+
+def test_module_summaries_flag_the_rank_whose_parameters_differ(dbg4: Kernel) -> None:
+    dbg4.ok(
+        "%%mesh procs\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(3, 2)\n"
+        "model(torch.ones(1, 3)).sum().backward()\n"
+        "if rank == 3:\n"
+        "    with torch.no_grad():\n"
+        "        model.weight.add_(1.0)\n"
+    )
+    r = dbg4.ok("c = %mesh dbg inspect model\nprint(repr(c))\nc.flagged")
+    assert r.value == "['rank 3 {gpus=3}']", r.stream()
+    assert "weight norm" in r.stream() and "bias grad norm" in r.stream()
