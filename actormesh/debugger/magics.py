@@ -67,7 +67,20 @@ class DebugMagics:
         return {r: rd.describe() for r, rd in self.debugger.paused_in(mesh_id).items()}
 
     def cell_paused(self) -> None:
-        print("(%mesh dbg list / where / eval / next / continue; the widget: %mesh dbg widget)")
+        print("(%mesh dbg list / where / eval / next / continue, or the widget below)")
+        try:
+            from IPython.display import display
+
+            display(self._widget().show())
+        except ImportError:  # no ipywidgets: the magics still work
+            pass
+
+    def _widget(self) -> Any:
+        from .widgets import DebuggerWidget
+
+        if self.widget is None:
+            self.widget = DebuggerWidget(self)
+        return self.widget
 
     # -- files as the user knows them ------------------------------------------------------------
 
@@ -291,10 +304,17 @@ class DebugMagics:
             raise _usage(f"%mesh dbg inspect: {exc}") from None
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
-        paused = self.debugger.paused_in(tools.table.mesh_id)
+        return self.compare(tools.table.mesh_id, ranks, name, args.frame)
+
+    def compare(self, mesh_id: str, ranks: list[int], name: str, frame: int = 0) -> Comparison:
+        """Summaries of ``name`` on ``ranks``: in the paused frame of a paused rank, in the
+        ``%%mesh`` namespace of a running one. Blocks (at most a minute)."""
+        check_name(name)
+        tools = self._tools(mesh_id)
+        paused = self.debugger.paused_in(mesh_id)
         summaries: dict[str, dict[str, Any] | str] = {}
         running = {
-            r: self.debugger.agent(tools.table.mesh_id, r).summarize.call_one(name, DEFAULT_CAP)
+            r: self.debugger.agent(mesh_id, r).summarize.call_one(name, DEFAULT_CAP)
             for r in ranks
             if r not in paused
         }
@@ -306,13 +326,19 @@ class DebugMagics:
                         "__import__('actormesh.debugger.tensors', fromlist=['_'])"
                         f".summarize_json({name}, {DEFAULT_CAP})"
                     )
-                    body = paused[r].evaluate(expression, frame=args.frame, context="clipboard")
+                    body = paused[r].evaluate(expression, frame=frame, context="clipboard")
                     summaries[key] = _json_result(body.get("result", ""))
                 else:
                     summaries[key] = running[r].get(timeout=60)
             except (MeshError, ValueError) as exc:
                 summaries[key] = str(exc).splitlines()[-1][:120]
         return Comparison(name, summaries)
+
+    def _tools(self, mesh_id: str) -> Any:
+        for tools in self.magics.registry.live():
+            if tools.table.mesh_id == mesh_id:
+                return tools
+        raise MeshError(f"proc mesh {mesh_id} is stopped")
 
     def _cmd_on(self, args: _Args) -> None:
         tools = self._mesh(args)
@@ -326,11 +352,7 @@ class DebugMagics:
         print("debugger detached from every rank (breakpoints cleared)")
 
     def _cmd_widget(self, args: _Args) -> Any:
-        from .widgets import DebuggerWidget
-
-        if self.widget is None:
-            self.widget = DebuggerWidget(self)
-        return self.widget.show()
+        return self._widget().show()
 
 
 class _Args:

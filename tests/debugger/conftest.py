@@ -12,9 +12,12 @@ import pytest
 
 pytest.importorskip("debugpy")
 
+# Star import too: pytest names every directory's conftest "conftest", and when this one is
+# the module of that name the kernel tier's `from conftest import ...` must still find its own.
+from kernel.conftest import *  # noqa: F403
 from kernel.conftest import Kernel, kernelspec, spawn_code, start_kernel
 
-__all__ = ["Kernel", "kernelspec", "spawn_code"]
+assert kernelspec  # the session fixture, registered for this directory by importing it
 
 
 @pytest.fixture(scope="module")
