@@ -65,7 +65,8 @@ class RankDebug:
         self.client: DapClient | None = None
         self.thread_id: int | None = None
         self.frames: list[Frame] = []
-        self.pg_timeout: float | None = None
+        self.pg_timeout: float | None = None  # of its torch.distributed group, if any
+        self.paused_since: float | None = None  # when it reported, for the time left
         self.port: int | None = None
         self.stops = 0  # stopped events seen so far: steps wait for the next one
         self.pause_requested = False
@@ -90,7 +91,11 @@ class RankDebug:
         """``paused at In [3]:4 in <module>`` / ``running`` / ``dead``."""
         where = self.location
         if self.status == "paused" and where is not None:
-            return f"paused at {self.debugger.label(where.path)}:{where.line} in {where.function}"
+            text = f"paused at {self.debugger.label(where.path)}:{where.line} in {where.function}"
+            if self.pg_timeout and self.paused_since is not None:
+                left = self.pg_timeout - (time.monotonic() - self.paused_since)
+                text += f" (process group timeout in {max(left, 0):.0f} s)"
+            return text
         if self.status == "paused":
             return "paused"
         if self.pause_requested and self.status == "running":
@@ -167,6 +172,7 @@ class RankDebug:
         elif event == "continued":
             with self._changed:
                 self.status = "running"
+                self.paused_since = None
                 self.frames = []
                 self._changed.notify_all()
             self.debugger.changed()
@@ -189,6 +195,8 @@ class RankDebug:
         with self._changed:
             self.frames = frames
             self.status = "paused"
+            if self.paused_since is None:
+                self.paused_since = time.monotonic()
             self.pause_requested = False
             self.stops += 1
             self._changed.notify_all()
@@ -382,6 +390,13 @@ class Debugger:
         self.pool.submit(self._attach_reported, rd, where)
 
     def _attach_reported(self, rd: RankDebug, where: dict[str, Any]) -> None:
+        if rd.pg_timeout:  # now, while the cell that hit the breakpoint still shows output
+            rd.paused_since = time.monotonic()
+            self.notices(
+                f"warning: rank {rd.rank} is in a torch.distributed process group with a "
+                f"{rd.pg_timeout:g} s timeout: peers waiting for it in a collective fail when "
+                "it runs out (%mesh dbg list shows the time left)"
+            )
         try:
             rd.attach(where["host"], int(where["port"]))
         except Exception as exc:
@@ -391,12 +406,6 @@ class Debugger:
             )
             return
         self._push_sources([rd])
-        if rd.pg_timeout:
-            self.notices(
-                f"warning: rank {rd.rank} is in a torch.distributed process group with a "
-                f"{rd.pg_timeout:g} s timeout; peers waiting for it in a collective abort when "
-                "it runs out. Continue it before then."
-            )
 
     # -- meshes and their debug agents -----------------------------------------------------------
 

@@ -46,3 +46,22 @@ def test_breakpoint_in_a_cell_pauses_one_rank_and_the_cell_returns(dbg4: Kernel)
         10,
         "rank 2 to be running again",
     )
+
+
+def test_a_paused_rank_in_a_process_group_warns_of_its_timeout(dbg4: Kernel) -> None:
+    dbg4.ok(
+        "from actormesh.runtime.distributed import init_process_group\n"
+        "pair = am.this_host().spawn_procs(per_host={'gpus': 2})\n"
+        "init_process_group(pair, timeout=600).get(timeout=60)"
+    )
+    try:
+        r = dbg4.ok("%%mesh pair --ranks 1\nbreakpoint()\nafter = 1\n")
+        text = r.stream() + r.stream("stderr")
+        assert "process group with a 600 s timeout" in text, text
+        assert "(process group timeout in " in dbg4.ok("%mesh dbg list").stream()
+        # Several meshes now: -m picks one; without it the mesh with paused ranks is meant.
+        assert dbg4.ok("%mesh dbg eval -m pair -r 1 1 + 1").value is not None
+        dbg4.ok("%mesh dbg continue")
+        dbg4.ok("_mesh.get(timeout=30)")
+    finally:
+        dbg4.ok("pair.stop().get(timeout=30)")
