@@ -70,6 +70,7 @@ class Adapter:
 
     def hang_up(self) -> None:
         assert self.conn is not None
+        self.conn.shutdown(socket.SHUT_RDWR)  # close() alone waits for the blocked recv
         self.conn.close()
 
     def close(self) -> None:
