@@ -5,6 +5,7 @@
     %mesh dbg eval [-r SEL] [-f N] EXPR          EXPR in each paused rank's frame -> ValueMesh
     %mesh dbg continue|next|step|out [-r SEL]    resume / step the paused ranks
     %mesh dbg pause [-r SEL]                    pause running ranks (starts the debugger there)
+    %mesh dbg wait [-r SEL] [-t S]              wait until the ranks are paused (default: all)
     %mesh dbg break FILE:LINE [-r SEL] [--clear] a breakpoint by location (FILE: path, In[N])
     %mesh dbg inspect NAME [-r SEL]             tensor / module summaries side by side
     %mesh dbg on|off                            attach to every rank / detach from all
@@ -36,7 +37,8 @@ from .session import Debugger, RankDebug, default_label, enable_breakpoints, get
 from .tensors import DEFAULT_CAP, Comparison, check_name
 
 _STEPS = {"continue": "continue", "next": "next", "step": "stepIn", "out": "stepOut"}
-_COMMANDS = ("list", "where", "eval", *_STEPS, "pause", "break", "inspect", "on", "off", "widget")
+_COMMANDS = ("list", "where", "eval", *_STEPS, "pause", "wait", "break", "inspect", "on", "off",
+             "widget")  # fmt: skip
 _CELL_FILE = re.compile(r"^In\s*\[\s*(\d+)\s*\]$")
 
 
@@ -139,7 +141,10 @@ class DebugMagics:
     # -- %mesh dbg -------------------------------------------------------------------------------
 
     def run(self, words: list[str]) -> Any:
-        if not words or words[0] not in _COMMANDS:
+        if not words:
+            print((__doc__ or "").split("\n\n", 1)[-1].rstrip())  # the command summary above
+            return None
+        if words[0] not in _COMMANDS:
             got = words[0] if words else ""
             raise _usage(f"%mesh dbg: unknown command {got!r}; use one of {', '.join(_COMMANDS)}")
         command, rest = words[0], words[1:]
@@ -276,6 +281,19 @@ class DebugMagics:
             rd.wait_paused(5.0)
             print(f"{self._rank_label(tools, r)}: {rd.describe()}")
 
+    def _cmd_wait(self, args: _Args) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        mesh_id = tools.table.mesh_id
+        ok = self.debugger.wait(
+            lambda: all(r in self.debugger.paused_in(mesh_id) for r in ranks), args.timeout
+        )
+        if not ok:
+            missing = [r for r in ranks if r not in self.debugger.paused_in(mesh_id)]
+            raise _usage(f"%mesh dbg wait: ranks {missing} not paused after {args.timeout:g} s")
+        for r in ranks:
+            print(f"{self._rank_label(tools, r)}: {self.debugger.rank(mesh_id, r).describe()}")
+
     def _cmd_break(self, args: _Args) -> None:
         if len(args.words) != 1 or ":" not in args.words[0]:
             raise _usage("%mesh dbg break FILE:LINE [-r SEL]: e.g. In[4]:7 or train.py:42")
@@ -363,13 +381,16 @@ class _Args:
         self.ranks: str | None = None
         self.mesh: str | None = None
         self.frame = 0
+        self.timeout = 60.0
         self.clear = False
         self.words: list[str] = []
         it = iter(rest)
         for tok in it:
             # eval's options come before EXPR (which may hold a "-"); elsewhere anywhere
             option_here = command != "eval" or not self.words
-            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame") and option_here:
+            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame", "-t", "--timeout") and (
+                option_here
+            ):
                 value = next(it, None)
                 if value is None:
                     raise _usage(f"%mesh dbg {command}: {tok} needs a value")
@@ -377,6 +398,13 @@ class _Args:
                     self.ranks = value
                 elif tok in ("-m", "--mesh"):
                     self.mesh = value
+                elif tok in ("-t", "--timeout"):
+                    try:
+                        self.timeout = float(value)
+                    except ValueError:
+                        raise _usage(
+                            f"%mesh dbg {command}: -t needs seconds, got {value}"
+                        ) from None
                 else:
                     if not value.isdigit():
                         raise _usage(f"%mesh dbg {command}: -f needs a frame number, got {value}")
@@ -402,19 +430,40 @@ def _grouped(texts: dict[int, str]) -> str:
 
 
 def annotate_stacks(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
-    """``%mesh stacks``: paused ranks say so, and the debugger's own frames are dropped."""
-    paused = get_debugger().paused_in(mesh_id)
-    if not paused:
+    """``%mesh stacks``: paused ranks say so; the debugger's own threads and frames are hidden."""
+    debugger = get_debugger()
+    paused = debugger.paused_in(mesh_id)
+    if not any(key[0] == mesh_id for key in list(debugger.ranks)):
         return stacks
     texts = []
     for r, text in enumerate(stacks.values()):
+        text = _without_debugger(text)
         rd = paused.get(r)
         if rd is not None:
-            lines = text.splitlines(keepends=True)
-            cut = next((i for i, line in enumerate(lines) if "/debugpy/" in line), len(lines))
-            text = f"[{rd.describe()} in the debugger]\n" + "".join(lines[:cut])
+            text = f"[{rd.describe()} in the debugger]\n{text}"
         texts.append(text)
     return ValueMesh._create(stacks._shape, texts)
+
+
+_PYDEVD = "/debugpy/"
+
+
+def _without_debugger(text: str) -> str:
+    """Drop pydevd's threads, and the pydevd frames under a suspended user frame."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(" ") or not blocks:
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    out = []
+    for block in blocks:
+        head, frames = block[0], block[1:]
+        if head.startswith("thread ") and any(_PYDEVD in f for f in frames):
+            continue  # one of pydevd's own threads
+        cut = next((i for i, f in enumerate(frames) if _PYDEVD in f), len(frames))
+        out.append(head + "".join(frames[:cut]))
+    return "".join(out)
 
 
 def _value(text: str) -> Any:

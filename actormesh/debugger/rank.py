@@ -44,15 +44,14 @@ def _package_dir(module: types.ModuleType) -> str:
 
 
 def hide_runtime_threads() -> None:
-    """Mark the runtime's threads so pydevd neither traces, lists nor suspends them."""
+    """Mark the runtime's threads so pydevd neither traces nor suspends them.
+
+    Only ``pydev_do_not_trace``: pydevd's other mark (``is_pydev_daemon_thread``) would also
+    hide them from ``threading.enumerate()``, which the stack dumps use to name threads, and
+    on the main thread it would make pydevd end the session (it sees no non-daemon thread)."""
     for t in threading.enumerate():
-        if t is threading.main_thread():
-            # Not traced nor suspended, but not hidden: pydevd ends the session when it sees
-            # no live non-daemon thread, and every other thread of a worker is a daemon.
+        if t is threading.main_thread() or t.name.startswith(RUNTIME_THREADS):
             t.pydev_do_not_trace = True  # type: ignore[attr-defined]
-        elif t.name.startswith(RUNTIME_THREADS):
-            t.pydev_do_not_trace = True  # type: ignore[attr-defined]
-            t.is_pydev_daemon_thread = True  # type: ignore[attr-defined]
 
 
 def listen() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from conftest import Kernel
-from support import wait_until
 
 
 def listing(k: Kernel) -> str:
@@ -24,7 +23,7 @@ def test_breakpoint_by_location_in_an_actor_class_defined_in_a_cell(dbg4: Kernel
     out = dbg4.ok(f"%mesh dbg break In[{n}]:5 -r 0,3").stream()
     assert f"breakpoint set at In [{n}]:5 on ranks 0, 3" in out, out
     dbg4.ok("pending = doublers.work.call(7)")
-    wait_until(lambda: "2 paused" in listing(dbg4), 30, "ranks 0 and 3 to hit the breakpoint")
+    dbg4.ok("%mesh dbg wait -r 0,3 -t 30")
     text = listing(dbg4)
     for rank in (0, 3):
         assert f"rank {rank} {{gpus={rank}}}: paused at In [{n}]:5 in work" in text, text
