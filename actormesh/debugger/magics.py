@@ -191,8 +191,7 @@ class DebugMagics:
         for tools in self.magics.registry.live():
             mesh_id = tools.table.mesh_id
             for r in tools.shape.ranks():
-                rd = self.debugger.ranks.get((mesh_id, r))
-                state = "running" if rd is None else rd.describe()
+                state = self.debugger.describe(mesh_id, r)
                 lines.append(f"{self._rank_label(tools, r)}: {state}")
         paused = self.debugger.paused()
         print("\n".join(lines) if lines else "no live proc mesh")

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,7 @@ class RankDebug:
         self.paused_since: float | None = None  # when it reported, for the time left
         self.port: int | None = None
         self.stops = 0  # stopped events seen so far: steps wait for the next one
+        self._generation = 0  # bumped when it runs again: a late answer about a stop is stale
         self.pause_requested = False
         self.initialized = threading.Event()
         self._lock = threading.RLock()
@@ -89,6 +90,8 @@ class RankDebug:
 
     def describe(self) -> str:
         """``paused at In [3]:4 in <module>`` / ``running`` / ``dead``."""
+        if self.debugger.is_dead(self.mesh_id, self.rank):
+            return "dead"
         where = self.location
         if self.status == "paused" and where is not None:
             text = f"paused at {self.debugger.label(where.path)}:{where.line} in {where.function}"
@@ -168,9 +171,11 @@ class RankDebug:
                 if thread_id is not None:
                     self.thread_id = int(thread_id)
                 self.reason = str(body.get("reason", ""))
-            self.debugger.pool.submit(self._fetch_location, thread_id)
+                generation = self._generation
+            self.debugger.pool.submit(self._fetch_location, thread_id, generation)
         elif event == "continued":
             with self._changed:
+                self._generation += 1
                 self.status = "running"
                 self.paused_since = None
                 self.frames = []
@@ -178,6 +183,7 @@ class RankDebug:
             self.debugger.changed()
         elif event in ("_closed", "terminated"):
             with self._changed:
+                self._generation += 1
                 self.client = None
                 if self.status == "paused":
                     self.status = "running"
@@ -185,7 +191,7 @@ class RankDebug:
                 self._changed.notify_all()
             self.debugger.changed()
 
-    def _fetch_location(self, thread_id: int | None) -> None:
+    def _fetch_location(self, thread_id: int | None, generation: int) -> None:
         frames: list[Frame] = []
         if thread_id is not None:
             try:
@@ -193,6 +199,8 @@ class RankDebug:
             except DapError as exc:
                 logger.debug("rank %s: no stack after a stop: %s", self.rank, exc)
         with self._changed:
+            if generation != self._generation:
+                return  # it was resumed (or detached) while we asked where it stopped
             self.frames = frames
             self.status = "paused"
             if self.paused_since is None:
@@ -261,15 +269,18 @@ class RankDebug:
         return out
 
     def resume(self, command: str = "continue") -> None:
-        """``continue``, ``next``, ``stepIn``, ``stepOut`` (non-blocking)."""
+        """``continue``, ``next``, ``stepIn``, ``stepOut`` (returns once the rank has it)."""
         self.require_paused()
         assert self.thread_id is not None
-        self._client().request(command, {"threadId": self.thread_id})
-        if command == "continue":
-            with self._changed:  # the continued event follows; do not wait for it
-                self.status = "running"
-                self.frames = []
-            self.debugger.changed()
+        client = self._client()
+        # Running from now on, before the rank is told: what it does next (finish a call,
+        # stop again) must never be seen before this (pydevd's "continued" comes late).
+        with self._changed:
+            self._generation += 1
+            self.status = "running"
+            self.frames = []
+        self.debugger.changed()
+        client.request(command, {"threadId": self.thread_id})
 
     def step(self, command: str, timeout: float = STEP_TIMEOUT) -> bool:
         """Step and wait for the next stop; False if the rank ran on (finished its code)."""
@@ -319,7 +330,7 @@ class Debugger:
         self._listeners: list[Callable[[], None]] = []
         self._agents: dict[str, ActorMesh[DebugAgent]] = {}
         self._lock = threading.RLock()
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="actormesh-dbg")
+        self.pool = DaemonPool()
         # How a code file shows to the user; the kernel's glue maps cells to "In [N]".
         self.label: Callable[[str], str] = default_label
         # Notebook cells' source, put into each rank's linecache when it is attached.
@@ -357,6 +368,23 @@ class Debugger:
             if rd is None:
                 rd = self.ranks[key] = RankDebug(self, mesh_id, rank)
             return rd
+
+    def is_dead(self, mesh_id: str, rank: int) -> bool:
+        """Whether the rank's process is gone (as the controller's supervision knows it)."""
+        ctl = controller_mod._controller
+        if ctl is None:
+            return False
+        record = ctl.meshes.get(mesh_id)
+        if record is None or not 0 <= rank < len(record.table.addresses):
+            return True  # its mesh is gone
+        return record.table.addresses[rank].mailbox in ctl.node.dead
+
+    def describe(self, mesh_id: str, rank: int) -> str:
+        """A rank's state for listings, whether or not the debugger has seen it."""
+        rd = self.ranks.get((mesh_id, rank))
+        if rd is not None:
+            return rd.describe()
+        return "dead" if self.is_dead(mesh_id, rank) else "running"
 
     def paused(self) -> list[RankDebug]:
         self._forget_stopped_meshes()
@@ -526,7 +554,34 @@ class Debugger:
 
     def shutdown(self) -> None:
         self.detach_all()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.closed = True
+
+
+class DaemonPool:
+    """``submit(fn, *args) -> Future`` on a daemon thread per task.
+
+    Debugger work is rare and short (an attach, a refresh), but it may be waiting on a rank
+    when the kernel exits: a ``ThreadPoolExecutor`` would hold the exit until it finished."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        if self.closed:
+            future.set_exception(MeshError("the debugger is shut down"))
+            return future
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="actormesh-dbg", daemon=True).start()
+        return future
 
 
 def default_label(path: str) -> str:

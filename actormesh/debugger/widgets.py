@@ -89,8 +89,7 @@ class DebuggerWidget:
         for tools in self.debug.magics.registry.live():
             mesh_id = tools.table.mesh_id
             for r in tools.shape.ranks():
-                rd = self.debugger.ranks.get((mesh_id, r))
-                state = "running" if rd is None else rd.describe()
+                state = self.debugger.describe(mesh_id, r)
                 css = state.split(" ")[0]
                 label = f"rank {r} {{{tools.table.labels[r]}}}"
                 rows.append(

@@ -65,3 +65,32 @@ def test_a_paused_rank_in_a_process_group_warns_of_its_timeout(dbg4: Kernel) -> 
         dbg4.ok("_mesh.get(timeout=30)")
     finally:
         dbg4.ok("pair.stop().get(timeout=30)")
+
+
+def test_state_api_for_the_sidebar_pause_resume_and_listen(dbg4: Kernel) -> None:
+    dbg4.ok("%%mesh procs --ranks 3 --noblock -o loop3\ngo = True\nk = 0\nwhile go:\n    k += 1\n")
+    dbg4.ok(
+        "from actormesh.debugger import state\n"
+        "changes = []\n"
+        "unsubscribe = state.add_listener(lambda: changes.append(len(state.paused_ranks())))\n"
+        "mesh_id = procs._procs.mesh_id\n"
+        "state.pause(mesh_id, [3])"  # returns at once; the listener hears of the pause
+    )
+    wait_until(lambda: dbg4.ok("len(state.paused_ranks())").value == "1", 30, "rank 3 to be paused")
+    paused = dbg4.ok("p = state.paused_ranks()[0]\n(p.mesh_id == mesh_id, p.rank, p.function)")
+    assert paused.value == "(True, 3, '<module>')"
+    assert dbg4.ok("p.file.startswith('In [') and p.line in (3, 4)").value == "True"
+    assert dbg4.ok("1 in changes").value == "True"
+    dbg4.ok("%mesh dbg eval -r 3 go = False")
+    dbg4.ok("state.resume(mesh_id, [3])")
+    dbg4.ok("loop3.get(timeout=30)")
+    assert dbg4.ok("state.paused_ranks()").value == "[]"
+    assert dbg4.ok("unsubscribe(); changes[-1]").value == "0"
+
+
+def test_after_dbg_off_a_breakpoint_pauses_again(dbg4: Kernel) -> None:
+    dbg4.ok("%mesh dbg off")
+    r = dbg4.ok("%%mesh procs --ranks 0\nbreakpoint()\nagain = 1\n")
+    assert "rank 0 {gpus=0} paused at In [" in r.stream(), r.stream()
+    dbg4.ok("%mesh dbg continue")
+    dbg4.ok("_mesh.get(timeout=30)")
