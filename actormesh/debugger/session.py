@@ -72,6 +72,7 @@ class RankDebug:
         self._generation = 0  # bumped when it runs again: a late answer about a stop is stale
         self.pause_requested = False
         self.initialized = threading.Event()
+        self._attach_lock = threading.Lock()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
 
@@ -108,8 +109,11 @@ class RankDebug:
     # -- attaching (pool thread) -----------------------------------------------------------------
 
     def attach(self, host: str, port: int) -> None:
-        """Connect and configure; returns once the rank's debugpy has its client."""
-        with self._lock:
+        """Connect and configure; returns once the rank's debugpy has its client.
+
+        Serialized by its own lock, not the state lock: the rank may stop (and its reader
+        thread take the state lock) before the handshake's last answer is read."""
+        with self._attach_lock:
             if self.attached:
                 return
             if host not in ("127.0.0.1", "localhost", _hostname()):
@@ -534,6 +538,11 @@ class Debugger:
     # -- operations on a selection ---------------------------------------------------------------
 
     def pause(self, mesh_id: str, ranks: Sequence[int]) -> None:
+        # listen() again on attached ranks too: it marks actors spawned since as the runtime's
+        # (their threads must not be suspended with the user's).
+        marks = [self.agent(mesh_id, r).listen.call_one() for r in ranks]
+        for fut in marks:
+            fut.get(timeout=60)
         for rd in self.attach(mesh_id, ranks):
             if rd.status != "paused":
                 rd.pause()

@@ -52,6 +52,8 @@ def test_pause_stops_a_busy_rank_and_where_shows_the_loop(dbg4: Kernel) -> None:
     where = dbg4.ok("%mesh dbg where -r 1").stream()
     assert "while not stop" in where or "n += 1" in where, where
     assert "paused at" in where
+    status = dbg4.ok("%mesh status").displays()[0]["text/plain"]  # a paused rank answers
+    assert "busy" in status.splitlines()[2], status
     stacks = dbg4.ok("%mesh stacks").stream()
     assert "paused at" in stacks and "in the debugger" in stacks, stacks
     assert dbg4.ok("%mesh dbg eval -r 1 n > 0").value is not None
