@@ -17,6 +17,8 @@ This module is imported by workers: it must stay cheap to import (debugpy only o
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import linecache
 import os
 import socket
@@ -54,39 +56,52 @@ def hide_runtime_threads() -> None:
             t.pydev_do_not_trace = True  # type: ignore[attr-defined]
 
 
+def access_token(key: bytes) -> str:
+    """What a DAP client must present before pydevd obeys it: derived from the controller's
+    signing key, so only the processes that may send this rank signed messages can debug it
+    (the port itself is open to every local user)."""
+    return hmac.new(key, b"actormesh-debugger", hashlib.sha256).hexdigest()
+
+
 def listen() -> int:
-    """Start debugpy on loopback (once per process); returns its port."""
+    """Start pydevd listening on loopback (once per process); returns its port."""
     global _port
     with _lock:
         if _port is None:
             os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
             import debugpy
+            import debugpy._vendored.force_pydevd  # puts pydevd on sys.path
+            import pydevd
+            from _pydevd_bundle import pydevd_filtering
+            from _pydevd_bundle.pydevd_constants import get_global_debugger
 
+            import actormesh
+
+            node = node_if_started()
             hide_runtime_threads()  # before pydevd enables tracing of every thread
-            _, port = debugpy.listen(("127.0.0.1", 0), in_process_debug_adapter=True)
-            _configure_pydevd(debugpy)
-            _port = int(port)
+            # What debugpy.listen(in_process_debug_adapter=True) does, plus an access token
+            # and the actormesh package in the do-not-trace list (stepping stays in user code).
+            pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH = (
+                *pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH,
+                *USER_CELL_PREFIXES,
+            )
+            pydevd.settrace(
+                host="127.0.0.1",
+                port=0,
+                suspend=False,
+                patch_multiprocessing=False,
+                wait_for_ready_to_run=False,
+                block_until_connected=False,
+                notify_stdin=False,
+                dont_trace_start_patterns=(_package_dir(actormesh), _package_dir(debugpy)),
+                dont_trace_end_patterns=("debugpy_launcher.py",),
+                access_token=None if node is None else access_token(node.key),
+            )
+            py_db = get_global_debugger()
+            py_db.wait_for_server_socket_ready()
+            _port = int(py_db._server_socket_name[1])
         hide_runtime_threads()  # actors spawned since the last call
         return _port
-
-
-def _configure_pydevd(debugpy: types.ModuleType) -> None:
-    from _pydevd_bundle import pydevd_filtering
-    from _pydevd_bundle.pydevd_api import PyDevdAPI
-    from _pydevd_bundle.pydevd_constants import (
-        get_global_debugger,
-    )
-
-    import actormesh
-
-    pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH = (
-        *pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH,
-        *USER_CELL_PREFIXES,
-    )
-    py_db = get_global_debugger()
-    if py_db is not None:
-        patterns = (_package_dir(actormesh), _package_dir(debugpy))
-        PyDevdAPI().set_dont_trace_start_end_patterns(py_db, patterns, ("debugpy_launcher.py",))
 
 
 def client_connected() -> bool:

@@ -31,7 +31,7 @@ from ..runtime.proc_mesh import ProcMesh
 from ..runtime.shape import Shape
 from ..runtime.wire import Message
 from .dap import DapClient, DapError
-from .rank import DebugAgent
+from .rank import DebugAgent, access_token
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,8 @@ class RankDebug:
             self.initialized.clear()
             client = DapClient("127.0.0.1", port, self._on_event, name=f"rank-{self.rank}")
             try:
+                token = access_token(controller_mod.get_controller().key)
+                client.request("pydevdAuthorize", {"debugServerAccessToken": token})
                 client.request(
                     "initialize",
                     {

@@ -90,6 +90,19 @@ def test_state_api_for_the_sidebar_pause_resume_and_listen(dbg4: Kernel) -> None
 
 def test_after_dbg_off_a_breakpoint_pauses_again(dbg4: Kernel) -> None:
     dbg4.ok("%mesh dbg off")
+    # A rank's debug port is open to every local user; without the token it obeys nobody.
+    r = dbg4.ok(
+        "from actormesh.debugger.dap import DapClient, DapError\n"
+        "dbg = get_ipython()._actormesh_magics.debug.debugger\n"
+        "port = next(rd.port for rd in dbg.ranks.values() if rd.port)\n"
+        "intruder = DapClient('127.0.0.1', port, lambda *a: None)\n"
+        "try:\n"
+        "    intruder.request('evaluate', {'expression': '1'})\n"
+        "except DapError as exc:\n"
+        "    print(exc)\n"
+        "intruder.close()"
+    )
+    assert "Client not authenticated" in r.stream(), r.stream()
     r = dbg4.ok("%%mesh procs --ranks 0\nbreakpoint()\nagain = 1\n")
     assert "rank 0 {gpus=0} paused at In [" in r.stream(), r.stream()
     dbg4.ok("%mesh dbg continue")
