@@ -21,6 +21,7 @@ import ast
 import linecache
 import os
 import re
+import threading
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -29,11 +30,19 @@ from ..errors import MeshError
 from ..kernel import cells
 from ..kernel.executor import Repr
 from ..kernel.selection import SelectionError, select
+from ..runtime import future as future_mod
 from ..runtime.shape import Shape
 from ..runtime.stacks import _BUSY_FOR
 from ..runtime.value_mesh import ValueMesh
 from .dap import DapError
-from .session import Debugger, RankDebug, default_label, enable_breakpoints, get_debugger
+from .session import (
+    Debugger,
+    RankDebug,
+    RanksPaused,
+    default_label,
+    enable_breakpoints,
+    get_debugger,
+)
 from .tensors import DEFAULT_CAP, Comparison, check_name
 
 _STEPS = {"continue": "continue", "next": "next", "step": "stepIn", "out": "stepOut"}
@@ -58,6 +67,8 @@ class DebugMagics:
         self._labels: dict[str, str] = {}
         self.widget: Any = None
         cells.debugger_hook = self
+        if self._end_wait_on_pause not in future_mod.wait_hooks:
+            future_mod.wait_hooks.append(self._end_wait_on_pause)
 
     @property
     def shell(self) -> Any:
@@ -83,6 +94,25 @@ class DebugMagics:
         if self.widget is None:
             self.widget = DebuggerWidget(self)
         return self.widget
+
+    def _end_wait_on_pause(self, future: Any) -> None:
+        """A cell waiting on a call (``.get()``) whose remaining ranks are all paused ends,
+        saying where they are, instead of blocking the notebook (runtime wait hook)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the cell's own thread: actors and helpers keep waiting
+        pending_of = future._pending_ranks
+        pending = [] if pending_of is None else pending_of()
+        if not pending:
+            return
+        lines = []
+        for mesh_id, rank in pending:
+            rd = self.debugger.paused_in(mesh_id).get(rank)
+            if rd is None:
+                return
+            label = self.debugger.rank_label(mesh_id, rank)
+            lines.append(f"{label} {rd.describe()}")
+        self.cell_paused()
+        raise RanksPaused(lines)
 
     # -- files as the user knows them ------------------------------------------------------------
 

@@ -392,6 +392,14 @@ class Debugger:
             return rd.describe()
         return "dead" if self.is_dead(mesh_id, rank) else "running"
 
+    def rank_label(self, mesh_id: str, rank: int) -> str:
+        """``rank 2 {gpus=2}``."""
+        ctl = controller_mod._controller
+        record = None if ctl is None else ctl.meshes.get(mesh_id)
+        if record is None or not 0 <= rank < len(record.table.labels):
+            return f"rank {rank}"
+        return f"rank {rank} {{{record.table.labels[rank]}}}"
+
     def paused(self) -> list[RankDebug]:
         self._forget_stopped_meshes()
         with self._lock:
@@ -566,6 +574,23 @@ class Debugger:
     def shutdown(self) -> None:
         self.detach_all()
         self.pool.closed = True
+
+
+class RanksPaused(MeshError):
+    """A notebook cell waited on a call whose remaining ranks are all paused in the debugger.
+
+    The call itself goes on: once the ranks continue, ``get()`` on the same future returns its
+    result. Raised in the cell's thread only, so that the notebook stays usable."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+    def _render_traceback_(self) -> list[str]:
+        return [
+            *self.lines,
+            "(the call goes on when they continue: %mesh dbg continue, then .get() again)",
+        ]
 
 
 class DaemonPool:

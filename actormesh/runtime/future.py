@@ -21,6 +21,11 @@ from . import supervision
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
 
+# Called with the future every slice of a blocking get() (a few times a second); a hook may
+# raise to end the wait early. The debugger ends a notebook cell whose remaining ranks are all
+# paused; the runtime never imports it, it registers here.
+wait_hooks: list[Callable[[Future[Any]], None]] = []
+
 
 class Future(Generic[T]):
     """The eventual result of an endpoint call, a port receive, a stop, ...
@@ -36,7 +41,15 @@ class Future(Generic[T]):
       ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the I/O thread (keep it short).
     """
 
-    __slots__ = ("_callbacks", "_describe_pending", "_event", "_lock", "_state", "_value")
+    __slots__ = (
+        "_callbacks",
+        "_describe_pending",
+        "_event",
+        "_lock",
+        "_pending_ranks",
+        "_state",
+        "_value",
+    )
 
     def __init__(self, describe_pending: Callable[[], str] | None = None) -> None:
         self._state = _PENDING
@@ -45,6 +58,8 @@ class Future(Generic[T]):
         self._event: threading.Event | None = None
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
+        # For wait hooks: the (mesh_id, rank) pairs still to answer, when it is a mesh call.
+        self._pending_ranks: Callable[[], list[tuple[str, int]]] | None = None
 
     # -- completing (runtime side) ---------------------------------------------------------------
 
@@ -117,12 +132,15 @@ class Future(Generic[T]):
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._state == _PENDING:
                 # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
-                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                step = 0.25 if wait_hooks else 1.0
+                left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     break
                 event.wait(left)
                 if self._state == _PENDING:
                     supervision.raise_pending()
+                    for hook in list(wait_hooks):
+                        hook(self)
                     with self._lock:  # woken for nothing: re-arm
                         if self._state == _PENDING:
                             event.clear()

@@ -87,3 +87,21 @@ def test_module_summaries_flag_the_rank_whose_parameters_differ(dbg4: Kernel) ->
     r = dbg4.ok("c = %mesh dbg inspect model\nprint(repr(c))\nc.flagged")
     assert r.value == "['rank 3 {gpus=3}']", r.stream()
     assert "weight norm" in r.stream() and "bias grad norm" in r.stream()
+
+
+def test_a_plain_cell_waiting_on_an_endpoint_paused_in_breakpoint_returns(dbg4: Kernel) -> None:
+    r = dbg4.ok(
+        "class Stepper(am.Actor):\n"
+        "    @am.endpoint\n"
+        "    def step(self, x):\n"
+        "        if am.current_rank().rank == 2:\n"
+        "            breakpoint()\n"
+        "        return x + 1\n"
+    )
+    n = r.reply["content"]["execution_count"]
+    dbg4.ok("steppers = procs.spawn('steppers', Stepper)")
+    r = dbg4.execute("result = steppers.step.call(1)\nresult.get(timeout=60)")
+    assert r.status == "error" and r.ename == "RanksPaused", r.traceback
+    assert f"rank 2 {{gpus=2}} paused at In [{n}]:6 in step" in r.traceback, r.traceback
+    dbg4.ok("%mesh dbg continue")
+    assert dbg4.ok("result.get(timeout=30).values()").value == "[2, 2, 2, 2]"
