@@ -35,8 +35,8 @@ def test_widget_appears_on_pause_and_steps_and_continues_ranks(dbg4: Kernel) -> 
     wait_until(lambda: f"In [{n}]:5" in table(), 10, "rank 1 to step to the next line")
     assert f"paused at In [{n}]:4" in table()  # rank 3 did not move
 
-    # Continue every paused rank; their remaining output arrives while later cells run.
-    out = dbg4.ok("w.scope.value = 'all'\nw.buttons[0].click()").stream()
-    out += dbg4.ok("_mesh.get(timeout=30)").stream()
+    # Continue every paused rank, and wait for them in the same cell: their remaining output
+    # arrives while it runs.
+    out = dbg4.ok("w.scope.value = 'all'\nw.buttons[0].click()\n_mesh.get(timeout=30)").stream()
     assert "[gpus=1] b is 202" in out and "[gpus=3] b is 206" in out, out
     wait_until(lambda: "paused" not in table(), 10, "every rank to run again")
