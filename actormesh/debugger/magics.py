@@ -98,19 +98,23 @@ class DebugMagics:
     def _end_wait_on_pause(self, future: Any) -> None:
         """A cell waiting on a call (``.get()``) whose remaining ranks are all paused ends,
         saying where they are, instead of blocking the notebook (runtime wait hook)."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # only the cell's own thread: actors and helpers keep waiting
         pending_of = future._pending_ranks
         pending = [] if pending_of is None else pending_of()
-        if not pending:
-            return
+        self._raise_if_all_paused(pending)
+
+    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
+        """``cells.PauseHook``: the same for ``_mesh.get()`` of a cell whose ranks paused."""
+        self._raise_if_all_paused([(mesh_id, r) for r in ranks])
+
+    def _raise_if_all_paused(self, pending: list[tuple[str, int]]) -> None:
+        if not pending or threading.current_thread() is not threading.main_thread():
+            return  # only the cell's own thread: actors and helpers keep waiting
         lines = []
         for mesh_id, rank in pending:
             rd = self.debugger.paused_in(mesh_id).get(rank)
             if rd is None:
                 return
-            label = self.debugger.rank_label(mesh_id, rank)
-            lines.append(f"{label} {rd.describe()}")
+            lines.append(f"{self.debugger.rank_label(mesh_id, rank)} {rd.describe()}")
         self.cell_paused()
         raise RanksPaused(lines)
 

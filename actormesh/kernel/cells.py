@@ -60,6 +60,11 @@ class PauseHook(Protocol):
         """A cell ended because its remaining ranks are paused (show the debugger)."""
         ...
 
+    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
+        """Raise (in the cell's thread) when all of ``ranks`` are paused: waiting on them
+        would block the notebook that has to continue them."""
+        ...
+
 
 debugger_hook: PauseHook | None = None  # set by the debugger when it is loaded
 
@@ -330,6 +335,8 @@ class CellRun:
                 )
             self._wake.wait(left)
             self._wake.clear()
+            if debugger_hook is not None and not self.done():
+                debugger_hook.raise_if_paused(self.target.tools.table.mesh_id, self.running())
 
     # -- blocking --------------------------------------------------------------------------------
 

@@ -128,7 +128,8 @@ class MeshMagics(Magics):
         %mesh on TARGET [options]    run every following cell as %%mesh TARGET [options]
         %mesh off                    back to running cells in the kernel
         %mesh dbg ...                the debugger: list, where, eval, continue, next, step,
-                                     out, pause, break, inspect, on, off, widget (%mesh dbg?)
+                                     out, pause, wait, break, inspect, on, off, widget
+                                     (%mesh dbg alone describes them)
 
             In [3]: %mesh pull procs rank
             Out[3]: ValueMesh({gpus=0: 0, gpus=1: 1, gpus=2: 2, gpus=3: 3})

@@ -32,6 +32,9 @@ def test_breakpoint_in_a_cell_pauses_one_rank_and_the_cell_returns(dbg4: Kernel)
     assert "rank 0 {gpus=0}: running" in listing and "1 paused" in listing
 
     assert dbg4.ok("v = %mesh dbg eval -r 2 x\nv.values()").value == "[20]"
+    # Waiting for the cell's paused rank would block the notebook: it says so instead.
+    early = dbg4.execute("_mesh.get(timeout=60)")
+    assert early.ename == "RanksPaused" and "rank 2 {gpus=2} paused at" in early.traceback
     stepped = dbg4.ok("%mesh dbg next -r 2").stream()
     assert f"paused at In [{n}]:5 in <module>" in stepped, stepped
     assert dbg4.ok("%mesh dbg eval -r 2 y + 1").value.endswith(": 22})")
