@@ -105,3 +105,24 @@ def test_a_plain_cell_waiting_on_an_endpoint_paused_in_breakpoint_returns(dbg4: 
     assert f"rank 2 {{gpus=2}} paused at In [{n}]:6 in step" in r.traceback, r.traceback
     dbg4.ok("%mesh dbg continue")
     assert dbg4.ok("result.get(timeout=30).values()").value == "[2, 2, 2, 2]"
+
+
+def test_breakpoint_by_location_in_a_function_of_a_mesh_cell(dbg4: Kernel) -> None:
+    r = dbg4.ok("%%mesh procs\ndef f(v):\n    w = v + 1\n    return w * 2\n")
+    n = r.reply["content"]["execution_count"]
+    assert "on ranks 1" in dbg4.ok(f"%mesh dbg break In[{n}]:3 -r 1").stream()
+    out = dbg4.ok("%%mesh procs\nf(rank)\n").stream()
+    assert f"rank 1 {{gpus=1}} paused at In [{n}]:3 in f" in out, out
+    assert str(dbg4.ok("%mesh dbg eval -r 1 w").value).endswith(": 2})")
+    dbg4.ok(f"%mesh dbg break In[{n}]:3 -r 1 --clear")
+    assert dbg4.ok("%mesh dbg continue\n_mesh.get(timeout=30).values()").value == "[2, 4, 6, 8]"
+
+
+def test_dbg_on_attaches_every_rank_without_pausing_any(dbg4: Kernel) -> None:
+    out = dbg4.ok("%mesh dbg on").stream()
+    assert "debugger attached to ranks 0, 1, 2, 3" in out
+    listing = dbg4.ok("%mesh dbg list").stream()
+    assert listing.count(": running") == 4 and "no rank is paused" in listing
+    assert dbg4.ok("%%mesh procs\nrank * 3").value == (
+        "ValueMesh({gpus=0: 0, gpus=1: 3, gpus=2: 6, gpus=3: 9})"
+    )
