@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 ATTACH_TIMEOUT = 20.0
 STEP_TIMEOUT = 10.0
 Key = tuple[str, int]  # (mesh_id, flat rank)
+_NOISE_TYPES = frozenset({"module", "function", "builtin_function_or_method", "type"})
 
 
 @dataclass(frozen=True)
@@ -267,11 +268,12 @@ class RankDebug:
         for scope in scopes[:1]:  # Locals; Globals of a cell are the whole namespace
             body = client.request("variables", {"variablesReference": scope["variablesReference"]})
             for v in body.get("variables", []):
-                if v.get("presentationHint", {}).get("kind") == "class" and v["name"].startswith(
-                    "special"
-                ):
+                name, kind = str(v["name"]), str(v.get("type", ""))
+                # pydevd's groups ("special variables", ...), and the modules and functions a
+                # cell's namespace is full of, say nothing about the paused state
+                if name.endswith(" variables") or kind in _NOISE_TYPES or name == "__builtins__":
                     continue
-                out.append((str(v["name"]), str(v.get("type", "")), str(v.get("value", ""))))
+                out.append((name, kind, str(v.get("value", ""))))
         return out
 
     def resume(self, command: str = "continue") -> None:
