@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
 from ..runtime import controller as controller_mod
@@ -47,6 +47,26 @@ STRIP_AFTER = 1.0  # a cell running longer than this shows the per-rank status s
 INTERRUPT_GRACE = 5.0  # how long an interrupted cell waits for its ranks to stop
 GROUP_WINDOW = 0.1  # how long a line waits for identical lines from other ranks
 GROUP_MAX_HOLD = 1.0  # ... and at most this long while its peer ranks are still silent
+
+
+class PauseHook(Protocol):
+    """What the debugger tells a blocking cell (the kernel does not import the debugger)."""
+
+    def paused(self, mesh_id: str) -> dict[int, str]:
+        """The ranks of ``mesh_id`` paused in the debugger: ``{rank: "paused at ..."}``."""
+        ...
+
+    def cell_paused(self) -> None:
+        """A cell ended because its remaining ranks are paused (show the debugger)."""
+        ...
+
+    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
+        """Raise (in the cell's thread) when all of ``ranks`` are paused: waiting on them
+        would block the notebook that has to continue them."""
+        ...
+
+
+debugger_hook: PauseHook | None = None  # set by the debugger when it is loaded
 
 
 # -- meshes behind a TARGET -----------------------------------------------------------------------
@@ -315,11 +335,16 @@ class CellRun:
                 )
             self._wake.wait(left)
             self._wake.clear()
+            if debugger_hook is not None and not self.done():
+                debugger_hook.raise_if_paused(self.target.tools.table.mesh_id, self.running())
 
     # -- blocking --------------------------------------------------------------------------------
 
-    def run_blocking(self) -> ValueMesh[Any]:
-        """Run the cell with live grouped output; returns its values or raises its error."""
+    def run_blocking(self) -> ValueMesh[Any] | None:
+        """Run the cell with live grouped output; returns its values or raises its error.
+
+        ``None`` when the ranks still running are all paused in the debugger: the cell ends
+        without them (their outcome arrives later, see ``PendingCell``)."""
         logs = controller_mod.get_controller().logs
         grouper = self.grouper = OutputGrouper(
             self.target.tools.labels,
@@ -332,9 +357,12 @@ class CellRun:
         )
         previous = logs.writer
         logs.writer = grouper.writer
+        paused: dict[int, str] = {}
         try:
             self.start()
             self._wait(grouper)
+        except _Paused as stop:
+            paused = stop.args[0]
         except KeyboardInterrupt:
             self._stop_ranks(grouper, None)
         except _Deadline:
@@ -345,6 +373,14 @@ class CellRun:
             grouper.flush(final=True)
             if self._strip is not None:
                 self._strip.update(self.states, time.monotonic() - self._started, final=True)
+        if paused:
+            self.grouper = None  # their later displays print as text: the cell has ended
+            labels = self.target.tools.table.labels
+            for rank, where in sorted(paused.items()):
+                print(f"rank {rank} {{{labels[rank]}}} {where}")
+            if debugger_hook is not None:
+                debugger_hook.cell_paused()
+            return None
         return self.result()
 
     def _wait(self, grouper: OutputGrouper, until: float | None = None) -> None:
@@ -363,6 +399,11 @@ class CellRun:
                 self._strip.update(self.states, now - start)
             if until is not None and now > until:
                 return
+            if until is None and debugger_hook is not None:
+                paused = debugger_hook.paused(self.target.tools.table.mesh_id)
+                running = self.running()
+                if running and all(r in paused for r in running):
+                    raise _Paused({r: paused[r] for r in running})
             if deadline is not None and until is None and now > deadline:
                 raise _Deadline
 
@@ -385,6 +426,10 @@ class CellRun:
 
 class _Deadline(Exception):
     pass
+
+
+class _Paused(Exception):
+    """Every rank still running is paused in the debugger."""
 
 
 def _make_strip(title: str) -> StatusStrip | None:

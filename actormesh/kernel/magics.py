@@ -20,7 +20,7 @@ from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, T
 from .display import CellInterrupted, CellSyntaxError
 from .selection import SelectionError, resolve_target, select
 
-_SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off")
+_SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "dbg")
 
 
 def _usage(message: str) -> UsageError:
@@ -92,6 +92,7 @@ class MeshMagics(Magics):
         self._auto: str | None = None  # the line of %mesh on
         self._pending: list[PendingCell] = []
         self.last_target: str | None = None
+        self.debug: Any = None  # the %mesh dbg commands (actormesh.debugger.magics)
 
     @property
     def ip(self) -> InteractiveShell:
@@ -126,6 +127,9 @@ class MeshMagics(Magics):
         %mesh interrupt [TARGET]     interrupt what the ranks are running (all meshes by default)
         %mesh on TARGET [options]    run every following cell as %%mesh TARGET [options]
         %mesh off                    back to running cells in the kernel
+        %mesh dbg ...                the debugger: list, where, eval, continue, next, step,
+                                     out, pause, wait, break, inspect, on, off, widget
+                                     (%mesh dbg alone describes them)
 
             In [3]: %mesh pull procs rank
             Out[3]: ValueMesh({gpus=0: 0, gpus=1: 1, gpus=2: 2, gpus=3: 3})
@@ -165,15 +169,19 @@ class MeshMagics(Magics):
             user_ns[args.output] = pending
             return pending
         values = run.run_blocking()
+        if values is None:  # ranks paused in the debugger: `_mesh.get()` waits for them
+            user_ns[args.output] = PendingCell(run)
+            return None
         user_ns[args.output] = values
         if cell.rstrip().endswith(";") or all(v is None for v in values.values()):
             return None
         return values
 
     def _filename(self) -> str:
-        # IPython counts the running cell before it runs: its prompt shows one less.
-        running = getattr(self.shell, "execution_count", None)
-        count = running - 1 if running else next(self._count)
+        # The running cell's In [N]: IPython stores its input before running it (and, from
+        # IPython 9 on, has already advanced execution_count to the next cell's number).
+        history = getattr(getattr(self.shell, "history_manager", None), "input_hist_raw", None)
+        count = len(history) - 1 if history else next(self._count)
         name = f"<mesh-cell-{count}>"
         k = 1
         while name in self._names:
@@ -259,9 +267,15 @@ class MeshMagics(Magics):
     def _cmd_stacks(self, rest: list[str]) -> None:
         if len(rest) > 1:
             raise _usage("%mesh stacks takes at most one TARGET")
+        from ..debugger.magics import annotate_stacks
+
         for t in self._targets(rest[0] if rest else None):
-            procs = t.procs
-            print(render_grouped(procs.stacks().get(timeout=10)))
+            stacks = t.procs.stacks().get(timeout=10)
+            mesh_id = (t if isinstance(t, MeshTools) else t.tools).table.mesh_id
+            print(render_grouped(annotate_stacks(stacks, mesh_id)))
+
+    def _cmd_dbg(self, rest: list[str]) -> Any:
+        return self.debug.run(rest)
 
     def _cmd_interrupt(self, rest: list[str]) -> None:
         if len(rest) > 1:
@@ -388,6 +402,9 @@ def load(shell: Any) -> MeshMagics:
     if existing is not None:
         return existing
     magics = MeshMagics(shell)
+    from ..debugger.magics import install
+
+    magics.debug = install(magics)
     shell.register_magics(magics)
     shell.events.register("post_run_cell", magics.post_run_cell)
     shell._actormesh_magics = magics

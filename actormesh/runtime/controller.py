@@ -505,6 +505,7 @@ def address_from_json(v: list[Any]) -> Address:
 
 _controller: Controller | None = None
 _controller_lock = threading.Lock()
+_controller_hooks: list[Callable[[Controller], None]] = []
 
 
 def get_controller() -> Controller:
@@ -512,7 +513,20 @@ def get_controller() -> Controller:
     with _controller_lock:
         if _controller is None:
             _controller = Controller()
+            for hook in _controller_hooks:
+                hook(_controller)
         return _controller
+
+
+def on_controller(hook: Callable[[Controller], None]) -> None:
+    """Run ``hook(controller)`` now if this process has a controller, else when it is made.
+
+    How optional parts (the debugger) add message handlers without the runtime importing them.
+    A hook must be quick: it runs under the controller lock."""
+    with _controller_lock:
+        _controller_hooks.append(hook)
+        if _controller is not None:
+            hook(_controller)
 
 
 def _make_node() -> Node:

@@ -24,6 +24,11 @@ from .reply_inbox import ReplyInbox, hand_back_replies, waiting_inbox
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
 
+# Called with the future every slice of a blocking get() (a few times a second); a hook may
+# raise to end the wait early. The debugger ends a notebook cell whose remaining ranks are all
+# paused; the runtime never imports it, it registers here.
+wait_hooks: list[Callable[[Future[Any]], None]] = []
+
 
 class Future(Generic[T]):
     """The eventual result of an endpoint call, a port receive, a stop, ...
@@ -45,6 +50,7 @@ class Future(Generic[T]):
         "_describe_pending",
         "_event",
         "_lock",
+        "_pending_ranks",
         "_state",
         "_value",
         "_waker",
@@ -58,6 +64,8 @@ class Future(Generic[T]):
         self._waker: ReplyInbox | None = None  # a thread reading its reply inbox for this
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
+        # For wait hooks: the (mesh_id, rank) pairs still to answer, when it is a mesh call.
+        self._pending_ranks: Callable[[], list[tuple[str, int]]] | None = None
 
     # -- completing (runtime side) ---------------------------------------------------------------
 
@@ -138,12 +146,15 @@ class Future(Generic[T]):
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._state == _PENDING:
                 # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
-                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                step = 0.25 if wait_hooks else 1.0
+                left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     break
                 event.wait(left)
                 if self._state == _PENDING:
                     supervision.raise_pending()
+                    for hook in list(wait_hooks):
+                        hook(self)
                     with self._lock:  # woken for nothing: re-arm
                         if self._state == _PENDING:
                             event.clear()
@@ -162,7 +173,13 @@ class Future(Generic[T]):
         watched = supervision.add_main_waiter(inbox)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
-            inbox.wait(self, deadline, supervision.raise_pending)
+
+            def on_wake() -> None:
+                supervision.raise_pending()
+                for hook in list(wait_hooks):
+                    hook(self)
+
+            inbox.wait(self, deadline, on_wake, 0.25 if wait_hooks else 1.0)
         finally:
             self._waker = None
             if watched:

@@ -67,9 +67,12 @@ class ReplyInbox:
 
     # -- the owner thread ------------------------------------------------------------------------
 
-    def wait(self, fut: Future[Any], deadline: float | None, on_wake: Any) -> None:
+    def wait(
+        self, fut: Future[Any], deadline: float | None, on_wake: Any, step: float = 1.0
+    ) -> None:
         """Read replies until ``fut`` is done, ``deadline`` passes (then return), or ``on_wake``
-        raises (it runs after every wake-up: pending failures, Ctrl-C)."""
+        raises (it runs every ``step`` seconds and when woken by another thread: pending
+        failures, wait hooks)."""
         self.waiting = True
         try:
             while not fut.done() and not self.closed:
@@ -78,16 +81,20 @@ class ReplyInbox:
                         self._drain()
                 if fut.done():
                     return
-                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     return
-                for fd, _ in self._poller.poll(left * 1000):
+                events = self._poller.poll(left * 1000)
+                woken = False
+                for fd, _ in events:
                     if fd == self._wake_r:
+                        woken = True
                         try:
                             os.read(self._wake_r, 4096)
                         except OSError:
                             pass
-                on_wake()
+                if (woken or not events) and not fut.done():
+                    on_wake()  # not after every reply: a wait hook may cost more than one
         finally:
             self.waiting = False
 

@@ -58,10 +58,11 @@ def debugger_state() -> Any:
     answer is remembered: the panel asks several times a second)."""
     if not _debugger:
         try:
-            from ...debugger import state  # type: ignore[attr-defined,unused-ignore]
+            from ...debugger import state
         except ImportError:
-            state = None
-        _debugger.append(state)
+            _debugger.append(None)
+        else:
+            _debugger.append(state)
     return _debugger[0]
 
 

@@ -1,0 +1,534 @@
+"""``%mesh dbg ...``: the debugger as line magics (the kernel's ``%mesh`` delegates here).
+
+    %mesh dbg list                              every debugged rank: paused where, or running
+    %mesh dbg where [-r SEL]                    stacks of the ranks (paused ones from the debugger)
+    %mesh dbg eval [-r SEL] [-f N] EXPR          EXPR in each paused rank's frame -> ValueMesh
+    %mesh dbg continue|next|step|out [-r SEL]    resume / step the paused ranks
+    %mesh dbg pause [-r SEL]                    pause running ranks (starts the debugger there)
+    %mesh dbg wait [-r SEL] [-t S]              wait until the ranks are paused (default: all)
+    %mesh dbg break FILE:LINE [-r SEL] [--clear] a breakpoint by location (FILE: path, In[N])
+    %mesh dbg inspect NAME [-r SEL]             tensor / module summaries side by side
+    %mesh dbg on|off                            attach to every rank / detach from all
+    %mesh dbg widget                            show the debugger widget
+
+``-m TARGET`` picks the proc mesh when the kernel has several (by default: the mesh with
+paused ranks, else the only live one).
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import re
+import threading
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..errors import MeshError
+from ..kernel import cells
+from ..kernel.executor import Repr
+from ..kernel.selection import SelectionError, select
+from ..runtime import future as future_mod
+from ..runtime.shape import Shape
+from ..runtime.stacks import _BUSY_FOR
+from ..runtime.value_mesh import ValueMesh
+from .dap import DapError
+from .session import (
+    Debugger,
+    RankDebug,
+    RanksPaused,
+    default_label,
+    enable_breakpoints,
+    get_debugger,
+)
+from .tensors import DEFAULT_CAP, Comparison, check_name
+
+_STEPS = {"continue": "continue", "next": "next", "step": "stepIn", "out": "stepOut"}
+_COMMANDS = ("list", "where", "eval", *_STEPS, "pause", "wait", "break", "inspect", "on", "off",
+             "widget")  # fmt: skip
+_CELL_FILE = re.compile(r"^In\s*\[\s*(\d+)\s*\]$")
+
+
+def _usage(message: str) -> UsageError:
+    return UsageError(" ".join(message.split()))
+
+
+class DebugMagics:
+    """The kernel's glue: labels for cell files, cell sources, and the ``%mesh dbg`` commands."""
+
+    def __init__(self, mesh_magics: Any) -> None:
+        self.magics = mesh_magics
+        self.debugger: Debugger = get_debugger()
+        self.debugger.label = self.label
+        self.debugger.sources = self.cell_sources
+        self.debugger.notices = self._notice
+        self._labels: dict[str, str] = {}
+        self.widget: Any = None
+        cells.debugger_hook = self
+        if self._end_wait_on_pause not in future_mod.wait_hooks:
+            future_mod.wait_hooks.append(self._end_wait_on_pause)
+
+    @property
+    def shell(self) -> Any:
+        return self.magics.shell
+
+    # -- cells.PauseHook -------------------------------------------------------------------------
+
+    def paused(self, mesh_id: str) -> dict[int, str]:
+        return {r: rd.describe() for r, rd in self.debugger.paused_in(mesh_id).items()}
+
+    def cell_paused(self) -> None:
+        print("(%mesh dbg list / where / eval / next / continue, or the widget below)")
+        try:
+            from IPython.display import display
+
+            display(self._widget().show())
+        except ImportError:  # no ipywidgets: the magics still work
+            pass
+
+    def _widget(self) -> Any:
+        from .widgets import DebuggerWidget
+
+        if self.widget is None:
+            self.widget = DebuggerWidget(self)
+        return self.widget
+
+    def _end_wait_on_pause(self, future: Any) -> None:
+        """A cell waiting on a call (``.get()``) whose remaining ranks are all paused ends,
+        saying where they are, instead of blocking the notebook (runtime wait hook)."""
+        pending_of = future._pending_ranks
+        pending = [] if pending_of is None else pending_of()
+        self._raise_if_all_paused(pending)
+
+    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
+        """``cells.PauseHook``: the same for ``_mesh.get()`` of a cell whose ranks paused."""
+        self._raise_if_all_paused([(mesh_id, r) for r in ranks])
+
+    def _raise_if_all_paused(self, pending: list[tuple[str, int]]) -> None:
+        if not pending or threading.current_thread() is not threading.main_thread():
+            return  # only the cell's own thread: actors and helpers keep waiting
+        lines = []
+        for mesh_id, rank in pending:
+            rd = self.debugger.paused_in(mesh_id).get(rank)
+            if rd is None:
+                return
+            lines.append(f"{self.debugger.rank_label(mesh_id, rank)} {rd.describe()}")
+        self.cell_paused()
+        raise RanksPaused(lines)
+
+    # -- files as the user knows them ------------------------------------------------------------
+
+    def label(self, path: str) -> str:
+        """``In [N]`` for a notebook cell (``%%mesh`` or plain), a file's name otherwise."""
+        if path in self._labels:
+            return self._labels[path]
+        if path.startswith("<mesh-cell-"):
+            return default_label(path)
+        for n, name in self._kernel_cells():
+            if name == path:
+                self._labels[path] = f"In [{n}]"
+                return self._labels[path]
+        return default_label(path)
+
+    def _kernel_cells(self) -> list[tuple[int, str]]:
+        """``(N, file)`` of this kernel's plain cells, newest first. IPython's compiler keeps
+        the map (it is how its tracebacks say "Cell In[N]")."""
+        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
+        return sorted(((n, path) for path, n in names.items()), reverse=True)
+
+    def resolve_file(self, text: str) -> str:
+        """The code file a user means: ``In[N]`` (a cell), ``<mesh-cell-N>``, or a path."""
+        m = _CELL_FILE.match(text.strip())
+        if m is not None:
+            n = int(m.group(1))
+            mesh_name = f"<mesh-cell-{n}>"
+            if mesh_name in self.magics._names:
+                return mesh_name
+            for k, name in self._kernel_cells():
+                if k == n:
+                    return name
+            raise _usage(f"%mesh dbg break: there is no cell In [{n}] yet")
+        if text.startswith("<"):
+            return text
+        path = os.path.abspath(os.path.expanduser(text))
+        if not os.path.exists(path):
+            raise _usage(f"%mesh dbg break: no file {text!r}; give a path or In[N] for a cell")
+        return path
+
+    def cell_sources(self) -> dict[str, str]:
+        """Plain cells of this kernel (where actor classes may be defined), for the ranks."""
+        out = {}
+        for path, entry in list(linecache.cache.items()):
+            parent = os.path.basename(os.path.dirname(path))
+            cell = parent.startswith("ipykernel_") or path.startswith("<ipython-input")
+            if cell and len(entry) == 4:  # (size, mtime, lines, fullname); 1-tuples are lazy
+                out[path] = "".join(entry[2])
+        return out
+
+    def _notice(self, text: str) -> None:
+        import sys
+
+        print(text, file=sys.stderr)
+
+    # -- %mesh dbg -------------------------------------------------------------------------------
+
+    def run(self, words: list[str]) -> Any:
+        if not words:
+            print((__doc__ or "").split("\n\n", 1)[-1].rstrip())  # the command summary above
+            return None
+        if words[0] not in _COMMANDS:
+            got = words[0] if words else ""
+            raise _usage(f"%mesh dbg: unknown command {got!r}; use one of {', '.join(_COMMANDS)}")
+        command, rest = words[0], words[1:]
+        args = _Args(command, rest)
+        try:
+            if command in _STEPS:
+                return self._step(args, _STEPS[command])
+            handler = getattr(self, f"_cmd_{command}")
+            return handler(args)
+        except (DapError, MeshError) as exc:
+            raise _usage(f"%mesh dbg {command}: {exc}") from None
+
+    def _mesh(self, args: _Args) -> Any:
+        """The MeshTools of the mesh a command is about."""
+        if args.mesh is not None:
+            return self.magics._target(args.mesh).tools
+        live = self.magics.registry.live()
+        paused = {rd.mesh_id for rd in self.debugger.paused()}
+        with_paused = [t for t in live if t.table.mesh_id in paused]
+        if len(with_paused) == 1:
+            return with_paused[0]
+        if len(live) == 1:
+            return live[0]
+        if not live:
+            raise _usage("%mesh dbg: no live proc mesh")
+        raise _usage("%mesh dbg: this kernel has several proc meshes; pick one with -m TARGET")
+
+    def _ranks(self, args: _Args, tools: Any, default_paused: bool) -> list[int]:
+        if args.ranks is None and default_paused:
+            paused = sorted(self.debugger.paused_in(tools.table.mesh_id))
+            if not paused:
+                raise _usage(f"%mesh dbg {args.command}: no rank is paused")
+            return paused
+        try:
+            return list(select(tools.shape, args.ranks).ranks)
+        except SelectionError as exc:
+            raise _usage(f"%mesh dbg {args.command}: {exc}") from None
+
+    def _rank_label(self, tools: Any, rank: int) -> str:
+        return f"rank {rank} {{{tools.table.labels[rank]}}}"
+
+    def _cmd_list(self, args: _Args) -> None:
+        lines = []
+        for tools in self.magics.registry.live():
+            mesh_id = tools.table.mesh_id
+            for r in tools.shape.ranks():
+                state = self.debugger.describe(mesh_id, r)
+                lines.append(f"{self._rank_label(tools, r)}: {state}")
+        paused = self.debugger.paused()
+        print("\n".join(lines) if lines else "no live proc mesh")
+        print(f"{len(paused)} paused" if paused else "no rank is paused")
+
+    def _cmd_where(self, args: _Args) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        texts: dict[int, str] = {}
+        paused = self.debugger.paused_in(tools.table.mesh_id)
+        running = [r for r in ranks if r not in paused]
+        stack_futures = {r: tools.proc(r).stacks() for r in running}
+        for r in ranks:
+            if r in paused:
+                texts[r] = self._paused_stack(paused[r])
+        for r, fut in stack_futures.items():
+            try:
+                texts[r] = next(iter(fut.get(timeout=10).values()))
+            except MeshError as exc:
+                texts[r] = f"(no stack: {exc})\n"
+        print(_grouped(texts))
+
+    def _paused_stack(self, rd: RankDebug) -> str:
+        frames = rd.frames or rd.stack()
+        try:
+            lines = (
+                self.debugger.agent(rd.mesh_id, rd.rank)
+                .source_lines.call_one([(f.path, f.line) for f in frames])
+                .get(timeout=10)
+            )
+        except MeshError:
+            lines = [""] * len(frames)
+        out = [f"{rd.describe()}\n"]
+        for f, src in zip(reversed(frames), reversed(lines), strict=True):
+            out.append(f'  File "{self.label(f.path)}", line {f.line}, in {f.function}\n')
+            if src.strip():
+                out.append(f"    {src.strip()}\n")
+        return "".join(out)
+
+    def _cmd_eval(self, args: _Args) -> ValueMesh[Any]:
+        if not args.words:
+            raise _usage("%mesh dbg eval [-r SEL] EXPR: give an expression")
+        expression = " ".join(args.words)
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=True)
+        values = []
+        for r in ranks:
+            rd = self.debugger.ranks.get((tools.table.mesh_id, r))
+            if rd is None or rd.status != "paused":
+                raise _usage(f"%mesh dbg eval: rank {r} is not paused")
+            body = rd.evaluate(expression, frame=args.frame)
+            values.append(_value(body.get("result", "")))
+        return ValueMesh._create(_shape_of(tools, ranks, args.ranks), values)
+
+    def _step(self, args: _Args, command: str) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=True)
+        mesh_id = tools.table.mesh_id
+        targets = []
+        for r in ranks:
+            rd = self.debugger.ranks.get((mesh_id, r))
+            if rd is None or rd.status != "paused":
+                if args.ranks is not None:
+                    raise _usage(f"%mesh dbg {args.command}: rank {r} is not paused")
+                continue
+            targets.append(rd)
+        if command == "continue":
+            for rd in targets:
+                rd.resume("continue")
+            print(f"continued {', '.join(str(rd.rank) for rd in targets)}")
+            return
+        befores = {rd.rank: rd.stops for rd in targets}
+        for rd in targets:
+            rd.resume(command)
+        for rd in targets:
+            rd.wait_stopped_after(befores[rd.rank], 10.0)
+            print(f"{self._rank_label(tools, rd.rank)}: {rd.describe()}")
+
+    def _cmd_pause(self, args: _Args) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        self.debugger.pause(tools.table.mesh_id, ranks)
+        mesh_id = tools.table.mesh_id
+        for r in ranks:
+            rd = self.debugger.rank(mesh_id, r)
+            rd.wait_paused(5.0)
+            print(f"{self._rank_label(tools, r)}: {rd.describe()}")
+
+    def _cmd_wait(self, args: _Args) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        mesh_id = tools.table.mesh_id
+        ok = self.debugger.wait(
+            lambda: all(r in self.debugger.paused_in(mesh_id) for r in ranks), args.timeout
+        )
+        if not ok:
+            missing = [r for r in ranks if r not in self.debugger.paused_in(mesh_id)]
+            raise _usage(f"%mesh dbg wait: ranks {missing} not paused after {args.timeout:g} s")
+        for r in ranks:
+            print(f"{self._rank_label(tools, r)}: {self.debugger.rank(mesh_id, r).describe()}")
+
+    def _cmd_break(self, args: _Args) -> None:
+        if len(args.words) != 1 or ":" not in args.words[0]:
+            raise _usage("%mesh dbg break FILE:LINE [-r SEL]: e.g. In[4]:7 or train.py:42")
+        file, _, line_text = args.words[0].rpartition(":")
+        if not line_text.isdigit() or int(line_text) < 1:
+            raise _usage(f"%mesh dbg break: bad line number {line_text!r}")
+        path = self.resolve_file(file)
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        verified = self.debugger.set_breakpoint(
+            tools.table.mesh_id, ranks, path, int(line_text), remove=args.clear
+        )
+        what = "cleared" if args.clear else "set"
+        print(f"breakpoint {what} at {self.label(path)}:{line_text} on ranks "
+              f"{', '.join(str(r) for r in ranks)}")  # fmt: skip
+        missing = [r for r, ok in verified.items() if not ok and not args.clear]
+        if missing:
+            print(f"(not verified yet on ranks {missing}: the code may not be loaded there)")
+
+    def _cmd_inspect(self, args: _Args) -> Comparison:
+        if len(args.words) != 1:
+            raise _usage("%mesh dbg inspect NAME [-r SEL]: give one variable name")
+        try:
+            name = check_name(args.words[0])
+        except ValueError as exc:
+            raise _usage(f"%mesh dbg inspect: {exc}") from None
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        return self.compare(tools.table.mesh_id, ranks, name, args.frame)
+
+    def compare(self, mesh_id: str, ranks: list[int], name: str, frame: int = 0) -> Comparison:
+        """Summaries of ``name`` on ``ranks``: in the paused frame of a paused rank, in the
+        ``%%mesh`` namespace of a running one. Blocks (at most a minute)."""
+        check_name(name)
+        tools = self._tools(mesh_id)
+        paused = self.debugger.paused_in(mesh_id)
+        summaries: dict[str, dict[str, Any] | str] = {}
+        running = {
+            r: self.debugger.agent(mesh_id, r).summarize.call_one(name, DEFAULT_CAP)
+            for r in ranks
+            if r not in paused
+        }
+        for r in ranks:
+            key = self._rank_label(tools, r)
+            try:
+                if r in paused:
+                    expression = (
+                        "__import__('actormesh.debugger.tensors', fromlist=['_'])"
+                        f".summarize_json({name}, {DEFAULT_CAP})"
+                    )
+                    body = paused[r].evaluate(expression, frame=frame, context="clipboard")
+                    summaries[key] = _json_result(body.get("result", ""))
+                else:
+                    summaries[key] = running[r].get(timeout=60)
+            except (MeshError, ValueError) as exc:
+                summaries[key] = str(exc).splitlines()[-1][:120]
+        return Comparison(name, summaries)
+
+    def _tools(self, mesh_id: str) -> Any:
+        for tools in self.magics.registry.live():
+            if tools.table.mesh_id == mesh_id:
+                return tools
+        raise MeshError(f"proc mesh {mesh_id} is stopped")
+
+    def _cmd_on(self, args: _Args) -> None:
+        tools = self._mesh(args)
+        ranks = self._ranks(args, tools, default_paused=False)
+        self.debugger.attach(tools.table.mesh_id, ranks)
+        print(f"debugger attached to ranks {', '.join(str(r) for r in ranks)}")
+
+    def _cmd_off(self, args: _Args) -> None:
+        self.debugger.clear_breakpoints()
+        self.debugger.detach_all()
+        print("debugger detached from every rank (breakpoints cleared)")
+
+    def _cmd_widget(self, args: _Args) -> Any:
+        return self._widget().show()
+
+
+class _Args:
+    """``-r SEL``, ``-m TARGET``, ``-f FRAME``, ``--clear`` and the remaining words."""
+
+    def __init__(self, command: str, rest: list[str]) -> None:
+        self.command = command
+        self.ranks: str | None = None
+        self.mesh: str | None = None
+        self.frame = 0
+        self.timeout = 60.0
+        self.clear = False
+        self.words: list[str] = []
+        it = iter(rest)
+        for tok in it:
+            # eval's options come before EXPR (which may hold a "-"); elsewhere anywhere
+            option_here = command != "eval" or not self.words
+            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame", "-t", "--timeout") and (
+                option_here
+            ):
+                value = next(it, None)
+                if value is None:
+                    raise _usage(f"%mesh dbg {command}: {tok} needs a value")
+                if tok in ("-r", "--ranks"):
+                    self.ranks = value
+                elif tok in ("-m", "--mesh"):
+                    self.mesh = value
+                elif tok in ("-t", "--timeout"):
+                    try:
+                        self.timeout = float(value)
+                    except ValueError:
+                        raise _usage(
+                            f"%mesh dbg {command}: -t needs seconds, got {value}"
+                        ) from None
+                else:
+                    if not value.isdigit():
+                        raise _usage(f"%mesh dbg {command}: -f needs a frame number, got {value}")
+                    self.frame = int(value)
+            elif tok == "--clear" and command == "break":
+                self.clear = True
+            elif tok.startswith("-") and command != "eval":
+                raise _usage(f"%mesh dbg {command}: unknown option {tok!r}")
+            else:
+                self.words.append(tok)
+
+
+def _grouped(texts: dict[int, str]) -> str:
+    """Ranks with identical stacks together, the largest group first."""
+    groups: dict[str, tuple[list[int], str]] = {}
+    for r, text in texts.items():
+        groups.setdefault(_BUSY_FOR.sub("", text), ([], text))[0].append(r)
+    parts = []
+    for ranks, text in sorted(groups.values(), key=lambda g: -len(g[0])):
+        head = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        parts.append(f"=== {head} ===\n{text}")
+    return "\n".join(parts)
+
+
+def annotate_stacks(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
+    """``%mesh stacks``: paused ranks say so; the debugger's own threads and frames are hidden."""
+    debugger = get_debugger()
+    paused = debugger.paused_in(mesh_id)
+    if not any(key[0] == mesh_id for key in list(debugger.ranks)):
+        return stacks
+    texts = []
+    for r, text in enumerate(stacks.values()):
+        text = _without_debugger(text)
+        rd = paused.get(r)
+        if rd is not None:
+            text = f"[{rd.describe()} in the debugger]\n{text}"
+        texts.append(text)
+    return ValueMesh._create(stacks._shape, texts)
+
+
+_PYDEVD = "/debugpy/"
+
+
+def _without_debugger(text: str) -> str:
+    """Drop pydevd's threads, and the pydevd frames under a suspended user frame."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(" ") or not blocks:
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    out = []
+    for block in blocks:
+        head, frames = block[0], block[1:]
+        if head.startswith("thread ") and any(_PYDEVD in f for f in frames):
+            continue  # one of pydevd's own threads
+        cut = next((i for i, f in enumerate(frames) if _PYDEVD in f), len(frames))
+        out.append(head + "".join(frames[:cut]))
+    return "".join(out)
+
+
+def _value(text: str) -> Any:
+    """A paused rank's ``evaluate`` result: a Python literal as itself, else its repr."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return Repr(text)
+
+
+def _json_result(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(text) from exc
+    if not isinstance(value, str):
+        raise ValueError(f"unexpected summary {text[:80]!r}")
+    return dict(json.loads(value))
+
+
+def _shape_of(tools: Any, ranks: list[int], sel: str | None) -> Shape:
+    if sel is not None:
+        selection = select(tools.shape, sel)
+        if selection.shape is not None and list(selection.ranks) == ranks:
+            return selection.shape
+    return Shape.from_extent({"ranks": len(ranks)})
+
+
+def install(mesh_magics: Any) -> DebugMagics:
+    """Hook the debugger into the kernel's magics (at load): ``breakpoint()`` on ranks started
+    from now on pauses them and tells this kernel."""
+    enable_breakpoints()
+    return DebugMagics(mesh_magics)

@@ -1,0 +1,257 @@
+"""The rank side of the debugger: debugpy inside a worker, started on first use.
+
+Nothing here runs until a rank calls ``breakpoint()`` or the kernel asks for the debugger
+(``%mesh dbg on``, a breakpoint by location, a pause): a mesh that never debugs never imports
+debugpy. The kernel routes ``breakpoint()`` here by setting ``PYTHONBREAKPOINT`` to
+:func:`breakpoint_hook` in the environment the workers inherit; the runtime knows nothing of it.
+
+debugpy runs with its adapter in process (no extra process per rank) and listens on loopback
+only. The order on ``breakpoint()`` is: listen, report "paused" to the controller (which
+attaches a DAP client), wait for the client, stop. The runtime's own threads (the I/O thread,
+the main thread, the status and debug actors) are marked so pydevd never traces or suspends
+them: a paused rank still answers heartbeats, stack dumps and status requests. The actormesh
+package itself is never traced either, so stepping stays in user code.
+
+This module is imported by workers: it must stay cheap to import (debugpy only on first use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import linecache
+import os
+import socket
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+from ..runtime.actor import Actor, endpoint
+from ..runtime.node import node_if_started
+
+ATTACH_TIMEOUT = float(os.environ.get("ACTORMESH_DEBUG_ATTACH_TIMEOUT", "30"))
+# Threads that belong to the runtime (or to the kernel's helpers on the rank): never traced.
+RUNTIME_THREADS = ("actormesh-", "actor-_mesh_status", "actor-_mesh_debug")
+# Cell files of %%mesh are user code (pydevd counts every "<...>" file as library code).
+USER_CELL_PREFIXES = ("<mesh-cell",)
+
+_lock = threading.Lock()
+_port: int | None = None
+
+
+def _package_dir(module: types.ModuleType) -> str:
+    return os.path.dirname(os.path.abspath(str(module.__file__)))
+
+
+def hide_runtime_threads() -> None:
+    """Mark the runtime's threads so pydevd neither traces nor suspends them.
+
+    Only ``pydev_do_not_trace``: pydevd's other mark (``is_pydev_daemon_thread``) would also
+    hide them from ``threading.enumerate()``, which the stack dumps use to name threads, and
+    on the main thread it would make pydevd end the session (it sees no non-daemon thread)."""
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.name.startswith(RUNTIME_THREADS):
+            t.pydev_do_not_trace = True  # type: ignore[attr-defined]
+
+
+def access_token(key: bytes) -> str:
+    """What a DAP client must present before pydevd obeys it: derived from the controller's
+    signing key, so only the processes that may send this rank signed messages can debug it
+    (the port itself is open to every local user)."""
+    return hmac.new(key, b"actormesh-debugger", hashlib.sha256).hexdigest()
+
+
+def listen() -> int:
+    """Start pydevd listening on loopback (once per process); returns its port."""
+    global _port
+    with _lock:
+        if _port is None:
+            os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+            import debugpy
+            import debugpy._vendored.force_pydevd  # puts pydevd on sys.path
+            import pydevd
+            from _pydevd_bundle import pydevd_filtering
+            from _pydevd_bundle.pydevd_constants import get_global_debugger
+
+            import actormesh
+
+            node = node_if_started()
+            hide_runtime_threads()  # before pydevd enables tracing of every thread
+            # What debugpy.listen(in_process_debug_adapter=True) does, plus an access token
+            # and the actormesh package in the do-not-trace list (stepping stays in user code).
+            pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH = (
+                *pydevd_filtering.USER_CODE_BASENAMES_STARTING_WITH,
+                *USER_CELL_PREFIXES,
+            )
+            pydevd.settrace(
+                host="127.0.0.1",
+                port=0,
+                suspend=False,
+                patch_multiprocessing=False,
+                wait_for_ready_to_run=False,
+                block_until_connected=False,
+                notify_stdin=False,
+                dont_trace_start_patterns=(_package_dir(actormesh), _package_dir(debugpy)),
+                dont_trace_end_patterns=("debugpy_launcher.py",),
+                access_token=None if node is None else access_token(node.key),
+            )
+            py_db = get_global_debugger()
+            py_db.wait_for_server_socket_ready()
+            _port = int(py_db._server_socket_name[1])
+        hide_runtime_threads()  # actors spawned since the last call
+        return _port
+
+
+def client_connected() -> bool:
+    if _port is None:
+        return False
+    import debugpy
+
+    return bool(debugpy.is_client_connected())
+
+
+def stop_here(frame: types.FrameType) -> None:
+    """Pause this thread at ``frame`` until the kernel's debugger lets it go.
+
+    Without a client yet, tell the controller where we are and wait for it to attach. Never
+    returns silently without stopping: if no client attaches in time, say so on stderr."""
+    port = listen()
+    if not client_connected():
+        node = node_if_started()
+        if node is None or node.controller is None or node.mesh_id is None:
+            print("breakpoint(): not in an actormesh worker; continuing", file=sys.stderr)
+            return
+        rank = _proc_rank()
+        where = {
+            "host": socket.gethostname(),
+            "port": port,
+            "pid": os.getpid(),
+            "file": frame.f_code.co_filename,
+            "line": frame.f_lineno,
+            "function": frame.f_code.co_name,
+            "pg_timeout": _process_group_timeout(),
+        }
+        node.send(node.controller, ("debugger", "paused", node.mesh_id, rank, where))
+        deadline = time.monotonic() + ATTACH_TIMEOUT
+        while not client_connected():
+            if time.monotonic() > deadline:
+                print(
+                    f"breakpoint() at {frame.f_code.co_filename}:{frame.f_lineno}: no debugger "
+                    f"attached within {ATTACH_TIMEOUT:g} s (the actormesh kernel attaches to "
+                    "paused ranks); continuing",
+                    file=sys.stderr,
+                )
+                return
+            time.sleep(0.005)
+    import pydevd
+
+    pydevd.settrace(
+        suspend=True,
+        trace_only_current_thread=True,
+        patch_multiprocessing=False,
+        stop_at_frame=frame,
+        notify_stdin=False,
+    )
+
+
+def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` of the workers (through ``PYTHONBREAKPOINT``).
+
+    In a process that is not a worker (the kernel itself, a subprocess), behave as the
+    default hook: pdb at the caller."""
+    frame = sys._getframe(1)
+    node = node_if_started()
+    if node is None or node.role != "worker":
+        import pdb
+
+        pdb.Pdb().set_trace(frame)
+        return
+    stop_here(frame)
+
+
+def _proc_rank() -> int:
+    from ..runtime import context as ctxmod
+
+    ctx = ctxmod._process.context
+    return 0 if ctx is None else int(ctx.actor_instance.rank.rank)
+
+
+def _process_group_timeout() -> float | None:
+    """The default process group's timeout in seconds, if torch.distributed is in use here
+    (peers waiting for this rank in a collective give up after it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        pg = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
+        return float(pg._get_backend(device).options._timeout.total_seconds())
+    except Exception:  # private API: a torch that lacks it gives no warning, not a failure
+        return None
+
+
+def source_lines(locations: list[tuple[str, int]]) -> list[str]:
+    """The source text of each ``(file, line)`` as this process sees it (linecache)."""
+    return [linecache.getline(path, line).rstrip("\n") for path, line in locations]
+
+
+class DebugAgent(Actor):
+    """The kernel's helper on each rank (``_mesh_debug``): starts debugpy, adds sources.
+
+    Its thread is marked as the runtime's, so it answers while the rank's user threads are
+    paused."""
+
+    @endpoint
+    def listen(self) -> dict[str, Any]:
+        port = listen()
+        return {"host": socket.gethostname(), "port": port, "pid": os.getpid()}
+
+    @endpoint
+    def add_sources(self, sources: dict[str, str]) -> None:
+        """Put notebook cells' source in this rank's linecache (actor classes defined in a
+        cell travel as code only: their file exists only in the kernel)."""
+        for path, text in sources.items():
+            if path not in linecache.cache:
+                linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+
+    @endpoint
+    def materialize(self, path: str, text: str) -> None:
+        """Write a notebook cell's source to its file name on this host, if missing: pydevd
+        only accepts breakpoints in files that exist (ipykernel's own debugger does the same
+        with the cells it debugs)."""
+        if os.path.exists(path):
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # ranks of one host race to write the same file
+
+    @endpoint
+    def source_lines(self, locations: list[tuple[str, int]]) -> list[str]:
+        return source_lines(locations)
+
+    @endpoint
+    def summarize(self, expression: str, cap: int) -> Any:
+        """Tensor summary of a name in this rank's ``%%mesh`` namespace (a running rank)."""
+        from .tensors import summarize_in
+
+        namespace = _executor_namespace()
+        if namespace is None:
+            raise NameError("no %%mesh cell has run on this rank yet")
+        return summarize_in(expression, namespace, cap)
+
+
+def _executor_namespace() -> dict[str, Any] | None:
+    from ..kernel.executor import _actor_host
+
+    host = _actor_host()
+    for runner in list(getattr(host, "actors", {}).values()):
+        if runner.name == "_mesh_executor" and runner.instance is not None:
+            return dict(runner.instance.ns)
+    return None
