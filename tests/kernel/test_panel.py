@@ -122,7 +122,7 @@ def test_subscribe_empty_then_live_states(panel_kernel: tuple[Kernel, Panel]) ->
     kernel, panel = panel_kernel
     panel.ok("subscribe", client=panel.client)
     hello = panel.wait("the hello", lambda m: m["type"] == "hello")
-    assert hello["debugger"] is False  # actormesh.debugger.state does not exist on this branch
+    assert hello["debugger"] is True  # the panel found actormesh.debugger.state
     panel.wait("an empty snapshot", lambda m: m["type"] == "snapshot" and m["meshes"] == [])
 
     kernel.ok(spawn_code(4))
