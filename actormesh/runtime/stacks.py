@@ -8,6 +8,7 @@ the host agent asks the process for a faulthandler dump (SIGUSR1), which needs n
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import sys
 import threading
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from .actor import ActorRunner
     from .value_mesh import ValueMesh
 
+# The actormesh package itself (runner, %%mesh executor): its frames are not the user's.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _BUSY_FOR = re.compile(r" for [0-9.]+ s$", re.M)
 # Runtime frames that say nothing to a user (the actor loop waiting for a message, ...).
 _RUNTIME_THREADS = ("actormesh-io",)
@@ -43,13 +46,12 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
                 out.append(f"actor {runner.name}: idle\n")
                 continue
             out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
-            # Drop the runner's own frames: start at the endpoint.
+            # Drop the runtime's own frames: start at the endpoint or the cell.
             stack = traceback.extract_stack(frame)
             user = [
                 f
                 for f in stack
-                if not f.filename.endswith("threading.py")
-                and "actormesh/runtime/" not in f.filename
+                if not f.filename.endswith("threading.py") and not f.filename.startswith(_PACKAGE)
             ]
             out.append("".join(traceback.format_list(user or stack)))
         else:
