@@ -1,7 +1,8 @@
 """Take the README's picture of the sidebar beside a notebook: ``docs/sidebar.png``.
 
 Runs JupyterLab in a temp dir (as tests/ui does), a notebook with a 4-rank mesh where three
-ranks run a long cell and one was killed, the stacks of the busy ranks open.
+ranks run a long cell, one is paused at a breakpoint and one was killed, the stacks of the busy
+ranks open.
 Usage: ``python scripts/sidebar_screenshot.py [OUT.png]`` (needs the dev extras and chromium).
 """
 
@@ -27,7 +28,8 @@ CELLS = [
     'trainers = procs.spawn("trainer", Trainer)\n'
     "trainers.step.call(0.1).get()",
     "%%mesh procs --ranks 3\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
-    "%%mesh procs --ranks 0:3\nimport time\n\nfor step in range(3000):\n    time.sleep(0.1)",
+    "%%mesh procs --ranks 2\nloss = 0.25\nbreakpoint()\nloss = loss / 2",
+    "%%mesh procs --ranks 0:2\nimport time\n\nfor step in range(3000):\n    time.sleep(0.1)",
 ]
 
 
@@ -65,14 +67,16 @@ def main(out: Path) -> None:
                         expect(prompt).to_have_text(re.compile(r"\[\d+\]"))
                 rows = page.locator("#actormesh-sidebar .jp-actormesh-rank")
                 busy = page.locator("#actormesh-sidebar .jp-actormesh-rank[data-state='busy']")
-                expect(busy).to_have_count(3)
-                for rank in (0, 1, 2):
+                expect(busy).to_have_count(2)
+                paused = page.locator("#actormesh-sidebar .jp-actormesh-rank[data-state='paused']")
+                expect(paused).to_have_count(1)
+                for rank in (0, 1):
                     page.locator(
                         f"#actormesh-sidebar .jp-actormesh-rank[data-rank='{rank}'] input"
                     ).check()
                 page.locator("#actormesh-sidebar button[data-op='stacks']").click()
                 expect(page.locator("#actormesh-sidebar .jp-actormesh-stacks")).to_have_count(1)
-                page.locator(".jp-NotebookPanel .jp-Cell").nth(3).click()
+                page.locator(".jp-NotebookPanel .jp-Cell").nth(4).click()
                 page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
                 elapsed = rows.first.locator(".jp-actormesh-elapsed")
                 expect(elapsed).to_have_text(re.compile(r"^[4-9] s$"))

@@ -35,6 +35,7 @@ from ..runtime.actor import Actor, endpoint
 from ..runtime.context import current_rank
 from ..runtime.logs import flush_output
 from ..runtime.node import Port
+from ..runtime.stacks import TOOL_ACTOR_PREFIX
 from ..runtime.wire import dumps
 
 # -- what travels back to the kernel ---------------------------------------------------------------
@@ -381,7 +382,7 @@ class MeshStatus(Actor):
         busy = []
         for runner in list(getattr(host, "actors", {}).values()):
             state = runner.busy
-            if state is not None and runner.name not in ("_mesh_executor", "_mesh_status"):
+            if state is not None and not runner.name.startswith(TOOL_ACTOR_PREFIX):
                 busy.append((runner.name, state[0], now - state[1]))
         info["busy"] = busy
         return info

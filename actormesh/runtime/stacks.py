@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from .actor import ActorRunner
     from .value_mesh import ValueMesh
 
+# Actors that the kernel and the debugger place on ranks (``_mesh_executor``, ...).
+TOOL_ACTOR_PREFIX = "_mesh_"
 # The actormesh package itself (runner, %%mesh executor): its frames are not the user's.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _BUSY_FOR = re.compile(r" for [0-9.]+ s$", re.M)
@@ -43,7 +45,8 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
         if runner is not None:
             busy = runner.busy
             if busy is None:
-                out.append(f"actor {runner.name}: idle\n")
+                if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # the kernel's own: noise
+                    out.append(f"actor {runner.name}: idle\n")
                 continue
             out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
             # Drop the runtime's own frames: start at the endpoint or the cell.

@@ -12,10 +12,8 @@ import pytest
 
 pytest.importorskip("debugpy")
 
-# Star import too: pytest names every directory's conftest "conftest", and when this one is
-# the module of that name the kernel tier's `from conftest import ...` must still find its own.
-from kernel.conftest import *  # noqa: F403
-from kernel.conftest import Kernel, kernelspec, spawn_code, start_kernel
+from kernel.conftest import kernelspec
+from kernel_support import Kernel, spawn_code, start_kernel
 
 assert kernelspec  # the session fixture, registered for this directory by importing it
 

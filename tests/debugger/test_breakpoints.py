@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import Kernel
+from kernel_support import Kernel
 from support import wait_until
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import Kernel, alive, spawn_code, start_kernel, wait_gone
+from kernel_support import Kernel, alive, spawn_code, start_kernel, wait_gone
 from support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import signal
 from typing import Any
 
 import pytest
-from conftest import Kernel, spawn_code
+from kernel_support import Kernel, spawn_code
 
 
 def test_kernel_identifies_itself_and_has_the_magics(kernel4: Kernel) -> None:

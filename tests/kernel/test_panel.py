@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import Kernel, spawn_code, start_kernel
 from jupyter_client.blocking.client import BlockingKernelClient
+from kernel_support import Kernel, spawn_code, start_kernel
 from support import wait_until
 
 from actormesh.kernel.panel import protocol

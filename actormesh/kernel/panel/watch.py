@@ -23,11 +23,11 @@ from ...runtime import controller as controller_mod
 from ...runtime.actor_mesh import ActorMesh
 from ...runtime.future import Future
 from ...runtime.proc_mesh import ProcMesh
+from ...runtime.stacks import TOOL_ACTOR_PREFIX
 from ..cells import MeshRegistry, MeshTools
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_ACTORS = ("_mesh_executor", "_mesh_status")
 _CELL_FILE = re.compile(r"<mesh-cell-(\d+)(?:\.\d+)?>")
 
 
@@ -143,7 +143,11 @@ class MeshWatcher:
                 self._rank(table, rank, rv, death, paused.get((table.mesh_id, rank)), ready, now)
             )
         actors = sorted(
-            {spawn[1][2] for spawn in record.actor_spawns if spawn[1][2] not in INTERNAL_ACTORS}
+            {
+                spawn[1][2]
+                for spawn in record.actor_spawns
+                if not spawn[1][2].startswith(TOOL_ACTOR_PREFIX)
+            }
         )
         return {
             "mesh_id": table.mesh_id,
