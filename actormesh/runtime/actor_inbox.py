@@ -23,8 +23,8 @@ from typing import Any
 
 import zmq
 
-from .transport import Address, has_message
-from .wire import Message, Verifier, WireError
+from .transport import Address, receive
+from .wire import Message, Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -104,18 +104,9 @@ class ActorInbox:
         sock = self._socket
         if sock is None:
             return False
+        assert self._verifier is not None
         got = False
-        while has_message(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            assert self._verifier is not None
-            try:
-                msg = self._verifier.decode(frames)
-            except WireError as exc:
-                logger.warning("dropped a message that failed authentication: %s", exc)
-                continue
-            except Exception as exc:
-                logger.warning("dropped an undecodable message: %r", exc)
-                continue
+        for msg in receive(sock, self._verifier):
             got = True
             kind = msg.envelope[0]
             if kind == "call":

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from .actor_inbox import actor_context
-from .transport import MAX_IPC_PATH, Address, has_message
-from .wire import Verifier, WireError, new_id
+from .transport import MAX_IPC_PATH, Address, receive
+from .wire import Verifier, new_id
 
 if TYPE_CHECKING:
     from .future import Future
@@ -152,17 +152,7 @@ class ReplyInbox:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
         dispatch = self.node.dispatch
         in_order = self.node.in_order
-        sock = self._socket
-        while has_message(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            try:
-                msg = self._verifier.decode(frames)
-            except WireError as exc:
-                logger.warning("dropped a reply that failed authentication: %s", exc)
-                continue
-            except Exception as exc:
-                logger.warning("dropped an undecodable reply: %r", exc)
-                continue
+        for msg in receive(self._socket, self._verifier):
             if not in_order(msg):
                 continue  # handed to the I/O thread, after what its sender sent before it
             try:

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import zmq
@@ -69,6 +69,29 @@ def has_message(sock: zmq.Socket[Any]) -> bool:
     exception)."""
     events: int = sock.get(zmq.EVENTS)  # type: ignore[assignment]
     return bool(events & _POLLIN)
+
+
+def receive(
+    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None
+) -> Iterator[Message]:
+    """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
+
+    What fails authentication or decoding is dropped and logged, never handled. Reading until
+    empty matters to callers that sleep on the socket's FD: it signals edges, not levels.
+    """
+    count = 0
+    while (limit is None or count < limit) and has_message(sock):
+        count += 1
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        try:
+            msg = verifier.decode(frames)
+        except WireError as exc:
+            logger.warning("dropped a message that failed authentication: %s", exc)
+            continue
+        except Exception as exc:
+            logger.warning("dropped an undecodable message: %r", exc)
+            continue
+        yield msg
 
 
 def actor_address(proc: Address, key: str) -> Address | None:
@@ -433,18 +456,7 @@ class Transport:
                 self._guard(heapq.heappop(self._timers)[2])
 
     def _drain(self, inbox: zmq.Socket[Any]) -> None:
-        for _ in range(_DRAIN_BATCH):
-            if not has_message(inbox):
-                return
-            frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
-            try:
-                msg = self._verifier.decode(frames)
-            except WireError as exc:
-                logger.warning("dropped a message that failed authentication: %s", exc)
-                continue
-            except Exception as exc:
-                logger.warning("dropped an undecodable message: %r", exc)
-                continue
+        for msg in receive(inbox, self._verifier, _DRAIN_BATCH):
             try:
                 self._on_message(msg)
             except Exception:
