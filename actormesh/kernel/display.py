@@ -320,6 +320,11 @@ def _where(f: CellFailure) -> str:
     return f" at line {f.line}" if f.line else ""
 
 
+def _headline_colored(lines: list[str], color: str) -> list[str]:
+    """``lines`` as a traceback for IPython, the first one in an ANSI ``color``."""
+    return [f"\x1b[{color}m{line}\x1b[0m" if i == 0 else line for i, line in enumerate(lines)]
+
+
 class CellInterrupted(KeyboardInterrupt):
     """A ``%%mesh`` cell was interrupted (kernel interrupt, or ``--timeout``)."""
 
@@ -328,7 +333,7 @@ class CellInterrupted(KeyboardInterrupt):
         self.lines = lines
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[33m{line}\x1b[0m" if i == 0 else line for i, line in enumerate(self.lines)]
+        return _headline_colored(self.lines, "33")  # yellow
 
 
 class CellSyntaxError(MeshError):
@@ -353,7 +358,7 @@ class CellTimeout(MeshTimeoutError):
         self.lines = lines
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[31m{line}\x1b[0m" if i == 0 else line for i, line in enumerate(self.lines)]
+        return _headline_colored(self.lines, "31")  # red
 
 
 def interruption_report(

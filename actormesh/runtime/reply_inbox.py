@@ -170,24 +170,22 @@ class ReplyInbox:
         self.set()
 
 
-_local = threading.local()
 _numbers = itertools.count(1)
-_main_inbox: ReplyInbox | None = None
+_main_inbox: ReplyInbox | None = None  # only the process's main thread has one
 
 
 def reply_inbox(node: Node) -> ReplyInbox | None:
     """The calling thread's reply inbox, if it gets one: the process's main thread does (it is
     the one that makes calls and waits in scripts and notebooks); other threads use the
     process inbox."""
+    global _main_inbox
     current = threading.current_thread()
     ipc = node.address.ipc
     if current is not threading.main_thread() or ipc is None or len(ipc) > MAX_IPC_PATH:
         return None
-    inbox: ReplyInbox | None = getattr(_local, "inbox", None)
+    inbox = _main_inbox
     if inbox is None or inbox.node is not node or inbox.closed:
-        global _main_inbox
         inbox = _main_inbox = ReplyInbox(node, current)
-        _local.inbox = inbox
         node.on_close(inbox.close)
     return inbox
 
@@ -201,7 +199,9 @@ def hand_back_replies() -> None:
 
 def waiting_inbox() -> ReplyInbox | None:
     """The calling thread's reply inbox if it has one and is not already waiting on it."""
-    inbox: ReplyInbox | None = getattr(_local, "inbox", None)
+    inbox = _main_inbox
     if inbox is None or inbox.closed or inbox.waiting:
+        return None
+    if inbox.owner is not threading.current_thread():
         return None
     return inbox
