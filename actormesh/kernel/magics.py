@@ -14,6 +14,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..errors import MeshError
+from ..runtime import node as node_mod
 from ..runtime.stacks import render_grouped
 from ..runtime.value_mesh import ValueMesh
 from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, Target
@@ -93,6 +94,7 @@ class MeshMagics(Magics):
         self._pending: list[PendingCell] = []
         self.last_target: str | None = None
         self.debug: Any = None  # the %mesh dbg commands (actormesh.debugger.magics)
+        self._port_mark = 0  # the node's last port id when the running cell started
 
     @property
     def ip(self) -> InteractiveShell:
@@ -316,25 +318,34 @@ class MeshMagics(Magics):
 
     # -- kernel interrupt of a plain cell ---------------------------------------------------------
 
+    def pre_run_cell(self, info: Any) -> None:
+        node = node_mod._node
+        self._port_mark = node.last_port_id if node is not None else 0
+
     def post_run_cell(self, result: Any) -> None:
-        """A plain cell interrupted while it waited on a mesh: interrupt the ranks too."""
+        """A plain cell was interrupted: interrupt the ranks still running the calls it made.
+
+        Those are the calls whose replies are still awaited; the endpoints others started
+        (a ``--noblock`` cell, another thread) keep running."""
         exc = getattr(result, "error_in_exec", None)
+        node = node_mod._node
         if not isinstance(exc, KeyboardInterrupt) or isinstance(exc, CellInterrupted):
             return
-        tb = exc.__traceback__
-        waited = False
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("runtime/future.py"):
-                waited = True
-                break
-            tb = tb.tb_next
-        if not waited:
+        if node is None:
             return
-        for tools in self.registry.live():
+        pending: dict[str, tuple[Any, set[int]]] = {}
+        for handler in node.handlers_since(self._port_mark):
+            table = getattr(handler, "procs", None)
+            ranks_of = getattr(handler, "pending_ranks", None)
+            if table is None or ranks_of is None:
+                continue
+            for mesh_id, rank in ranks_of():
+                pending.setdefault(mesh_id, (table, set()))[1].add(rank)
+        for table, ranks in pending.values():
             try:
-                tools.procs.interrupt()
-            except MeshError:
-                pass
+                self.registry.tools(table).interrupt(sorted(ranks))
+            except (MeshError, SelectionError):
+                pass  # stopped meanwhile, or not this kernel's mesh: nothing to interrupt
 
 
 def _status_rows(t: MeshTools | Target) -> list[list[str]]:
@@ -406,6 +417,7 @@ def load(shell: Any) -> MeshMagics:
 
     magics.debug = install(magics)
     shell.register_magics(magics)
+    shell.events.register("pre_run_cell", magics.pre_run_cell)
     shell.events.register("post_run_cell", magics.post_run_cell)
     shell._actormesh_magics = magics
     return magics

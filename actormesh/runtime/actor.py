@@ -182,8 +182,9 @@ class ActorRunner:
         with self._busy_lock:
             if self.busy is None or self.thread.ident is None:
                 return False
-            raise_in_thread(self.thread.ident, KeyboardInterrupt)
-            self._interrupted = True
+            if not self._interrupted:  # a second one could land in the first one's handling
+                raise_in_thread(self.thread.ident, KeyboardInterrupt)
+                self._interrupted = True
             return True
 
     def _set_idle(self) -> None:
@@ -259,41 +260,44 @@ class ActorRunner:
         index = shape.local_index(self.proc_rank)
         ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
-        self.busy = (endpoint_name, time.monotonic())
         status, value = OK, None
         try:
             if self.init_failure is not None:
-                failure = self.init_failure
-                status, value = (
-                    FAILED,
-                    RemoteFailure(
-                        failure.rank,
-                        failure.actor,
-                        endpoint_name,
-                        failure.exc_type,
-                        f"actor {self.name!r} failed in __init__, so it cannot run "
-                        f"{endpoint_name!r}: {failure.message}",
-                        failure.traceback,
-                    ),
-                )
+                status, value = FAILED, self._unconstructed(endpoint_name)
             else:
-                args, kwargs = msg.value()
-                method = getattr(self.instance, endpoint_name)
-                value = method(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = self._run_coroutine(value)
+                self.busy = (endpoint_name, time.monotonic())
+                try:
+                    args, kwargs = msg.value()
+                    value = getattr(self.instance, endpoint_name)(*args, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = self._run_coroutine(value)
+                finally:
+                    self._set_idle()  # from here on no interrupt lands in this call
         except SystemExit:
             raise
         except BaseException as exc:
+            # Also an interrupt that landed as the endpoint returned: the reply still goes out.
             status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
         finally:
-            self._set_idle()
             ctxmod.set_current(None)
             _tls.runner = None
         if reply is not None and index is not None:
             self._reply(reply, index, status, value, caller)
         elif status == FAILED:
             self._report_unhandled(value)
+
+    def _unconstructed(self, endpoint_name: str) -> RemoteFailure:
+        failure = self.init_failure
+        assert failure is not None
+        return RemoteFailure(
+            failure.rank,
+            failure.actor,
+            endpoint_name,
+            failure.exc_type,
+            f"actor {self.name!r} failed in __init__, so it cannot run "
+            f"{endpoint_name!r}: {failure.message}",
+            failure.traceback,
+        )
 
     def _run_coroutine(self, coro: Any) -> Any:
         if self._loop is None:

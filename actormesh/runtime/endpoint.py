@@ -229,6 +229,13 @@ class _Collector(Generic[T]):
         )
         return f"replies to {self.what} from rank {shown}"
 
+    def pending_ranks(self) -> list[tuple[str, int]]:
+        """``(mesh_id, rank)`` of the ranks that have not answered yet."""
+        mesh_id = self.procs.mesh_id
+        return [
+            (mesh_id, self.shape.global_rank(i)) for i, v in enumerate(self.values) if v is _MISSING
+        ]
+
     def on_message(self, msg: Message) -> None:
         index, status = msg.envelope[2], msg.envelope[3]
         try:
@@ -295,13 +302,6 @@ class _Gather(_Collector[T]):
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.missing_ranks)
         self.future._pending_ranks = self.pending_ranks
-
-    def pending_ranks(self) -> list[tuple[str, int]]:
-        """``(mesh_id, rank)`` of the ranks that have not answered yet."""
-        mesh_id = self.procs.mesh_id
-        return [
-            (mesh_id, self.shape.global_rank(i)) for i, v in enumerate(self.values) if v is _MISSING
-        ]
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)

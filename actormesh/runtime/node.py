@@ -78,6 +78,7 @@ class Node:
         }
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
+        self.last_port_id = 0  # read as a mark: ports opened later have greater ids
         self._lock = threading.Lock()
         self.dead: dict[bytes, ProcDeath] = {}
         # Where rank-labelled output and unhandled failures go: the owner of this process.
@@ -105,9 +106,14 @@ class Node:
     def open_port(self, handler: PortHandler, address: Address | None = None) -> Port:
         """A port for ``handler``, received on the process inbox or on ``address`` (a thread's
         reply inbox in this process)."""
-        port_id = next(self._port_ids)
+        port_id = self.last_port_id = next(self._port_ids)
         self._ports[port_id] = handler
         return Port(address or self.address, port_id)
+
+    def handlers_since(self, mark: int) -> list[PortHandler]:
+        """The handlers of the ports still open that were opened after ``mark`` (a
+        ``last_port_id`` read earlier): the calls made since then that await replies."""
+        return [h for port_id, h in list(self._ports.items()) if port_id > mark]
 
     def close_port(self, port: Port) -> None:
         self._ports.pop(port.port_id, None)

@@ -195,6 +195,15 @@ def _spin(kernel: Kernel, code: str, marker: str, by_signal: bool = False) -> An
     return result
 
 
+def _ranks(text: str) -> list[int]:
+    """The ranks of a report heading's list: ``"0-2,5"`` -> ``[0, 1, 2, 5]``."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
 def test_interrupt_stops_the_ranks_and_the_cell_returns(kernel4: Kernel) -> None:
     pids = kernel4.ok("procs._procs.pids").value
     code = (
@@ -236,11 +245,23 @@ def test_interrupting_a_plain_cell_interrupts_its_endpoints(kernel4: Kernel) -> 
         "    @am.endpoint\n    def ping(self): return 'pong'\n"
         "spinners = procs.slice(gpus=slice(0, 2)).spawn('spinners', Spinner)"
     )
+    pong = "ValueMesh({gpus=0: 'pong', gpus=1: 'pong'})"
     r = _spin(kernel4, "spinners.spin.call().get()", "spin started", by_signal=True)
     assert r.status == "error" and r.ename == "KeyboardInterrupt"
-    assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == (
-        "ValueMesh({gpus=0: 'pong', gpus=1: 'pong'})"
-    )
+    assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == pong
+    # The interrupt may land anywhere in the cell, not only while it waits on a reply.
+    r = _spin(kernel4, "spun = spinners.spin.call()\ntime.sleep(60)", "spin started")
+    assert r.status == "error" and r.ename == "KeyboardInterrupt"
+    assert "KeyboardInterrupt" in kernel4.ok("repr(spun.exception(timeout=10))").value
+    assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == pong
+    # Calls that earlier cells made keep running.
+    kernel4.ok("earlier = spinners.slice(gpus=0).spin.call_one()")
+    r = _spin(kernel4, "print('sleeping', flush=True)\ntime.sleep(60)", "sleeping")
+    assert r.status == "error" and r.ename == "KeyboardInterrupt"
+    assert kernel4.ok("earlier.done()").value == "False"
+    kernel4.ok("procs.slice(gpus=0).interrupt()")
+    assert "KeyboardInterrupt" in kernel4.ok("repr(earlier.exception(timeout=10))").value
+    assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == pong
 
 
 def test_actor_mesh_target_binds_the_rank_actor(kernel4: Kernel) -> None:
@@ -300,5 +321,7 @@ def test_mesh_interrupt_stops_a_noblock_cell(kernel4: Kernel) -> None:
     kernel4.ok("%mesh interrupt procs")
     r = kernel4.execute("job.get(timeout=30)")
     assert r.status == "error" and r.ename == "MeshCellError"
-    assert "[ranks 0-3] KeyboardInterrupt" in r.traceback
+    # A rank that had not started the cell yet says it was interrupted before it started.
+    interrupted = re.findall(r"\[ranks? ([-\d,]+)\] KeyboardInterrupt", r.traceback)
+    assert sorted(_ranks(",".join(interrupted))) == [0, 1, 2, 3], r.traceback
     assert kernel4.ok("%%mesh procs\nrank").value is not None
