@@ -83,9 +83,10 @@ class _Pending:
 class DapClient:
     """One connection to a debug adapter (here: pydevd inside a rank, listening on loopback)."""
 
-    def __init__(self, host: str, port: int, on_event: EventHandler, name: str = "dap") -> None:
+    def __init__(self, sock: socket.socket, on_event: EventHandler, name: str = "dap") -> None:
+        """Speak DAP over ``sock``, a connected stream socket (see :func:`connect`)."""
         self.name = name
-        self._sock = socket.create_connection((host, port), timeout=DEFAULT_TIMEOUT)
+        self._sock = sock
         self._sock.settimeout(None)
         self._on_event = on_event
         self._seq = itertools.count(1)
@@ -193,3 +194,10 @@ class DapClient:
         self._sock.close()
         for p in pending:
             p.done.set()  # response stays None: the waiter raises "closed"
+
+
+def connect(host: str, port: int, on_event: EventHandler, name: str = "dap") -> DapClient:
+    """A client for the debug adapter listening on ``host:port``."""
+    return DapClient(
+        socket.create_connection((host, port), timeout=DEFAULT_TIMEOUT), on_event, name
+    )

@@ -2,11 +2,12 @@
 
 A rank that calls ``breakpoint()`` sends a signed ``("debugger", "paused", ...)`` message to the
 controller; the handler (on the I/O thread) hands the attach to a small thread pool, which
-connects a :class:`~actormesh.debugger.dap.DapClient` to the rank's debugpy on loopback,
-configures it (breakpoints by location included) and lets the rank stop. From then on the
-rank's DAP events (``stopped``, ``continued``, connection closed) keep :class:`RankDebug` up to
-date, and listeners are told of every change. The kernel-initiated paths (``%mesh dbg on``,
-breakpoints by location, pause) first ask the rank's ``_mesh_debug`` actor to start debugpy.
+connects a :class:`~actormesh.debugger.dap.DapClient` to the rank's debugpy on loopback (through
+the rank's host agent when it runs on another host), configures it (breakpoints by location
+included) and lets the rank stop. From then on the rank's DAP events (``stopped``,
+``continued``, connection closed) keep :class:`RankDebug` up to date, and listeners are told of
+every change. The kernel-initiated paths (``%mesh dbg on``, breakpoints by location, pause)
+first ask the rank's ``_mesh_debug`` actor to start debugpy.
 
 Nothing here blocks the I/O thread or a DAP reader thread: requests that need an answer are
 made from the pool or from the caller's (cell) thread.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import builtins
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,8 +31,9 @@ from ..runtime import controller as controller_mod
 from ..runtime.actor_mesh import ActorMesh
 from ..runtime.proc_mesh import ProcMesh
 from ..runtime.shape import Shape
+from ..runtime.tunnel import open_tunnel
 from ..runtime.wire import Message
-from .dap import DapClient, DapError
+from .dap import DEFAULT_TIMEOUT, DapClient, DapError
 from .rank import DebugAgent, access_token
 
 logger = logging.getLogger(__name__)
@@ -109,7 +112,21 @@ class RankDebug:
 
     # -- attaching (pool thread) -----------------------------------------------------------------
 
-    def attach(self, host: str, port: int) -> None:
+    def _connect(self, port: int) -> socket.socket:
+        """A connection to the rank's debugpy, which listens on its host's loopback: straight
+        there on this host, else through the rank's host agent (see ``runtime/tunnel.py``)."""
+        ctl = controller_mod.get_controller()
+        record = ctl.meshes.get(self.mesh_id)
+        if record is None or record.table.closed:
+            raise DapError(f"proc mesh {self.mesh_id} is stopped")
+        if record.table.addresses[self.rank].host == ctl.node.transport.host_id:
+            return socket.create_connection(("127.0.0.1", port), timeout=DEFAULT_TIMEOUT)
+        agent = record.agent_of(self.rank).address
+        if agent is None:
+            raise DapError(f"the host agent of rank {self.rank} is gone")
+        return open_tunnel(ctl.node, agent, port)
+
+    def attach(self, port: int) -> None:
         """Connect and configure; returns once the rank's debugpy has its client.
 
         Serialized by its own lock, not the state lock: the rank may stop (and its reader
@@ -117,13 +134,8 @@ class RankDebug:
         with self._attach_lock:
             if self.attached:
                 return
-            if host not in ("127.0.0.1", "localhost", _hostname()):
-                raise DapError(
-                    f"rank {self.rank} runs on host {host}: the debugger reaches ranks on this "
-                    "host only so far"
-                )
             self.initialized.clear()
-            client = DapClient("127.0.0.1", port, self._on_event, name=f"rank-{self.rank}")
+            client = DapClient(self._connect(port), self._on_event, name=f"rank-{self.rank}")
             try:
                 token = access_token(controller_mod.get_controller().key)
                 client.request("pydevdAuthorize", {"debugServerAccessToken": token})
@@ -323,12 +335,6 @@ class RankDebug:
         return list(body.get("breakpoints", []))
 
 
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
 class Debugger:
     """Every debugged rank of this controller. One per kernel; see :func:`get_debugger`."""
 
@@ -442,7 +448,7 @@ class Debugger:
                 "it runs out (%mesh dbg list shows the time left)"
             )
         try:
-            rd.attach(where["host"], int(where["port"]))
+            rd.attach(int(where["port"]))
         except Exception as exc:
             self.notices(
                 f"the debugger could not attach to rank {rd.rank} paused at "
@@ -485,7 +491,7 @@ class Debugger:
             futures: list[Future[None]] = []
             for rd, fut in listening:
                 info = fut.get(timeout=timeout)
-                futures.append(self.pool.submit(rd.attach, info["host"], int(info["port"])))
+                futures.append(self.pool.submit(rd.attach, int(info["port"])))
             for f in futures:
                 f.result(timeout=timeout)
             self._push_sources(todo)

@@ -29,6 +29,7 @@ from .logs import TEE_MARK
 from .node import Node, set_node
 from .osutil import describe_status, die_with_parent
 from .transport import Address
+from .tunnel import TunnelEnds
 from .wire import Message, dumps
 from .zygote import FD_ENV
 
@@ -74,6 +75,7 @@ class Agent:
         h["signal"] = self._on_signal
         h["shutdown"] = lambda _: self.done.set()
         h["dump"] = self._on_dump
+        TunnelEnds(node)  # the controller's debugger reaches this host's ranks through them
 
     # -- fork server -----------------------------------------------------------------------------
 

@@ -101,10 +101,14 @@ class HostMesh(MeshShape):
         table = ProcTable(mesh_id, addresses, labels, relays if any(relays) else None)
         record = MeshRecord(ctl, table, agents, per)
         ctl.register(record)
+        spawn_env = dict(env or {})
+        hook = os.environ.get("PYTHONBREAKPOINT")
+        if hook:  # breakpoint() on ranks of other hosts too (the debugger sets it)
+            spawn_env.setdefault("PYTHONBREAKPOINT", hook)
         record.common = {
             "cwd": os.getcwd(),
             "sys_path": list(sys.path),
-            "env": dict(env or {}),
+            "env": spawn_env,
             "extent": [list(extent.labels), list(extent.sizes)],
         }
         record.spawn_ranks(list(range(len(shape))))

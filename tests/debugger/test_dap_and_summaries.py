@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from actormesh.debugger.dap import DapClient, DapError, FrameReader, encode
+from actormesh.debugger.dap import DapError, FrameReader, connect, encode
 from actormesh.debugger.tensors import Comparison, check_name, summarize, summarize_in
 
 
@@ -94,7 +94,7 @@ def test_requests_events_failures_and_hang_up(adapter: Adapter) -> None:
         events.append((name, body))
         seen.set()
 
-    client = DapClient("127.0.0.1", adapter.port, on_event, name="t")
+    client = connect("127.0.0.1", adapter.port, on_event, name="t")
     try:
         assert client.request("evaluate", {"expression": "x"}) == {"echo": {"expression": "x"}}
         with pytest.raises(DapError, match="fail failed: it failed"):

@@ -281,6 +281,89 @@ def test_cross_host_inboxes_speak_curve(procs: Any) -> None:
         assert greeting[12:32].rstrip(b"\0") == b"CURVE"
 
 
+class Looper(am.Actor):
+    def __init__(self) -> None:
+        self.stop = False
+
+    @am.endpoint
+    def loop(self) -> str:
+        n = 0
+        while not self.stop:
+            n += 1
+        return os.environ["ACTORMESH_HOST_ADDR"]
+
+    @am.endpoint
+    def hit_breakpoint(self) -> int:
+        answer = 41
+        breakpoint()
+        return answer + 1
+
+
+def _debugger() -> Any:
+    from actormesh.debugger.session import get_debugger
+
+    return get_debugger()
+
+
+def test_debugger_pauses_and_inspects_ranks_on_other_hosts(procs: Any) -> None:
+    # Every rank here runs on another host than the controller: the debugger reaches each
+    # rank's debugpy (on that host's loopback) through the host agent.
+    debugger = _debugger()
+    mesh_id = procs._procs.mesh_id
+    loopers = procs.spawn("loopers", Looper)
+    running = loopers.loop.call()
+    ranks = list(range(6))
+    try:
+        debugger.pause(mesh_id, ranks)
+
+        def all_in_loop() -> bool:
+            paused = debugger.paused_in(mesh_id)
+            return all(
+                r in paused and paused[r].location and paused[r].location.function == "loop"
+                for r in ranks
+            )
+
+        assert debugger.wait(all_in_loop, WAIT), [rd.describe() for rd in debugger.paused()]
+        for r in ranks:
+            rd = debugger.rank(mesh_id, r)
+            assert rd.evaluate("n > 0")["result"] == "True"
+            rd.evaluate("self.stop = True")
+        debugger.resume(mesh_id, ranks)
+        hosts = running.get(timeout=WAIT).values()
+        assert len(set(hosts)) == 3
+    finally:
+        debugger.detach_all()
+
+
+def test_breakpoint_on_a_rank_of_another_host_pauses_it(three_hosts: am.HostMesh) -> None:
+    from actormesh.debugger.session import enable_breakpoints
+
+    debugger = _debugger()
+    previous = os.environ.get("PYTHONBREAKPOINT")
+    enable_breakpoints()  # reaches the ranks of the next spawn, on every host
+    try:
+        mesh = three_hosts.spawn_procs(per_host={"gpus": 1})
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONBREAKPOINT", None)
+        else:
+            os.environ["PYTHONBREAKPOINT"] = previous
+    try:
+        one = mesh.spawn("loopers", Looper).slice(hosts=2)
+        result = one.hit_breakpoint.call_one()
+        mesh_id = mesh._procs.mesh_id
+        assert debugger.wait(lambda: 2 in debugger.paused_in(mesh_id), WAIT)
+        rd = debugger.rank(mesh_id, 2)
+        assert debugger.wait(lambda: rd.location is not None, WAIT)
+        assert rd.location.function == "hit_breakpoint"
+        assert rd.evaluate("answer")["result"] == "41"
+        rd.resume()
+        assert result.get(timeout=WAIT) == 42
+    finally:
+        debugger.detach_all()
+        mesh.stop().get(timeout=30)
+
+
 def test_no_process_left_after_stop(three_hosts: am.HostMesh, fake_net: FakeNet) -> None:
     mesh = three_hosts.spawn_procs(per_host={"gpus": 1})
     before = {h: len(fake_net.pids(h)) for h in (1, 2, 3)}
