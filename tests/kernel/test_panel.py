@@ -72,7 +72,8 @@ class Panel:
         assert reply["status"] == "ok", reply
 
     def wait(self, what: str, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        """The newest message so far that satisfies ``pred`` (waiting for one)."""
+        """The newest message since the last ``forget()`` that satisfies ``pred`` (waiting for
+        one): call ``forget()`` before an action whose effect the next wait must see."""
 
         def seen() -> bool:
             self._drain(0.1)
@@ -157,11 +158,12 @@ def test_subscribe_empty_then_live_states(panel_kernel: tuple[Kernel, Panel]) ->
     panel.snapshot("idle again", states("idle", "idle", "idle", "idle"))
 
     # An actor's endpoint: busy in actor.endpoint, on the ranks it was called on.
+    panel.forget()  # snapshots from before (the interrupt settling rank by rank) do not count
     kernel.ok(
         "class Sleeper(am.Actor):\n"
         "    @am.endpoint\n"
-        "    def nap(self, s):\n"
-        "        import time; time.sleep(s)\n"
+        "    def nap(self, s):\n"  # short sleeps: an interrupt lands when one returns
+        "        import time\n        for _ in range(int(s * 10)): time.sleep(0.1)\n"
         "sleepers = procs.spawn('sleeper', Sleeper)\n"
         "sleepers.slice(gpus=slice(2, 4)).nap.broadcast(600)"
     )
@@ -169,6 +171,7 @@ def test_subscribe_empty_then_live_states(panel_kernel: tuple[Kernel, Panel]) ->
     assert ranks_of(snap)[3]["busy"] == {"kind": "endpoint", "what": "sleeper.nap", "line": None}
     assert snap["meshes"][0]["actors"] == ["sleeper"]
     assert sorted(snap["meshes"][0]["names"]) == ["procs", "sleepers"]
+    panel.forget()
     panel.ok("interrupt", mesh_id=mesh_id, ranks=[2, 3])
     panel.snapshot("the nap interrupted", states("idle", "idle", "idle", "idle"))
     # A status "idle" answering a panel request would show the notebook idle while a cell runs.
@@ -184,6 +187,7 @@ def test_death_respawn_and_stop(
     snap = panel.snapshot("4 idle ranks", states("idle", "idle", "idle", "idle"))
     mesh_id = snap["meshes"][0]["mesh_id"]
 
+    panel.forget()
     kernel.execute(
         "%%mesh procs --ranks 2\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
     )
@@ -192,6 +196,7 @@ def test_death_respawn_and_stop(
 
     reply = panel.request("respawn", mesh_id=mesh_id, ranks=[5])
     assert reply["status"] == "error" and "ranks 0-3" in reply["message"]
+    panel.forget()
     panel.ok("respawn", mesh_id=mesh_id, ranks=None)
     panel.wait("the respawn", lambda m: m["type"] == "result" and m["op"] == "respawn" and m["ok"])
     panel.snapshot("4 idle ranks again", states("idle", "idle", "idle", "idle"))
@@ -200,6 +205,7 @@ def test_death_respawn_and_stop(
         == "ValueMesh({gpus=0: 0, gpus=1: 1, gpus=2: 2, gpus=3: 3})"
     )
 
+    panel.forget()
     panel.ok("stop", mesh_id=mesh_id, ranks=None)
     panel.wait("no mesh left", lambda m: m["type"] == "snapshot" and m["meshes"] == [])
     reply = panel.request("stacks", mesh_id=mesh_id, ranks=None)
