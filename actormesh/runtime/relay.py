@@ -4,9 +4,10 @@ A proc mesh's table says, per rank, which host agent *relays* to it (``ProcTable
 for ranks on the controller's own host). A sender on another host than a rank never sends to it
 directly: every message of a cast, call or control request from that sender to that rank goes
 through the rank's host agent, in one message per host that names the mesh and the shape. The
-agent hands it to its local workers in the shape, in arrival order. So there is exactly one route
-from each sender to each receiver, and per-sender FIFO order holds as on one host; the sender's
-cost per cast grows with hosts, not with processes or actors.
+agent hands it to its local workers in the shape, in arrival order (calls straight to each
+actor's own inbox, as senders on that host do). So there is exactly one route from each sender
+to each receiver, and per-sender FIFO order holds as on one host; the sender's cost per cast
+grows with hosts, not with processes or actors.
 
 Replies to a ``call()`` come back the same way, gathered: the agent points the reply port of the
 call it fans out at itself, and sends the caller one ``replies`` message carrying the answers of
@@ -167,7 +168,11 @@ class Relayer:
         holds goes out now: before the exit report, which fails the calls still waiting on it."""
         ranks = self.workers.get(mesh_id)
         if ranks is not None:
-            ranks.pop(rank, None)
+            address = ranks.pop(rank, None)
+            if address is not None:
+                # What is still queued for it (and its actors) must not reach a rank healed in
+                # place: that is a new incarnation.
+                self.node.transport.forget(address)
             if not ranks:
                 del self.workers[mesh_id]
         self._targets.clear()
@@ -201,16 +206,19 @@ class Relayer:
             return
         transport = self.node.transport
         payload, buffers = msg.payload, msg.buffers
+        addresses = [address for _, address in targets]
+        if envelope[0] == "call":
+            # Straight to each actor's own inbox, as senders on this host call it (every call
+            # from this agent to that actor takes that route, so its order holds).
+            addresses = [transport.route_to_actor(a, envelope[1]) for a in addresses]
         if one_way and not buffers:
             payload = bytes(payload)  # it may travel inside a batch's (pickled) envelope
-            for _, address in targets:
+            for address in addresses:
                 transport.send_one_way(address, envelope, payload)
             return
         if window > 0 and len(targets) > 1 and envelope[0] == "call" and envelope[4] is not None:
             envelope = self._gather(mesh_id, state, envelope, targets, window)
-        digest = payload_digest(payload)
-        for _, address in targets:
-            transport.send(address, envelope, payload, buffers, digest)
+        transport.send_many(addresses, envelope, payload, buffers, payload_digest(payload))
 
     # -- gathering replies -----------------------------------------------------------------------
 
