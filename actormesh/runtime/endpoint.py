@@ -189,7 +189,7 @@ class Endpoint(Generic[P, R]):
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
             # and, for call(), one message per host back: the agents gather the replies
-            window = config.REPLY_WINDOW if type(collector) is _Gather and len(shape) > 1 else 0.0
+            window = config.REPLY_WINDOW if isinstance(collector, _Gather) and len(shape) > 1 else 0
             what = self._what
             relay.cast(
                 node, procs, shape, envelope, payload, buffers, digest, collector, what, window

@@ -41,6 +41,8 @@ Senders on the rank's own host (its siblings) keep sending directly, over ipc://
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SupervisionError
@@ -263,9 +265,11 @@ class Relayer:
             self._close(gather)
         elif batch.size > _MAX_BATCH_BYTES:
             self._flush(batch)
-        elif not batch.timed:
-            batch.timed = True
-            self.node.transport.call_later(gather.window, lambda: self._flush(batch))
+        else:
+            due = time.monotonic() + gather.window
+            if due < batch.due:  # calls may name different windows: the shortest holds
+                batch.due = due
+                self.node.transport.call_later(gather.window, lambda: self._flush(batch))
 
     def _close(self, gather: _Gathering) -> None:
         port = gather.port
@@ -328,7 +332,7 @@ class _Gathering:
 class _Batch:
     """Replies on their way to one caller's inbox, in the order they reached this agent."""
 
-    __slots__ = ("buffers", "dest", "items", "payloads", "size", "soon", "timed")
+    __slots__ = ("buffers", "dest", "due", "items", "payloads", "size", "soon")
 
     def __init__(self, dest: Address) -> None:
         self.dest = dest
@@ -337,7 +341,7 @@ class _Batch:
         self.payloads: list[Any] = []
         self.buffers: list[Any] = []
         self.size = 0
-        self.timed = False  # a flush after the window is scheduled
+        self.due = math.inf  # when a flush after the window is scheduled for
         self.soon = False  # a flush as soon as the I/O thread is free is scheduled
 
 

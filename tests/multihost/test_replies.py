@@ -107,9 +107,12 @@ def test_replies_of_a_call_come_one_message_per_host(
 
 
 def test_a_slow_rank_does_not_hold_back_the_replies_of_the_others(
-    procs: Any, tmp_path: Path
+    procs: Any, tmp_path: Path, replies_seen: Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repliers = procs.spawn("slow", Replier)
+    repliers.initialized.get(timeout=WAIT)
+    replies_seen.clear()
+    monkeypatch.setattr(config, "REPLY_WINDOW", 0.005)
     gate = tmp_path / "open"
     slow = {"hosts": 1, "gpus": 0}
     pending = repliers.gate.call(slow, str(gate))
@@ -128,6 +131,7 @@ def test_a_slow_rank_does_not_hold_back_the_replies_of_the_others(
     gate.touch()
     got = pending.get(timeout=WAIT)
     assert got.values() == [str(p) for p, _ in got.items()]
+    assert replies_seen["reply"] == 0  # all gathered, the slow rank's too
 
 
 def test_a_rank_dying_mid_call_fails_the_call_naming_it(
