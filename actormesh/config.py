@@ -43,6 +43,12 @@ HOST_DEADLINE = _float("ACTORMESH_HOST_DEADLINE", 3.0)
 # Encrypt tcp:// traffic between hosts with CurveZMQ: "auto" (on as soon as a host that is not
 # the controller's joins), "1" (same), or "0" (off: messages are still signed, not secret).
 CURVE = os.environ.get("ACTORMESH_CURVE", "auto").strip().lower()
+# Replies of a call() relayed to another host come back through its host agent, one message per
+# host (relay.py). The agent sends what it has when all its ranks answered, and at the latest
+# this many seconds after it got a reply it still holds (so a slow rank delays the others' by no
+# more than that). Read by the caller at each call, which tells the agent; 0: every rank replies
+# to the caller directly.
+REPLY_WINDOW = _float("ACTORMESH_REPLY_WINDOW", 0.003)
 # Where the controller listens for host agents, and the address it gives them to reach it
 # (default: this machine's name, resolved), when listen_for_hosts() is not told.
 HOST_LISTEN = os.environ.get("ACTORMESH_LISTEN", "0.0.0.0:29500")

@@ -246,7 +246,7 @@ class ActorRunner:
         )
         port = reply_port(reply)
         if port is not None and index is not None:
-            self._reply(port, index, FAILED, failure)
+            self._reply(port, index, FAILED, failure, _caller(reply))
 
     def _handle_call(self, msg: Message) -> None:
         env = msg.envelope
@@ -254,9 +254,7 @@ class ActorRunner:
         endpoint_name: str = env[2]
         shape: Shape = shape_from_state(env[3])
         reply: Port | None = reply_port(env[4])
-        # A reply to a thread's own reply inbox may overtake what this process sent to the
-        # caller's process inbox before it: say where to wait up to (Node.in_order).
-        caller = env[4][2] if reply is not None and len(env[4]) > 2 else None
+        caller = _caller(env[4])
         index = shape.local_index(self.proc_rank)
         ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
@@ -378,6 +376,13 @@ class ActorRunner:
                 _tls.runner = None
         if not handled:
             self._escalate(failure)
+
+
+def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
+    """The caller's process mailbox when a reply travels by another route than what this process
+    sends that process directly (to a thread's own reply inbox, or through a host agent that
+    gathers replies): the reply then says where to wait up to (Node.in_order)."""
+    return reply[2] if reply is not None and len(reply) > 2 else None
 
 
 _tls = threading.local()

@@ -3,7 +3,8 @@
 
 A cast pickles the arguments once and sends one message per destination process (each with the
 same payload and digest). Replies come back to a port of the caller's process, where a collector
-gathers them on the I/O thread. A process that dies fails the collector at once.
+gathers them on the I/O thread (those of a ``call`` to ranks on other hosts come one message per
+host, gathered by its agent: relay.py). A process that dies fails the collector at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from .. import config
 from ..errors import (
     ActorError,
     MeshClosedError,
@@ -186,8 +188,12 @@ class Endpoint(Generic[P, R]):
         envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
+            # and, for call(), one message per host back: the agents gather the replies
+            window = config.REPLY_WINDOW if isinstance(collector, _Gather) and len(shape) > 1 else 0
             what = self._what
-            relay.cast(node, procs, shape, envelope, payload, buffers, digest, collector, what)
+            relay.cast(
+                node, procs, shape, envelope, payload, buffers, digest, collector, what, window
+            )
             return
         dead = node.dead
         key = mesh._key

@@ -70,6 +70,7 @@ class Node:
         self.address = self.transport.address
         self.handlers: dict[str, Callable[[Message], None]] = {
             "reply": self._on_port_message,
+            "replies": self._on_replies,
             "port": self._on_port_message,
             "died": self._on_died,
             "revived": lambda msg: self.forget_death(msg.envelope[1]),
@@ -125,10 +126,32 @@ class Node:
             return
         handler.on_message(msg)
 
+    def _on_replies(self, msg: Message) -> None:
+        """Replies that a host agent gathered from its workers, in one message (relay.py).
+
+        Each is handled as if its worker had sent it here: the agent signed the whole message,
+        covering every payload, so nothing here is unpickled before a signature was checked.
+        """
+        payload, buffers = msg.payload, msg.buffers
+        start = first = 0
+        for port_id, sender, index, status, after, size, nbuf in msg.envelope[1]:
+            reply = Message(
+                sender,
+                ("reply", port_id, index, status, after),
+                payload[start : start + size],
+                buffers[first : first + nbuf],
+            )
+            start += size
+            first += nbuf
+            # It took another route than what its worker sent here directly before it.
+            if self.in_order(reply):
+                self._on_port_message(reply)
+
     # -- order across sockets --------------------------------------------------------------------
 
     def in_order(self, msg: Message) -> bool:
-        """Whether a reply read off a thread's reply inbox may be handled now.
+        """Whether a reply that took another route than the process inbox may be handled now:
+        read off a thread's reply inbox, or gathered by a host agent (``_on_replies``).
 
         Its sender may have sent this process other messages before it (an endpoint's printed
         lines, port messages), which travel through the process inbox. A reply that names the

@@ -16,6 +16,11 @@ A message on the wire is a list of ZeroMQ frames::
 
 Nothing is unpickled before the signature, the destination, the sequence number (against
 replays) and the payload digest have been checked.
+
+A host agent that gathers its workers' replies (``relay.py``) checks each of them like any
+message it receives, never unpickles their payloads, and signs one message carrying them: its
+payload is theirs, end to end, so its digest covers every byte the caller will unpickle, and its
+head lists every buffer's size. The caller checks that one signature, then splits it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,21 @@
-"""Cast plans across hosts (relay.py): which ranks a sender reaches directly, which agents relay."""
+"""Cast plans across hosts (relay.py): which ranks a sender reaches directly, which agents relay;
+and how a caller takes the replies an agent gathered."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from actormesh.runtime.node import Node
 from actormesh.runtime.proc_table import ProcTable
 from actormesh.runtime.relay import plan
 from actormesh.runtime.shape import Shape
 from actormesh.runtime.transport import Address
-from actormesh.runtime.wire import shape_state
+from actormesh.runtime.wire import Message, new_key, shape_state
 
 
 def _table() -> tuple[ProcTable, list[Address | None]]:
@@ -40,3 +49,51 @@ def test_a_slice_touches_only_its_hosts_and_the_plan_is_cached() -> None:
     first = plan(table, shape, shape_state(shape), "controller-host")
     assert first == ((), (agents[2],))
     assert plan(table, shape, shape_state(shape), "controller-host") is first
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.got: list[tuple[int, int, Any]] = []
+
+    def on_message(self, msg: Message) -> None:
+        self.got.append((msg.envelope[2], msg.envelope[3], msg.value()))
+
+    def on_death(self, mailbox: bytes, death: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
+    made = Node(new_key(), run_dir, "ctl", "controller")  # never started: we call its handlers
+    try:
+        yield made
+    finally:
+        made.transport.close(linger=0)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_gathered_replies_are_split_and_wait_for_what_their_worker_sent_before(node: Node) -> None:
+    """A host agent's ``replies`` message: each reply reaches its port with its own payload and
+    buffers, and one that names an earlier message of its worker waits until that is handled."""
+    import pickle
+
+    recorder = _Recorder()
+    port = node.open_port(recorder)
+    early, late = b"W" * 8, b"V" * 8  # two workers' sender ids
+    big = pickle.PickleBuffer(bytearray(b"x" * 100))
+    p0, b0 = pickle.dumps("first", protocol=5), []
+    p1_buffers: list[Any] = []
+    p1 = pickle.dumps(big, protocol=5, buffer_callback=p1_buffers.append)
+    b1 = [bytes(b.raw()) for b in p1_buffers]
+    items = (
+        (port.port_id, early, 0, 0, 5, len(p0), len(b0)),  # after seq 5 of `early`
+        (port.port_id, late, 1, 1, 0, len(p1), len(b1)),  # nothing to wait for
+    )
+    node.dispatch(Message(b"A" * 8, ("replies", items), memoryview(p0 + p1), [*b0, *b1], 1))
+    assert [(i, s) for i, s, _ in recorder.got] == [(1, 1)]
+    assert bytes(recorder.got[0][2]) == b"x" * 100
+    node._note_handled(Message(early, ("log",), b"", [], 4))  # not yet the one it waits for
+    assert len(recorder.got) == 1
+    node._note_handled(Message(early, ("log",), b"", [], 5))
+    assert recorder.got[1] == (0, 0, "first")
