@@ -99,6 +99,12 @@ def listen() -> int:
             )
             py_db = get_global_debugger()
             py_db.wait_for_server_socket_ready()
+            # pydevd writes a DAP message as two sends (header, body): with Nagle's algorithm
+            # the body waits for the client's delayed ACK, 40 ms on every answer. The kernel's
+            # connection is accepted from this socket and inherits the option (it cannot
+            # connect before we return the port).
+            server = py_db._waiting_for_connection_thread._server_socket
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _port = int(py_db._server_socket_name[1])
         hide_runtime_threads()  # actors spawned since the last call
         return _port
