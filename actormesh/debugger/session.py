@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .. import config
 from ..errors import MeshError
 from ..runtime import controller as controller_mod
 from ..runtime.actor_mesh import ActorMesh
@@ -699,10 +700,14 @@ def _install_handler(ctl: Any) -> None:
 
 
 BREAKPOINT_HOOK = "actormesh.debugger.rank.breakpoint_hook"
+PRELOAD_MODULE = "actormesh.debugger.preload"
 
 
 def enable_breakpoints() -> None:
     """Route ``breakpoint()`` on every rank started from now on into the debugger (the
-    workers inherit this process's environment through their host agent)."""
+    workers inherit this process's environment through their host agent), and have the fork
+    servers of host agents started from now on import pydevd ahead for their ranks."""
     get_debugger()
     os.environ["PYTHONBREAKPOINT"] = BREAKPOINT_HOOK
+    if PRELOAD_MODULE not in config.PRELOAD:
+        config.PRELOAD.append(PRELOAD_MODULE)
