@@ -73,7 +73,9 @@ class FrameReader:
             out.append(json.loads(body))
 
 
-class _Pending:
+class PendingRequest:
+    """A request sent and not answered yet: ``DapClient.wait`` gets its answer."""
+
     def __init__(self, command: str) -> None:
         self.command = command
         self.done = threading.Event()
@@ -91,7 +93,7 @@ class DapClient:
         self._on_event = on_event
         self._seq = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, PendingRequest] = {}
         self._lock = threading.Lock()
         self.closed = threading.Event()
         self._reader = threading.Thread(
@@ -101,10 +103,10 @@ class DapClient:
 
     # -- any thread ------------------------------------------------------------------------------
 
-    def send_request(self, command: str, arguments: dict[str, Any] | None = None) -> _Pending:
+    def send_request(self, command: str, arguments: dict[str, Any] | None = None) -> PendingRequest:
         """Send a request without waiting; ``wait(pending)`` gets its body."""
         seq = next(self._seq)
-        pending = _Pending(command)
+        pending = PendingRequest(command)
         with self._lock:
             if self.closed.is_set():
                 raise DapError(f"{self.name}: the debugger connection is closed")
@@ -121,7 +123,7 @@ class DapClient:
             raise DapError(f"{self.name}: sending {command!r} failed: {exc}") from exc
         return pending
 
-    def wait(self, pending: _Pending, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+    def wait(self, pending: PendingRequest, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
         command = pending.command
         if not pending.done.wait(timeout):
             raise DapError(f"{self.name}: no answer to {command!r} within {timeout:g} s")

@@ -1,9 +1,11 @@
 """The rank side of the debugger: debugpy inside a worker, started on first use.
 
 Nothing here runs until a rank calls ``breakpoint()`` or the kernel asks for the debugger
-(``%mesh dbg on``, a breakpoint by location, a pause): a mesh that never debugs never imports
-debugpy. The kernel routes ``breakpoint()`` here by setting ``PYTHONBREAKPOINT`` to
-:func:`breakpoint_hook` in the environment the workers inherit; the runtime knows nothing of it.
+(``%mesh dbg on``, a breakpoint by location, a pause): a mesh that never debugs starts no
+debugger thread and traces nothing. Its workers import debugpy only if the fork server they
+come from preloaded it (``preload``, when the controller's debugger is on). The kernel routes
+``breakpoint()`` here by setting ``PYTHONBREAKPOINT`` to :func:`breakpoint_hook` in the
+environment the workers inherit; the runtime knows nothing of it.
 
 debugpy runs with its adapter in process (no extra process per rank) and listens on loopback
 only. The order on ``breakpoint()`` is: listen, report "paused" to the controller (which
@@ -12,7 +14,7 @@ the main thread, the status and debug actors) are marked so pydevd never traces 
 them: a paused rank still answers heartbeats, stack dumps and status requests. The actormesh
 package itself is never traced either, so stepping stays in user code.
 
-This module is imported by workers: it must stay cheap to import (debugpy only on first use).
+This module is imported by workers: it must stay cheap to import (debugpy only when asked).
 """
 
 from __future__ import annotations
@@ -63,14 +65,29 @@ def access_token(key: bytes) -> str:
     return hmac.new(key, b"actormesh-debugger", hashlib.sha256).hexdigest()
 
 
+def import_pydevd() -> None:
+    """Import debugpy's pydevd, and only that: no thread, no socket, no tracing (the fork
+    server calls it, and forks afterwards).
+
+    Importing it installs debugpy's ``sys.breakpointhook``, which ignores ``PYTHONBREAKPOINT``
+    and drops the breakpoint while no client is connected (a rank detached by ``%mesh dbg
+    off``): the hook in place before is put back, so ``breakpoint()`` still reaches
+    :func:`breakpoint_hook`."""
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    hook = sys.breakpointhook
+    import debugpy._vendored.force_pydevd  # noqa: F401  (loads the vendored pydevd)
+    import pydevd  # noqa: F401
+
+    sys.breakpointhook = hook
+
+
 def listen() -> int:
     """Start pydevd listening on loopback (once per process); returns its port."""
     global _port
     with _lock:
         if _port is None:
-            os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+            import_pydevd()
             import debugpy
-            import debugpy._vendored.force_pydevd  # puts pydevd on sys.path
             import pydevd
             from _pydevd_bundle import pydevd_filtering
             from _pydevd_bundle.pydevd_constants import get_global_debugger
@@ -99,6 +116,12 @@ def listen() -> int:
             )
             py_db = get_global_debugger()
             py_db.wait_for_server_socket_ready()
+            # pydevd writes a DAP message as two sends (header, body): with Nagle's algorithm
+            # the body waits for the client's delayed ACK, 40 ms on every answer. The kernel's
+            # connection is accepted from this socket and inherits the option (it cannot
+            # connect before we return the port).
+            server = py_db._waiting_for_connection_thread._server_socket
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _port = int(py_db._server_socket_name[1])
         hide_runtime_threads()  # actors spawned since the last call
         return _port

@@ -21,19 +21,21 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .. import config
 from ..errors import MeshError
 from ..runtime import controller as controller_mod
 from ..runtime.actor_mesh import ActorMesh
+from ..runtime.future import Future as MeshFuture
 from ..runtime.proc_mesh import ProcMesh
 from ..runtime.shape import Shape
 from ..runtime.tunnel import open_tunnel
 from ..runtime.wire import Message
-from .dap import DEFAULT_TIMEOUT, DapClient, DapError
+from .dap import DEFAULT_TIMEOUT, DapClient, DapError, PendingRequest
 from .rank import DebugAgent, access_token
 
 logger = logging.getLogger(__name__)
@@ -137,9 +139,14 @@ class RankDebug:
             self.initialized.clear()
             client = DapClient(self._connect(port), self._on_event, name=f"rank-{self.rank}")
             try:
+                # pydevd answers requests one at a time, in the order they came: the handshake
+                # goes out in two batches, one round trip each, rather than one per request (a
+                # round trip to a busy rank waits for its CPU and its GIL).
                 token = access_token(controller_mod.get_controller().key)
-                client.request("pydevdAuthorize", {"debugServerAccessToken": token})
-                client.request(
+                authorize = client.send_request(
+                    "pydevdAuthorize", {"debugServerAccessToken": token}
+                )
+                initialize = client.send_request(
                     "initialize",
                     {
                         "clientID": "actormesh",
@@ -149,14 +156,20 @@ class RankDebug:
                         "pathFormat": "path",
                     },
                 )
+                attach = client.send_request("attach", {"justMyCode": True})
+                client.wait(authorize)
+                client.wait(initialize)
                 self.client = client
                 self.port = port
-                attach = client.send_request("attach", {"justMyCode": True})
                 if not self.initialized.wait(ATTACH_TIMEOUT):
                     raise DapError(f"rank {self.rank}: debugpy did not initialize")
-                for path, lines in self.debugger.breakpoints_of(self.key).items():
-                    self.set_breakpoints(path, sorted(lines))
-                client.request("configurationDone")
+                configure = [
+                    self._send_breakpoints(path, lines)
+                    for path, lines in self.debugger.breakpoints_of(self.key).items()
+                ]
+                configure.append(client.send_request("configurationDone"))
+                for pending in configure:
+                    client.wait(pending)
                 client.wait(attach, ATTACH_TIMEOUT)
             except BaseException:
                 self.client = None
@@ -324,15 +337,18 @@ class RankDebug:
         with self._changed:
             return self._changed.wait_for(lambda: self.status == "paused", timeout)
 
-    def set_breakpoints(self, path: str, lines: Sequence[int]) -> list[dict[str, Any]]:
-        body = self._client().request(
+    def set_breakpoints(self, path: str, lines: Iterable[int]) -> list[dict[str, Any]]:
+        body = self._client().wait(self._send_breakpoints(path, lines))
+        return list(body.get("breakpoints", []))
+
+    def _send_breakpoints(self, path: str, lines: Iterable[int]) -> PendingRequest:
+        return self._client().send_request(
             "setBreakpoints",
             {
                 "source": {"path": path},
                 "breakpoints": [{"line": line} for line in sorted(lines)],
             },
         )
-        return list(body.get("breakpoints", []))
 
 
 class Debugger:
@@ -484,18 +500,49 @@ class Debugger:
 
     def attach(self, mesh_id: str, ranks: Sequence[int], timeout: float = 60) -> list[RankDebug]:
         """Start debugpy on ``ranks`` (if needed) and attach to each; blocks."""
-        todo = [self.rank(mesh_id, r) for r in ranks]
-        todo = [rd for rd in todo if not rd.attached]
-        if todo:
-            listening = [(rd, self.agent(mesh_id, rd.rank).listen.call_one()) for rd in todo]
-            futures: list[Future[None]] = []
-            for rd, fut in listening:
-                info = fut.get(timeout=timeout)
-                futures.append(self.pool.submit(rd.attach, int(info["port"])))
-            for f in futures:
-                f.result(timeout=timeout)
-            self._push_sources(todo)
-        return [self.rank(mesh_id, r) for r in ranks]
+        return self._attach_each(mesh_id, ranks, None, timeout)
+
+    def _attach_each(
+        self,
+        mesh_id: str,
+        ranks: Sequence[int],
+        then: Callable[[RankDebug], None] | None,
+        timeout: float,
+    ) -> list[RankDebug]:
+        """Attach to every rank of ``ranks`` and run ``then`` on it, all ranks at once; blocks.
+
+        Each rank goes on as soon as its own debugpy listens: on a loaded host the ranks start
+        it at very different times, and the first need not wait for the last. With ``then``
+        (an operation on the rank's threads) every rank's agent is asked to listen, attached
+        or not: that also marks the actors spawned since as the runtime's."""
+        rds = [self.rank(mesh_id, r) for r in ranks]
+        sources = self.sources()
+        calls: dict[int, tuple[MeshFuture[dict[str, Any]], MeshFuture[None] | None]] = {}
+        for rd in rds:
+            fresh = not rd.attached
+            if fresh or then is not None:
+                agent = self.agent(mesh_id, rd.rank)
+                # The same actor takes both in order: the sources arrive right after it listens.
+                listening = agent.listen.call_one()
+                adding = agent.add_sources.call_one(sources) if fresh and sources else None
+                calls[rd.rank] = (listening, adding)
+
+        def one(rd: RankDebug) -> None:
+            info = calls[rd.rank][0].get(timeout=timeout)
+            rd.attach(int(info["port"]))  # at once if attached already
+            if then is not None:
+                then(rd)
+
+        deadline = time.monotonic() + timeout
+        for f in [self.pool.submit(one, rd) for rd in rds if rd.rank in calls]:
+            f.result(timeout=max(deadline - time.monotonic(), 0))
+        for _, adding in calls.values():
+            if adding is not None:
+                try:
+                    adding.get(timeout=max(deadline - time.monotonic(), 1))
+                except MeshError as exc:
+                    logger.debug("could not send cell sources to a rank: %s", exc)
+        return rds
 
     def _push_sources(self, ranks: Sequence[RankDebug]) -> None:
         sources = self.sources()
@@ -556,14 +603,14 @@ class Debugger:
     # -- operations on a selection ---------------------------------------------------------------
 
     def pause(self, mesh_id: str, ranks: Sequence[int]) -> None:
-        # listen() again on attached ranks too: it marks actors spawned since as the runtime's
-        # (their threads must not be suspended with the user's).
-        marks = [self.agent(mesh_id, r).listen.call_one() for r in ranks]
-        for fut in marks:
-            fut.get(timeout=60)
-        for rd in self.attach(mesh_id, ranks):
+        """Pause every rank of ``ranks``; blocks until each has been told (not until each has
+        stopped: ``wait_paused`` does that)."""
+
+        def pause(rd: RankDebug) -> None:
             if rd.status != "paused":
                 rd.pause()
+
+        self._attach_each(mesh_id, ranks, pause, timeout=60)
 
     def resume(self, mesh_id: str, ranks: Sequence[int], command: str = "continue") -> None:
         for r in ranks:
@@ -659,10 +706,14 @@ def _install_handler(ctl: Any) -> None:
 
 
 BREAKPOINT_HOOK = "actormesh.debugger.rank.breakpoint_hook"
+PRELOAD_MODULE = "actormesh.debugger.preload"
 
 
 def enable_breakpoints() -> None:
     """Route ``breakpoint()`` on every rank started from now on into the debugger (the
-    workers inherit this process's environment through their host agent)."""
+    workers inherit this process's environment through their host agent), and have the fork
+    servers of host agents started from now on import pydevd ahead for their ranks."""
     get_debugger()
     os.environ["PYTHONBREAKPOINT"] = BREAKPOINT_HOOK
+    if PRELOAD_MODULE not in config.PRELOAD:
+        config.PRELOAD.append(PRELOAD_MODULE)

@@ -93,6 +93,9 @@ def test_state_api_for_the_sidebar_pause_resume_and_listen(dbg4: Kernel) -> None
 
 
 def test_after_dbg_off_a_breakpoint_pauses_again(dbg4: Kernel) -> None:
+    # debugpy keeps running on a rank once started there; its own breakpoint hook would drop
+    # a breakpoint() while no client is attached.
+    assert "debugger attached to ranks 0, 1, 2, 3" in dbg4.ok("%mesh dbg on").stream()
     dbg4.ok("%mesh dbg off")
     # A rank's debug port is open to every local user; without the token it obeys nobody.
     r = dbg4.ok(
@@ -111,3 +114,25 @@ def test_after_dbg_off_a_breakpoint_pauses_again(dbg4: Kernel) -> None:
     assert "rank 0 {gpus=0} paused at In [" in r.stream(), r.stream()
     dbg4.ok("%mesh dbg continue")
     dbg4.ok("_mesh.get(timeout=30)")
+
+
+def test_a_mesh_that_never_debugs_runs_nothing_of_the_debugger(dbg4: Kernel) -> None:
+    """With the debugger on, the fork server imports pydevd ahead for its ranks; until a rank
+    is debugged nothing of it runs there, and breakpoint() still goes by PYTHONBREAKPOINT."""
+    dbg4.ok("quiet = am.this_host().spawn_procs(per_host={'gpus': 1})")
+    try:
+        r = dbg4.ok(
+            "%%mesh quiet\n"
+            "import sys, threading, traceback\n"
+            "from _pydevd_bundle.pydevd_constants import get_global_debugger\n"
+            "# pydevd hides its threads from threading.enumerate(), not their stacks\n"
+            "stacks = [traceback.extract_stack(f) for f in sys._current_frames().values()]\n"
+            "ours = [s for s in stacks if any('pydevd' in f.filename for f in s)]\n"
+            "print('debugger', get_global_debugger() is not None, 'pydevd threads', len(ours),\n"
+            "      'trace', sys.gettrace() is not None or threading.gettrace() is not None,\n"
+            "      'own hook', sys.breakpointhook is not sys.__breakpointhook__)\n"
+        )
+        out = r.stream()
+        assert "debugger False pydevd threads 0 trace False own hook False" in out, out
+    finally:
+        dbg4.ok("quiet.stop().get(timeout=30)")

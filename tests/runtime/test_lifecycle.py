@@ -218,3 +218,24 @@ def test_sigint_does_not_kill_a_worker_and_stderr_arrives_once(shared_procs, cap
     )
     # The agent forwards fd 2 in order: a duplicate of the earlier lines would be here by now.
     assert "".join(seen).count("[gpus=2] complaint") == 2
+
+
+class Insides(am.Actor):
+    @am.endpoint
+    def look(self) -> dict[str, object]:
+        import gc
+        import threading
+
+        return {
+            "debugger_modules": sorted(m for m in ("debugpy", "pydevd") if m in sys.modules),
+            "trace": sys.gettrace() is not None or threading.gettrace() is not None,
+            "frozen": gc.get_freeze_count() > 0,
+        }
+
+
+def test_workers_of_a_controller_without_the_debugger_never_import_it(shared_procs) -> None:
+    """The debugger is the kernel's: a plain controller's ranks load nothing of it, and start
+    with what their fork server imported frozen out of the collector's way."""
+    looks = shared_procs.spawn("insides", Insides).look.call().get(timeout=30)
+    for _, seen in looks.items():
+        assert seen == {"debugger_modules": [], "trace": False, "frozen": True}
