@@ -4,9 +4,10 @@
     python bench/bench_debugger.py                 # prints JSON
     BENCH_OUT=out.json BENCH_QUICK=1 python bench/bench_debugger.py
 
-Runs as a plain script controller (the kernel side of the debugger needs no IPython). Pausing
-is timed from the request to the moment every rank is listed as paused with its location; the
-first pause of a rank also starts debugpy there and attaches (cold), later ones do not (warm).
+Runs as a plain script controller (the kernel side of the debugger needs no IPython), with the
+debugger enabled before the first mesh as the kernel does. Pausing is timed from the request
+to the moment every rank is listed as paused with its location; the first pause of a rank also
+starts debugpy there and attaches (cold, measured on fresh meshes), later ones do not (warm).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import time
 from typing import Any
 
 import actormesh as am
-from actormesh.debugger.session import Debugger
+from actormesh.debugger.session import Debugger, enable_breakpoints, get_debugger
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 RANKS = 8
 CALLS = 300 if QUICK else 2000
 STACK_ITERS = 10 if QUICK else 50
 PAUSE_ROUNDS = 2 if QUICK else 5
+COLD_ROUNDS = 2 if QUICK else 5  # fresh 8-rank meshes, each paused once
 ROUNDS = 2 if QUICK else 5  # alternating attached / detached blocks of call_one
 
 
@@ -74,8 +76,27 @@ def wait_paused(debugger: Debugger, mesh_id: str, n: int, timeout: float = 60) -
         time.sleep(0.002)
 
 
+def pause_and_list(debugger: Debugger, spinners: Any, mesh_id: str) -> int:
+    """Pause every busy rank and list them; ns. The ranks are running again afterwards."""
+    ranks = list(range(RANKS))
+    spinning = spinners.spin.call()
+    time.sleep(0.2)  # let every rank enter its loop (the pause must find it busy)
+    t0 = time.perf_counter_ns()
+    debugger.pause(mesh_id, ranks)
+    wait_paused(debugger, mesh_id, RANKS)
+    listed = debugger.paused()
+    elapsed = time.perf_counter_ns() - t0
+    assert len(listed) == RANKS
+    for rd in listed:
+        rd.evaluate("self.stop = True")
+    debugger.resume(mesh_id, ranks)
+    spinning.get(timeout=30)
+    return elapsed
+
+
 def main() -> None:
     results: dict[str, Any] = {"ranks": RANKS, "quick": QUICK, "python": sys.version.split()[0]}
+    enable_breakpoints()  # what the kernel does when it loads: before any host agent starts
     procs = am.this_host().spawn_procs(per_host={"gpus": RANKS})
     spinners = procs.spawn("spinners", Spinner)
     spinners.ping.call().get(timeout=60)
@@ -94,28 +115,21 @@ def main() -> None:
             samples.append(time.perf_counter_ns() - t0)
         results["stacks_8"] = median_ms(samples)
 
-        # 3. pause 8 busy ranks and list them (cold: starts debugpy and attaches; then warm)
-        debugger = Debugger()
-        from actormesh.runtime import controller
-
-        controller.get_controller().node.handlers["debugger"] = debugger.on_message
+        # 3. pause 8 busy ranks and list them: cold (starts debugpy and attaches) on fresh
+        # meshes, then warm on the first mesh (its first pause is cold too, and not counted)
+        debugger = get_debugger()
+        cold = []
+        for _ in range(COLD_ROUNDS):
+            fresh = am.this_host().spawn_procs(per_host={"gpus": RANKS})
+            try:
+                fresh_spinners = fresh.spawn("spinners", Spinner)
+                fresh_spinners.ping.call().get(timeout=60)
+                cold.append(pause_and_list(debugger, fresh_spinners, fresh._procs.mesh_id))
+            finally:
+                fresh.stop().get(timeout=60)
+        results["pause_8_and_list_cold"] = median_ms(cold)
         ranks = list(range(RANKS))
-        pauses = []
-        for round_ in range(PAUSE_ROUNDS):
-            spinning = spinners.spin.call()
-            time.sleep(0.2)  # let every rank enter its loop (the pause must find it busy)
-            t0 = time.perf_counter_ns()
-            debugger.pause(mesh_id, ranks)
-            wait_paused(debugger, mesh_id, RANKS)
-            listed = debugger.paused()
-            pauses.append(time.perf_counter_ns() - t0)
-            assert len(listed) == RANKS
-            for rd in listed:
-                rd.evaluate("self.stop = True")
-            debugger.resume(mesh_id, ranks)
-            spinning.get(timeout=30)
-            if round_ == 0:
-                results["pause_8_and_list_cold_ms"] = pauses[0] / 1e6
+        pauses = [pause_and_list(debugger, spinners, mesh_id) for _ in range(PAUSE_ROUNDS + 1)]
         results["pause_8_and_list_warm"] = median_ms(pauses[1:])
 
         # 4. call_one to a rank with the debugger attached (no breakpoint set), to the same
