@@ -328,11 +328,11 @@ class MeshMagics(Magics):
         Those are the calls whose replies are still awaited; the endpoints others started
         (a ``--noblock`` cell, another thread) keep running."""
         exc = getattr(result, "error_in_exec", None)
-        node = node_mod._node
         if not isinstance(exc, KeyboardInterrupt) or isinstance(exc, CellInterrupted):
             return
+        node = node_mod._node
         if node is None:
-            return
+            return  # no mesh was ever made here
         pending: dict[str, tuple[Any, set[int]]] = {}
         for handler in node.handlers_since(self._port_mark):
             table = getattr(handler, "procs", None)
