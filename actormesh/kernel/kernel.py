@@ -98,4 +98,7 @@ def stop_all_meshes() -> None:
 
 def main() -> None:
     """Run the kernel: ``python -m actormesh.kernel -f CONNECTION_FILE``."""
-    IPKernelApp.launch_instance(kernel_class=ActormeshKernel)
+    IPKernelApp.launch_instance(
+        kernel_class=ActormeshKernel,
+        outstream_class="actormesh.kernel.iostream.OutStreamSkippingEmptyFlushes",
+    )

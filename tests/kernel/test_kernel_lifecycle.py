@@ -1,5 +1,5 @@
-"""The kernel's lifetime: restart and SIGKILL leave no worker; ``%load_ext`` in a stock kernel;
-the kernelspec from pip (shared-data) and from the CLI."""
+"""The kernel's lifetime and streams: restart and SIGKILL leave no worker; output arrives before
+idle; ``%load_ext`` in a stock kernel; the kernelspec from pip (shared-data) and from the CLI."""
 
 from __future__ import annotations
 
@@ -101,3 +101,24 @@ def test_cli_installs_the_same_kernelspec_that_pip_ships(tmp_path: Path) -> None
         timeout=60,
     )
     assert bad.returncode == 2 and "not allowed with" in bad.stderr
+
+
+def test_output_arrives_before_idle_with_flushes_that_skip_empty_streams(kernel: Kernel) -> None:
+    # The kernel's streams skip a flush only when nothing is left to send (kernel/iostream.py):
+    # text written anywhere, by any thread, still reaches the client before the cell's idle.
+    assert kernel.ok("import sys\ntype(sys.stdout).__name__").value == (
+        "'OutStreamSkippingEmptyFlushes'"
+    )
+    code = (
+        "import sys, threading\n"
+        "sys.stdout.flush(); sys.stderr.flush()\n"  # nothing written yet: returns at once
+        "t = threading.Thread(target=lambda: print('from a thread', end='|'))\n"
+        "t.start(); t.join()\n"
+        "print('from the cell', end='|'); sys.stdout.flush()\n"
+        "print('after the flush', end='|')\n"
+        "print('to stderr', end='|', file=sys.stderr)\n"
+    )
+    for _ in range(3):
+        result = kernel.ok(code)
+        assert result.stream() == "from a thread|from the cell|after the flush|"
+        assert result.stream("stderr") == "to stderr|"
