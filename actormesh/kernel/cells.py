@@ -26,6 +26,7 @@ from ..runtime.actor_mesh import ActorMesh
 from ..runtime.endpoint import _Collector
 from ..runtime.proc_mesh import ProcMesh
 from ..runtime.proc_table import ProcTable
+from ..runtime.reply_inbox import ReplyInbox, reply_inbox
 from ..runtime.shape import Shape
 from ..runtime.value_mesh import ValueMesh
 from ..runtime.wire import Message
@@ -206,6 +207,7 @@ class _CellCollector(_Collector[Any]):
     def __init__(self, run: CellRun, what: str, procs: ProcTable, shape: Shape) -> None:
         super().__init__(what, procs, shape)
         self.run = run
+        self.read_by_waiter = run.inbox is not None
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         if self.record(index, value) is None:
@@ -236,6 +238,9 @@ class CellRun:
         self._port: Any = None
         self._strip: StatusStrip | None = None
         self._started = 0.0
+        # A blocking cell's thread reads the replies itself as it waits (one thread hand-off
+        # less per cell), when it has a reply inbox (the main thread does: see reply_inbox.py).
+        self.inbox: ReplyInbox | None = None
 
     # -- I/O thread --------------------------------------------------------------------------
 
@@ -291,6 +296,8 @@ class CellRun:
         if not last:
             return  # the cell's thread polls the states; only the end must wake it
         self._wake.set()
+        if self.inbox is not None:
+            self.inbox.set()  # the end came through the I/O thread (a death): wake the reader
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -358,6 +365,7 @@ class CellRun:
         previous = logs.writer
         logs.writer = grouper.writer
         paused: dict[int, str] = {}
+        self.inbox = reply_inbox(controller_mod.get_controller().node)
         try:
             self.start()
             self._wait(grouper)
@@ -388,7 +396,11 @@ class CellRun:
         deadline = None if self.options.timeout is None else start + self.options.timeout
         title = f"%%mesh {self.target.text} ({self.options.filename.strip('<>')})"
         while not self.done():
-            self._wake.wait(0.03 if grouper.pending else 0.25)
+            step = 0.03 if grouper.pending else 0.25
+            if self.inbox is not None and not self.inbox.closed:
+                self.inbox.wait(self, time.monotonic() + step, _nothing, step)
+            else:
+                self._wake.wait(step)
             self._wake.clear()
             grouper.flush()
             now = time.monotonic()
@@ -422,6 +434,10 @@ class CellRun:
             raise CellTimeout(interruption_report(head, outcomes, still))
         head = f"KeyboardInterrupt: %%mesh cell interrupted on {prefix(running)[1:-1]}"
         raise CellInterrupted(interruption_report(head, outcomes, still))
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Deadline(Exception):

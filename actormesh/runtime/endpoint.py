@@ -173,7 +173,7 @@ class Endpoint(Generic[P, R]):
         reply: tuple[Any, ...] | None = None
         if collector is not None:
             inbox = None
-            if isinstance(collector, _Gather) and all(
+            if collector.read_by_waiter and all(
                 procs.addresses[r].host == transport.host_id for r in shape.ranks()
             ):
                 inbox = reply_inbox(node)  # replies read by this thread as it waits
@@ -216,6 +216,10 @@ class Endpoint(Generic[P, R]):
 
 class _Collector(Generic[T]):
     """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
+
+    # Whether the caller reads the replies itself while it waits for them (from its thread's
+    # reply inbox, when it has one: see reply_inbox.py) rather than the I/O thread.
+    read_by_waiter = False
 
     def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
         self.node: Node = current_node()
@@ -299,6 +303,8 @@ class _Collector(Generic[T]):
 
 
 class _Gather(_Collector[T]):
+    read_by_waiter = True  # Future.get reads them
+
     def __init__(
         self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
     ) -> None:

@@ -19,7 +19,7 @@ import os
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -28,7 +28,6 @@ from .transport import MAX_IPC_PATH, Address, receive
 from .wire import Verifier, new_id
 
 if TYPE_CHECKING:
-    from .future import Future
     from .node import Node
 
 logger = logging.getLogger(__name__)
@@ -36,6 +35,10 @@ logger = logging.getLogger(__name__)
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
 _POLL_IN = select.POLLIN
+
+
+class Awaited(Protocol):
+    def done(self) -> bool: ...
 
 
 class ReplyInbox:
@@ -67,12 +70,10 @@ class ReplyInbox:
 
     # -- the owner thread ------------------------------------------------------------------------
 
-    def wait(
-        self, fut: Future[Any], deadline: float | None, on_wake: Any, step: float = 1.0
-    ) -> None:
-        """Read replies until ``fut`` is done, ``deadline`` passes (then return), or ``on_wake``
-        raises (it runs every ``step`` seconds and when woken by another thread: pending
-        failures, wait hooks)."""
+    def wait(self, fut: Awaited, deadline: float | None, on_wake: Any, step: float = 1.0) -> None:
+        """Read replies until ``fut`` (a future, or a cell waiting for its ranks) is done,
+        ``deadline`` passes (then return), or ``on_wake`` raises (it runs every ``step``
+        seconds and when woken by another thread: pending failures, wait hooks)."""
         self.waiting = True
         try:
             while not fut.done() and not self.closed:
