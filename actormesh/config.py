@@ -31,6 +31,13 @@ PRELOAD = [m for m in os.environ.get("ACTORMESH_PRELOAD", "torch").split(",") if
 # "forkserver" (default: fork from a zygote that has imported PRELOAD) or "spawn" (fresh
 # interpreter per worker: slower, but nothing is inherited).
 START_METHOD = os.environ.get("ACTORMESH_START_METHOD", "forkserver")
+# The Linux scheduling policy of worker processes: "batch" (SCHED_BATCH: a worker that wakes up
+# does not preempt a busy core; it takes an idle one or waits for the current time slice, so a
+# controller that casts to many ranks finishes sending before they run) or "other" (the
+# default policy, as any process). The controller and the host agents keep the default.
+WORKER_SCHED = os.environ.get("ACTORMESH_WORKER_SCHED", "batch").strip().lower()
+if WORKER_SCHED not in ("batch", "other"):
+    raise ValueError(f"ACTORMESH_WORKER_SCHED={WORKER_SCHED!r}: use 'batch' or 'other'")
 # Where ipc:// sockets live; the path of a unix socket must stay short (108 bytes).
 RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
 # Lines of a dead worker's stderr kept for its SupervisionError.

@@ -165,6 +165,7 @@ def _run(
         "host_rank": welcome["host_rank"],
         "preload": welcome["preload"],
         "start_method": welcome["start_method"],
+        "worker_sched": welcome.get("worker_sched", "batch"),
         "controller_pid": 0,
         "host_id": name,
         "tcp_host": ip,

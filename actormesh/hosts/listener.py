@@ -223,6 +223,7 @@ class HostListener:
                 "deadline": self.deadline,
                 "preload": config.PRELOAD,
                 "start_method": config.START_METHOD,
+                "worker_sched": config.WORKER_SCHED,
             }
             router.send_multipart([ident, *handshake.welcome(self.ctl.key, info["nonce"], answer)])
 

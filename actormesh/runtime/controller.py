@@ -332,6 +332,7 @@ class Controller:
             "host_rank": handle.host_rank,
             "preload": config.PRELOAD,
             "start_method": config.START_METHOD,
+            "worker_sched": config.WORKER_SCHED,
             "controller_pid": os.getpid(),
         }
         os.write(w, (json.dumps(init) + "\n").encode())

@@ -39,6 +39,7 @@ def _address(v: list[Any]) -> Address:
 
 def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     """Run this process as the worker described by ``spec``; returns when told to stop."""
+    _set_scheduling_policy(init.get("worker_sched", "batch"))  # before any thread starts
     for k, v in spec["env"].items():
         os.environ[k] = v
     if "tcp_host" in spec:  # the address other hosts reach us at (torch.distributed uses it)
@@ -117,6 +118,22 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     cleanup_owned()
     flush_output()
     node.close()
+
+
+def _set_scheduling_policy(policy: str) -> None:
+    """``SCHED_BATCH`` unless told otherwise (``ACTORMESH_WORKER_SCHED``, see config.py).
+
+    Threads started later inherit it. A cast wakes every rank it reaches; under the default
+    policy each woken rank preempts whatever runs on its core, the caller included, so a
+    controller casting to 8 ranks on a busy machine is interrupted between its sends. Workers
+    are the non-interactive side of a mesh: that is what ``SCHED_BATCH`` is for.
+    """
+    if policy != "batch" or not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError as exc:  # a sandbox may forbid it: then the default policy it is
+        logger.debug("could not switch to SCHED_BATCH: %s", exc)
 
 
 def _deliver_output_before_exit(node: Node) -> None:

@@ -232,6 +232,11 @@ class Insides(am.Actor):
             "frozen": gc.get_freeze_count() > 0,
         }
 
+    @am.endpoint
+    def scheduling(self) -> tuple[int, int]:
+        """The scheduling policy of this endpoint's thread and of the process's main thread."""
+        return os.sched_getscheduler(0), os.sched_getscheduler(os.getpid())
+
 
 def test_workers_of_a_controller_without_the_debugger_never_import_it(shared_procs) -> None:
     """The debugger is the kernel's: a plain controller's ranks load nothing of it, and start
@@ -239,3 +244,44 @@ def test_workers_of_a_controller_without_the_debugger_never_import_it(shared_pro
     looks = shared_procs.spawn("insides", Insides).look.call().get(timeout=30)
     for _, seen in looks.items():
         assert seen == {"debugger_modules": [], "trace": False, "frozen": True}
+
+
+def test_workers_run_under_sched_batch_and_the_controller_does_not(shared_procs) -> None:
+    policies = shared_procs.spawn("sched", Insides).scheduling.call().get(timeout=30)
+    assert set(policies.values()) == {(os.SCHED_BATCH, os.SCHED_BATCH)}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_worker_sched_other_keeps_the_default_policy_and_a_bad_value_is_refused(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "sched.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            import actormesh as am
+
+            class Policy(am.Actor):
+                @am.endpoint
+                def get(self):
+                    return os.sched_getscheduler(0)
+
+            if __name__ == "__main__":
+                with am.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+                    print(sorted(set(procs.spawn("p", Policy).get.call().get(timeout=30).values())))
+            """
+        )
+    )
+    env = {**os.environ, "ACTORMESH_WORKER_SCHED": "other"}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([os.SCHED_OTHER])
+    env["ACTORMESH_WORKER_SCHED"] = "fifo"
+    bad = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 1
+    assert "ACTORMESH_WORKER_SCHED='fifo': use 'batch' or 'other'" in bad.stderr
