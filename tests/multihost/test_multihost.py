@@ -100,7 +100,8 @@ def test_per_sender_fifo_across_hosts(procs: Any) -> None:
 
 
 def test_a_cast_sends_one_message_per_host(procs: Any, monkeypatch: Any) -> None:
-    """The controller sends a cast once per host, to its agent, which fans it out locally."""
+    """The controller sends a cast (and a spawn) once per host, to its agent, which fans it out
+    locally."""
     from actormesh.runtime.node import current_node
 
     probes = procs.spawn("fanout", Probe)
@@ -132,6 +133,10 @@ def test_a_cast_sends_one_message_per_host(procs: Any, monkeypatch: Any) -> None
     sent.clear()
     probes.slice(hosts=2, gpus=1).where.call_one().get(timeout=WAIT)
     assert sent == [procs._record.agents[2].address.mailbox]
+    sent.clear()
+    spawned = procs.spawn("fanout2", Probe)  # a spawn is a cast too
+    assert sorted(sent) == sorted(agents)
+    assert len(spawned.where.call().get(timeout=WAIT)) == 6
 
 
 def test_fifo_across_routes_of_every_kind(procs: Any) -> None:
