@@ -89,7 +89,7 @@ class MeshMagics(Magics):
         super().__init__(shell)
         self.registry = MeshRegistry()
         self._count = itertools.count(1)
-        self._names: set[str] = set()
+        self._runs_of_cell: dict[int, int] = {}  # In [N] -> %%mesh runs it made so far
         self._auto: str | None = None  # the line of %mesh on
         self._pending: list[PendingCell] = []
         self.last_target: str | None = None
@@ -184,13 +184,10 @@ class MeshMagics(Magics):
         # IPython 9 on, has already advanced execution_count to the next cell's number).
         history = getattr(getattr(self.shell, "history_manager", None), "input_hist_raw", None)
         count = len(history) - 1 if history else next(self._count)
-        name = f"<mesh-cell-{count}>"
-        k = 1
-        while name in self._names:
-            k += 1
-            name = f"<mesh-cell-{count}.{k}>"
-        self._names.add(name)
-        return name
+        # One cell may run the magic many times (run_cell_magic in a loop): each run is a
+        # source of its own, or the ranks' tracebacks would show another run's lines.
+        k = self._runs_of_cell[count] = self._runs_of_cell.get(count, 0) + 1
+        return f"<mesh-cell-{count}>" if k == 1 else f"<mesh-cell-{count}.{k}>"
 
     def _target(self, text: str) -> Target:
         try:

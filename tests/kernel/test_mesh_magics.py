@@ -93,6 +93,18 @@ def test_errors_show_the_cell_lines_grouped_by_rank(kernel4: Kernel) -> None:
     assert kernel4.ok("%%mesh procs\nrank").value is not None  # the ranks are fine
 
 
+def test_each_run_of_the_magic_in_one_cell_shows_its_own_lines(kernel4: Kernel) -> None:
+    r = kernel4.execute(
+        "ip = get_ipython()\n"
+        "for i in range(3):\n"
+        "    ip.run_cell_magic('mesh', 'procs', f'run = {i}')\n"
+        "ip.run_cell_magic('mesh', 'procs', 'x = 0\\n1 / x  # the fourth run')"
+    )
+    assert r.status == "error" and r.ename == "MeshCellError", r.traceback
+    assert re.search(r'File "<mesh-cell-\d+\.4>", line 2', r.traceback), r.traceback
+    assert "1 / x  # the fourth run" in r.traceback
+
+
 def test_output_complete_and_in_rank_order_on_8_ranks(kernel4: Kernel) -> None:
     kernel4.ok(spawn_code(8, "big"))
     try:
