@@ -84,16 +84,12 @@ def extra_measure(
     return f
 
 
-def _kernel_ratio(r: dict[str, Any]) -> tuple[float, str]:
-    mesh = r["actormesh"]["mesh_cell"]["median_ms"]
-    px = r["ipp"]["px_cell"]["median_ms"]
-    return mesh / px, f"{mesh:.1f} / {px:.1f} ms"
+def _kernel_ratio(suffix: str = "") -> Callable[[dict[str, Any]], tuple[float, str]]:
+    """``%%mesh`` over ``%%px`` for one regime of bench_kernel.py ("", "_back_to_back", ...)."""
 
-
-def _kernel_regime_ratio(regime: str) -> Callable[[dict[str, Any]], tuple[float, str]]:
     def form(r: dict[str, Any]) -> tuple[float, str]:
-        mesh = r["actormesh"][f"mesh_cell_{regime}"]["median_ms"]
-        px = r["ipp"][f"px_cell_{regime}"]["median_ms"]
+        mesh = r["actormesh"][f"mesh_cell{suffix}"]["median_ms"]
+        px = r["ipp"][f"px_cell{suffix}"]["median_ms"]
         return mesh / px, f"{mesh:.1f} / {px:.1f} ms"
 
     return form
@@ -393,29 +389,23 @@ TARGETS = [
         lambda r: r <= 1.0,
         lambda x: f"{x:.2f} s",
     ),
-    Target(
-        "`%%mesh` trivial cell on 8 ranks, end to end (`bench_kernel.py`)",
-        "≤ 25 % of ipyparallel `%%px` on 8 engines",
-        extra_measure("kernel", _kernel_ratio),
-        lambda r: r <= 0.25,
-        pct,
-        "run with SYSTEMS including kernel",
-    ),
-    Target(
-        "  same, cells back to back (ten in a row per kernel, as Run All)",
-        "≤ 25 % of ipyparallel `%%px` on 8 engines",
-        extra_measure("kernel", _kernel_regime_ratio("back_to_back")),
-        lambda r: r <= 0.25,
-        pct,
-        "run with SYSTEMS including kernel",
-    ),
-    Target(
-        "  same, each cell after 0.1 s idle (as a user runs cells one by one)",
-        "≤ 25 % of ipyparallel `%%px` on 8 engines",
-        extra_measure("kernel", _kernel_regime_ratio("after_pause")),
-        lambda r: r <= 0.25,
-        pct,
-        "run with SYSTEMS including kernel",
+    *(
+        Target(
+            label,
+            "≤ 25 % of ipyparallel `%%px` on 8 engines",
+            extra_measure("kernel", _kernel_ratio(suffix)),
+            lambda r: r <= 0.25,
+            pct,
+            "run with SYSTEMS including kernel",
+        )
+        for label, suffix in (
+            ("`%%mesh` trivial cell on 8 ranks, end to end (`bench_kernel.py`)", ""),
+            ("  same, cells back to back (ten in a row per kernel, as Run All)", "_back_to_back"),
+            (
+                "  same, each cell after 0.1 s idle (as a user runs cells one by one)",
+                "_after_pause",
+            ),
+        )
     ),
     Target(
         "64 MB through `TensorBuffer`'s socket path (`bench_buffers.py`)",
