@@ -143,9 +143,8 @@ class DebugMagics:
         m = _CELL_FILE.match(text.strip())
         if m is not None:
             n = int(m.group(1))
-            mesh_name = f"<mesh-cell-{n}>"
-            if mesh_name in self.magics._names:
-                return mesh_name
+            if self.magics.ran_on_mesh(n):
+                return f"<mesh-cell-{n}>"
             for k, name in self._kernel_cells():
                 if k == n:
                     return name

@@ -189,6 +189,10 @@ class MeshMagics(Magics):
         k = self._runs_of_cell[count] = self._runs_of_cell.get(count, 0) + 1
         return f"<mesh-cell-{count}>" if k == 1 else f"<mesh-cell-{count}.{k}>"
 
+    def ran_on_mesh(self, n: int) -> bool:
+        """Whether cell In [n] ran ``%%mesh``: its ranks know its source as ``<mesh-cell-n>``."""
+        return n in self._runs_of_cell
+
     def _target(self, text: str) -> Target:
         try:
             obj = resolve_target(text, self.ip.user_ns)
