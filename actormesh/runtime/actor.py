@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from ..errors import RemoteFailure
 from . import context as ctxmod
 from .actor_inbox import ActorInbox
+from .logs import flush_output
+from .node import reply_port
+from .stacks import raise_in_thread
 from .transport import actor_address
-from .wire import Message, dumps, reply_port, shape_from_state
+from .wire import Message, dumps, shape_from_state
 
 if TYPE_CHECKING:
     from .node import Node, Port
@@ -176,8 +179,6 @@ class ActorRunner:
     def interrupt(self, request: Message) -> bool:
         """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that
         the interrupt's sender sent before it and that have not started (I/O thread)."""
-        from .stacks import raise_in_thread
-
         self._cancel_before[request.sender] = request.seq
         with self._busy_lock:
             if self.busy is None or self.thread.ident is None:
@@ -188,8 +189,6 @@ class ActorRunner:
             return True
 
     def _set_idle(self) -> None:
-        from .stacks import raise_in_thread
-
         with self._busy_lock:
             self.busy = None
             if self._interrupted and self.thread.ident is not None:
@@ -199,8 +198,6 @@ class ActorRunner:
     def _exit_process(self, exc: SystemExit) -> None:
         """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
         import os
-
-        from .logs import flush_output
 
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
@@ -313,8 +310,6 @@ class ActorRunner:
     def _reply(
         self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
     ) -> None:
-        from .logs import flush_output
-
         flush_output()  # what the endpoint printed arrives before its reply
         try:
             payload, buffers = dumps(value)
@@ -340,8 +335,6 @@ class ActorRunner:
             logger.exception("could not send the reply of %s", self.name)
 
     def _report_unhandled(self, failure: RemoteFailure) -> None:
-        from .logs import flush_output
-
         flush_output()
         self._escalate(failure)
 

@@ -11,7 +11,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, overload
 
 from ..errors import ProcDeath
 from .curve import CurveKeys
@@ -37,6 +37,27 @@ class Port(NamedTuple):
             transport.send(self.address, ("port", self.port_id), payload, buffers)
         else:
             transport.send_one_way(self.address, ("port", self.port_id), payload)
+
+
+_addresses: dict[tuple[Any, ...], Address] = {}
+
+
+@overload
+def reply_port(reply: None) -> None: ...
+@overload
+def reply_port(reply: tuple[Any, ...]) -> Port: ...
+def reply_port(reply: tuple[Any, ...] | None) -> Port | None:
+    """The Port of a reply, from the plain tuple an envelope carries (every call carries one:
+    its Address is built once per caller)."""
+    if reply is None:
+        return None
+    addr_t = reply[0]
+    address = _addresses.get(addr_t)
+    if address is None:
+        if len(_addresses) > 4096:
+            _addresses.clear()
+        address = _addresses[addr_t] = Address(*addr_t)
+    return Port(address, reply[1])
 
 
 class PortHandler(Protocol):

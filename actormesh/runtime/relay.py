@@ -46,8 +46,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SupervisionError
+from .node import reply_port
 from .transport import Address
-from .wire import Message, payload_digest, reply_port, shape_from_state
+from .wire import Message, payload_digest, shape_from_state
 
 if TYPE_CHECKING:
     from ..errors import ProcDeath

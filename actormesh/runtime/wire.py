@@ -321,24 +321,5 @@ def shape_from_state(state: tuple[Any, ...]) -> Any:
     return shape
 
 
-_addresses: dict[tuple[Any, ...], Any] = {}
-
-
-def reply_port(reply: tuple[Any, ...] | None) -> Any:
-    """The Port of a reply, from the plain tuple an envelope carries."""
-    if reply is None:
-        return None
-    from .node import Port
-    from .transport import Address
-
-    addr_t, port_id = reply[0], reply[1]
-    address = _addresses.get(addr_t)
-    if address is None:
-        if len(_addresses) > 4096:
-            _addresses.clear()
-        address = _addresses[addr_t] = Address(*addr_t)
-    return Port(address, port_id)
-
-
 def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()

@@ -24,11 +24,11 @@ from .buffers import cleanup_owned
 from .curve import curve_keys
 from .hosting import ActorHost
 from .logs import capture_output, flush_output
-from .node import Node, set_node
+from .node import Node, reply_port, set_node
 from .shape import Extent, Point
 from .stacks import format_stacks
 from .transport import Address
-from .wire import Message, dumps, reply_port, shape_from_state
+from .wire import Message, dumps, shape_from_state
 
 logger = logging.getLogger(__name__)
 
