@@ -118,6 +118,7 @@ def page(lab: Lab, module_page: Any, request: pytest.FixtureRequest) -> Iterator
                 pass
             Path(f"{stem}.console.txt").write_text("\n".join(module_page.console_messages))
             Path(f"{stem}.lab.log").write_text(lab.log())
+            Path(f"{stem}.kernel-stacks.txt").write_text(lab.kernel_stacks())
         module_page.goto("about:blank")
 
 

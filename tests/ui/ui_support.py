@@ -105,6 +105,31 @@ class Lab:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
+    def kernel_stacks(self) -> str:
+        """Every thread's stack in each kernel this server runs (py-spy, from the dev extras):
+        what a failed test's kernel was doing, e.g. a control thread that stopped answering."""
+        if self.proc is None:
+            return ""
+        py_spy = str(Path(sys.executable).with_name("py-spy"))
+        out = []
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "actormesh.kernel" not in " ".join(child.cmdline()):
+                    continue
+            except psutil.Error:
+                continue
+            try:
+                done = subprocess.run(
+                    [py_spy, "dump", "--pid", str(child.pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                out.append(f"== kernel pid {child.pid}\n{done.stdout}{done.stderr}")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out.append(f"== kernel pid {child.pid}: py-spy failed: {exc!r}")
+        return "\n".join(out) or "(no kernel running)"
+
     def api(self, method: str, path: str) -> Any:
         req = urllib.request.Request(
             f"{self.url}/api/{path}",
