@@ -96,17 +96,10 @@ class ProcMesh(MeshShape):
         reply = gather.port = node.open_port(gather)
         envelope = ("spawn", key, name, shape, reply)
         digest = payload_digest(payload)
-        if self._procs.relays is not None:  # ranks on other hosts: one message per host
-            state = shape_state(shape)
-            relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
-        else:
-            for rank in shape.ranks():
-                address = self._procs.addresses[rank]
-                death = node.dead.get(address.mailbox)
-                if death is not None:
-                    gather.on_death(address.mailbox, death)
-                    continue
-                node.send(address, envelope, payload, buffers, digest)
+        # Straight to ranks on this host, one message per other host (its agent fans it out):
+        # the route every later call to these ranks takes, so the spawn arrives first.
+        state = shape_state(shape)
+        relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
         mesh._initialized = gather.future
         if self._record is not None:
             self._record.actor_spawns.append((key, envelope, payload, buffers, digest))

@@ -106,7 +106,7 @@ class Lab:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def kernel_stacks(self) -> str:
-        """Every thread's stack in each kernel this server runs (py-spy, from the dev extras):
+        """Every thread's stack in each kernel this server runs (py-spy, from the ui extra):
         what a failed test's kernel was doing, e.g. a control thread that stopped answering."""
         if self.proc is None:
             return ""
