@@ -34,6 +34,7 @@ import os
 import pickle
 import struct
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,12 +112,24 @@ def _rebuild_tensor(
     return t
 
 
+def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
+    code: types.CodeType = make(*args)
+    return code.replace(co_filename=filename)
+
+
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle (by-value classes from ``__main__`` and notebook cells), zero-copy tensors."""
+    """cloudpickle (by-value classes from ``__main__`` and notebook cells), zero-copy tensors,
+    and code that keeps its file name."""
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is types.CodeType:
+            # cloudpickle >= 3.1.3 names all code it sends "<dynamic-code>". A rank needs the
+            # real name: it is how tracebacks, stacks and breakpoints find a notebook cell's lines.
+            make, args = self.dispatch_table[types.CodeType](obj)
+            return _code_in_file, (make, args, obj.co_filename)
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+        if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
             reduced = _reduce_tensor(obj, torch)
             if reduced is not None:
                 return reduced

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import types
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -103,3 +105,20 @@ def test_fuzzed_frames_never_reach_the_unpickler(frames: list[bytes], mode: str,
     complete_and_genuine = mode == "genuine+junk" and not frames[1:]
     assert accepted == complete_and_genuine
     assert bool(unpickled) == complete_and_genuine
+
+
+def test_code_sent_by_value_keeps_its_file_name() -> None:
+    # Code defined in a notebook cell travels by value; on the rank it must keep the cell's
+    # file name (tracebacks, stacks and breakpoints look the cell's lines up by it), whatever
+    # cloudpickle does with it (3.1.3 renames all such code "<dynamic-code>").
+    filename = "/tmp/ipykernel_1/2649631221.py"
+    source = "def step(x):\n    def inner(y):\n        return y + 1\n    return inner(x)\n"
+    namespace: dict[str, Any] = {"__name__": "not_an_importable_module"}
+    exec(compile(source, filename, "exec"), namespace)
+    payload, buffers = wire.dumps(namespace["step"])
+    step = wire.loads(payload, buffers)
+    assert step is not namespace["step"]  # rebuilt from its code, not imported
+    assert step.__code__.co_filename == filename
+    inner = next(c for c in step.__code__.co_consts if isinstance(c, types.CodeType))
+    assert inner.co_filename == filename
+    assert step(1) == 2
