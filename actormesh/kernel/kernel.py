@@ -20,10 +20,12 @@ import inspect
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
+from traitlets import Float
 
 from .. import __version__
 from .panel import REPLY_TYPE, REQUEST_TYPE, PanelService
@@ -46,6 +48,11 @@ class ActormeshKernel(IPythonKernel):
     implementation_version = __version__
     banner = "actormesh kernel: %%mesh TARGET runs a cell on every rank (see %mesh?)"
     control_msg_types = [*IPythonKernel.control_msg_types, REQUEST_TYPE]
+    # ipykernel sleeps 0.5 ms before every execute_reply, for clients that stop reading IOPub
+    # at the reply. The protocol's end of a cell is the idle status, which IOPub delivers after
+    # the cell's output; stdout and stderr are flushed (through the IOPub thread) before the
+    # reply either way. Every cell here is that much sooner.
+    _execute_sleep = Float(0.0).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -53,6 +60,7 @@ class ActormeshKernel(IPythonKernel):
         self.shell.extension_manager.load_extension("actormesh")
         magics = self.shell.magics_manager.registry["MeshMagics"]
         self.panel = PanelService(magics.registry, self.shell.user_ns)
+        self._history = _HistoryAfterIdle.install(self.shell.history_manager)
 
     def actormesh_panel_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """A request from the JupyterLab sidebar (control thread; see ``panel/service.py``)."""
@@ -69,6 +77,8 @@ class ActormeshKernel(IPythonKernel):
         if channel == "control" and msg.get("header", {}).get("msg_type") in _QUIET_REQUESTS:
             return
         super()._publish_status(status, channel, parent)
+        if status == "idle" and channel == "shell" and self._history is not None:
+            self._history.idle(getattr(self, "io_loop", None))
 
     def _send_interrupt_children(self) -> None:
         # Only this process: ipykernel's default signals the whole process group.
@@ -81,6 +91,51 @@ class ActormeshKernel(IPythonKernel):
         if inspect.isawaitable(result):
             result = await result
         return dict(result)
+
+
+class _HistoryAfterIdle:
+    """IPython writes every cell's input to its SQLite history from a thread it wakes as the
+    cell starts: that thread then competes with the cell for the GIL (each ZeroMQ send of a
+    cast lets it in, ~40 us a time on 2 cores), and a write still running holds the lock the
+    next cell's input waits for. The kernel has it written ``WRITE_AFTER_S`` after a cell's idle
+    status instead, between cells: the same rows, while no cell is starting. (IPython writes
+    what is left at exit; only a kernel killed outright within that window loses a row.)"""
+
+    WRITE_AFTER_S = 0.1
+
+    def __init__(self, history: Any) -> None:
+        self.history = history
+        self._armed = False
+
+    @classmethod
+    def install(cls, history: Any) -> _HistoryAfterIdle | None:
+        # Only IPython's default (write at every cell); a configured cache size is the user's.
+        if history is None or not history.using_thread or history.db_cache_size > 1:
+            return None
+        history.db_cache_size = _NEVER
+        return cls(history)
+
+    def idle(self, loop: Any) -> None:
+        """A cell ended (its idle status is out): write once the kernel has stayed idle."""
+        if loop is None or threading.current_thread() is not threading.main_thread():
+            self._write()  # a subshell's cell: no loop of ours to wait on
+        elif not self._armed:
+            self._armed = True
+            loop.call_later(self.WRITE_AFTER_S, self._write)
+
+    def _write(self) -> None:
+        self._armed = False
+        history = self.history
+        if not (history.db_input_cache or history.db_output_cache):
+            return
+        restart = getattr(history, "_restart_thread_if_stopped", None)
+        if restart is not None:
+            restart()  # IPython stops the thread before a fork and restarts it on a write
+        if history.save_flag is not None:
+            history.save_flag.set()
+
+
+_NEVER = 1 << 62  # a cache size no session reaches: the kernel says when to write
 
 
 def stop_all_meshes() -> None:

@@ -1,11 +1,13 @@
 """The kernel's lifetime and streams: restart and SIGKILL leave no worker; output arrives before
-idle; ``%load_ext`` in a stock kernel; the kernelspec from pip (shared-data) and from the CLI."""
+idle; the input history reaches its database; ``%load_ext`` in a stock kernel; the kernelspec
+from pip (shared-data) and from the CLI."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +124,38 @@ def test_output_arrives_before_idle_with_flushes_that_skip_empty_streams(kernel:
         result = kernel.ok(code)
         assert result.stream() == "from a thread|from the cell|after the flush|"
         assert result.stream("stderr") == "to stderr|"
+
+
+def _history_file(kernel: Kernel) -> tuple[str, int]:
+    code = "hm = get_ipython().history_manager\nprint(hm.hist_file, hm.session_number, end='')"
+    path, session = kernel.ok(code).stream().rsplit(" ", 1)
+    assert Path(path).is_file(), f"the kernel keeps its history in {path!r}, not a file"
+    return path, int(session)
+
+
+def _history_rows(path: str, session: int) -> set[str]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = db.execute("SELECT source_raw FROM history WHERE session = ?", (session,))
+        return {row[0] for row in rows}
+    finally:
+        db.close()
+
+
+def test_history_reaches_its_database_once_the_kernel_is_idle(kernel: Kernel) -> None:
+    # The kernel writes the input history after a cell's idle, not as it starts (kernel.py).
+    path, session = _history_file(kernel)
+    kernel.ok("a = 1")
+    kernel.ok("b = 2")
+    wait_until(
+        lambda: {"a = 1", "b = 2"} <= _history_rows(path, session),
+        10,
+        "both inputs in the history database",
+    )
+
+
+def test_history_of_a_cell_just_before_shutdown_is_kept(kernel: Kernel) -> None:
+    path, session = _history_file(kernel)
+    kernel.ok("last = 'cell before shutdown'")
+    kernel.shutdown()  # at once: before the kernel's idle-time write is due
+    assert "last = 'cell before shutdown'" in _history_rows(path, session)
