@@ -116,7 +116,7 @@ class _HistoryAfterIdle:
         return cls(history)
 
     def idle(self, loop: Any) -> None:
-        """A cell ended (its idle status is out): write once the kernel has stayed idle."""
+        """A cell ended (its idle status is out): have its input written soon, between cells."""
         if loop is None or threading.current_thread() is not threading.main_thread():
             self._write()  # a subshell's cell: no loop of ours to wait on
         elif not self._armed:
