@@ -189,7 +189,7 @@ class Signer:
     """Signs outgoing messages of one process: its sender id and a sequence number per message."""
 
     def __init__(self, key: bytes, sender: bytes):
-        self.key = key
+        self._mac = _keyed_mac(key)
         self.sender = sender
         self._seq = itertools.count(1)
         self.last_seq = 0  # of the frames made last (read under the sender's send lock)
@@ -227,9 +227,21 @@ class Signer:
             head = b"".join([fixed, dests, *sizes, env])
         else:
             head = b"".join((fixed, dests, env))
-        sig = hmac.digest(self.key, head, "sha256")
+        sig = _sign(self._mac, head)
         # One frame for the signed head and the payload: every frame costs a syscall's worth.
         return [b"".join((sig, head, payload)), *buffers]
+
+
+def _keyed_mac(key: bytes) -> hmac.HMAC:
+    """HMAC-SHA256 with ``key`` already absorbed: each signature copies it (half the cost of
+    ``hmac.digest``, which hashes the padded key twice for every message)."""
+    return hmac.new(key, digestmod="sha256")
+
+
+def _sign(mac: hmac.HMAC, data: Any) -> bytes:
+    h = mac.copy()
+    h.update(data)
+    return h.digest()
 
 
 class Message:
@@ -259,7 +271,7 @@ class Verifier:
     """Checks incoming messages for one receiver: signature, destination, replay, sizes."""
 
     def __init__(self, key: bytes, me: bytes):
-        self.key = key
+        self._mac = _keyed_mac(key)
         self.me = me
         self._last_seq: dict[bytes, int] = {}
 
@@ -275,7 +287,7 @@ class Verifier:
         head_end = dests_end + nbuf * _LEN.size + env_len
         if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
             raise WireError("truncated head")
-        expected = hmac.digest(self.key, first[SIG_SIZE:head_end], "sha256")
+        expected = _sign(self._mac, first[SIG_SIZE:head_end])
         if not hmac.compare_digest(first[:SIG_SIZE], expected):
             raise WireError("bad signature")
         # From here on the head is authentic: it was written by a holder of the key.

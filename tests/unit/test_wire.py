@@ -49,6 +49,17 @@ def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
         verifier.decode(elsewhere)
 
 
+def test_every_message_is_signed_with_plain_hmac_sha256_of_its_head() -> None:
+    import hmac
+
+    signer, verifier, dest = _pair()
+    for payload in (b"first", b"second, longer payload", b""):
+        first = signer.frames(dest, ("call", payload), payload)[0]
+        head = first[wire.SIG_SIZE : len(first) - len(payload)]
+        assert first[: wire.SIG_SIZE] == hmac.digest(KEY, head, "sha256")
+        assert verifier.decode([first]).envelope == ("call", payload)
+
+
 def test_a_cast_signed_once_is_accepted_by_each_receiver_and_no_other() -> None:
     signer = wire.Signer(KEY, wire.new_id())
     ids = [wire.new_id() for _ in range(3)]
