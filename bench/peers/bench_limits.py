@@ -128,6 +128,21 @@ class ZPool:
                 os.unlink(self.ep[len("ipc://") :])
 
 
+def call_pickled(pool: ZPool, ident: bytes, i: int) -> None:
+    """The ``call_one`` floor: a pickled (method, args) call to one worker and its reply."""
+    fr = pool.req(ident, b"k", pickle.dumps(("ping", (i,)), protocol=5))
+    assert pickle.loads(fr[2].buffer) == i
+
+
+def call_all(pool: ZPool, i: int) -> None:
+    """The ``call`` floor: one pickled call sent to every worker, then every reply gathered."""
+    body = pickle.dumps(("ping", (i,)), protocol=5)
+    for ident in pool.ids:
+        pool.sock.send_multipart([ident, b"k", body])
+    out = [pickle.loads(pool.sock.recv_multipart(copy=False)[2].buffer) for _ in pool.ids]
+    assert len(out) == len(pool.ids)
+
+
 def _zmq_payload(R: C.Results, pool: ZPool, pre: str, name: str, size: tuple[int, int, int]):
     """Controller -> worker (zero-copy send, 8-byte ack), and fetch back."""
     nb, w, it = size
@@ -162,11 +177,10 @@ def zmq_suite(R: C.Results, transport: str) -> None:
             C.time_loop(lambda i: pool.req(a, b"p", small), C.RTT_WARMUP, C.RTT_ITERS),
         )
 
-        def call_pickled(i: int) -> None:
-            fr = pool.req(a, b"k", pickle.dumps(("ping", (i,)), protocol=5))
-            assert pickle.loads(fr[2].buffer) == i
-
-        R.add(f"{pre}_rtt_pickle", C.time_loop(call_pickled, C.RTT_WARMUP, C.RTT_ITERS))
+        R.add(
+            f"{pre}_rtt_pickle",
+            C.time_loop(lambda i: call_pickled(pool, a, i), C.RTT_WARMUP, C.RTT_ITERS),
+        )
 
         # fire-and-forget: pickled one-way calls, the clock stops when the counter confirms
         for i in range(C.FF_WARMUP):
@@ -202,16 +216,10 @@ def _zmq_mesh(R: C.Results, n: int) -> None:
     pool = ZPool("tcp", n)
     try:
         R.add(f"zmq_spawn_{n}", {"seconds": pool.spawn_s, "n": n})
-        sock = pool.sock
-
-        def call_all(i: int) -> None:
-            body = pickle.dumps(("ping", (i,)), protocol=5)
-            for ident in pool.ids:
-                sock.send_multipart([ident, b"k", body])
-            out = [pickle.loads(sock.recv_multipart(copy=False)[2].buffer) for _ in pool.ids]
-            assert len(out) == n
-
-        R.add(f"zmq_tcp_call_all_{n}", C.time_loop(call_all, C.ALL_WARMUP, C.ALL_ITERS))
+        R.add(
+            f"zmq_tcp_call_all_{n}",
+            C.time_loop(lambda i: call_all(pool, i), C.ALL_WARMUP, C.ALL_ITERS),
+        )
     finally:
         pool.close()
 
