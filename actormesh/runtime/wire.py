@@ -233,7 +233,7 @@ class Signer:
 
 
 def _keyed_mac(key: bytes) -> hmac.HMAC:
-    """HMAC-SHA256 with ``key`` already absorbed: each signature copies it (half the cost of
+    """HMAC-SHA256 with ``key`` already absorbed: each signature copies it (about half the cost of
     ``hmac.digest``, which hashes the padded key twice for every message)."""
     return hmac.new(key, digestmod="sha256")
 
