@@ -146,11 +146,7 @@ def main() -> None:
     results["ratio_median"] = round(ratio, 3)
     results["target"] = f"actormesh median <= {TARGET:.2f} x torchrun median"
     results["met"] = ratio <= TARGET
-    text = json.dumps(results, indent=1)
-    print(text)
-    if os.environ.get("BENCH_OUT"):
-        with open(os.environ["BENCH_OUT"], "w") as f:
-            f.write(text)
+    C.print_result(results)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Prints one JSON object; ``BENCH_OUT=path`` also writes it there.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -167,12 +166,7 @@ def main() -> None:
     result["buffer_over_raw_tcp"] = round(gbps(samples["buffer"]) / gbps(samples["raw_tcp"]), 3)
     result["target"] = f">= {TARGET:.0%} of raw pyzmq (ipc, same two processes)"
     result["met"] = ratio >= TARGET
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = os.environ.get("BENCH_OUT")
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
+    C.print_result(result, indent=2)
 
 
 if __name__ == "__main__":

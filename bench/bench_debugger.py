@@ -12,12 +12,14 @@ starts debugpy there and attaches (cold, measured on fresh meshes), later ones d
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
 import time
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
+import common as C
 
 import actormesh as am
 from actormesh.debugger.session import Debugger, enable_breakpoints, get_debugger
@@ -156,12 +158,7 @@ def main() -> None:
     finally:
         procs.stop().get(timeout=60)
     results["load_average"] = os.getloadavg()
-    text = json.dumps(results, indent=2)
-    print(text)
-    out = os.environ.get("BENCH_OUT")
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
+    C.print_result(results, indent=2)
 
 
 if __name__ == "__main__":

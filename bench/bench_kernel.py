@@ -31,6 +31,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
+import common as C
+
 HERE = Path(__file__).resolve().parent
 RANKS = 8
 QUICK = os.environ.get("BENCH_QUICK") == "1"
@@ -168,10 +171,7 @@ def main() -> None:
             out[f"mesh_over_px_{regime}"] = round(m / p, 3)
         out["target"] = "mesh_cell <= 0.25 x px_cell"
         out["target_met"] = mesh / px <= 0.25
-    text = json.dumps(out, indent=1)
-    print(text)
-    if os.environ.get("BENCH_OUT"):
-        Path(os.environ["BENCH_OUT"]).write_text(text + "\n")
+    C.print_result(out)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ Prints one JSON object; ``BENCH_OUT=path`` also writes it there.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
@@ -120,10 +118,7 @@ def main() -> None:
         pool.close()
         if procs is not None:
             procs.stop().get(timeout=60)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if os.environ.get("BENCH_OUT"):
-        Path(os.environ["BENCH_OUT"]).write_text(text + "\n")
+    C.print_result(out)
 
 
 if __name__ == "__main__":

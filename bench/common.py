@@ -46,6 +46,17 @@ if QUICK:  # smoke-test mode
 Stats = dict[str, Any]
 
 
+def print_result(result: dict[str, Any], indent: int = 1) -> None:
+    """Print one script's JSON result, and write it to ``BENCH_OUT`` when that is set (the
+    scripts beside the peer comparison: paired, buffers, allreduce, kernel, debugger)."""
+    text = json.dumps(result, indent=indent, default=str)
+    print(text, flush=True)
+    out = os.environ.get("BENCH_OUT")
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
 def now() -> int:
     return time.perf_counter_ns()
 
