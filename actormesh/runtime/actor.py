@@ -26,7 +26,7 @@ from .logs import flush_output
 from .node import reply_port
 from .stacks import raise_in_thread
 from .transport import actor_address
-from .wire import Message, dumps, shape_from_state
+from .wire import SIMPLE_TYPES, Message, dumps, shape_from_state
 
 if TYPE_CHECKING:
     from .node import Node, Port
@@ -264,7 +264,7 @@ class ActorRunner:
                 try:
                     args, kwargs = msg.value()
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
-                    if inspect.isawaitable(value):
+                    if type(value) not in _PLAIN and inspect.isawaitable(value):
                         value = self._run_coroutine(value)
                 finally:
                     self._set_idle()  # from here on no interrupt lands in this call
@@ -379,6 +379,8 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
 
 
 _tls = threading.local()
+# Results that are never awaitable (inspect.isawaitable ends in a slow ABC check).
+_PLAIN = SIMPLE_TYPES | {tuple, list, dict}
 
 
 def current_runner() -> ActorRunner | None:

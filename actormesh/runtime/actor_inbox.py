@@ -55,6 +55,7 @@ class ActorInbox:
         os.set_blocking(self._wake_r, False)
         self._socket: zmq.Socket[Any] | None = None
         self._poller: select.poll | None = None
+        self._armed = False  # read until empty since anything else touched the socket
         self._closed = False
 
     def open(self) -> None:
@@ -83,30 +84,36 @@ class ActorInbox:
 
     def get(self) -> Any:
         """The next item: handed-over ones first, then calls from the socket (actor's thread)."""
+        woken = False  # by the socket
         while True:
             if self._queue:
                 return self._queue.popleft()
             if self._ready:
                 return self._ready.popleft()
-            if self._receive():
+            # Armed (the last read ended empty), the socket's FD signals the next message, so
+            # there is nothing to read before sleeping.
+            if (woken or not self._armed) and self._receive(woken):
+                woken = False
                 continue
             assert self._poller is not None
-            # The socket's FD only says "look again": events are re-checked by _receive, and
-            # the pipe is emptied before sleeping again.
+            woken = False
             for fd, _ in self._poller.poll():
                 if fd == self._wake_r:
                     try:
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
                         pass
+                else:
+                    woken = True
 
-    def _receive(self) -> bool:
+    def _receive(self, woken: bool) -> bool:
         sock = self._socket
         if sock is None:
             return False
         assert self._verifier is not None
         got = False
-        for msg in receive(sock, self._verifier):
+        self._armed = False
+        for msg in receive(sock, self._verifier, woken=woken):
             got = True
             kind = msg.envelope[0]
             if kind == "call":
@@ -119,6 +126,7 @@ class ActorInbox:
                     )
             else:
                 logger.warning("an actor inbox got a %r message; dropped", kind)
+        self._armed = True
         return got
 
     def close(self) -> None:

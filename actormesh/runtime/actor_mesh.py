@@ -83,7 +83,9 @@ class ActorMesh(MeshShape, Generic[A]):
                 f"{self._class_name} has no endpoint {name!r}; its endpoints are: {known} "
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
-        return Endpoint(self, name)
+        endpoint: Endpoint[Any, Any] = Endpoint(self, name)
+        self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
+        return endpoint
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (

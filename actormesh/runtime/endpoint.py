@@ -68,7 +68,14 @@ def pickle_arguments(
 
 def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     simple = SIMPLE_TYPES
-    return all(type(a) in simple for a in args) and all(type(v) in simple for v in kwargs.values())
+    for a in args:
+        if type(a) not in simple:
+            return False
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) not in simple:
+                return False
+    return True
 
 
 def _first(values: list[Any]) -> Any:

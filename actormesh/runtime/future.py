@@ -170,7 +170,6 @@ class Future(Generic[T]):
             if self._state != _PENDING:
                 return
             self._waker = inbox
-        watched = supervision.add_main_waiter(inbox)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -182,8 +181,6 @@ class Future(Generic[T]):
             inbox.wait(self, deadline, on_wake, 0.25 if wait_hooks else 1.0)
         finally:
             self._waker = None
-            if watched:
-                supervision.remove_main_waiter(inbox)
         if self._state == _PENDING and not inbox.closed:
             self._timed_out(timeout)
 

@@ -73,6 +73,8 @@ class RankStream(io.TextIOBase):
         return len(s)
 
     def flush(self) -> None:
+        if not self._pending:  # nothing written: the common case, after every endpoint
+            return
         with self._lock:
             text = "".join(self._pending)
             self._pending = []

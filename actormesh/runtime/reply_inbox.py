@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
+from . import supervision
 from .actor_inbox import actor_context
 from .transport import MAX_IPC_PATH, Address, receive
 from .wire import Verifier, new_id
@@ -65,6 +66,7 @@ class ReplyInbox:
         self._poller.register(self._wake_r, _POLL_IN)
         self.waiting = False
         self.closed = False
+        self._armed = False  # read until empty since anything else touched the socket
         self._watched = False  # by the I/O thread (only it changes this)
         transport.call_soon(self._watch)
 
@@ -75,26 +77,32 @@ class ReplyInbox:
         ``deadline`` passes (then return), or ``on_wake`` raises (it runs every ``step``
         seconds and when woken by another thread: pending failures, wait hooks)."""
         self.waiting = True
+        woken = False  # by the socket
         try:
             while not fut.done() and not self.closed:
-                with self._lock:
-                    if not self.closed:
-                        self._drain()
-                if fut.done():
-                    return
+                # Armed (the last read ended empty), the socket's FD signals the next message,
+                # so there is nothing to read before sleeping: the reply was only just asked for.
+                if woken or not self._armed:
+                    with self._lock:
+                        if not self.closed:
+                            self._drain(woken)
+                    if fut.done():
+                        return
                 left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     return
                 events = self._poller.poll(left * 1000)
-                woken = False
+                woken = poked = False
                 for fd, _ in events:
                     if fd == self._wake_r:
-                        woken = True
+                        poked = True
                         try:
                             os.read(self._wake_r, 4096)
                         except OSError:
                             pass
-                if (woken or not events) and not fut.done():
+                    else:
+                        woken = True
+                if (poked or not events) and not fut.done():
                     on_wake()  # not after every reply: a wait hook may cost more than one
         finally:
             self.waiting = False
@@ -137,7 +145,7 @@ class ReplyInbox:
             return
         with self._lock:
             if not self.closed:
-                self._drain()
+                self._drain(woken=True)
 
     def _recheck(self) -> None:
         if self.closed or self._watched:
@@ -149,17 +157,19 @@ class ReplyInbox:
 
     # -- either -----------------------------------------------------------------------------------
 
-    def _drain(self) -> None:
+    def _drain(self, woken: bool = False) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
+        self._armed = False
         dispatch = self.node.dispatch
         in_order = self.node.in_order
-        for msg in receive(self._socket, self._verifier):
+        for msg in receive(self._socket, self._verifier, woken=woken):
             if not in_order(msg):
                 continue  # handed to the I/O thread, after what its sender sent before it
             try:
                 dispatch(msg)
             except Exception:
                 logger.exception("error handling a %r message", msg.envelope[0])
+        self._armed = True
 
     def close(self) -> None:
         """Close the socket (when the node closes). A waiting owner stops waiting here."""
@@ -188,6 +198,11 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
     if inbox is None or inbox.node is not node or inbox.closed:
         inbox = _main_inbox = ReplyInbox(node, current)
         node.on_close(inbox.close)
+        # In a script, an unhandled failure elsewhere wakes the wait (fail fast). Registered
+        # for good rather than for each wait: a wake-up with nobody waiting is read, and acted
+        # on, by the next wait.
+        if supervision.add_main_waiter(inbox):
+            node.on_close(lambda: supervision.remove_main_waiter(inbox))
     return inbox
 
 

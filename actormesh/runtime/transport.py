@@ -72,17 +72,31 @@ def has_message(sock: zmq.Socket[Any]) -> bool:
 
 
 def receive(
-    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None
+    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None, woken: bool = False
 ) -> Iterator[Message]:
     """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
 
     What fails authentication or decoding is dropped and logged, never handled. Reading until
-    empty matters to callers that sleep on the socket's FD: it signals edges, not levels.
+    empty matters to callers that sleep on the socket's FD: it signals edges, not levels, and
+    a read that ends empty leaves it armed (the next message signals it).
+
+    ``woken``: the caller was just woken by the socket, so a message is most likely waiting.
+    It is read at once rather than asked for first: asking processes the socket's pending
+    commands, a few syscalls that the read does anyway.
     """
     count = 0
-    while (limit is None or count < limit) and has_message(sock):
+    while limit is None or count < limit:
+        if woken:
+            woken = False
+            try:
+                frames = _recv_frames(sock)
+            except zmq.Again:
+                return  # woken by a command that brought no message
+        elif has_message(sock):
+            frames = _recv_frames(sock)
+        else:
+            return
         count += 1
-        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
         try:
             msg = verifier.decode(frames)
         except WireError as exc:
@@ -92,6 +106,17 @@ def receive(
             logger.warning("dropped an undecodable message: %r", exc)
             continue
         yield msg
+
+
+def _recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    # Not recv_multipart: it asks the socket for RCVMORE after every frame, and each option
+    # read builds an enum in pyzmq; the frame knows whether more follow.
+    frame = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def actor_address(proc: Address, key: str) -> Address | None:
@@ -335,6 +360,10 @@ class Transport:
         A reply that travels by another socket than earlier messages to the caller's process
         carries it, so the caller handles those messages first (see ``Node.in_order``).
         """
+        if not self._batches:
+            # Every message this thread sent is recorded; one that another thread is sending
+            # now is not ordered before this reply either way.
+            return self._last_seq.get(mailbox, 0)
         with self._send_lock:
             for endpoint, (to, _) in list(self._batches.items()):
                 if to == mailbox:  # queued one-way messages go first
@@ -439,7 +468,7 @@ class Transport:
                 raise
             for what, _ in events:
                 if what is inbox:
-                    self._drain(inbox)
+                    self._drain(inbox)  # zmq_poll said POLLIN: a message is waiting
                 elif what == self._wake_r:
                     try:
                         os.read(self._wake_r, 4096)
@@ -456,7 +485,7 @@ class Transport:
                 self._guard(heapq.heappop(self._timers)[2])
 
     def _drain(self, inbox: zmq.Socket[Any]) -> None:
-        for msg in receive(inbox, self._verifier, _DRAIN_BATCH):
+        for msg in receive(inbox, self._verifier, _DRAIN_BATCH, woken=True):
             try:
                 self._on_message(msg)
             except Exception:

@@ -189,7 +189,7 @@ class Signer:
     """Signs outgoing messages of one process: its sender id and a sequence number per message."""
 
     def __init__(self, key: bytes, sender: bytes):
-        self._mac = _keyed_mac(key)
+        self._mac = _KeyedMac(key)
         self.sender = sender
         self._seq = itertools.count(1)
         self.last_seq = 0  # of the frames made last (read under the sender's send lock)
@@ -227,21 +227,37 @@ class Signer:
             head = b"".join([fixed, dests, *sizes, env])
         else:
             head = b"".join((fixed, dests, env))
-        sig = _sign(self._mac, head)
+        sig = self._mac.sign(head)
         # One frame for the signed head and the payload: every frame costs a syscall's worth.
         return [b"".join((sig, head, payload)), *buffers]
 
 
-def _keyed_mac(key: bytes) -> hmac.HMAC:
-    """HMAC-SHA256 with ``key`` already absorbed: each signature copies it (about half the cost of
-    ``hmac.digest``, which hashes the padded key twice for every message)."""
-    return hmac.new(key, digestmod="sha256")
+# RFC 2104: HMAC(key, m) = H((key ^ opad) || H((key ^ ipad) || m)), key padded to H's block.
+_BLOCK = 64  # SHA-256's
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
-def _sign(mac: hmac.HMAC, data: Any) -> bytes:
-    h = mac.copy()
-    h.update(data)
-    return h.digest()
+class _KeyedMac:
+    """HMAC-SHA256 with the key's two padded blocks hashed once: a signature copies two SHA-256
+    states, about half what copying an OpenSSL HMAC context costs (and a third of
+    ``hmac.digest``, which hashes both padded blocks again for every message)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def sign(self, data: Any) -> bytes:
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
 
 class Message:
@@ -271,7 +287,7 @@ class Verifier:
     """Checks incoming messages for one receiver: signature, destination, replay, sizes."""
 
     def __init__(self, key: bytes, me: bytes):
-        self._mac = _keyed_mac(key)
+        self._mac = _KeyedMac(key)
         self.me = me
         self._last_seq: dict[bytes, int] = {}
 
@@ -287,7 +303,7 @@ class Verifier:
         head_end = dests_end + nbuf * _LEN.size + env_len
         if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
             raise WireError("truncated head")
-        expected = _sign(self._mac, first[SIG_SIZE:head_end])
+        expected = self._mac.sign(first[SIG_SIZE:head_end])
         if not hmac.compare_digest(first[:SIG_SIZE], expected):
             raise WireError("bad signature")
         # From here on the head is authentic: it was written by a holder of the key.

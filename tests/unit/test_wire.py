@@ -60,6 +60,15 @@ def test_every_message_is_signed_with_plain_hmac_sha256_of_its_head() -> None:
         assert verifier.decode([first]).envelope == ("call", payload)
 
 
+@settings(max_examples=200, deadline=None)
+@given(key=st.binary(min_size=1, max_size=200), data=st.binary(max_size=300))
+def test_the_keyed_mac_is_hmac_sha256_for_keys_of_any_length(key: bytes, data: bytes) -> None:
+    import hmac
+
+    assert wire._KeyedMac(key).sign(data) == hmac.digest(key, data, "sha256")
+    assert wire._KeyedMac(key).sign(memoryview(data)) == hmac.digest(key, data, "sha256")
+
+
 def test_a_cast_signed_once_is_accepted_by_each_receiver_and_no_other() -> None:
     signer = wire.Signer(KEY, wire.new_id())
     ids = [wire.new_id() for _ in range(3)]
