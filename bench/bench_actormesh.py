@@ -118,8 +118,10 @@ class Worker(am.Actor):
         if hasattr(r, "get"):
             r.get()
         el = time.perf_counter_ns() - t0
-        assert float(dst[-1]) == 1.0
-        dst.fill_(0)
+        # Each read must land: its first and last elements are checked, then zeroed for the
+        # next read (zeroing all 256 MB here would be timed by the caller's round trip).
+        assert float(dst[0]) == 1.0 and float(dst[-1]) == 1.0
+        dst[0] = dst[-1] = 0
         return el
 
     @am.endpoint
