@@ -209,9 +209,20 @@ export class MeshModel {
       username: kernel.username,
       content: request as unknown as KernelMessage.IDebugRequestMsg['content']
     });
-    const future = kernel.sendControlMessage(msg, true, true);
-    const reply = await future.done;
-    return parseReply(reply?.content);
+    // The kernel answers these requests without busy/idle status messages (they would show a
+    // running notebook idle), and a future is only done at both its reply and an idle status:
+    // wait for the reply alone, then let the future go. `done` still fails the wait if the
+    // kernel connection goes away first.
+    const future = kernel.sendControlMessage(msg, true, false);
+    try {
+      const replied = new Promise<KernelMessage.IControlMessage>(resolve => {
+        future.onReply = resolve;
+      });
+      const reply = await Promise.race([replied, future.done]);
+      return parseReply(reply?.content);
+    } finally {
+      future.dispose();
+    }
   }
 
   private _onCommOpen(

@@ -7,6 +7,7 @@ the panel is readable)."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -48,6 +49,34 @@ def expect_live(page: Any) -> None:
     expect(page.locator(f"{SIDEBAR} [data-connection='live']")).to_have_count(1)
 
 
+# The panel gives a subscribe request this long to be answered (labextension/src/model.ts).
+SUBSCRIBE_TIMEOUT_S = 20.0
+
+
+def record_connection_states(page: Any) -> None:
+    """Keep every connection state the panel shows from now on (see ``connection_states``)."""
+    page.evaluate(
+        """() => {
+          const sidebar = document.querySelector('#actormesh-sidebar');
+          window.amConnectionStates = [];
+          const note = () => {
+            const el = sidebar.querySelector('[data-connection]');
+            const states = window.amConnectionStates;
+            const state = el ? el.dataset.connection : null;
+            if (state !== states[states.length - 1]) states.push(state);
+          };
+          note();
+          new MutationObserver(note).observe(sidebar, {
+            subtree: true, childList: true, attributes: true
+          });
+        }"""
+    )
+
+
+def connection_states(page: Any) -> list[str | None]:
+    return list(page.evaluate("() => window.amConnectionStates"))
+
+
 def expect_states(page: Any, *states: str) -> None:
     rows = page.locator(ROWS)
     expect(rows).to_have_count(len(states))
@@ -78,6 +107,8 @@ def test_live_states_and_controls(page: Any, lab: Lab) -> None:
     )
     open_notebook(page, lab, name, "controls")
     expect_live(page)
+    record_connection_states(page)
+    live_at = time.monotonic()
     empty = page.locator(f"{SIDEBAR} .jp-actormesh-empty")
     expect(empty).to_contain_text("No mesh yet")
     shot(page, "00-empty")
@@ -142,6 +173,15 @@ def test_live_states_and_controls(page: Any, lab: Lab) -> None:
     expect(page.locator(ROWS)).to_have_count(0)
     expect(empty).to_contain_text("No mesh yet")
     assert any("actormesh sidebar activated" in m for m in page.console_messages)
+
+    # The subscription was answered: past the time the panel gives it, the panel is still live
+    # and never showed "the kernel did not answer" (the kernel sends no idle status for panel
+    # requests, which a wait for the request's whole exchange would need).
+    left = live_at + SUBSCRIBE_TIMEOUT_S + 1.0 - time.monotonic()
+    if left > 0:
+        page.wait_for_timeout(left * 1000)  # what must not happen has had its time
+    expect_live(page)
+    assert connection_states(page) == ["live"]
 
 
 def test_follows_notebook_switch_and_kernel_restart(page: Any, lab: Lab) -> None:
