@@ -48,7 +48,6 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
                 if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # the kernel's own: noise
                     out.append(f"actor {runner.name}: idle\n")
                 continue
-            out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
             # Drop the runtime's own frames: start at the endpoint or the cell.
             stack = traceback.extract_stack(frame)
             user = [
@@ -56,6 +55,11 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
                 for f in stack
                 if not f.filename.endswith("threading.py") and not f.filename.startswith(_PACKAGE)
             ]
+            if not user and runner.name.startswith(TOOL_ACTOR_PREFIX):
+                # The kernel's own helper answering a question (the sidebar's status poll):
+                # noise, and it would set this rank apart from ranks caught a moment later.
+                continue
+            out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
             out.append("".join(traceback.format_list(user or stack)))
         else:
             out.append(f"thread {name}:\n")

@@ -1,0 +1,45 @@
+"""What a rank's stack dump shows of its actors' threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from actormesh.runtime.future import Future
+from actormesh.runtime.stacks import format_stacks
+
+
+@pytest.fixture
+def runtime_thread() -> Iterator[threading.Thread]:
+    """A thread busy in the runtime's own code only (waiting on a future)."""
+    fut: Future[None] = Future()
+    thread = threading.Thread(target=fut.get, kwargs={"timeout": 30}, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        fut._set_result(None)
+        thread.join(10)
+
+
+def _runner(thread: threading.Thread, name: str) -> SimpleNamespace:
+    return SimpleNamespace(thread=thread, name=name, busy=("status", time.monotonic()))
+
+
+def test_a_user_actor_busy_in_runtime_code_shows_its_whole_stack(runtime_thread: Any) -> None:
+    text = format_stacks([_runner(runtime_thread, "trainer")])
+    assert "actor trainer: in status for" in text
+    assert "future.py" in text
+
+
+def test_a_kernel_helper_answering_a_question_is_left_out(runtime_thread: Any) -> None:
+    # The sidebar's status poll lands on one rank as its stacks are taken: that rank's text must
+    # not differ from the others' because of it.
+    text = format_stacks([_runner(runtime_thread, "_mesh_status")])
+    assert "actor _mesh_status" not in text
+    assert "future.py" not in text
