@@ -92,11 +92,12 @@ class ActorInbox:
                 return self._ready.popleft()
             # Armed (the last read ended empty), the socket's FD signals the next message, so
             # there is nothing to read before sleeping.
-            if (woken or not self._armed) and self._receive(woken):
+            if woken or not self._armed:
+                got = self._receive(woken)
                 woken = False
-                continue
+                if got:
+                    continue
             assert self._poller is not None
-            woken = False
             for fd, _ in self._poller.poll():
                 if fd == self._wake_r:
                     try:

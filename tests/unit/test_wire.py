@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import os
 import types
 from typing import Any
@@ -50,8 +51,6 @@ def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
 
 
 def test_every_message_is_signed_with_plain_hmac_sha256_of_its_head() -> None:
-    import hmac
-
     signer, verifier, dest = _pair()
     for payload in (b"first", b"second, longer payload", b""):
         first = signer.frames(dest, ("call", payload), payload)[0]
@@ -63,8 +62,6 @@ def test_every_message_is_signed_with_plain_hmac_sha256_of_its_head() -> None:
 @settings(max_examples=200, deadline=None)
 @given(key=st.binary(min_size=1, max_size=200), data=st.binary(max_size=300))
 def test_the_keyed_mac_is_hmac_sha256_for_keys_of_any_length(key: bytes, data: bytes) -> None:
-    import hmac
-
     assert wire._KeyedMac(key).sign(data) == hmac.digest(key, data, "sha256")
     assert wire._KeyedMac(key).sign(memoryview(data)) == hmac.digest(key, data, "sha256")
 
