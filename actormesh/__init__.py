@@ -30,25 +30,25 @@ from .errors import SupervisionError as SupervisionError
 from .hosts import SlurmJob as SlurmJob
 from .hosts import listen_for_hosts as listen_for_hosts
 from .hosts import wait_for_hosts as wait_for_hosts
-from .runtime.actor import Actor as Actor
-from .runtime.actor import endpoint as endpoint
-from .runtime.actor_mesh import ActorMesh as ActorMesh
-from .runtime.buffers import TensorBuffer as TensorBuffer
-from .runtime.context import context as context
-from .runtime.context import current_rank as current_rank
-from .runtime.context import current_size as current_size
-from .runtime.future import Future as Future
-from .runtime.host import HostMesh as HostMesh
-from .runtime.host import this_host as this_host
-from .runtime.host import this_proc as this_proc
-from .runtime.ports import Accumulator as Accumulator
-from .runtime.ports import Channel as Channel
-from .runtime.ports import Port as Port
-from .runtime.ports import PortReceiver as PortReceiver
-from .runtime.proc_mesh import ProcMesh as ProcMesh
+from .runtime.actors.actor import Actor as Actor
+from .runtime.actors.actor import endpoint as endpoint
+from .runtime.actors.context import context as context
+from .runtime.actors.context import current_rank as current_rank
+from .runtime.actors.context import current_size as current_size
+from .runtime.actors.future import Future as Future
+from .runtime.dataplane.buffers import TensorBuffer as TensorBuffer
+from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
+from .runtime.meshes.ports import Accumulator as Accumulator
+from .runtime.meshes.ports import Channel as Channel
+from .runtime.meshes.ports import Port as Port
+from .runtime.meshes.ports import PortReceiver as PortReceiver
+from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
+from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
+from .runtime.procs.host_mesh import HostMesh as HostMesh
+from .runtime.procs.host_mesh import this_host as this_host
+from .runtime.procs.host_mesh import this_proc as this_proc
 from .runtime.shape import Extent as Extent
 from .runtime.shape import Point as Point
-from .runtime.value_mesh import ValueMesh as ValueMesh
 
 __version__ = "0.1.0"
 
@@ -86,8 +86,9 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext actormesh``: the ``%%mesh`` magics in any IPython (an IPython hook, not API)."""
-    from .kernel import load_ipython_extension as load
+    """``%load_ext actormesh``: the ``%%mesh`` magics and the debugger in any IPython (an IPython
+    hook, not API)."""
+    from .debugger import load_ipython_extension as load
 
     load(ipython)
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return host_main(argv[1:])
     if argv[:1] == ["run"]:  # its own parser: the script's arguments must reach it untouched
-        from .runtime.spmd import main as run_main
+        from .runtime.dataplane.spmd import main as run_main
 
         return run_main(argv[1:])
     args = parser.parse_args(argv)

@@ -3,8 +3,8 @@
 Both sides run the same ``measure()`` in 4 processes with one intra-op thread each (torchrun's
 ``OMP_NUM_THREADS=1``): a barrier, then ``all_reduce`` of a 64 MB float32 tensor, timed; an
 iteration takes as long as its slowest rank. The actormesh side forms its group with
-``actormesh.runtime.distributed.init_process_group`` over an actor mesh and calls ``measure`` as
-an endpoint; the torchrun side is ``python -m torch.distributed.run --standalone
+``actormesh.runtime.dataplane.distributed.init_process_group`` over an actor mesh and calls
+``measure`` as an endpoint; the torchrun side is ``python -m torch.distributed.run --standalone
 --nproc-per-node 4`` running this file with ``--worker``. The sides alternate for ``ROUNDS``
 rounds (torchrun's start-up is not timed) and the medians of all iterations are compared.
 Target (issue 4): actormesh's median within 10 % of torchrun's.
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
 import common as C
 
 import actormesh as am
-from actormesh.runtime.distributed import init_process_group
+from actormesh.runtime.dataplane.distributed import init_process_group
 
 WORLD = 4
 NBYTES = 64 << 20

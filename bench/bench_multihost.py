@@ -38,7 +38,7 @@ from fakehosts import FakeNet, skip_reason
 
 import actormesh as am
 from actormesh import config
-from actormesh.runtime.node import current_node
+from actormesh.runtime.messaging.node import current_node
 
 PROCS_PER_HOST = 4
 ACTORS_PER_PROC = 32

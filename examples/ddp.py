@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import actormesh as am
-from actormesh.runtime.distributed import init_process_group
+from actormesh.runtime.dataplane.distributed import init_process_group
 
 WORLD = 4
 STEPS = 20

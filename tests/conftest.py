@@ -24,13 +24,13 @@ def _infrastructure(procs: list[psutil.Process]) -> set[int]:
     for p in procs:
         try:
             cmd = " ".join(p.cmdline())
-            if "actormesh.runtime.agent" in cmd and p.ppid() == me:
+            if "actormesh.runtime.procs.host_agent" in cmd and p.ppid() == me:
                 keep.add(p.pid)
         except psutil.Error:
             continue
     for p in procs:
         try:
-            if p.ppid() in keep and "actormesh.runtime.zygote" in " ".join(p.cmdline()):
+            if p.ppid() in keep and "actormesh.runtime.procs.zygote" in " ".join(p.cmdline()):
                 keep.add(p.pid)
         except psutil.Error:
             continue
@@ -78,7 +78,7 @@ def unhandled_failures() -> Iterator[list[object]]:
 
     Anything left at the end fails the test: an unhandled failure nobody meant to cause.
     """
-    from actormesh.runtime import supervision
+    from actormesh.runtime.faults import supervision
 
     seen: list[object] = []
     previous = supervision.set_fault_hook(seen.append)

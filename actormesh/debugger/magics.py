@@ -29,13 +29,16 @@ from IPython.core.error import UsageError
 from ..errors import MeshError
 from ..kernel import cells
 from ..kernel.executor import Repr
+from ..kernel.panel.watch import set_debugger_state
 from ..kernel.selection import SelectionError, select
-from ..runtime import future as future_mod
+from ..runtime.actors import future as future_mod
+from ..runtime.faults.stacks import _BUSY_FOR
+from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.shape import Shape
-from ..runtime.stacks import _BUSY_FOR
-from ..runtime.value_mesh import ValueMesh
+from . import state as debugger_state
 from .dap import DapError
 from .session import (
+    STEP_COMMANDS,
     Debugger,
     RankDebug,
     RanksPaused,
@@ -45,9 +48,8 @@ from .session import (
 )
 from .tensors import DEFAULT_CAP, Comparison, check_name
 
-_STEPS = {"continue": "continue", "next": "next", "step": "stepIn", "out": "stepOut"}
-_COMMANDS = ("list", "where", "eval", *_STEPS, "pause", "wait", "break", "inspect", "on", "off",
-             "widget")  # fmt: skip
+_COMMANDS = ("list", "where", "eval", *STEP_COMMANDS, "pause", "wait", "break", "inspect", "on",
+             "off", "widget")  # fmt: skip
 _CELL_FILE = re.compile(r"^In\s*\[\s*(\d+)\s*\]$")
 
 
@@ -66,7 +68,9 @@ class DebugMagics:
         self.debugger.notices = self._notice
         self._labels: dict[str, str] = {}
         self.widget: Any = None
-        cells.debugger_hook = self
+        cells.set_pause_hook(self)
+        mesh_magics.annotate_stacks = annotate_stacks
+        set_debugger_state(debugger_state)
         if self._end_wait_on_pause not in future_mod.wait_hooks:
             future_mod.wait_hooks.append(self._end_wait_on_pause)
 
@@ -183,8 +187,8 @@ class DebugMagics:
         command, rest = words[0], words[1:]
         args = _Args(command, rest)
         try:
-            if command in _STEPS:
-                return self._step(args, _STEPS[command])
+            if command in STEP_COMMANDS:
+                return self._step(args, STEP_COMMANDS[command])
             handler = getattr(self, f"_cmd_{command}")
             return handler(args)
         except (DapError, MeshError) as exc:

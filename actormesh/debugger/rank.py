@@ -30,8 +30,8 @@ import time
 import types
 from typing import Any
 
-from ..runtime.actor import Actor, endpoint
-from ..runtime.node import node_if_started
+from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.messaging.node import node_if_started
 
 ATTACH_TIMEOUT = float(os.environ.get("ACTORMESH_DEBUG_ATTACH_TIMEOUT", "30"))
 # Threads that belong to the runtime (or to the kernel's helpers on the rank): never traced.
@@ -41,6 +41,10 @@ USER_CELL_PREFIXES = ("<mesh-cell",)
 
 _lock = threading.Lock()
 _port: int | None = None
+
+
+# The actormesh package (this file is actormesh/debugger/rank.py).
+ACTORMESH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _package_dir(module: types.ModuleType) -> str:
@@ -92,8 +96,6 @@ def listen() -> int:
             from _pydevd_bundle import pydevd_filtering
             from _pydevd_bundle.pydevd_constants import get_global_debugger
 
-            import actormesh
-
             node = node_if_started()
             hide_runtime_threads()  # before pydevd enables tracing of every thread
             # What debugpy.listen(in_process_debug_adapter=True) does, plus an access token
@@ -110,7 +112,7 @@ def listen() -> int:
                 wait_for_ready_to_run=False,
                 block_until_connected=False,
                 notify_stdin=False,
-                dont_trace_start_patterns=(_package_dir(actormesh), _package_dir(debugpy)),
+                dont_trace_start_patterns=(ACTORMESH_DIR, _package_dir(debugpy)),
                 dont_trace_end_patterns=("debugpy_launcher.py",),
                 access_token=None if node is None else access_token(node.key),
             )
@@ -195,7 +197,7 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
 
 
 def _proc_rank() -> int:
-    from ..runtime import context as ctxmod
+    from ..runtime.actors import context as ctxmod
 
     ctx = ctxmod._process.context
     return 0 if ctx is None else int(ctx.actor_instance.rank.rank)

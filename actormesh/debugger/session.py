@@ -28,13 +28,13 @@ from typing import Any
 
 from .. import config
 from ..errors import MeshError
-from ..runtime import controller as controller_mod
-from ..runtime.actor_mesh import ActorMesh
-from ..runtime.future import Future as MeshFuture
-from ..runtime.proc_mesh import ProcMesh
+from ..runtime.actors.future import Future as MeshFuture
+from ..runtime.meshes.actor_mesh import ActorMesh
+from ..runtime.meshes.proc_mesh import ProcMesh
+from ..runtime.messaging.codec import Message
+from ..runtime.messaging.tunnel import open_tunnel
+from ..runtime.procs import controller as controller_mod
 from ..runtime.shape import Shape
-from ..runtime.tunnel import open_tunnel
-from ..runtime.wire import Message
 from .dap import DEFAULT_TIMEOUT, DapClient, DapError, PendingRequest
 from .rank import DebugAgent, access_token
 
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 ATTACH_TIMEOUT = 20.0
 STEP_TIMEOUT = 10.0
+# The stepping commands a user types (%mesh dbg, the widget's buttons) and their DAP requests.
+STEP_COMMANDS = {"continue": "continue", "next": "next", "step": "stepIn", "out": "stepOut"}
 Key = tuple[str, int]  # (mesh_id, flat rank)
 _NOISE_TYPES = frozenset({"module", "function", "builtin_function_or_method", "type"})
 
@@ -116,7 +118,7 @@ class RankDebug:
 
     def _connect(self, port: int) -> socket.socket:
         """A connection to the rank's debugpy, which listens on its host's loopback: straight
-        there on this host, else through the rank's host agent (see ``runtime/tunnel.py``)."""
+        there on this host, else through the rank's host agent (``runtime/messaging/tunnel.py``)."""
         ctl = controller_mod.get_controller()
         record = ctl.meshes.get(self.mesh_id)
         if record is None or record.table.closed:

@@ -170,13 +170,13 @@ class DebuggerWidget:
         self.debugger.pool.submit(self._act_now, command, mesh_id, ranks)
 
     def _act_now(self, command: str, mesh_id: str, ranks: list[int]) -> None:
-        from .magics import _STEPS
+        from .session import STEP_COMMANDS
 
         try:
             if command == "pause":
                 self.debugger.pause(mesh_id, ranks)
             else:
-                self.debugger.resume(mesh_id, ranks, _STEPS[command])
+                self.debugger.resume(mesh_id, ranks, STEP_COMMANDS[command])
             self.status.value = f"{command}: sent to ranks {', '.join(map(str, ranks))}"
         except (DapError, MeshError) as exc:
             self.status.value = f"<span style='color:#c00'>{html.escape(str(exc))}</span>"

@@ -24,12 +24,12 @@ from typing import Any
 
 import zmq
 
-from ..runtime.agent import Agent
-from ..runtime.curve import curve_keys
-from ..runtime.node import Node, set_node
-from ..runtime.relay import Relayer
-from ..runtime.transport import Address, make_run_dir
-from ..runtime.wire import Message, read_key_file
+from ..runtime.meshes.relay import Relayer
+from ..runtime.messaging.codec import Message, read_key_file
+from ..runtime.messaging.curve import curve_keys
+from ..runtime.messaging.node import Node, set_node
+from ..runtime.messaging.transport import Address, make_run_dir
+from ..runtime.procs.host_agent import Agent
 from . import handshake
 from .netif import interface_of, source_address, split_host_port
 

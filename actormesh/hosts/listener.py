@@ -26,11 +26,11 @@ import zmq
 
 from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
-from ..runtime import curve
-from ..runtime.controller import AgentHandle, Controller, get_controller
-from ..runtime.host import HostMesh
+from ..runtime.messaging import curve
+from ..runtime.messaging.codec import Message
+from ..runtime.procs.controller import AgentHandle, Controller, get_controller
+from ..runtime.procs.host_mesh import HostMesh
 from ..runtime.shape import Shape
-from ..runtime.wire import Message
 from . import handshake
 from .netif import is_wildcard, split_host_port
 

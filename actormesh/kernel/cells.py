@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
-from ..runtime import controller as controller_mod
-from ..runtime.actor_mesh import ActorMesh
-from ..runtime.endpoint import _Collector
-from ..runtime.proc_mesh import ProcMesh
-from ..runtime.proc_table import ProcTable
-from ..runtime.reply_inbox import ReplyInbox, reply_inbox
+from ..runtime.meshes.actor_mesh import ActorMesh
+from ..runtime.meshes.endpoint import _Collector
+from ..runtime.meshes.proc_mesh import ProcMesh
+from ..runtime.meshes.proc_table import ProcTable
+from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.messaging.codec import Message
+from ..runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
+from ..runtime.procs import controller as controller_mod
 from ..runtime.shape import Shape
-from ..runtime.value_mesh import ValueMesh
-from ..runtime.wire import Message
 from .display import (
     CellInterrupted,
     CellTimeout,
@@ -68,6 +68,12 @@ class PauseHook(Protocol):
 
 
 debugger_hook: PauseHook | None = None  # set by the debugger when it is loaded
+
+
+def set_pause_hook(hook: PauseHook | None) -> None:
+    """The debugger's answer to "is this rank paused?" for blocking cells (set when it loads)."""
+    global debugger_hook
+    debugger_hook = hook
 
 
 # -- meshes behind a TARGET -----------------------------------------------------------------------

@@ -31,12 +31,12 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.actor import Actor, endpoint
-from ..runtime.context import current_rank
-from ..runtime.logs import flush_output
-from ..runtime.node import Port
-from ..runtime.stacks import TOOL_ACTOR_PREFIX
-from ..runtime.wire import dumps
+from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.actors.context import current_rank
+from ..runtime.faults.stacks import TOOL_ACTOR_PREFIX
+from ..runtime.messaging.codec import dumps
+from ..runtime.messaging.logs import flush_output
+from ..runtime.messaging.node import Port
 
 # -- what travels back to the kernel ---------------------------------------------------------------
 
@@ -346,7 +346,7 @@ def _local_actor(key: str) -> Any:
 
 
 def _actor_host() -> Any:
-    from ..runtime.node import current_node
+    from ..runtime.messaging.node import current_node
 
     handler = current_node().handlers.get("call")
     return getattr(handler, "__self__", None)  # ActorHost._on_call is a bound method

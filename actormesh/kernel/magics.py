@@ -14,9 +14,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..errors import MeshError
-from ..runtime import node as node_mod
-from ..runtime.stacks import render_grouped
-from ..runtime.value_mesh import ValueMesh
+from ..runtime.faults.stacks import render_grouped
+from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.messaging import node as node_mod
 from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, Target
 from .display import CellInterrupted, CellSyntaxError
 from .selection import SelectionError, resolve_target, select
@@ -93,7 +93,10 @@ class MeshMagics(Magics):
         self._auto: str | None = None  # the line of %mesh on
         self._pending: list[PendingCell] = []
         self.last_target: str | None = None
-        self.debug: Any = None  # the %mesh dbg commands (actormesh.debugger.magics)
+        # Set by the debugger, which builds on the kernel (the kernel never imports it): the
+        # %mesh dbg commands, and what %mesh stacks adds to each rank's stack.
+        self.debug: Any = None
+        self.annotate_stacks: Callable[[ValueMesh[str], str], ValueMesh[str]] = _as_they_are
         self._port_mark = 0  # the node's last port id when the running cell started
 
     @property
@@ -270,14 +273,16 @@ class MeshMagics(Magics):
     def _cmd_stacks(self, rest: list[str]) -> None:
         if len(rest) > 1:
             raise _usage("%mesh stacks takes at most one TARGET")
-        from ..debugger.magics import annotate_stacks
-
         for t in self._targets(rest[0] if rest else None):
             stacks = t.procs.stacks().get(timeout=10)
             mesh_id = (t if isinstance(t, MeshTools) else t.tools).table.mesh_id
-            print(render_grouped(annotate_stacks(stacks, mesh_id)))
+            print(render_grouped(self.annotate_stacks(stacks, mesh_id)))
 
     def _cmd_dbg(self, rest: list[str]) -> Any:
+        if self.debug is None:
+            raise _usage(
+                "%mesh dbg: the debugger is not loaded here; `%load_ext actormesh` loads it"
+            )
         return self.debug.run(rest)
 
     def _cmd_interrupt(self, rest: list[str]) -> None:
@@ -408,15 +413,17 @@ def _show_table(header: list[str], rows: list[list[str]]) -> None:
     publish_display_data({"text/plain": text, "text/html": table})
 
 
+def _as_they_are(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
+    return stacks
+
+
 def load(shell: Any) -> MeshMagics:
-    """Register the magics with ``shell`` (once); returns them."""
+    """Register the magics with ``shell`` (once); returns them. Without the debugger: it is
+    ``actormesh.debugger.load_ipython_extension`` that loads both."""
     existing = getattr(shell, "_actormesh_magics", None)
     if existing is not None:
         return existing
     magics = MeshMagics(shell)
-    from ..debugger.magics import install
-
-    magics.debug = install(magics)
     shell.register_magics(magics)
     shell.events.register("pre_run_cell", magics.pre_run_cell)
     shell.events.register("post_run_cell", magics.post_run_cell)

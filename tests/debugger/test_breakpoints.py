@@ -54,7 +54,7 @@ def test_breakpoint_in_a_cell_pauses_one_rank_and_the_cell_returns(dbg4: Kernel)
 
 def test_a_paused_rank_in_a_process_group_warns_of_its_timeout(dbg4: Kernel) -> None:
     dbg4.ok(
-        "from actormesh.runtime.distributed import init_process_group\n"
+        "from actormesh.runtime.dataplane.distributed import init_process_group\n"
         "pair = am.this_host().spawn_procs(per_host={'gpus': 2})\n"
         "init_process_group(pair, timeout=600).get(timeout=60)"
     )

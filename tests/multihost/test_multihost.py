@@ -11,7 +11,7 @@ from fakehosts import FakeNet
 from support import wait_until
 
 import actormesh as am
-from actormesh.runtime.distributed import destroy_process_group, init_process_group
+from actormesh.runtime.dataplane.distributed import destroy_process_group, init_process_group
 
 WAIT = 60
 
@@ -102,7 +102,7 @@ def test_per_sender_fifo_across_hosts(procs: Any) -> None:
 def test_a_cast_sends_one_message_per_host(procs: Any, monkeypatch: Any) -> None:
     """The controller sends a cast (and a spawn) once per host, to its agent, which fans it out
     locally."""
-    from actormesh.runtime.node import current_node
+    from actormesh.runtime.messaging.node import current_node
 
     probes = procs.spawn("fanout", Probe)
     probes.where.call().get(timeout=WAIT)
@@ -270,7 +270,7 @@ def test_tensor_buffer_across_hosts(procs: Any) -> None:
 def test_cross_host_inboxes_speak_curve(procs: Any) -> None:
     """Encryption is on by default across hosts: the controller's and every remote worker's
     tcp:// inbox greets with the CURVE mechanism (ZMTP 3 greeting, bytes 12..32)."""
-    from actormesh.runtime.node import current_node
+    from actormesh.runtime.messaging.node import current_node
 
     endpoints = [current_node().address.tcp, procs._procs.addresses[0].tcp]
     for endpoint in endpoints:

@@ -16,8 +16,8 @@ from support import wait_until
 
 import actormesh as am
 from actormesh import config
-from actormesh.runtime.node import current_node
-from actormesh.runtime.wire import Message
+from actormesh.runtime.messaging.codec import Message
+from actormesh.runtime.messaging.node import current_node
 
 WAIT = 60
 LINES = 300

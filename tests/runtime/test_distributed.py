@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import actormesh as am
-from actormesh.runtime.distributed import (
+from actormesh.runtime.dataplane.distributed import (
     GroupMember,
     RankLayout,
     destroy_process_group,

@@ -13,8 +13,8 @@ import pytest
 from support import wait_until
 
 import actormesh as am
-from actormesh.runtime import supervision
-from actormesh.runtime.stacks import group_stacks
+from actormesh.runtime.faults import supervision
+from actormesh.runtime.faults.stacks import group_stacks
 
 
 class Victim(am.Actor):
@@ -335,7 +335,7 @@ def test_fault_hook_is_replaceable() -> None:
 AGENT_KILL_SCRIPT = """
 import time
 import actormesh as am
-from actormesh.runtime.controller import get_controller
+from actormesh.runtime.procs.controller import get_controller
 
 class Spin(am.Actor):
     @am.endpoint

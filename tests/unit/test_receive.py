@@ -10,7 +10,8 @@ import pytest
 import torch
 import zmq
 
-from actormesh.runtime import transport, wire
+from actormesh.runtime.messaging import codec as wire
+from actormesh.runtime.messaging import transport
 
 KEY = os.urandom(32)
 

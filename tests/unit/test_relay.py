@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from actormesh.runtime.node import Node
-from actormesh.runtime.proc_table import ProcTable
-from actormesh.runtime.relay import plan
+from actormesh.runtime.meshes.proc_table import ProcTable
+from actormesh.runtime.meshes.relay import plan
+from actormesh.runtime.messaging.codec import Message, new_key, shape_state
+from actormesh.runtime.messaging.node import Node
+from actormesh.runtime.messaging.transport import Address
 from actormesh.runtime.shape import Shape
-from actormesh.runtime.transport import Address
-from actormesh.runtime.wire import Message, new_key, shape_state
 
 
 def _table() -> tuple[ProcTable, list[Address | None]]:

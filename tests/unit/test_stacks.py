@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from actormesh.runtime.future import Future
-from actormesh.runtime.stacks import format_stacks
+from actormesh.runtime.actors.future import Future
+from actormesh.runtime.faults.stacks import format_stacks
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
+from actormesh.runtime.meshes.value_mesh import ValueMesh
 from actormesh.runtime.shape import Extent, Point, Shape
-from actormesh.runtime.value_mesh import ValueMesh
 
 HG = Shape.from_extent({"hosts": 1, "gpus": 4})
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actormesh.runtime import wire
+from actormesh.runtime.messaging import codec as wire
 
 KEY = bytes(range(32))
 

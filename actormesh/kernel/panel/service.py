@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import MeshError
-from ...runtime import controller as controller_mod
-from ...runtime.future import Future, when_all
-from ...runtime.stacks import _BUSY_FOR
+from ...runtime.actors.future import Future, when_all
+from ...runtime.faults.stacks import _BUSY_FOR
+from ...runtime.procs import controller as controller_mod
 from ..cells import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime import controller as controller_mod
-from ...runtime.actor_mesh import ActorMesh
-from ...runtime.future import Future
-from ...runtime.proc_mesh import ProcMesh
-from ...runtime.stacks import TOOL_ACTOR_PREFIX
+from ...runtime.actors.future import Future
+from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
+from ...runtime.meshes.actor_mesh import ActorMesh
+from ...runtime.meshes.proc_mesh import ProcMesh
+from ...runtime.procs import controller as controller_mod
 from ..cells import MeshRegistry, MeshTools
 
 logger = logging.getLogger(__name__)
@@ -53,20 +53,18 @@ class MeshView:
     ranks: dict[int, RankView] = field(default_factory=dict)
 
 
+_debugger_state: Any = None  # actormesh.debugger.state, once the debugger is loaded
+
+
+def set_debugger_state(state: Any) -> None:
+    """Called by the debugger when it loads (the kernel never imports the debugger)."""
+    global _debugger_state
+    _debugger_state = state
+
+
 def debugger_state() -> Any:
-    """``actormesh.debugger.state``, or None where this installation has no debugger (the
-    answer is remembered: the panel asks several times a second)."""
-    if not _debugger:
-        try:
-            from ...debugger import state
-        except ImportError:
-            _debugger.append(None)
-        else:
-            _debugger.append(state)
-    return _debugger[0]
-
-
-_debugger: list[Any] = []
+    """``actormesh.debugger.state``, or None where the debugger is not loaded."""
+    return _debugger_state
 
 
 def paused_ranks() -> tuple[bool, dict[tuple[str, int], Any]]:

@@ -1,0 +1,57 @@
+"""Hosting actors in this process: the ``spawn`` and ``call`` handlers of a node.
+
+Both workers and the controller (``this_proc()``) host actors. Messages from different senders
+are not ordered with respect to each other, so a call can overtake the spawn of its actor (an
+actor that got a mesh reference calls it before the controller's spawn message arrived): such
+calls wait here until the spawn arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from ..messaging.codec import Message
+from ..messaging.node import Node
+from ..shape import Shape
+from .actor import ActorRunner
+
+logger = logging.getLogger(__name__)
+
+
+class ActorHost:
+    """The actors living in one process, keyed by actor-mesh key."""
+
+    def __init__(self, node: Node, proc_rank: int) -> None:
+        self.node = node
+        self.proc_rank = proc_rank
+        self.actors: dict[str, ActorRunner] = {}
+        self._early: defaultdict[str, list[Message]] = defaultdict(list)
+        node.handlers["spawn"] = self._on_spawn
+        node.handlers["call"] = self._on_call
+
+    def _on_spawn(self, msg: Message) -> None:
+        _, key, name, shape, _reply = msg.envelope
+        assert isinstance(shape, Shape)
+        point = shape.point_of_global(self.proc_rank)
+        if point is None or key in self.actors:
+            logger.warning("ignored a spawn of %s not meant for this process", name)
+            return
+        runner = ActorRunner(self.node, key, name, point, self.proc_rank)
+        self.actors[key] = runner
+        runner.start(msg)
+        for early in self._early.pop(key, ()):
+            runner.post(early)
+
+    def _on_call(self, msg: Message) -> None:
+        runner = self.actors.get(msg.envelope[1])
+        if runner is None:
+            self._early[msg.envelope[1]].append(msg)
+            return
+        runner.post(msg)
+
+    def stop_all(self, timeout: float) -> None:
+        for runner in self.actors.values():
+            runner.stop()
+        for runner in self.actors.values():
+            runner.thread.join(timeout)

@@ -1,0 +1,99 @@
+"""Who am I? ``current_rank()``, ``current_size()`` and ``context()`` inside an actor."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..shape import Extent, Point, Shape
+
+
+@dataclass(frozen=True)
+class ActorInstance:
+    """The actor running the current message.
+
+    ``rank`` is its position in the whole actor mesh; ``proc_rank`` its process's position in
+    the proc mesh; ``name`` the name given to ``spawn``.
+    """
+
+    name: str
+    rank: Point
+    actor_id: str
+
+    @property
+    def extent(self) -> Extent:
+        return self.rank.extent
+
+
+class Context:
+    """What ``context()`` returns: the actor instance and the rank of the current message.
+
+    ``message_rank`` is the position of this actor within the slice that was messaged (it equals
+    ``actor_instance.rank`` when the whole mesh was called).
+    """
+
+    __slots__ = ("_index", "_message_rank", "_shape", "actor_instance")
+
+    def __init__(
+        self,
+        actor_instance: ActorInstance,
+        message_rank: Point | None = None,
+        shape: Shape | None = None,
+        index: int | None = None,
+    ) -> None:
+        self.actor_instance = actor_instance
+        self._message_rank = message_rank
+        # Built on demand: most endpoints never ask, and a Point costs microseconds per message.
+        self._shape = shape
+        self._index = index
+
+    @property
+    def message_rank(self) -> Point:
+        if self._message_rank is None:
+            if self._shape is not None and self._index is not None:
+                self._message_rank = self._shape.point(self._index)
+            else:
+                self._message_rank = self.actor_instance.rank
+        return self._message_rank
+
+    def __repr__(self) -> str:
+        return f"Context(actor={self.actor_instance.name!r}, message_rank={self.message_rank})"
+
+
+_EMPTY = Point(0, Extent([], []))
+_CONTROLLER = Context(ActorInstance("controller", _EMPTY, "controller"), _EMPTY)
+_tls = threading.local()
+
+
+def set_current(ctx: Context | None) -> None:
+    _tls.context = ctx
+
+
+def context() -> Context:
+    """The current actor and message. Outside any actor (in the controller) the rank is empty."""
+    ctx: Context | None = getattr(_tls, "context", None)
+    if ctx is None:
+        ctx = getattr(_process, "context", None) or _CONTROLLER
+    return ctx
+
+
+def current_rank() -> Point:
+    """The rank of the current actor in its mesh, e.g. ``{hosts=0, gpus=3}``."""
+    return context().actor_instance.rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of the current actor's mesh, e.g. ``{"hosts": 1, "gpus": 4}``."""
+    return dict(context().actor_instance.rank.extent)
+
+
+class _Process:
+    context: Context | None = None
+
+
+# Threads that the user starts inside a worker see the process's rank (set by the worker).
+_process = _Process()
+
+
+def set_process_context(ctx: Context) -> None:
+    _process.context = ctx

@@ -1,0 +1,296 @@
+"""One Future for sync and async callers: ``.get(timeout=)`` blocks, ``await`` suspends.
+
+Results are set from the I/O thread, or by the main thread itself: replies to its calls come to
+a socket of its own, which it reads while it waits in ``get`` (``reply_inbox.py``). Waiting
+happens on any thread. ``get`` works in a plain script, inside a running event loop (a Jupyter
+cell: it blocks that thread only, and the replies are read by that thread or the I/O thread, so
+it cannot deadlock), and inside a sync endpoint that calls another actor (the I/O thread reads
+the reply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+from ... import config
+from ...errors import MeshTimeoutError
+from ..faults import supervision
+from ..messaging.reply_inbox import ReplyInbox, hand_back_replies, waiting_inbox
+
+T = TypeVar("T")
+_PENDING, _DONE, _FAILED = 0, 1, 2
+
+# Called with the future every slice of a blocking get() (a few times a second); a hook may
+# raise to end the wait early. The debugger ends a notebook cell whose remaining ranks are all
+# paused; the runtime never imports it, it registers here.
+wait_hooks: list[Callable[[Future[Any]], None]] = []
+
+
+class Future(Generic[T]):
+    """The eventual result of an endpoint call, a port receive, a stop, ...
+
+    Not constructed by users: endpoints, ports and meshes return them.
+
+    - ``get(timeout=None)`` blocks the calling thread until the result is there and returns it
+      (or raises the remote failure). ``timeout`` is in seconds; without one, the default from
+      ``ACTORMESH_GET_TIMEOUT`` applies (none by default: a dead worker fails the wait anyway).
+      Past the deadline it raises :class:`MeshTimeoutError` naming what has not answered.
+    - ``await future`` does the same without blocking the event loop.
+    - ``result()`` is ``get()``; ``exception()`` waits and returns the error or ``None``;
+      ``add_done_callback(fn)`` calls ``fn(future)`` once done, on the thread that completes it
+      (the I/O thread, or the main thread while it reads its replies in ``get``): keep it short.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_describe_pending",
+        "_event",
+        "_lock",
+        "_pending_ranks",
+        "_state",
+        "_value",
+        "_waker",
+    )
+
+    def __init__(self, describe_pending: Callable[[], str] | None = None) -> None:
+        self._state = _PENDING
+        self._value: Any = None
+        self._lock = threading.Lock()
+        self._event: threading.Event | None = None
+        self._waker: ReplyInbox | None = None  # a thread reading its reply inbox for this
+        self._callbacks: list[Callable[[Future[T]], None]] = []
+        self._describe_pending = describe_pending
+        # For wait hooks: the (mesh_id, rank) pairs still to answer, when it is a mesh call.
+        self._pending_ranks: Callable[[], list[tuple[str, int]]] | None = None
+
+    # -- completing (runtime side) ---------------------------------------------------------------
+
+    def _set_result(self, value: T) -> bool:
+        return self._complete(_DONE, value)
+
+    def _set_exception(self, exc: BaseException) -> bool:
+        return self._complete(_FAILED, exc)
+
+    def _complete(self, state: int, value: Any) -> bool:
+        with self._lock:
+            if self._state != _PENDING:
+                return False
+            self._state = state
+            self._value = value
+            event, callbacks, waker = self._event, self._callbacks, self._waker
+            self._callbacks = []
+        if event is not None:
+            event.set()
+        if waker is not None and waker.owner is not threading.current_thread():
+            waker.set()
+        for cb in callbacks:
+            _run_callback(cb, self)
+        return True
+
+    @classmethod
+    def _completed(cls, value: T) -> Future[T]:
+        f: Future[T] = cls()
+        f._state, f._value = _DONE, value
+        return f
+
+    @classmethod
+    def _failed(cls, exc: BaseException) -> Future[T]:
+        f: Future[T] = cls()
+        f._state, f._value = _FAILED, exc
+        return f
+
+    # -- waiting (user side) ---------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def get(self, timeout: float | None = None) -> T:
+        """Block until done and return the result (or raise). See the class docstring."""
+        if self._state == _PENDING:
+            self._wait(timeout)
+        if self._state == _FAILED:
+            raise self._value
+        return self._value
+
+    def result(self, timeout: float | None = None) -> T:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == _PENDING:
+            self._wait(timeout)
+        return self._value if self._state == _FAILED else None
+
+    def _wait(self, timeout: float | None) -> None:
+        if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
+            timeout = config.DEFAULT_GET_TIMEOUT
+        supervision.raise_pending()
+        inbox = waiting_inbox()
+        if inbox is not None:
+            self._wait_reading(inbox, timeout)
+            if self._state != _PENDING:
+                return
+            # The inbox closed under the wait (the node is closing): wait the ordinary way.
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        # In a script's main thread, an unhandled failure elsewhere wakes this wait (fail fast).
+        watched = supervision.add_main_waiter(event)
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._state == _PENDING:
+                # Wait in slices so that Ctrl-C (KeyboardInterrupt) is delivered promptly.
+                step = 0.25 if wait_hooks else 1.0
+                left = step if deadline is None else min(step, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                event.wait(left)
+                if self._state == _PENDING:
+                    supervision.raise_pending()
+                    for hook in list(wait_hooks):
+                        hook(self)
+                    with self._lock:  # woken for nothing: re-arm
+                        if self._state == _PENDING:
+                            event.clear()
+        finally:
+            if watched:
+                supervision.remove_main_waiter(event)
+        if self._state == _PENDING:
+            self._timed_out(timeout)
+
+    def _wait_reading(self, inbox: ReplyInbox, timeout: float | None) -> None:
+        """Wait by reading the thread's reply inbox (see reply_inbox.py)."""
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            self._waker = inbox
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+
+            def on_wake() -> None:
+                supervision.raise_pending()
+                for hook in list(wait_hooks):
+                    hook(self)
+
+            inbox.wait(self, deadline, on_wake, 0.25 if wait_hooks else 1.0)
+        finally:
+            self._waker = None
+        if self._state == _PENDING and not inbox.closed:
+            self._timed_out(timeout)
+
+    def _timed_out(self, timeout: float | None) -> None:
+        what = self._describe_pending() if self._describe_pending else "the result"
+        raise MeshTimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+    def add_done_callback(self, fn: Callable[[Future[T]], None]) -> None:
+        with self._lock:
+            if self._state == _PENDING:
+                self._callbacks.append(fn)
+                hand_back_replies()  # its reply may be due on the main thread's reply inbox
+                return
+        _run_callback(fn, self)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._state == _PENDING:
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: Future[T]) -> None:
+                loop.call_soon_threadsafe(_set_if_pending, waiter)
+
+            self.add_done_callback(wake)
+            yield from waiter.__await__()
+        return self.get()
+
+    def __repr__(self) -> str:
+        state = {_PENDING: "pending", _DONE: "done", _FAILED: "failed"}[self._state]
+        return f"<actormesh.Future {state}>"
+
+
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
+def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
+    """A future for ``step(first's result)``: failures of either propagate, nothing blocks."""
+    current: list[Future[Any]] = [first]
+
+    def describe() -> str:
+        pending = current[-1]._describe_pending
+        return pending() if pending is not None else "the next step"
+
+    out: Future[Y] = Future(describe)
+
+    def on_first(done: Future[X]) -> None:
+        exc = done.exception()
+        if exc is not None:
+            out._set_exception(exc)
+            return
+        try:
+            nxt = step(done.get())
+        except BaseException as err:
+            out._set_exception(err)
+            return
+        current.append(nxt)
+        nxt.add_done_callback(lambda f: settle(f, out))
+
+    first.add_done_callback(on_first)
+    return out
+
+
+def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
+    """A future for every result, in order; fails with the first failure. Nothing blocks."""
+    out: Future[list[Any]] = Future(lambda: f"{sum(not f.done() for f in futures)} more results")
+    remaining = [len(futures)]
+    if not futures:
+        out._set_result([])
+        return out
+    lock = threading.Lock()
+
+    def one(fut: Future[Any]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            out._set_exception(exc)
+            return
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out._set_result([f.get() for f in futures])
+
+    for fut in futures:
+        fut.add_done_callback(one)
+    return out
+
+
+_KEEP: Any = object()
+
+
+def settle(src: Future[Any], dst: Future[Any], value: Any = _KEEP) -> None:
+    """Complete ``dst`` as ``src`` completed (``src`` is done): its failure, else its result or,
+    when given, ``value`` instead."""
+    exc = src.exception()
+    if exc is not None:
+        dst._set_exception(exc)
+    else:
+        dst._set_result(src.get() if value is _KEEP else value)
+
+
+def _set_if_pending(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _run_callback(cb: Callable[[Any], None], fut: Any) -> None:
+    try:
+        cb(fut)
+    except Exception:
+        import logging
+
+        logging.getLogger(__name__).exception("done-callback of %r raised", fut)

@@ -1,0 +1,298 @@
+"""``TensorBuffer``: a one-sided, picklable handle to a tensor owned by one process.
+
+Whoever holds the handle can ``read_into(dst)`` and ``write_from(src)``; the data goes directly
+between the owner and the holder, never through the controller.
+
+- Same host: the owner's tensor is moved (once, when the buffer is made) into a shared-memory
+  file under ``/dev/shm``, and the tensor object keeps working on that memory (its storage is
+  swapped in place). A reader maps the file once and copies with ``memcpy``.
+- Other hosts (or ``transport="socket"`` to force it on one host): the reader asks the owner over
+  the direct worker-to-worker ZeroMQ connection; the bytes travel as one zero-copy frame.
+
+The owner keeps the buffer alive until ``drop()`` (or its process ends). A read of a dropped
+buffer, from a dead owner, or into a destination of the wrong size or dtype is a clear error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ...errors import MeshError, MeshUsageError, SupervisionError
+from ..actors.future import Future
+from ..messaging.codec import Message
+from ..messaging.node import current_node
+from ..messaging.transport import Address
+
+if TYPE_CHECKING:
+    import torch
+
+_SHM_DIR = "/dev/shm"
+_ids = itertools.count(1)
+_owned: dict[int, _Owned] = {}
+_owned_lock = threading.Lock()
+_maps: dict[str, tuple[mmap.mmap, Any]] = {}  # reader side: file name -> (mapping, uint8 view)
+_maps_lock = threading.Lock()
+
+
+class _Owned:
+    """The owner's side of a buffer: the tensor and its shared-memory file."""
+
+    def __init__(self, tensor: torch.Tensor, path: str | None, mapping: mmap.mmap | None):
+        self.tensor = tensor
+        self.path = path
+        self.mapping = mapping
+
+
+def _as_tensor(data: Any) -> torch.Tensor:
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return data
+    if isinstance(data, memoryview):
+        return torch.frombuffer(data.cast("B"), dtype=torch.uint8)
+    raise MeshUsageError(f"TensorBuffer needs a tensor or a memoryview, got {type(data).__name__}")
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(__import__("torch").uint8)
+
+
+class TensorBuffer:
+    """A handle to a contiguous CPU tensor (or writable memoryview) of this process.
+
+    ``TensorBuffer(t)`` registers ``t`` (same-host readers will see it through shared memory:
+    ``t`` keeps its values and stays usable, now backed by a shared-memory file). Pickle the
+    handle into a call or a port; the holder calls ``read_into(dst)`` / ``write_from(src)``,
+    which return futures (same host: already complete when returned, the copy is done).
+    """
+
+    def __init__(self, data: Any, transport: str = "auto") -> None:
+        if transport not in ("auto", "shm", "socket"):
+            raise MeshUsageError(f"transport must be 'auto', 'shm' or 'socket', not {transport!r}")
+        tensor = _as_tensor(data)
+        if tensor.device.type != "cpu":
+            raise MeshUsageError(
+                f"TensorBuffer holds CPU tensors; this one is on {tensor.device} "
+                "(copy it to the CPU first, or use a process group for GPU collectives)"
+            )
+        if not tensor.is_contiguous():
+            raise MeshUsageError("TensorBuffer needs a contiguous tensor; call .contiguous()")
+        node = current_node()
+        self.buffer_id = next(_ids)
+        self.owner: Address = node.address
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.shape = tuple(tensor.shape)
+        self.transport = transport
+        self.path: str | None = None
+        mapping = None
+        whole = tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == self.nbytes
+        if transport == "shm" and not whole:
+            raise MeshUsageError(
+                "a view of a larger tensor cannot move to shared memory without breaking its "
+                "aliasing; pass the whole tensor, or transport='auto' to serve it over the socket"
+            )
+        if not whole:
+            self.transport = "socket"  # reads then see the live view, through its owner
+        elif transport != "socket" and self.nbytes > 0:
+            self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+        with _owned_lock:
+            _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
+        if "buf_read" not in node.handlers:  # this process's first buffer
+            node.handlers["buf_read"] = _on_read
+            node.handlers["buf_write"] = _on_write
+            # The node closes last in both a worker and the controller: the files go with it.
+            node.on_close(cleanup_owned)
+
+    def _share(self, tensor: torch.Tensor, owner: str) -> tuple[str, mmap.mmap]:
+        import torch
+
+        path = os.path.join(_SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.nbytes)
+            mapping = mmap.mmap(fd, self.nbytes)
+        finally:
+            os.close(fd)
+        shared = torch.frombuffer(mapping, dtype=torch.uint8)
+        shared.copy_(_bytes_of(tensor))
+        with torch.no_grad():  # swap the storage in place: the owner's tensor now lives in shm
+            typed = shared.view(tensor.dtype).view(tensor.shape)
+            tensor.set_(typed.untyped_storage(), 0, tensor.shape, tensor.stride())
+        return path, mapping
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = (self.buffer_id, self.owner, self.nbytes, self.dtype, self.shape, self.path)
+        return (_restore, (state, self.transport))
+
+    def __repr__(self) -> str:
+        return f"<TensorBuffer {self.dtype}{list(self.shape)} {self.nbytes} B>"
+
+    # -- the holder's side ------------------------------------------------------------------------
+
+    def _check(self, other: torch.Tensor, verb: str) -> torch.Tensor:
+        other = _as_tensor(other)
+        if other.device.type != "cpu" or not other.is_contiguous():
+            raise MeshUsageError(f"{verb} needs a contiguous CPU tensor")
+        size = other.numel() * other.element_size()
+        if size != self.nbytes or str(other.dtype).removeprefix("torch.") != self.dtype:
+            raise MeshUsageError(
+                f"{verb}: the buffer holds {self.dtype}{list(self.shape)} ({self.nbytes} bytes), "
+                f"the tensor given is {other.dtype}{list(other.shape)} ({size} bytes)"
+            )
+        death = current_node().dead.get(self.owner.mailbox)
+        if death is not None:
+            raise SupervisionError([death], f"the owner of {self!r} is dead")
+        return other
+
+    def _local(self) -> bool:
+        return (
+            self.transport != "socket"
+            and self.path is not None
+            and self.owner.host == current_node().address.host
+        )
+
+    def read_into(self, dst: Any) -> Future[None]:
+        """Copy the buffer's bytes into ``dst`` (same size and dtype)."""
+        dst = self._check(dst, "read_into")
+        if self.nbytes == 0:
+            return Future._completed(None)
+        if self._local():
+            _bytes_of(dst).copy_(self._view())
+            return Future._completed(None)
+        return self._remote("buf_read", dst)
+
+    def write_from(self, src: Any) -> Future[None]:
+        """Copy ``src`` (same size and dtype) into the buffer: the owner's tensor changes."""
+        src = self._check(src, "write_from")
+        if self.nbytes == 0:
+            return Future._completed(None)
+        if self._local():
+            self._view().copy_(_bytes_of(src))
+            return Future._completed(None)
+        return self._remote("buf_write", src)
+
+    def drop(self) -> None:
+        """Owner only: forget the buffer and free its shared memory (readers then fail)."""
+        with _owned_lock:
+            owned = _owned.pop(self.buffer_id, None)
+        if owned is None:
+            raise MeshUsageError("drop() is for the process that made the buffer (once)")
+        if owned.path is not None:
+            os.unlink(owned.path)
+
+    def _view(self) -> Any:
+        assert self.path is not None
+        with _maps_lock:
+            entry = _maps.get(self.path)
+            if entry is None:
+                import torch
+
+                try:
+                    fd = os.open(self.path, os.O_RDWR)
+                except FileNotFoundError:
+                    raise MeshError(f"{self!r} was dropped by its owner") from None
+                try:
+                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                    mapping = mmap.mmap(fd, self.nbytes, flags=flags)
+                finally:
+                    os.close(fd)
+                entry = _maps[self.path] = (mapping, torch.frombuffer(mapping, dtype=torch.uint8))
+        return entry[1]
+
+    def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
+        node = current_node()
+        done: Future[None] = Future(lambda: f"the owner of {self!r} to answer")
+        handler = _RemoteCopy(done, tensor, self.owner.mailbox)
+        port = node.open_port(handler)
+        handler.close = lambda: node.close_port(port)
+        reply = (tuple(port.address), port.port_id)
+        if kind == "buf_read":
+            node.send(self.owner, ("buf_read", self.buffer_id, reply))
+        else:
+            node.send(
+                self.owner, ("buf_write", self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
+            )
+        return done
+
+
+class _RemoteCopy:
+    def __init__(self, done: Future[None], tensor: Any, owner: bytes) -> None:
+        self.done = done
+        self.tensor = tensor
+        self.owner = owner
+        self.close: Any = None
+
+    def on_message(self, msg: Message) -> None:
+        self.close()
+        _, _, ok, text = msg.envelope
+        if not ok:
+            self.done._set_exception(MeshError(text))
+            return
+        if msg.buffers:  # a read: the bytes came as one frame
+            import torch
+
+            _bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+        self.done._set_result(None)
+
+    def on_death(self, mailbox: bytes, death: Any) -> bool:
+        if mailbox != self.owner:
+            return False
+        self.close()
+        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
+        return True
+
+
+def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
+    addr_t, port_id = reply
+    current_node().send(Address(*addr_t), ("buf_done", port_id, ok, text), b"", buffers)
+
+
+def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:
+    """The buffer a read or write asks for; a dropped one is refused here, for both."""
+    _, buffer_id, reply = msg.envelope
+    with _owned_lock:
+        owned = _owned.get(buffer_id)
+    if owned is None:
+        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
+    return owned, reply
+
+
+def _on_read(msg: Message) -> None:
+    # On the owner's I/O thread: the frame is sent zero-copy from the tensor's memory.
+    owned, reply = _requested(msg)
+    if owned is not None:
+        _reply(reply, True, "", [_bytes_of(owned.tensor).numpy()])
+
+
+def _on_write(msg: Message) -> None:
+    import torch
+
+    owned, reply = _requested(msg)
+    if owned is not None:
+        _bytes_of(owned.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+        _reply(reply, True, "", [])
+
+
+def _restore(state: tuple[Any, ...], transport: str) -> TensorBuffer:
+    buf = object.__new__(TensorBuffer)
+    buf.buffer_id, buf.owner, buf.nbytes, buf.dtype, buf.shape, buf.path = state
+    buf.transport = transport
+    return buf
+
+
+def cleanup_owned() -> None:
+    """Unlink this process's shared-memory files (when its node closes)."""
+    with _owned_lock:
+        owned = list(_owned.values())
+        _owned.clear()
+    for o in owned:
+        if o.path is not None:
+            try:
+                os.unlink(o.path)
+            except FileNotFoundError:
+                pass

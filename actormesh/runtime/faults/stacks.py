@@ -1,0 +1,91 @@
+"""Stack dumps and interrupts of a worker, served by its I/O thread (never by the busy thread).
+
+``format_stacks`` walks ``sys._current_frames()``: it needs the GIL but not the cooperation of
+the thread being inspected. A thread wedged in C code that holds the GIL blocks even that; then
+the host agent asks the process for a faulthandler dump (SIGUSR1), which needs no GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..actors.actor import ActorRunner
+    from ..meshes.value_mesh import ValueMesh
+
+# Actors that the kernel and the debugger place on ranks (``_mesh_executor``, ...).
+TOOL_ACTOR_PREFIX = "_mesh_"
+# The actormesh package itself (runner, %%mesh executor): its frames are not the user's.
+_PACKAGE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + os.sep
+_BUSY_FOR = re.compile(r" for [0-9.]+ s$", re.M)
+# Runtime frames that say nothing to a user (the actor loop waiting for a message, ...).
+_RUNTIME_THREADS = ("actormesh-io",)
+
+
+def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> str:
+    """The Python stack of every thread of this process except the runtime's own, as text."""
+    by_ident = {r.thread.ident: r for r in runners}
+    skipped = set(skip)
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    now = time.monotonic()
+    for ident, frame in sorted(sys._current_frames().items(), key=lambda kv: str(names.get(kv[0]))):
+        name = names.get(ident, f"thread {ident}")
+        if ident in skipped or name.startswith(_RUNTIME_THREADS):
+            continue
+        runner = by_ident.get(ident)
+        if runner is not None:
+            busy = runner.busy
+            if busy is None:
+                if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # the kernel's own: noise
+                    out.append(f"actor {runner.name}: idle\n")
+                continue
+            # Drop the runtime's own frames: start at the endpoint or the cell.
+            stack = traceback.extract_stack(frame)
+            user = [
+                f
+                for f in stack
+                if not f.filename.endswith("threading.py") and not f.filename.startswith(_PACKAGE)
+            ]
+            if not user and runner.name.startswith(TOOL_ACTOR_PREFIX):
+                # The kernel's own helper answering a question (the sidebar's status poll):
+                # noise, and it would set this rank apart from ranks caught a moment later.
+                continue
+            out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
+            out.append("".join(traceback.format_list(user or stack)))
+        else:
+            out.append(f"thread {name}:\n")
+            out.append("".join(traceback.format_stack(frame)))
+    return "".join(out) or "(no user threads)\n"
+
+
+def raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
+    """Schedule ``exc`` in thread ``ident`` (``None`` cancels a pending one)."""
+    arg = ctypes.py_object(exc) if exc is not None else None  # None passes NULL: cancel
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), arg)
+
+
+def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
+    """Ranks with identical stacks together: ``[(["gpus=0", "gpus=2"], text), ...]``,
+    largest group first."""
+    groups: dict[str, tuple[list[str], str]] = {}
+    for point, text in stacks.items():
+        label = ",".join(f"{k}={v}" for k, v in point.items() if point.extent[k] > 1) or "0"
+        key = _BUSY_FOR.sub("", text)  # how long each rank has been busy differs: not the stack
+        groups.setdefault(key, ([], text))[0].append(label)
+    return sorted(groups.values(), key=lambda g: -len(g[0]))
+
+
+def render_grouped(stacks: ValueMesh[Any]) -> str:
+    parts = []
+    for ranks, text in group_stacks(stacks):
+        parts.append(f"=== ranks {', '.join(ranks)} ===\n{text}")
+    return "\n".join(parts)

@@ -1,0 +1,103 @@
+"""``ActorMesh``: one actor per rank of a (slice of a) proc mesh, called through its endpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+from ...errors import MeshUsageError
+from ..actors.future import Future
+from ..shape import MeshShape, Shape
+from .endpoint import Endpoint
+from .proc_table import ProcTable
+from .value_mesh import ValueMesh
+
+A = TypeVar("A")
+
+
+class ActorMesh(MeshShape, Generic[A]):
+    """Actors of one class, one per rank, made by ``ProcMesh.spawn``. Not constructed by users.
+
+    ``mesh.<endpoint>`` gives an :class:`Endpoint` with the adverbs (``call``, ``call_one``,
+    ``choose``, ``broadcast``, ``stream``). Slicing (``mesh.slice(gpus=0)``) is bookkeeping; it
+    sends nothing. Actor meshes are picklable: an actor that receives one can call it, and the
+    replies go straight to that actor.
+
+    ``initialized`` is a future that completes once every rank ran ``__init__`` (or fails with
+    the ``ActorError`` of the ranks whose ``__init__`` raised).
+    """
+
+    _procs: ProcTable
+    _key: str
+    _name: str
+    _class_name: str
+    _endpoints: frozenset[str]
+    _initialized: Future[Any] | None
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)")
+
+    @classmethod
+    def _create(
+        cls,
+        procs: ProcTable,
+        shape: Shape,
+        key: str,
+        name: str,
+        class_name: str,
+        endpoints: frozenset[str],
+        initialized: Future[Any] | None,
+    ) -> ActorMesh[A]:
+        self = object.__new__(cls)
+        self._procs = procs
+        self._shape = shape
+        self._key = key
+        self._name = name
+        self._class_name = class_name
+        self._endpoints = endpoints
+        self._initialized = initialized
+        return self
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
+        return ActorMesh._create(
+            self._procs,
+            shape,
+            self._key,
+            self._name,
+            self._class_name,
+            self._endpoints,
+            self._initialized,
+        )
+
+    @property
+    def initialized(self) -> Future[ValueMesh[None]]:
+        if self._initialized is None:
+            return Future._completed(ValueMesh._create(self._shape, [None] * len(self._shape)))
+        return self._initialized
+
+    def __getattr__(self, name: str) -> Endpoint[Any, Any]:
+        if name.startswith("__") or name not in self._endpoints:
+            if name.startswith("_"):
+                raise AttributeError(name)
+            known = ", ".join(sorted(self._endpoints)) or "(none)"
+            raise MeshUsageError(
+                f"{self._class_name} has no endpoint {name!r}; its endpoints are: {known} "
+                f"(mark a method with @actormesh.endpoint to call it through a mesh)"
+            )
+        endpoint: Endpoint[Any, Any] = Endpoint(self, name)
+        self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
+        return endpoint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _restore,
+            (self._procs, self._shape, self._key, self._name, self._class_name, self._endpoints),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name}: {self._class_name} on {self._shape.extent}>"
+
+
+def _restore(
+    procs: ProcTable, shape: Shape, key: str, name: str, class_name: str, endpoints: frozenset[str]
+) -> ActorMesh[Any]:
+    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None)

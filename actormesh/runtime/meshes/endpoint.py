@@ -1,0 +1,395 @@
+"""The adverbs of an endpoint on a mesh: ``call``, ``call_one``, ``choose``, ``broadcast``,
+``stream``; and the collectors that turn replies into futures.
+
+A cast pickles the arguments once and sends one message per destination process (each with the
+same payload and digest). Replies come back to a port of the caller's process, where a collector
+gathers them on the I/O thread (those of a ``call`` to ranks on other hosts come one message per
+host, gathered by its agent: relay.py). A process that dies fails the collector at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from ... import config
+from ...errors import (
+    ActorError,
+    MeshClosedError,
+    MeshTimeoutError,
+    MeshUsageError,
+    ProcDeath,
+    RemoteFailure,
+    SupervisionError,
+)
+from ..actors.actor import FAILED
+from ..actors.future import Future
+from ..faults import supervision
+from ..messaging.codec import SIMPLE_TYPES, Message, dumps, payload_digest, shape_state
+from ..messaging.node import Node, current_node
+from ..messaging.reply_inbox import reply_inbox
+from . import relay
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from ..shape import Shape
+    from .actor_mesh import ActorMesh
+    from .proc_table import ProcTable
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+def pickle_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> tuple[bytes, list[Any]]:
+    """Pickle call arguments, or say exactly which argument cannot be pickled (nothing is sent)."""
+    try:
+        return dumps((args, kwargs), simple=_all_simple(args, kwargs))
+    except Exception as exc:
+        named = [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for label, value in named:
+            try:
+                dumps(value)
+            except Exception as inner:
+                raise MeshUsageError(
+                    f"{label} of {what} ({type(value).__module__}.{type(value).__qualname__}) "
+                    f"cannot be pickled, so it cannot be sent to an actor: {inner}"
+                ) from inner
+        raise MeshUsageError(f"the arguments of {what} cannot be pickled: {exc}") from exc
+
+
+def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    simple = SIMPLE_TYPES
+    for a in args:
+        if type(a) not in simple:
+            return False
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) not in simple:
+                return False
+    return True
+
+
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
+def no_values(_: list[Any]) -> None:
+    """The result of a gather whose replies only say "done" (spawns, re-spawns)."""
+    return None
+
+
+class Endpoint(Generic[P, R]):
+    """An endpoint of an actor mesh (``mesh.step``). Not constructed by users.
+
+    Every adverb sends without waiting. ``call``/``call_one``/``choose`` return a
+    :class:`Future`; ``broadcast`` returns nothing (an exception it raises is reported to the
+    mesh's owner); ``stream`` iterates over futures as replies arrive.
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._name}.{self._name} on {self._mesh._shape.extent}>"
+
+    @property
+    def _what(self) -> str:
+        return f"{self._mesh._name}.{self._name}"
+
+    # -- adverbs ---------------------------------------------------------------------------------
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Call every actor of the mesh; the future gives a ``ValueMesh`` of their results.
+
+        Fails with ``ActorError`` once all ranks answered if any raised (identical tracebacks
+        grouped), and with ``SupervisionError`` as soon as any rank's process dies.
+        """
+        shape = self._mesh._shape
+        gather = _Gather(self._what, self._mesh._procs, shape, partial(ValueMesh._create, shape))
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the only actor of a one-actor mesh (slice first); the future gives its result."""
+        shape = self._mesh._shape
+        if len(shape) != 1:
+            dims = [d for d, n in zip(shape.labels, shape.sizes, strict=True) if n > 1]
+            hint = f"mesh.slice({dims[0]}=0).{self._name}.call_one(...)" if dims else ""
+            raise MeshUsageError(
+                f"call_one needs exactly one actor, but {self._what} is called on "
+                f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
+                f"e.g. {hint}, or use call() to reach them all"
+            )
+        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call one actor of the mesh, chosen at random among live ones."""
+        mesh = self._mesh
+        node = current_node()
+        ranks = mesh._shape.ranks()
+        live = [r for r in ranks if mesh._procs.addresses[r].mailbox not in node.dead] or ranks
+        index = mesh._shape.local_index(random.choice(live))
+        assert index is not None
+        coords = dict(mesh._shape.point(index))
+        shape = mesh._shape.slice(**coords)
+        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
+        self._cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every actor of the mesh without waiting for anything (fire and forget)."""
+        self._cast(self._mesh._shape, args, kwargs, None)
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Stream[R]:
+        """Call every actor; iterate over one completed future per rank, in arrival order.
+
+        ``for fut in mesh.ep.stream(x): fut.get()`` or ``async for fut in ...``.
+        """
+        shape = self._mesh._shape
+        stream: Stream[R] = Stream(self._what, self._mesh._procs, shape)
+        self._cast(shape, args, kwargs, stream)
+        return stream
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def _cast(
+        self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
+    ) -> None:
+        supervision.raise_pending()
+        mesh = self._mesh
+        procs = mesh._procs
+        if procs.closed:
+            raise MeshClosedError(
+                f"cannot call {self._what}: its proc mesh was stopped; spawn a new one"
+            )
+        payload, buffers = pickle_arguments(args, kwargs, self._what)
+        node = current_node()
+        transport = node.transport
+        reply: tuple[Any, ...] | None = None
+        if collector is not None:
+            inbox = None
+            if collector.read_by_waiter and all(
+                procs.addresses[r].host == transport.host_id for r in shape.ranks()
+            ):
+                inbox = reply_inbox(node)  # replies read by this thread as it waits
+            if inbox is None:
+                port = collector.port = node.open_port(collector)
+                reply = (tuple(port.address), port.port_id)
+            else:
+                port = collector.port = node.open_port(collector, inbox.address)
+                # The repliers also learn this process's mailbox (see Node.in_order).
+                reply = (tuple(port.address), port.port_id, node.address.mailbox)
+        # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
+        envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
+        digest = payload_digest(payload)
+        if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
+            # and, for call(), one message per host back: the agents gather the replies
+            window = config.REPLY_WINDOW if isinstance(collector, _Gather) and len(shape) > 1 else 0
+            what = self._what
+            relay.cast(
+                node, procs, shape, envelope, payload, buffers, digest, collector, what, window
+            )
+            return
+        dead = node.dead
+        key = mesh._key
+        dests = []
+        for rank in shape.ranks():
+            address = procs.addresses[rank]
+            death = dead.get(address.mailbox)
+            if death is not None:
+                if collector is not None:
+                    collector.on_death(address.mailbox, death)
+                    continue
+                raise SupervisionError([death], f"cannot broadcast to {self._what}")
+            dests.append(transport.route_to_actor(address, key))
+        if collector is None and not buffers:
+            for dest in dests:  # batched with the casts that follow (send_one_way)
+                transport.send_one_way(dest, envelope, payload)
+        elif dests:
+            transport.send_many(dests, envelope, payload, buffers, digest)
+
+
+class _Collector(Generic[T]):
+    """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
+
+    # Whether the caller reads the replies itself while it waits for them (from its thread's
+    # reply inbox, when it has one: see reply_inbox.py) rather than the I/O thread.
+    read_by_waiter = False
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+        self.node: Node = current_node()
+        self.what = what
+        self.procs = procs
+        self.shape = shape
+        self.n = len(shape)
+        self.values: list[Any] = [_MISSING] * self.n
+        self.remaining = self.n
+        self.lock = threading.Lock()
+        self.port: Any = None
+
+    def missing_ranks(self) -> str:
+        missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is _MISSING]
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        return f"replies to {self.what} from rank {shown}"
+
+    def pending_ranks(self) -> list[tuple[str, int]]:
+        """``(mesh_id, rank)`` of the ranks that have not answered yet."""
+        mesh_id = self.procs.mesh_id
+        return [
+            (mesh_id, self.shape.global_rank(i)) for i, v in enumerate(self.values) if v is _MISSING
+        ]
+
+    def on_message(self, msg: Message) -> None:
+        index, status = msg.envelope[2], msg.envelope[3]
+        try:
+            value = msg.value()
+        except Exception as exc:
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)),
+                    self.what,
+                    "",
+                    type(exc).__name__,
+                    f"the reply could not be unpickled in the caller: {exc}",
+                    "",
+                ),
+            )
+        if status == FAILED and not isinstance(value, RemoteFailure):
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)), self.what, "", "Error", repr(value), ""
+                ),
+            )
+        self.deliver(index, status == FAILED, value)
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        observed = False
+        for i, rank in enumerate(self.shape.ranks()):
+            if self.procs.addresses[rank].mailbox == mailbox and self.values[i] is _MISSING:
+                self.deliver(i, True, death)
+                observed = True
+        return observed
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        raise NotImplementedError
+
+    def record(self, index: int, value: Any) -> bool | None:
+        """Store rank ``index``'s answer: ``None`` if it had answered already, else whether it was
+        the last one. After the last, the port is closed: until then it stays open, even when a
+        death already failed the call, so the other deaths of that event are observed too."""
+        with self.lock:
+            if self.values[index] is not _MISSING:
+                return None
+            self.values[index] = value
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.close()
+        return last
+
+    def close(self) -> None:
+        port = self.port
+        if port is not None:
+            self.node.close_port(port)
+
+
+class _Gather(_Collector[T]):
+    read_by_waiter = True  # Future.get reads them
+
+    def __init__(
+        self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
+    ) -> None:
+        super().__init__(what, procs, shape)
+        self.finish = finish
+        self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
+        self.failures: list[RemoteFailure] = []
+        self.future: Future[T] = Future(self.missing_ranks)
+        self.future._pending_ranks = self.pending_ranks
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        done = self.record(index, value)
+        if done is None or self.future.done():
+            return
+        if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
+            self.values[index] = f"(dead: {value.describe()})\n"
+            failed = False
+        elif failed and isinstance(value, ProcDeath):
+            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
+            return
+        if failed:
+            self.failures.append(value)
+        if done:
+            if self.failures:
+                self.future._set_exception(ActorError(self.failures))
+            else:
+                self.future._set_result(self.finish(self.values))
+
+
+class Stream(_Collector[T], Generic[T]):
+    """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+        super().__init__(what, procs, shape)
+        self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
+        self._yielded = 0
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        if self.record(index, value) is None:
+            return
+        if isinstance(value, ProcDeath):
+            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
+        elif failed:
+            fut = Future._failed(ActorError([value]))
+        else:
+            fut = Future._completed(value)
+        self._arrived.put(fut)
+
+    def __iter__(self) -> Iterator[Future[T]]:
+        return self
+
+    def __next__(self) -> Future[T]:
+        return self.next(timeout=None)
+
+    def next(self, timeout: float | None = None) -> Future[T]:
+        """The next arrived reply as a completed future; ``StopIteration`` after the last."""
+        if self._yielded >= self.n:
+            raise StopIteration
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                raise MeshTimeoutError(f"timed out waiting for {self.missing_ranks()}")
+            try:
+                fut = self._arrived.get(timeout=wait)
+                break
+            except queue.Empty:
+                continue
+        self._yielded += 1
+        return fut
+
+    def __aiter__(self) -> AsyncIterator[Future[T]]:
+        return self._async_iter()
+
+    async def _async_iter(self) -> AsyncIterator[Future[T]]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while self._yielded < self.n:
+            yield await loop.run_in_executor(None, self.next)

@@ -1,0 +1,201 @@
+"""``ProcMesh``: worker processes, one per rank, that actors are spawned on."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ... import config
+from ...errors import MeshClosedError, MeshUsageError
+from ..actors.actor import Actor, endpoint_names
+from ..actors.future import Future
+from ..messaging.codec import payload_digest, shape_state
+from ..messaging.node import current_node
+from ..shape import MeshShape, Shape
+from . import relay
+from .actor_mesh import ActorMesh
+from .endpoint import _MISSING, _Gather, no_values, pickle_arguments
+from .proc_table import ProcTable
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from ..procs.controller import MeshRecord
+    from ..procs.host_mesh import HostMesh
+
+A = TypeVar("A", bound=Actor)
+
+
+class ProcMesh(MeshShape):
+    """Worker processes, one per rank, made by ``HostMesh.spawn_procs``. Not built by users.
+
+    ``spawn`` puts one actor per rank. ``stop()`` ends the processes; afterwards any call on
+    the mesh or its actors raises :class:`MeshClosedError`. Usable as a context manager that
+    stops the mesh on exit. Slicing is bookkeeping (no message is sent).
+    """
+
+    _procs: ProcTable
+    _record: MeshRecord | None
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("ProcMesh is not constructed directly; use this_host().spawn_procs(...)")
+
+    @classmethod
+    def _create(cls, procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+        self = object.__new__(cls)
+        self._procs = procs
+        self._shape = shape
+        self._record = record
+        return self
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh._create(self._procs, shape, self._record)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self._procs, self._shape))
+
+    def __repr__(self) -> str:
+        state = " (stopped)" if self._procs.closed else ""
+        return f"<ProcMesh {self._shape.extent}{state}>"
+
+    def __enter__(self) -> ProcMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop().get(timeout=30)
+
+    # -- actors ----------------------------------------------------------------------------------
+
+    def spawn(
+        self, name: str, cls: type[A] | Callable[..., A], *args: Any, **kwargs: Any
+    ) -> ActorMesh[A]:
+        """Create one ``cls(*args, **kwargs)`` actor on every rank of this mesh; don't wait.
+
+        ``__init__`` runs in each worker before the first message it handles; if it raises,
+        the first call (and ``mesh.initialized``) fails with its ``ActorError``. Classes from
+        ``__main__`` or a notebook cell are sent by value; others are imported by the workers.
+        """
+        if not isinstance(name, str) or not name:
+            raise MeshUsageError(f"an actor mesh needs a non-empty name, got {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise MeshUsageError(
+                f"spawn expects a subclass of actormesh.Actor, got {cls!r}; "
+                "derive your class from am.Actor and mark its methods with @am.endpoint"
+            )
+        if self._procs.closed:
+            raise MeshClosedError("cannot spawn on a stopped proc mesh; spawn new procs")
+        payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
+        key = f"{name}-{uuid.uuid4().hex[:12]}"
+        shape = self._shape
+        mesh: ActorMesh[A] = ActorMesh._create(
+            self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
+        )
+        gather: _Gather[Any] = _Gather(f"{name}.__init__", self._procs, shape, no_values)
+        node = current_node()
+        reply = gather.port = node.open_port(gather)
+        envelope = ("spawn", key, name, shape, reply)
+        digest = payload_digest(payload)
+        # Straight to ranks on this host, one message per other host (its agent fans it out):
+        # the route every later call to these ranks takes, so the spawn arrives first.
+        state = shape_state(shape)
+        relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
+        mesh._initialized = gather.future
+        if self._record is not None:
+            self._record.actor_spawns.append((key, envelope, payload, buffers, digest))
+        return mesh
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def health(self) -> ValueMesh[str]:
+        """Per-rank health, known without sending anything: ``"alive"`` or how the process died."""
+        dead = current_node().dead
+        values = []
+        for rank in self._shape.ranks():
+            death = dead.get(self._procs.addresses[rank].mailbox)
+            values.append("alive" if death is None else f"dead: {death.describe()}")
+        return ValueMesh._create(self._shape, values)
+
+    def stacks(self, timeout: float = 1.0) -> Future[ValueMesh[str]]:
+        """The Python stacks of every rank of this mesh (or slice), as text per rank.
+
+        Answered by each worker's message thread, so ranks busy in a long endpoint answer too.
+        A rank that does not answer within ``timeout`` seconds (a thread holding the GIL in C
+        code) is dumped by its host agent with faulthandler instead. Dead ranks say how they
+        died. ``actormesh.runtime.faults.stacks.render_grouped(mesh)`` groups identical stacks.
+        """
+        shape = self._shape
+        gather: _Gather[ValueMesh[str]] = _Gather(
+            "stacks", self._procs, shape, partial(ValueMesh._create, shape)
+        )
+        gather.deaths_as_values = True
+        node = current_node()
+        port = gather.port = node.open_port(gather)
+        reply = (tuple(port.address), port.port_id)
+        self._control(("stacks", shape_state(shape), reply), gather)
+        record = self._record
+        if record is not None:
+
+            def fallback() -> None:
+                for index, value in enumerate(list(gather.values)):
+                    if value is _MISSING:
+                        record.dump_stacks(shape.global_rank(index), reply, index)
+
+            node.transport.call_soon(lambda: node.transport.call_later(timeout, fallback))
+        return gather.future
+
+    def interrupt(self) -> None:
+        """Raise ``KeyboardInterrupt`` in the endpoints running on this mesh's (slice's) ranks.
+
+        The actors survive and keep serving. Pure-Python code stops at once; a blocking call in
+        C (``time.sleep``, a collective) is interrupted when it returns to Python.
+        """
+        self._control(("interrupt",), None)
+
+    def heal(self, hosts: HostMesh | None = None) -> Future[None]:
+        """Respawn the dead ranks of this mesh in place and re-create their actors (with their
+        original constructor arguments), so existing ``ActorMesh`` handles work again. The
+        future completes when every re-created actor has run ``__init__``.
+
+        The ranks of a host that was lost (its agent died or stopped answering) move to a spare
+        host: one of ``hosts`` when given (e.g. ``listener.wait_for_hosts(1)``), else a host
+        agent that dialled in and is in no host mesh yet. Without one, the future fails with a
+        ``SupervisionError`` saying so."""
+        if self._record is None:
+            raise MeshUsageError("only the process that spawned a proc mesh can heal it")
+        spares = None
+        if hosts is not None:
+            spares = [hosts._agents[r] for r in hosts._shape.ranks()]
+            for agent in spares:
+                agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+        return self._record.heal(spares)
+
+    def _control(self, envelope: tuple[Any, ...], collector: Any) -> None:
+        if self._procs.closed:
+            raise MeshClosedError("the proc mesh was stopped; spawn a new one")
+        node = current_node()
+        if self._procs.relays is not None:  # the same route as casts, so interrupts keep order
+            state = shape_state(self._shape)
+            relay.send(node, self._procs, self._shape, state, envelope, collector=collector)
+            return
+        for rank in self._shape.ranks():
+            address = self._procs.addresses[rank]
+            death = node.dead.get(address.mailbox)
+            if death is not None:
+                if collector is not None:
+                    collector.on_death(address.mailbox, death)
+                continue
+            node.send(address, envelope)
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    def stop(self) -> Future[None]:
+        """Stop every process of the whole mesh (not just this slice); the future completes when
+        they have all exited. Stopping twice is harmless."""
+        if self._record is None:
+            raise MeshUsageError("only the process that spawned a proc mesh can stop it")
+        return self._record.stop()
+
+
+def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
+    return ProcMesh._create(procs, shape, None)

@@ -1,0 +1,58 @@
+"""The addresses of a proc mesh's processes, shared by every slice and actor mesh on it."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ..messaging.transport import Address
+
+_live: weakref.WeakValueDictionary[str, ProcTable] = weakref.WeakValueDictionary()
+_live_lock = threading.Lock()
+
+
+class ProcTable:
+    """``addresses[global_rank]`` for one proc mesh. Picklable: a copy unpickled in the process
+    that owns the mesh is the live table itself, so state like ``closed`` is seen everywhere."""
+
+    def __init__(
+        self,
+        mesh_id: str,
+        addresses: list[Address],
+        labels: list[str],
+        relays: list[Address | None] | None = None,
+    ) -> None:
+        self.mesh_id = mesh_id
+        self.addresses = addresses
+        self.labels = labels  # "gpus=1", for messages and output
+        # Per rank, the host agent that fans casts out to it from other hosts (None: the
+        # controller's host, reached directly); see relay.py. None when no rank has one.
+        self.relays = relays
+        self.routes: dict[Any, Any] = {}  # relay.py's cache of cast plans, per shape
+        self.pids: list[int] = [0] * len(addresses)
+        self.closed = False
+        with _live_lock:
+            _live[mesh_id] = self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self.mesh_id, self.addresses, self.labels, self.relays))
+
+
+def live_table(mesh_id: str) -> ProcTable | None:
+    """This process's table of ``mesh_id``, if it holds one."""
+    with _live_lock:
+        return _live.get(mesh_id)
+
+
+def _restore(
+    mesh_id: str,
+    addresses: list[Address],
+    labels: list[str],
+    relays: list[Address | None] | None = None,
+) -> ProcTable:
+    with _live_lock:
+        table = _live.get(mesh_id)
+    if table is not None:
+        return table
+    return ProcTable(mesh_id, addresses, labels, relays)

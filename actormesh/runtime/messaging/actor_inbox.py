@@ -1,0 +1,144 @@
+"""The inbox of one actor: its own socket, read by its own thread.
+
+Callers on the same host send calls straight to the actor's socket (see
+:func:`~actormesh.runtime.messaging.transport.actor_address`), so a call reaches the endpoint
+without waking the process's I/O thread first: one thread hand-off less per call, which is most
+of what a small call costs. What other threads hand the actor (its spawn, calls that came
+through the process inbox from other hosts, supervision events, stop) goes into a local queue,
+and a byte on a pipe wakes the actor's thread if it is waiting.
+
+Only the actor's thread touches the socket, so nothing is locked. The socket lives in a ZeroMQ
+context of its own that is never terminated: terminating the process's main context must not wait
+for an actor thread that is busy in user code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections import deque
+from typing import Any
+
+import zmq
+
+from .codec import Message, Verifier
+from .transport import Address, receive
+
+logger = logging.getLogger(__name__)
+
+_context: zmq.Context[Any] | None = None
+_context_lock = threading.Lock()
+_POLL_IN = select.POLLIN
+
+
+def actor_context() -> zmq.Context[Any]:
+    """The ZeroMQ context of sockets owned by threads that may be busy in user code when the
+    process ends (never terminated: the process's exit closes them)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            _context = zmq.Context()
+        return _context
+
+
+class ActorInbox:
+    """Items for one actor, in arrival order per sender. ``get`` is for the actor's thread only."""
+
+    def __init__(self, key: bytes, address: Address | None) -> None:
+        self.address = address
+        self._verifier = Verifier(key, address.mailbox) if address is not None else None
+        self._queue: deque[Any] = deque()  # handed over by other threads
+        self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._socket: zmq.Socket[Any] | None = None
+        self._poller: select.poll | None = None
+        self._armed = False  # read until empty since anything else touched the socket
+        self._closed = False
+
+    def open(self) -> None:
+        """Bind the socket (on the actor's thread, before it handles anything)."""
+        if self.address is None:
+            self._poller = select.poll()
+            self._poller.register(self._wake_r, _POLL_IN)
+            return
+        assert self.address.ipc is not None
+        sock = actor_context().socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.bind(self.address.ipc)
+        self._socket = sock
+        self._poller = select.poll()
+        self._poller.register(self._wake_r, _POLL_IN)
+        self._poller.register(sock.getsockopt(zmq.FD), _POLL_IN)
+
+    def put(self, item: Any) -> None:
+        """Hand the actor an item (any thread)."""
+        self._queue.append(item)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # closed: the actor is gone
+
+    def get(self) -> Any:
+        """The next item: handed-over ones first, then calls from the socket (actor's thread)."""
+        woken = False  # by the socket
+        while True:
+            if self._queue:
+                return self._queue.popleft()
+            if self._ready:
+                return self._ready.popleft()
+            # Armed (the last read ended empty), the socket's FD signals the next message, so
+            # there is nothing to read before sleeping.
+            if woken or not self._armed:
+                got = self._receive(woken)
+                woken = False
+                if got:
+                    continue
+            assert self._poller is not None
+            for fd, _ in self._poller.poll():
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                else:
+                    woken = True
+
+    def _receive(self, woken: bool) -> bool:
+        sock = self._socket
+        if sock is None:
+            return False
+        assert self._verifier is not None
+        got = False
+        self._armed = False
+        for msg in receive(sock, self._verifier, woken=woken):
+            got = True
+            kind = msg.envelope[0]
+            if kind == "call":
+                self._ready.append(("call", msg))
+            elif kind == "batch":
+                # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
+                for envelope, payload in msg.envelope[1]:
+                    self._ready.append(
+                        ("call", Message(msg.sender, envelope, payload, [], msg.seq))
+                    )
+            else:
+                logger.warning("an actor inbox got a %r message; dropped", kind)
+        self._armed = True
+        return got
+
+    def close(self) -> None:
+        """Close the socket and the pipe (actor's thread, when it ends)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

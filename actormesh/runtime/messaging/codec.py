@@ -1,0 +1,366 @@
+"""Framing, signing and the pickle boundary: the only place that unpickles.
+
+A message on the wire is a list of ZeroMQ frames::
+
+    [signature + head + payload, buffer_0, buffer_1, ...]
+
+- ``head`` is a fixed binary prefix (magic, sender id, sequence number, the SHA-256 of
+  ``payload``, the destination ids, the size of every buffer) followed by a small pickled
+  *envelope* (what the message is: its kind, target, reply port). A cast to several receivers
+  is signed once and names them all; each receiver checks that it is one of them.
+- ``signature`` is HMAC-SHA256 of ``head`` under the job's key. The payload is covered through
+  its digest in the head, and out-of-band buffers through their sizes: buffers are only ever
+  copied into tensors or arrays, never unpickled, so hashing hundreds of megabytes buys nothing.
+- ``payload`` is the pickled user data (arguments, results), pickle protocol 5. Large tensors and
+  arrays leave it as out-of-band buffers, sent as zero-copy frames.
+
+Nothing is unpickled before the signature, the destination, the sequence number (against
+replays) and the payload digest have been checked.
+
+A host agent that gathers its workers' replies (``relay.py``) checks each of them like any
+message it receives, never unpickles their payloads, and signs one message carrying them: its
+payload is theirs, end to end, so its digest covers every byte the caller will unpickle, and its
+head lists every buffer's size. The caller checks that one signature, then splits it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import itertools
+import logging
+import os
+import pickle
+import struct
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"AM02"
+# magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length
+_FIXED = struct.Struct("<4s8sQ32sIII")
+_LEN = struct.Struct("<Q")
+_ID_SIZE = 8
+_MAX_DESTS = 1 << 16
+SIG_SIZE = 32
+KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
+# Tensors and arrays smaller than this travel inside the payload (a copy is cheaper than a frame).
+OOB_THRESHOLD = 64 * 1024
+
+
+SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+class WireError(Exception):
+    """A frame sequence that is not a valid, authentic message. It is dropped, never executed."""
+
+
+def new_key() -> bytes:
+    return os.urandom(32)
+
+
+def read_key_file(path: str) -> bytes:
+    """A job key stored as hex in a file (the way schedulers hand it to host agents)."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the actormesh job key from {path}: {exc}") from exc
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(
+            f"{path} does not hold an actormesh job key (expected at least 32 hex digits); "
+            "write one with actormesh.hosts.write_key_file(path)"
+        )
+    return key
+
+
+def new_id() -> bytes:
+    return os.urandom(8)
+
+
+# ---------------------------------------------------------------------------------------------
+# pickling
+
+
+def _rebuild_tensor(
+    data: Any, dtype_name: str, shape: tuple[int, ...], requires_grad: bool, param: bool
+) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if isinstance(data, (bytes, bytearray)):
+        data = bytearray(data)  # torch.frombuffer needs a writable buffer
+    if len(memoryview(data)) == 0:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        # The frame is ours alone (ZeroMQ gave us the message), so the tensor may own it.
+        t = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
+    code: types.CodeType = make(*args)
+    return code.replace(co_filename=filename)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle (by-value classes from ``__main__`` and notebook cells), zero-copy tensors,
+    and code that keeps its file name."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is types.CodeType:
+            # cloudpickle >= 3.1.3 names all code it sends "<dynamic-code>". A rank needs the
+            # real name: it is how tracebacks, stacks and breakpoints find a notebook cell's lines.
+            make, args = self.dispatch_table[types.CodeType](obj)
+            return _code_in_file, (make, args, obj.co_filename)
+        torch = sys.modules.get("torch")
+        if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
+            reduced = _reduce_tensor(obj, torch)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _reduce_tensor(t: Any, torch: Any) -> Any:
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
+        return None  # torch's own pickling handles the rest
+    data = t.detach()
+    if not data.is_contiguous():
+        data = data.contiguous()
+    nbytes = data.numel() * data.element_size()
+    flat = data.reshape(-1).view(torch.uint8) if data.numel() else None
+    if flat is None:
+        buf: Any = b""
+    elif nbytes >= OOB_THRESHOLD:
+        buf = pickle.PickleBuffer(flat.numpy())
+    else:
+        buf = flat.numpy().tobytes()
+    dtype_name = str(data.dtype).removeprefix("torch.")
+    param = isinstance(t, torch.nn.Parameter)
+    return (_rebuild_tensor, (buf, dtype_name, tuple(t.shape), bool(t.requires_grad), param))
+
+
+def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj``; large buffers come back separately, to be sent as zero-copy frames.
+
+    ``simple=True`` promises that ``obj`` holds only builtin scalars and containers, which the
+    plain C pickler handles several times faster than cloudpickle.
+    """
+    if simple or type(obj) in SIMPLE_TYPES:
+        return pickle.dumps(obj, protocol=5), []
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep_large(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes >= OOB_THRESHOLD:
+            buffers.append(buf)
+            return False  # out of band
+        return True  # small: inline
+
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=keep_large).dump(obj)
+    return f.getvalue(), buffers
+
+
+def loads(payload: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    """Unpickle a payload whose digest the receiver has already checked (see :func:`decode`)."""
+    return pickle.loads(payload, buffers=buffers)
+
+
+# ---------------------------------------------------------------------------------------------
+# framing and signing
+
+
+class Signer:
+    """Signs outgoing messages of one process: its sender id and a sequence number per message."""
+
+    def __init__(self, key: bytes, sender: bytes):
+        self._mac = _KeyedMac(key)
+        self.sender = sender
+        self._seq = itertools.count(1)
+        self.last_seq = 0  # of the frames made last (read under the sender's send lock)
+
+    def frames(
+        self,
+        dest: bytes | Sequence[bytes],
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> list[Any]:
+        """Frames for one message to one receiver (``dest``, its id) or several (a list of ids:
+        the same frames then go to each). Pass ``digest`` when it is already known.
+
+        The sequence number is drawn here, so the caller must send the frames before any other
+        message to the same destinations is framed (the sender holds its send lock).
+        """
+        if digest is None:
+            digest = hashlib.sha256(payload).digest()
+        dests = dest if isinstance(dest, bytes) else b"".join(dest)
+        env = pickle.dumps(envelope, protocol=5)
+        seq = self.last_seq = next(self._seq)
+        fixed = _FIXED.pack(
+            MAGIC,
+            self.sender,
+            seq,
+            digest,
+            len(dests) // _ID_SIZE,
+            len(buffers),
+            len(env),
+        )
+        if buffers:
+            sizes = (_LEN.pack(memoryview(b).nbytes) for b in buffers)
+            head = b"".join([fixed, dests, *sizes, env])
+        else:
+            head = b"".join((fixed, dests, env))
+        sig = self._mac.sign(head)
+        # One frame for the signed head and the payload: every frame costs a syscall's worth.
+        return [b"".join((sig, head, payload)), *buffers]
+
+
+# RFC 2104: HMAC(key, m) = H((key ^ opad) || H((key ^ ipad) || m)), key padded to H's block.
+_BLOCK = 64  # SHA-256's
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
+class _KeyedMac:
+    """HMAC-SHA256 with the key's two padded blocks hashed once: a signature copies two SHA-256
+    states, about half what copying an OpenSSL HMAC context costs (and a third of
+    ``hmac.digest``, which hashes both padded blocks again for every message)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def sign(self, data: Any) -> bytes:
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+class Message:
+    """A decoded, authenticated message. The payload is unpickled only on demand."""
+
+    __slots__ = ("buffers", "envelope", "payload", "sender", "seq")
+
+    def __init__(
+        self,
+        sender: bytes,
+        envelope: tuple[Any, ...],
+        payload: Any,
+        buffers: list[Any],
+        seq: int = 0,
+    ) -> None:
+        self.sender = sender
+        self.envelope = envelope
+        self.payload = payload
+        self.buffers = buffers
+        self.seq = seq  # the sender's sequence number: orders its messages to any receiver
+
+    def value(self) -> Any:
+        return loads(self.payload, self.buffers)
+
+
+class Verifier:
+    """Checks incoming messages for one receiver: signature, destination, replay, sizes."""
+
+    def __init__(self, key: bytes, me: bytes):
+        self._mac = _KeyedMac(key)
+        self.me = me
+        self._last_seq: dict[bytes, int] = {}
+
+    def decode(self, frames: Sequence[Any]) -> Message:
+        """Authenticate and split a message (called by the receiving I/O thread only)."""
+        if not frames:
+            raise WireError("empty message")
+        first = memoryview(frames[0])
+        if first.nbytes < SIG_SIZE + _FIXED.size:
+            raise WireError("truncated head")
+        magic, sender, seq, digest, ndest, nbuf, env_len = _FIXED.unpack_from(first, SIG_SIZE)
+        dests_end = SIG_SIZE + _FIXED.size + ndest * _ID_SIZE
+        head_end = dests_end + nbuf * _LEN.size + env_len
+        if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
+            raise WireError("truncated head")
+        expected = self._mac.sign(first[SIG_SIZE:head_end])
+        if not hmac.compare_digest(first[:SIG_SIZE], expected):
+            raise WireError("bad signature")
+        # From here on the head is authentic: it was written by a holder of the key.
+        if magic != MAGIC:
+            raise WireError(f"unknown protocol {bytes(magic)!r}")
+        if not self._addressed_to_me(first, SIG_SIZE + _FIXED.size, ndest):
+            raise WireError("message addressed to another process (replayed?)")
+        if seq <= self._last_seq.get(sender, 0):
+            raise WireError(f"replayed or reordered message (seq {seq})")
+        self._last_seq[sender] = seq
+        if len(frames) != 1 + nbuf:
+            raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
+        off = dests_end
+        buffers = list(frames[1:])
+        for i in range(nbuf):
+            (size,) = _LEN.unpack_from(first, off)
+            off += _LEN.size
+            if memoryview(buffers[i]).nbytes != size:
+                raise WireError(f"buffer {i} has the wrong size")
+        payload = first[head_end:]
+        if hashlib.sha256(payload).digest() != digest:
+            raise WireError("payload does not match its signed digest")
+        envelope = pickle.loads(first[off:head_end])
+        if not isinstance(envelope, tuple) or not envelope:
+            raise WireError("malformed envelope")
+        return Message(sender, envelope, payload, buffers, seq)
+
+    def _addressed_to_me(self, first: memoryview, start: int, ndest: int) -> bool:
+        if ndest == 1:
+            return first[start : start + _ID_SIZE] == self.me
+        dests = first[start : start + ndest * _ID_SIZE].tobytes()
+        at = dests.find(self.me)
+        while at != -1:
+            if at % _ID_SIZE == 0:  # a whole id, not the tail of one and the head of the next
+                return True
+            at = dests.find(self.me, at + 1)
+        return False
+
+
+def shape_state(shape: Any) -> tuple[Any, ...]:
+    """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
+    return (shape.labels, shape.offset, shape.sizes, shape.strides)
+
+
+_shapes: dict[tuple[Any, ...], Any] = {}
+
+
+def shape_from_state(state: tuple[Any, ...]) -> Any:
+    shape = _shapes.get(state)
+    if shape is None:
+        from ..shape import Shape
+
+        if len(_shapes) > 4096:
+            _shapes.clear()
+        shape = _shapes[state] = Shape._unchecked(*state)
+    return shape
+
+
+def payload_digest(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).digest()

@@ -1,0 +1,310 @@
+"""The actormesh runtime of one process: its transport, ports, hosted actors and supervision view.
+
+Every process that takes part (the controller, each worker, each host agent) has exactly one
+``Node``. The controller's is created on first use; a worker's is created by ``worker.main``.
+Handlers run on the I/O thread and must stay short.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, overload
+
+from ...errors import ProcDeath
+from .codec import Message
+from .curve import CurveKeys
+from .transport import Address, Transport
+
+logger = logging.getLogger(__name__)
+
+
+class Port(NamedTuple):
+    """Where a value can be sent: a process and one of its open ports. Picklable."""
+
+    address: Address
+    port_id: int
+
+    def send(self, value: Any) -> None:
+        """Send ``value`` to the receiver of this port (non-blocking, from any thread)."""
+        from .codec import dumps
+
+        payload, buffers = dumps(value)
+        transport = current_node().transport
+        if buffers:
+            transport.send(self.address, ("port", self.port_id), payload, buffers)
+        else:
+            transport.send_one_way(self.address, ("port", self.port_id), payload)
+
+
+_addresses: dict[tuple[Any, ...], Address] = {}
+
+
+@overload
+def reply_port(reply: None) -> None: ...
+@overload
+def reply_port(reply: tuple[Any, ...]) -> Port: ...
+def reply_port(reply: tuple[Any, ...] | None) -> Port | None:
+    """The Port of a reply, from the plain tuple an envelope carries (every call carries one:
+    its Address is built once per caller)."""
+    if reply is None:
+        return None
+    addr_t = reply[0]
+    address = _addresses.get(addr_t)
+    if address is None:
+        if len(_addresses) > 4096:
+            _addresses.clear()
+        address = _addresses[addr_t] = Address(*addr_t)
+    return Port(address, reply[1])
+
+
+class PortHandler(Protocol):
+    def on_message(self, msg: Message) -> None: ...
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None: ...
+
+
+class Node:
+    """Process-wide runtime state. See the module docstring."""
+
+    def __init__(
+        self,
+        key: bytes,
+        run_dir: str,
+        name: str,
+        role: str,
+        tcp_host: str | None = None,
+        host_id: str | None = None,
+        mailbox: bytes | None = None,
+        ipc: str | None = None,
+        tcp_port: int = 0,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        self.key = key
+        self.role = role
+        self.run_dir = run_dir
+        self.transport = Transport(
+            key, self.dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
+        )
+        self.address = self.transport.address
+        self.handlers: dict[str, Callable[[Message], None]] = {
+            "reply": self._on_port_message,
+            "replies": self._on_replies,
+            "port": self._on_port_message,
+            "died": self._on_died,
+            "revived": lambda msg: self.forget_death(msg.envelope[1]),
+            "batch": self._on_batch,
+            "buf_done": self._on_port_message,
+        }
+        self._ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self.last_port_id = 0  # read as a mark: ports opened later have greater ids
+        self._lock = threading.Lock()
+        self.dead: dict[bytes, ProcDeath] = {}
+        # Where rank-labelled output and unhandled failures go: the owner of this process.
+        self.controller: Address | None = None
+        self.mesh_id: str | None = None  # a worker's proc mesh
+        self._on_close: list[Callable[[], None]] = []
+        # Replies that overtook earlier messages from their sender (see in_order).
+        self._handled: dict[bytes, int] = {}  # sender -> last seq handled off the process inbox
+        self._held: list[tuple[bytes, int, Message]] = []
+        self._held_lock = threading.Lock()
+        self.transport.on_handled = self._note_handled
+
+    def start(self) -> None:
+        self.transport.start()
+
+    def listen_tcp(self, host: str, advertise: str, curve: CurveKeys | None) -> Address:
+        """Make this node reachable from other hosts (see ``Transport.listen_tcp``).
+
+        Ports opened afterwards carry the tcp:// address, so other hosts can answer them."""
+        self.address = self.transport.listen_tcp(host, advertise, curve)
+        return self.address
+
+    # -- ports -----------------------------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler, address: Address | None = None) -> Port:
+        """A port for ``handler``, received on the process inbox or on ``address`` (a thread's
+        reply inbox in this process)."""
+        port_id = self.last_port_id = next(self._port_ids)
+        self._ports[port_id] = handler
+        return Port(address or self.address, port_id)
+
+    def handlers_since(self, mark: int) -> list[PortHandler]:
+        """The handlers of the ports still open that were opened after ``mark`` (a
+        ``last_port_id`` read earlier): the calls made since then that await replies."""
+        return [h for port_id, h in list(self._ports.items()) if port_id > mark]
+
+    def close_port(self, port: Port) -> None:
+        self._ports.pop(port.port_id, None)
+
+    def _on_port_message(self, msg: Message) -> None:
+        handler = self._ports.get(msg.envelope[1])
+        if handler is None:
+            logger.debug("message for closed port %s dropped", msg.envelope[1])
+            return
+        handler.on_message(msg)
+
+    def _on_replies(self, msg: Message) -> None:
+        """Replies that a host agent gathered from its workers, in one message (relay.py).
+
+        Each is handled as if its worker had sent it here: the agent signed the whole message,
+        covering every payload, so nothing here is unpickled before a signature was checked.
+        """
+        payload, buffers = msg.payload, msg.buffers
+        start = first = 0
+        for port_id, sender, index, status, after, size, nbuf in msg.envelope[1]:
+            reply = Message(
+                sender,
+                ("reply", port_id, index, status, after),
+                payload[start : start + size],
+                buffers[first : first + nbuf],
+            )
+            start += size
+            first += nbuf
+            # It took another route than what its worker sent here directly before it.
+            if self.in_order(reply):
+                self._on_port_message(reply)
+
+    # -- order across sockets --------------------------------------------------------------------
+
+    def in_order(self, msg: Message) -> bool:
+        """Whether a reply that took another route than the process inbox may be handled now:
+        read off a thread's reply inbox, or gathered by a host agent (``_on_replies``).
+
+        Its sender may have sent this process other messages before it (an endpoint's printed
+        lines, port messages), which travel through the process inbox. A reply that names the
+        sequence number of the last of them waits until the I/O thread has handled that one;
+        the I/O thread then handles the reply itself.
+        """
+        env = msg.envelope
+        if len(env) < 5 or not env[4]:
+            return True
+        with self._held_lock:
+            if self._handled.get(msg.sender, 0) >= env[4]:
+                return True
+            self._held.append((msg.sender, env[4], msg))
+            return False
+
+    def _note_handled(self, msg: Message) -> None:
+        with self._held_lock:
+            self._handled[msg.sender] = msg.seq
+            if not self._held:
+                return
+            ready = [m for s, seq, m in self._held if s == msg.sender and seq <= msg.seq]
+            if ready:
+                self._held = [h for h in self._held if h[2] not in ready]
+        for reply in ready:
+            self.dispatch(reply)
+
+    def _release_held(self) -> None:
+        # The sender died: what it sent before the reply will not come.
+        with self._held_lock:
+            held, self._held = self._held, []
+        for _, _, reply in held:
+            self.dispatch(reply)
+
+    # -- supervision view ------------------------------------------------------------------------
+
+    def record_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        """Mark a process dead and fail everything waiting on it (any thread).
+
+        Returns whether some pending call observed the death (then it is handled)."""
+        with self._lock:
+            if mailbox in self.dead:
+                return True
+            self.dead[mailbox] = death
+        if self._held:
+            self._release_held()
+        observed = False
+        for handler in list(self._ports.values()):
+            try:
+                observed = bool(handler.on_death(mailbox, death)) or observed
+            except Exception:
+                logger.exception("port handler failed on a death notice")
+        return observed
+
+    def forget_death(self, mailbox: bytes) -> None:
+        with self._lock:
+            self.dead.pop(mailbox, None)
+
+    def _on_died(self, msg: Message) -> None:
+        _, mailbox, death = msg.envelope
+        self.record_death(mailbox, death)
+
+    # -- dispatch (I/O thread) -------------------------------------------------------------------
+
+    def dispatch(self, msg: Message) -> None:
+        """Run the handler of a received message (on whichever thread read it)."""
+        handler = self.handlers.get(msg.envelope[0])
+        if handler is None:
+            logger.warning("no handler for message kind %r", msg.envelope[0])
+            return
+        handler(msg)
+
+    def _on_batch(self, msg: Message) -> None:
+        # One signed message carrying several one-way ones (see Transport.send_one_way); the
+        # payloads were covered by the signature of the head that carried them.
+        for envelope, payload in msg.envelope[1]:
+            self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq))
+
+    def send(
+        self,
+        dest: Address,
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Any = (),
+        digest: bytes | None = None,
+    ) -> None:
+        self.transport.send(dest, envelope, payload, buffers, digest)
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when this node closes (before its transport does)."""
+        self._on_close.append(fn)
+
+    def close(self) -> None:
+        for fn in self._on_close:
+            try:
+                fn()
+            except Exception:
+                logger.exception("closing %r failed", fn)
+        self.transport.close()
+
+
+_node: Node | None = None
+_node_lock = threading.Lock()
+_node_factory: Callable[[], Node] | None = None
+
+
+def set_node(node: Node | None) -> None:
+    global _node
+    _node = node
+
+
+def set_node_factory(factory: Callable[[], Node]) -> None:
+    """How ``current_node`` makes the node on first use (the controller registers one)."""
+    global _node_factory
+    _node_factory = factory
+
+
+def current_node() -> Node:
+    """This process's node; in the controller it is created on first use."""
+    node = _node
+    if node is not None:
+        return node
+    with _node_lock:
+        if _node is None:
+            if _node_factory is None:
+                raise RuntimeError(
+                    "no node in this process: import actormesh (its controller registers how "
+                    "to make one) before using the runtime"
+                )
+            set_node(_node_factory())
+        assert _node is not None
+        return _node
+
+
+def node_if_started() -> Node | None:
+    return _node

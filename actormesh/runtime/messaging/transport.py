@@ -1,0 +1,529 @@
+"""ZeroMQ sockets and the I/O thread of one process.
+
+Socket ownership (ZeroMQ sockets are not thread-safe):
+- The *inbox* (a PULL socket bound on ``ipc://`` for this host and, when asked, ``tcp://`` for
+  other hosts) is read only by the I/O thread.
+- An *outbox* (a PUSH socket connected to one destination) is written by whichever thread sends,
+  always under the transport's send lock. The lock is a full memory barrier, which is what
+  ZeroMQ asks for when a socket moves between threads, and it also makes "draw a sequence
+  number, then send" atomic, so per-sender FIFO order holds. One lock rather than one per
+  destination, because a cast to many receivers is signed once with one sequence number.
+- An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
+  read by their own threads, so calls and replies skip the I/O thread.
+
+The I/O thread never runs user code: it authenticates, decodes envelopes and dispatches to the
+handler, which must only do short work (complete a future, queue a message for an actor).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import zmq
+
+from ... import config
+from .codec import Message, Signer, Verifier, WireError, new_id
+from .curve import CurveKeys
+
+logger = logging.getLogger(__name__)
+
+_DRAIN_BATCH = 512
+_SNDMORE = int(zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+_MAX_BATCH = 256
+
+
+class Address(NamedTuple):
+    """Where a process can be reached: its host, its inbox endpoints, its mailbox id."""
+
+    host: str
+    ipc: str | None
+    tcp: str | None
+    mailbox: bytes
+
+    def endpoint_from(self, host: str) -> str:
+        if self.ipc is not None and host == self.host:
+            return self.ipc
+        if self.tcp is None:
+            raise ConnectionError(f"process {self.mailbox.hex()} on {self.host} has no tcp inbox")
+        return self.tcp
+
+
+# Unix socket paths are limited to 107 bytes; a longer actor path would not bind.
+MAX_IPC_PATH = 100
+
+
+def has_message(sock: zmq.Socket[Any]) -> bool:
+    """Whether a receive would not block (several times cheaper than an empty receive's
+    exception)."""
+    events: int = sock.get(zmq.EVENTS)  # type: ignore[assignment]
+    return bool(events & _POLLIN)
+
+
+def receive(
+    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None, woken: bool = False
+) -> Iterator[Message]:
+    """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
+
+    What fails authentication or decoding is dropped and logged, never handled. Reading until
+    empty matters to callers that sleep on the socket's FD: it signals edges, not levels, and
+    a read that ends empty leaves it armed (the next message signals it).
+
+    ``woken``: the caller was just woken by the socket, so a message is most likely waiting.
+    It is read at once rather than asked for first: asking processes the socket's pending
+    commands, a few syscalls that the read does anyway.
+    """
+    count = 0
+    while limit is None or count < limit:
+        if woken:
+            woken = False
+            try:
+                frames = _recv_frames(sock)
+            except zmq.Again:
+                return  # woken by a command that brought no message
+        elif has_message(sock):
+            frames = _recv_frames(sock)
+        else:
+            return
+        count += 1
+        try:
+            msg = verifier.decode(frames)
+        except WireError as exc:
+            logger.warning("dropped a message that failed authentication: %s", exc)
+            continue
+        except Exception as exc:
+            logger.warning("dropped an undecodable message: %r", exc)
+            continue
+        yield msg
+
+
+def _recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    # Not recv_multipart: it asks the socket for RCVMORE after every frame, and each option
+    # read builds an enum in pyzmq; the frame knows whether more follow.
+    frame = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
+
+
+def actor_address(proc: Address, key: str) -> Address | None:
+    """The inbox of actor ``key`` in process ``proc``, read by the actor's own thread.
+
+    Senders on the same host call an actor there directly, so no thread of the receiving
+    process stands between the socket and the endpoint. Both ends derive the address from the
+    process address and the actor key, so nothing has to be exchanged. ``None`` when the actor
+    can only be reached through its process's inbox (no ipc:// path, or one too long).
+    """
+    if proc.ipc is None:
+        return None
+    tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    ipc = f"{proc.ipc}.{tag}"
+    if len(ipc) - len("ipc://") > MAX_IPC_PATH:
+        return None
+    mailbox = hashlib.blake2b(proc.mailbox + key.encode(), digest_size=8).digest()
+    return Address(proc.host, ipc, None, mailbox)
+
+
+def local_host_id() -> str:
+    """A name for this machine that differs between hosts (and between fake hosts in tests)."""
+    override = os.environ.get("ACTORMESH_HOST_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "0"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def make_run_dir() -> str:
+    return tempfile.mkdtemp(prefix="am-", dir=config.RUN_DIR)
+
+
+class Transport:
+    """The inbox, the outboxes and the I/O thread of one process."""
+
+    def __init__(
+        self,
+        key: bytes,
+        on_message: Callable[[Message], None],
+        run_dir: str,
+        name: str,
+        tcp_host: str | None = None,
+        host_id: str | None = None,
+        mailbox: bytes | None = None,
+        ipc: str | None = None,
+        tcp_port: int = 0,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        self.ctx = zmq.Context()
+        # Across hosts, tcp:// traffic may be encrypted (ipc:// never is: it stays on the host).
+        self._curve = curve
+        self.mailbox = mailbox or new_id()
+        self.host_id = host_id or local_host_id()
+        # The sender id is new for every process incarnation (a healed rank reuses its mailbox,
+        # and receivers must not take its fresh sequence numbers for replays).
+        self._signer = Signer(key, new_id())
+        self._verifier = Verifier(key, self.mailbox)
+        self._on_message = on_message
+        self._inbox = self.ctx.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.setsockopt(zmq.RCVHWM, 0)
+        ipc = ipc or f"ipc://{run_dir}/{name}"
+        self._inbox.bind(ipc)
+        tcp = None
+        if tcp_host is not None:
+            tcp = self._bind_tcp(tcp_host, tcp_port)
+        self.address = Address(self.host_id, ipc, tcp, self.mailbox)
+        self._outboxes: dict[str, zmq.Socket[Any]] = {}
+        self._send_lock = threading.Lock()
+        # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
+        self._last_seq: dict[bytes, int] = {}
+        # Called on the I/O thread after each message off the process inbox is handled.
+        self.on_handled: Callable[[Message], None] | None = None
+        # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
+        self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
+        self._outbox_lock = threading.Lock()
+        self._actor_routes: dict[tuple[Address, str], Address] = {}
+        # Work handed to the I/O thread from other threads, and its wake-up fd.
+        self._calls: deque[Callable[[], None]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._poller = zmq.Poller()
+        self._poller.register(self._inbox, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._running = True
+        self._closed = False
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name=f"actormesh-io-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _bind_tcp(self, host: str, port: int) -> str:
+        # Socket options are copied when a bind happens, so the ipc:// bind made before stays
+        # plain while this one requires Curve.
+        if self._curve is not None:
+            self._inbox.setsockopt(zmq.CURVE_SERVER, 1)
+            self._inbox.setsockopt(zmq.CURVE_SECRETKEY, self._curve.server_secret)
+        if port:
+            self._inbox.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._inbox.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
+
+    def listen_tcp(self, host: str, advertise: str, curve: CurveKeys | None) -> Address:
+        """Also accept messages over tcp:// (for other hosts); returns the new address.
+
+        Any thread: the bind runs on the I/O thread, which owns the inbox.
+        """
+        if self.address.tcp is not None:
+            return self.address
+        done = threading.Event()
+        result: list[Any] = []
+
+        def bind() -> None:
+            try:
+                self._curve = curve
+                endpoint = self._bind_tcp(host, 0)
+                result.append(f"tcp://{advertise}:{endpoint.rsplit(':', 1)[1]}")
+            except Exception as exc:
+                result.append(exc)
+            done.set()
+
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self.call_soon(bind)
+            if not done.wait(10):
+                raise TimeoutError("the I/O thread did not bind the tcp inbox")
+        else:
+            bind()
+        if isinstance(result[0], Exception):
+            raise result[0]
+        self.address = self.address._replace(tcp=result[0])
+        return self.address
+
+    @property
+    def io_thread(self) -> threading.Thread:
+        return self._thread
+
+    # -- sending (any thread) --------------------------------------------------------------------
+
+    def send(
+        self,
+        dest: Address,
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> None:
+        """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
+        endpoint, sock = self._outbox(dest)
+        with self._send_lock:
+            if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
+                self._send_batch(sock, endpoint)
+            frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
+            self._send_frames(sock, frames)
+            self._last_seq[dest.mailbox] = self._signer.last_seq
+
+    def send_many(
+        self,
+        dests: Sequence[Address],
+        envelope: tuple[Any, ...],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        digest: bytes | None = None,
+    ) -> None:
+        """Send one message to several processes: signed once, then sent back to back."""
+        if len(dests) == 1:
+            self.send(dests[0], envelope, payload, buffers, digest)
+            return
+        outboxes = [self._outbox(dest) for dest in dests]
+        with self._send_lock:
+            for endpoint, sock in outboxes:
+                if endpoint in self._batches:
+                    self._send_batch(sock, endpoint)
+            mailboxes = [dest.mailbox for dest in dests]
+            frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
+            for _, sock in outboxes:
+                self._send_frames(sock, frames)
+            seq = self._signer.last_seq
+            for mailbox in mailboxes:
+                self._last_seq[mailbox] = seq
+
+    def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
+        """Send a message nobody answers (a broadcast), possibly batched with the next ones.
+
+        Back-to-back one-way messages to one process travel as one signed ZeroMQ message:
+        the I/O thread sends what has accumulated as soon as it gets to it, and any other send
+        to that process sends the batch first, so per-sender order is kept.
+        """
+        endpoint, sock = self._outbox(dest)
+        with self._send_lock:
+            pending = self._batches.get(endpoint)
+            if pending is not None:
+                pending[1].append((envelope, payload))
+                if len(pending[1]) >= _MAX_BATCH:
+                    self._send_batch(sock, endpoint)
+                return
+            self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+        self.call_soon(lambda: self._flush(endpoint))
+
+    def _flush(self, endpoint: str) -> None:
+        with self._send_lock:
+            sock = self._outboxes.get(endpoint)
+            if sock is None:
+                self._batches.pop(endpoint, None)
+            elif endpoint in self._batches:
+                self._send_batch(sock, endpoint)
+
+    def _send_batch(self, sock: zmq.Socket[Any], endpoint: str) -> None:
+        # Caller holds the send lock.
+        mailbox, items = self._batches.pop(endpoint)
+        if len(items) == 1:
+            envelope, payload = items[0]
+        else:
+            envelope, payload = ("batch", items), b""
+        self._send_frames(sock, self._signer.frames(mailbox, envelope, payload))
+        self._last_seq[mailbox] = self._signer.last_seq
+
+    @staticmethod
+    def _send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+        # Small frames are cheaper copied; only bulk buffers go zero-copy.
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            flags = 0 if i == last else _SNDMORE
+            if i == 0:
+                sock.send(frame, flags)
+            else:
+                sock.send(frame, flags, copy=False)
+
+    def last_seq_to(self, mailbox: bytes) -> int:
+        """The sequence number of the last message this process sent to ``mailbox`` (0: none).
+
+        A reply that travels by another socket than earlier messages to the caller's process
+        carries it, so the caller handles those messages first (see ``Node.in_order``).
+        """
+        if not self._batches:
+            # Every message this thread sent is recorded; one that another thread is sending
+            # now is not ordered before this reply either way.
+            return self._last_seq.get(mailbox, 0)
+        with self._send_lock:
+            for endpoint, (to, _) in list(self._batches.items()):
+                if to == mailbox:  # queued one-way messages go first
+                    self._send_batch(self._outboxes[endpoint], endpoint)
+            return self._last_seq.get(mailbox, 0)
+
+    def route_to_actor(self, proc: Address, key: str) -> Address:
+        """Where to send calls for actor ``key`` living in ``proc``: its own inbox when it is on
+        this host, else the process inbox (whose I/O thread hands them over).
+
+        For one sender and one actor the answer never changes, so per-sender FIFO holds.
+        """
+        route = self._actor_routes.get((proc, key))
+        if route is None:
+            direct = actor_address(proc, key) if proc.host == self.host_id else None
+            if len(self._actor_routes) > 65536:  # meshes come and go in a long notebook
+                self._actor_routes.clear()
+            route = self._actor_routes[(proc, key)] = direct or proc
+        return route
+
+    def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
+        endpoint = dest.endpoint_from(self.host_id)
+        sock = self._outboxes.get(endpoint)
+        if sock is None:
+            sock = self._connect(endpoint)
+        return endpoint, sock
+
+    def _connect(self, endpoint: str) -> zmq.Socket[Any]:
+        with self._outbox_lock:
+            existing = self._outboxes.get(endpoint)
+            if existing is None:
+                if self._closed:
+                    raise ConnectionError("transport is closed")
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 2000)
+                sock.setsockopt(zmq.SNDHWM, 10000)
+                # An actor's own inbox is bound when its spawn arrives, which can be just after
+                # the first call to it connects: retry soon, then back off.
+                sock.setsockopt(zmq.RECONNECT_IVL, 2)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
+                if self._curve is not None and endpoint.startswith("tcp://"):
+                    sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
+                    sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
+                    sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.client_secret)
+                sock.connect(endpoint)
+                self._outboxes[endpoint] = existing = sock
+            return existing
+
+    def forget(self, dest: Address) -> None:
+        """Close the outboxes to a process that is gone and to its actors (queued messages are
+        dropped: a healed rank must not receive calls meant for its previous incarnation)."""
+        routes = [route for (proc, _), route in list(self._actor_routes.items()) if proc == dest]
+        for address in (dest, *routes):
+            try:
+                endpoint = address.endpoint_from(self.host_id)
+            except ConnectionError:
+                continue
+            with self._outbox_lock, self._send_lock:
+                sock = self._outboxes.pop(endpoint, None)
+                self._batches.pop(endpoint, None)
+                if sock is not None:
+                    sock.close(linger=0)
+
+    # -- scheduling on the I/O thread ------------------------------------------------------------
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self._calls.append(fn)
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # closed: the loop is gone
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread after ``delay`` seconds (I/O thread only)."""
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+
+    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the I/O thread whenever ``fd`` is readable (I/O thread only)."""
+        self._readers[fd] = fn
+        self._poller.register(fd, zmq.POLLIN)
+
+    def remove_reader(self, fd: int) -> None:
+        if self._readers.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller = self._poller
+        inbox = self._inbox
+        while self._running:
+            timeout: int | None = None
+            if self._timers:
+                timeout = max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
+            if self._calls:
+                timeout = 0
+            try:
+                events = poller.poll(timeout)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.ETERM:
+                    break
+                raise
+            for what, _ in events:
+                if what is inbox:
+                    self._drain(inbox)  # zmq_poll said POLLIN: a message is waiting
+                elif what == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                else:
+                    reader = self._readers.get(what)
+                    if reader is not None:
+                        self._guard(reader)
+            while self._calls:
+                self._guard(self._calls.popleft())
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                self._guard(heapq.heappop(self._timers)[2])
+
+    def _drain(self, inbox: zmq.Socket[Any]) -> None:
+        for msg in receive(inbox, self._verifier, _DRAIN_BATCH, woken=True):
+            try:
+                self._on_message(msg)
+            except Exception:
+                logger.exception("error handling a %r message", msg.envelope[0])
+            if self.on_handled is not None:
+                self.on_handled(msg)
+
+    @staticmethod
+    def _guard(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            logger.exception("error on the actormesh I/O thread")
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self, linger: float = 1.0) -> None:
+        """Stop the I/O thread and close every socket (queued sends get ``linger`` seconds)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._running = False
+        self.call_soon(lambda: None)
+        if threading.current_thread() is not self._thread and self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self._outbox_lock:
+            self._closed = True
+            outboxes = list(self._outboxes.items())
+            self._outboxes.clear()
+        with self._send_lock:
+            for endpoint, sock in outboxes:
+                if endpoint in self._batches:  # unsent one-way messages go before we close
+                    self._send_batch(sock, endpoint)
+                sock.close(linger=int(linger * 1000))
+        self._inbox.close(linger=0)
+        self.ctx.term()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,535 @@
+"""The controller's side of the runtime: its node, its host agents and the meshes it owns.
+
+The controller is the process that runs the user's script or notebook. Its node is created on
+first use; host agents report process starts and exits here, and workers send their output here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ... import config
+from ...errors import (
+    MeshClosedError,
+    MeshError,
+    MeshTimeoutError,
+    ProcDeath,
+    SupervisionError,
+)
+from ..actors.actor import ActorRunner, current_runner
+from ..actors.actor_host import ActorHost
+from ..actors.future import Future, settle, when_all
+from ..faults import supervision
+from ..meshes.proc_table import ProcTable
+from ..messaging.codec import Message, new_key
+from ..messaging.logs import LogSink
+from ..messaging.node import Node, node_if_started, set_node_factory
+from ..messaging.transport import Address, make_run_dir
+from . import rehost
+
+logger = logging.getLogger(__name__)
+
+
+class AgentHandle:
+    """The controller's view of one host agent."""
+
+    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
+        self.host_rank = host_rank
+        self.proc = proc
+        self.lifeline = lifeline
+        self.address: Address | None = None
+        self.hostname = ""
+        self.dead = False
+        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
+        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
+        # live under the agent's own run directory, and errors name the host.
+        self.run_dir: str | None = None
+        self.name = "this host"
+
+    def close(self, timeout: float = 3.0) -> None:
+        if self.lifeline is not None:
+            # Closing the lifeline tells the agent to kill its workers and exit.
+            os.close(self.lifeline)
+            self.lifeline = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class MeshRecord:
+    """A proc mesh owned by this controller: start-up, exits and stop."""
+
+    def __init__(self, ctl: Controller, table: ProcTable, agents: list[AgentHandle], per_host: int):
+        self.ctl = ctl
+        self.table = table
+        self.agents = agents
+        self.per_host = per_host
+        n = len(table.addresses)
+        self.started = 0
+        self.exited: set[int] = set()
+        self.ready: Future[None] = Future(self._describe_missing)
+        self.stopping = False
+        self.stopped: Future[None] = Future(lambda: f"the processes of {table.mesh_id} to exit")
+        self.lock = threading.Lock()
+        self.n = n
+        self._is_ready = [False] * n
+        # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
+        self.common: dict[str, Any] = {}
+        # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
+        self.owner: ActorRunner | None = current_runner()
+        self.actor_spawns: list[tuple[str, tuple[Any, ...], bytes, list[Any], bytes]] = []
+
+    def _describe_missing(self) -> str:
+        missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
+        return f"processes {', '.join(missing[:8])} to start"
+
+    def agent_of(self, rank: int) -> AgentHandle:
+        return self.agents[rank // self.per_host]
+
+    def on_ready(self, rank: int, pid: int) -> None:
+        with self.lock:
+            if self._is_ready[rank]:
+                return
+            self._is_ready[rank] = True
+            self.table.pids[rank] = pid
+            self.started += 1
+            done = self.started == self.n
+        if done:
+            self.ready._set_result(None)
+
+    def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
+        """Record the exit of ``rank``; returns whether it is left unhandled (and, when
+        ``report``, hands it to the owner or the fault hook)."""
+        with self.lock:
+            if rank in self.exited:
+                return False
+            self.exited.add(rank)
+            all_gone = len(self.exited) == self.n
+        address = self.table.addresses[rank]
+        if not self.ready.done():
+            self.ready._set_exception(
+                SupervisionError([death], "a process of the new proc mesh failed to start")
+            )
+        observed = self.ctl.node.record_death(address.mailbox, death)
+        self.ctl.node.transport.forget(address)
+        if self.stopping:
+            if all_gone:
+                self.ctl.meshes.pop(self.table.mesh_id, None)
+                self.stopped._set_result(None)
+            return False
+        self.ctl.notify_death(self, address, death)
+        unhandled = not observed and self.ready.done()
+        if unhandled and report:
+            lost = SupervisionError([death], "a worker died while no call waited on it")
+            self.report_unhandled(lost)
+        return unhandled
+
+    def report_unhandled(self, failure: MeshError) -> None:
+        """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
+        if self.owner is not None:
+            self.owner.supervise(failure)
+        else:
+            supervision.unhandled_fault_hook(failure)
+
+    def proc_request(self, rank: int) -> dict[str, Any]:
+        address = self.table.addresses[rank]
+        return {
+            "rank": rank,
+            "label": self.table.labels[rank],
+            "mailbox": address.mailbox.hex(),
+            "ipc": address.ipc,
+            # A rank healed in place binds its old tcp port again, so copies of the proc table
+            # held by other processes stay valid.
+            "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
+            **((self.ctl.local_tcp or {}) if self.agent_of(rank).run_dir is None else {}),
+        }
+
+    def spawn_ranks(self, ranks: list[int]) -> None:
+        by_agent: dict[int, tuple[AgentHandle, list[dict[str, Any]]]] = {}
+        for rank in ranks:
+            agent = self.agent_of(rank)
+            by_agent.setdefault(id(agent), (agent, []))[1].append(self.proc_request(rank))
+        for agent, procs in by_agent.values():
+            assert agent.address is not None
+            self.ctl.node.send(agent.address, ("spawn", self.table.mesh_id, procs, self.common))
+
+    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+        """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
+        host: see rehost.py), then re-create their actors."""
+        healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
+        with self.lock:
+            if self.stopping:
+                healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
+                return healed
+            dead = sorted(self.exited)
+            if not dead:
+                healed._set_result(None)
+                return healed
+            try:
+                moved = rehost.move_lost_hosts(self, dead, spares)
+            except SupervisionError as exc:
+                healed._set_exception(exc)
+                return healed
+            for rank in dead:
+                self.exited.discard(rank)
+                self._is_ready[rank] = False
+            self.started = sum(self._is_ready)
+            self.ready = Future(self._describe_missing)
+        node = self.ctl.node
+        for rank in dead:
+            mailbox = self.table.addresses[rank].mailbox
+            node.forget_death(mailbox)
+            self.ctl.logs.forget(mailbox)
+            self.ctl.broadcast_to_workers(("revived", mailbox))
+        logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
+        self.spawn_ranks(dead)
+        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
+        return healed
+
+    def _respawn_actors(
+        self, ready: Future[None], ranks: list[int], healed: Future[None], moved: list[int]
+    ) -> None:
+        exc = ready.exception()
+        if exc is not None:
+            healed._set_exception(exc)
+            return
+        rehost.announce(self, moved)
+        node = self.ctl.node
+        pending = []
+        for _key, envelope, payload, buffers, digest in self.actor_spawns:
+            shape = envelope[3]
+            mine = [r for r in ranks if shape.local_index(r) is not None]
+            if not mine:
+                continue
+            from ..meshes.endpoint import _Gather, no_values
+
+            gather: _Gather[None] = _Gather(f"{envelope[2]}.__init__", self.table, shape, no_values)
+            # Only the respawned ranks answer; the others count as done already.
+            for index, rank in enumerate(shape.ranks()):
+                if rank not in mine:
+                    gather.deliver(index, False, None)
+            reply = gather.port = node.open_port(gather)
+            new_envelope = (*envelope[:4], reply)
+            for rank in mine:
+                node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
+            pending.append(gather.future)
+        all_done = when_all(pending)
+        all_done.add_done_callback(lambda f: settle(f, healed, None))
+
+    def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
+        agent = self.agent_of(rank)
+        if agent.address is not None:
+            self.ctl.node.send(agent.address, ("dump", self.table.mesh_id, rank, reply, index))
+
+    def stop(self) -> Future[None]:
+        with self.lock:
+            if self.stopping:
+                return self.stopped
+            self.stopping = True
+            self.table.closed = True
+            alive = [r for r in range(self.n) if r not in self.exited]
+        if not alive:
+            self.ctl.meshes.pop(self.table.mesh_id, None)
+            self.stopped._set_result(None)
+            return self.stopped
+        node = self.ctl.node
+        for rank in alive:
+            try:
+                node.send(self.table.addresses[rank], ("stop",))
+            except Exception:
+                logger.debug("could not send stop to rank %s", rank, exc_info=True)
+        for agent in {id(a): a for a in self.agents}.values():
+            if agent.address is not None:
+                node.send(agent.address, ("reap", self.table.mesh_id, config.STOP_GRACE))
+        return self.stopped
+
+
+class Controller:
+    """Process-wide controller state (one per controller process)."""
+
+    def __init__(self) -> None:
+        existing = node_if_started()
+        if existing is not None:
+            # Inside a worker: an actor spawning procs makes this process a controller too. It
+            # shares the worker's node, so replies to its calls and its meshes' reports meet.
+            self.key = existing.key
+            self.run_dir = existing.run_dir
+            self.node = existing
+        else:
+            self.key = job_key()
+            self.run_dir = make_run_dir()
+            self.node = Node(self.key, self.run_dir, "ctl", role="controller")
+            self.node.controller = self.node.address
+            ActorHost(self.node, proc_rank=0)  # this_proc(): actors in the controller itself
+        self.logs = LogSink()
+        self.meshes: dict[str, MeshRecord] = {}
+        self.agents: list[AgentHandle] = []
+        # Set by listen_for_hosts: workers on this host then also get a tcp:// inbox
+        # ({"tcp_host": address, "curve": bool}), so actors on other hosts can reach them.
+        self.local_tcp: dict[str, Any] | None = None
+        # Set by listen_for_hosts: a host agent in no host mesh yet, for heal() (or None).
+        self.find_spare: Callable[[], AgentHandle | None] | None = None
+        self._local_agent: AgentHandle | None = None
+        self._lock = threading.Lock()
+        h = self.node.handlers
+        h["agent_ready"] = self._on_agent_ready
+        h["ready"] = self._on_ready
+        h["exit"] = self._on_exit
+        h["log"] = self._on_log
+        h["fdlog"] = self._on_log
+        h["unhandled"] = self._on_unhandled
+        if existing is None:
+            self.node.start()
+        self._closed = False
+        atexit.register(self.shutdown)
+
+    # -- agents ----------------------------------------------------------------------------------
+
+    def local_agent(self) -> AgentHandle:
+        """The host agent of this machine, started on first use (it starts its fork server)."""
+        with self._lock:
+            if self._local_agent is None:
+                self._local_agent = self._start_local_agent()
+            return self._local_agent
+
+    def _start_local_agent(self) -> AgentHandle:
+        r, w = os.pipe()
+        # The agent holds the write end of `watch` and never writes: end-of-file on our side
+        # means the agent is gone (killed), and so are its workers.
+        watch_r, watch_w = os.pipe()
+        env = dict(os.environ)
+        env.pop("ACTORMESH_KEY", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actormesh.runtime.procs.host_agent", "--lifeline-fd", str(r)],
+            pass_fds=(r, watch_w),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(r)
+        os.close(watch_w)
+        handle = AgentHandle(len(self.agents), proc, w)
+        self.agents.append(handle)
+        transport = self.node.transport
+        transport.call_soon(
+            lambda: transport.add_reader(watch_r, lambda: self._on_agent_eof(handle, watch_r))
+        )
+        init = {
+            "key": self.key.hex(),
+            "controller": _address_to_json(self.node.address),
+            "run_dir": self.run_dir,
+            "host_rank": handle.host_rank,
+            "preload": config.PRELOAD,
+            "start_method": config.START_METHOD,
+            "worker_sched": config.WORKER_SCHED,
+            "controller_pid": os.getpid(),
+        }
+        os.write(w, (json.dumps(init) + "\n").encode())
+        return handle
+
+    def _on_agent_eof(self, agent: AgentHandle, fd: int) -> None:
+        """The host agent died: its workers die with it (parent-death signals); say so now."""
+        try:
+            if os.read(fd, 1):
+                return
+        except BlockingIOError:
+            return
+        self.node.transport.remove_reader(fd)
+        os.close(fd)
+        if self._local_agent is agent:
+            self._local_agent = None  # the next this_host() starts a new one
+        if not self._closed:
+            logger.warning("the host agent (pid %s) died", agent.proc.pid if agent.proc else "?")
+        self.lose_agent(agent, "its host agent died", "the host agent died")
+
+    def lose_agent(self, agent: AgentHandle, reason: str, summary: str) -> None:
+        """A host agent is gone (died, or a remote host stopped answering): fail its ranks."""
+        if agent.dead:
+            return
+        agent.dead = True
+        if not agent.ready.done():
+            agent.ready._set_exception(SupervisionError([], "the host agent exited at start-up"))
+        if self._closed:
+            return
+        for record in list(self.meshes.values()):
+            lost = []
+            for rank in range(record.n):
+                if record.agent_of(rank) is agent and rank not in record.exited:
+                    address = record.table.addresses[rank]
+                    death = ProcDeath(
+                        rank=record.table.labels[rank],
+                        host=address.host if agent.run_dir is None else agent.name,
+                        pid=record.table.pids[rank],
+                        exitcode=None,
+                        signal="SIGKILL",
+                        stderr_tail=self.logs.stderr_tail(address.mailbox),
+                        reason=reason,
+                    )
+                    if record.on_exit(rank, death, report=False):
+                        lost.append(death)
+            if lost:  # one event, one report: not one per rank
+                record.report_unhandled(SupervisionError(lost, summary))
+
+    def _on_agent_ready(self, msg: Message) -> None:
+        _, host_rank, address, hostname = msg.envelope
+        agent = self.agents[host_rank]
+        agent.address = address
+        agent.hostname = hostname
+        agent.ready._set_result(agent)
+
+    # -- meshes ----------------------------------------------------------------------------------
+
+    def register(self, record: MeshRecord) -> None:
+        self.meshes[record.table.mesh_id] = record
+
+    def _on_ready(self, msg: Message) -> None:
+        _, mesh_id, rank, pid, *tcp = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is not None:
+            if tcp:  # a worker on another host: its tcp port is known only now
+                addresses = record.table.addresses
+                addresses[rank] = addresses[rank]._replace(tcp=tcp[0])
+            record.on_ready(rank, pid)
+
+    def _on_exit(self, msg: Message) -> None:
+        _, mesh_id, rank, pid, exitcode, signame, tail = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is None:
+            return
+        address = record.table.addresses[rank]
+        death = ProcDeath(
+            rank=record.table.labels[rank],
+            host=address.host,
+            pid=pid,
+            exitcode=exitcode,
+            signal=signame,
+            stderr_tail=tuple(tail) or self.logs.stderr_tail(address.mailbox),
+            reason="mesh stopped" if record.stopping else "",
+        )
+        record.on_exit(rank, death)
+
+    def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
+        """Tell every other live worker (their pending calls to it must fail too)."""
+        self.broadcast_to_workers(("died", address.mailbox, death))
+
+    def broadcast_to_workers(self, envelope: tuple[Any, ...]) -> None:
+        for rec in list(self.meshes.values()):
+            if rec.stopping:
+                continue
+            for rank, addr in enumerate(rec.table.addresses):
+                if rank in rec.exited:
+                    continue
+                try:
+                    self.node.send(addr, envelope)
+                except Exception:
+                    logger.debug("could not reach %s", rec.table.labels[rank], exc_info=True)
+
+    def _on_log(self, msg: Message) -> None:
+        # "log" comes from a worker's sys.stdout/stderr, "fdlog" from its file descriptors
+        # (through the agent); both carry the worker's mailbox, which keys its stderr tail.
+        _, mailbox, label, stream, text = msg.envelope
+        self.logs.write(mailbox, label, stream, text)
+
+    def _on_unhandled(self, msg: Message) -> None:
+        """A broadcast raised, or an owner actor escalated a failure it did not handle."""
+        _, mesh_id = msg.envelope
+        try:
+            failure = supervision.failure_of_broadcast(msg.value())
+        except Exception:
+            logger.exception("an unhandled failure report could not be read")
+            return
+        record = self.meshes.get(mesh_id) if mesh_id else None
+        if record is not None:
+            record.report_unhandled(failure)
+        else:
+            supervision.unhandled_fault_hook(failure)
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every mesh and agent (at exit, or explicitly). Leaves no process behind."""
+        if self._closed:
+            return
+        self._closed = True
+        stops = [rec.stop() for rec in list(self.meshes.values())]
+        deadline = time.monotonic() + config.STOP_GRACE
+        for fut in stops:
+            try:
+                fut.get(timeout=max(0.1, deadline - time.monotonic()))
+            except (MeshTimeoutError, Exception):
+                break
+        for agent in self.agents:
+            agent.close()
+        if self.node.role == "controller":
+            self.node.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        status = supervision.exit_status_override()
+        if status is not None and threading.current_thread() is threading.main_thread():
+            # A script with an unhandled failure must not exit 0 (this runs at interpreter exit).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+
+
+def job_key() -> bytes:
+    """The job's key: from ``ACTORMESH_KEY_FILE`` when set (so host agents started by a
+    scheduler, e.g. from a Kubernetes secret, can share it), else a fresh random one."""
+    path = os.environ.get("ACTORMESH_KEY_FILE")
+    if not path:
+        return new_key()
+    from ..messaging.codec import read_key_file
+
+    return read_key_file(path)
+
+
+def _address_to_json(a: Address) -> list[Any]:
+    return [a.host, a.ipc, a.tcp, a.mailbox.hex()]
+
+
+def address_from_json(v: list[Any]) -> Address:
+    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
+
+
+_controller: Controller | None = None
+_controller_lock = threading.Lock()
+_controller_hooks: list[Callable[[Controller], None]] = []
+
+
+def get_controller() -> Controller:
+    global _controller
+    with _controller_lock:
+        if _controller is None:
+            _controller = Controller()
+            for hook in _controller_hooks:
+                hook(_controller)
+        return _controller
+
+
+def on_controller(hook: Callable[[Controller], None]) -> None:
+    """Run ``hook(controller)`` now if this process has a controller, else when it is made.
+
+    How optional parts (the debugger) add message handlers without the runtime importing them.
+    A hook must be quick: it runs under the controller lock."""
+    with _controller_lock:
+        _controller_hooks.append(hook)
+        if _controller is not None:
+            hook(_controller)
+
+
+def _make_node() -> Node:
+    return get_controller().node
+
+
+set_node_factory(_make_node)

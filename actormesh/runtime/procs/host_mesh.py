@@ -1,0 +1,137 @@
+"""``HostMesh``, ``this_host()`` and ``this_proc()``: where proc meshes come from."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ... import config
+from ...errors import MeshUsageError, SupervisionError
+from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_table import ProcTable
+from ..messaging.codec import new_id
+from ..messaging.logs import rank_label
+from ..messaging.transport import Address
+from ..shape import Extent, MeshShape, Shape
+from .controller import AgentHandle, Controller, MeshRecord, get_controller
+
+
+class HostMesh(MeshShape):
+    """Hosts, each with a host agent that starts and watches worker processes.
+
+    Not constructed by users: ``this_host()`` gives the local machine as a mesh of extent
+    ``{hosts: 1}``.
+    """
+
+    _ctl: Controller
+    _agents: list[AgentHandle]
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("HostMesh is not constructed directly; use actormesh.this_host()")
+
+    @classmethod
+    def _create(cls, ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:
+        self = object.__new__(cls)
+        self._ctl = ctl
+        self._agents = agents
+        self._shape = shape
+        return self
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh._create(self._ctl, self._agents, shape)
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._shape.extent}>"
+
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str = "procs",
+    ) -> ProcMesh:
+        """Start worker processes: ``per_host`` gives the extent of procs on each host.
+
+        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``.
+        Blocks until every process has started (at most ``ACTORMESH_SPAWN_TIMEOUT`` seconds) and
+        raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
+        on the host, a ``gpus`` dimension gives each process its own device
+        (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
+        """
+        per_host = dict(per_host or {})
+        for dim in per_host:
+            if dim in self._shape.labels:
+                raise MeshUsageError(f"per_host dimension {dim!r} is already a host dimension")
+        if env is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise MeshUsageError("env must map str to str")
+        host_extent = self._shape.extent
+        extent = Extent(
+            list(host_extent.labels) + list(per_host),
+            list(host_extent.sizes) + list(per_host.values()),
+        )
+        per = Extent(list(per_host), list(per_host.values())).nelem
+        agents = [self._agents[r] for r in self._shape.ranks()]
+        for agent in agents:
+            agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+            if agent.dead:
+                again = "call this_host() again" if agent.run_dir is None else "get new hosts"
+                raise SupervisionError(
+                    [], f"the host agent of {agent.name} in this host mesh died; {again}"
+                )
+        ctl = self._ctl
+        mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        shape = Shape.from_extent(extent)
+        addresses: list[Address] = []
+        labels: list[str] = []
+        # Casts from other hosts reach a remote host's ranks through its agent (relay.py).
+        relays: list[Address | None] = []
+        for rank in range(len(shape)):
+            agent = agents[rank // per]
+            assert agent.address is not None
+            run_dir = agent.run_dir or ctl.run_dir
+            addresses.append(
+                Address(agent.address.host, f"ipc://{run_dir}/{mesh_id}-{rank}", None, new_id())
+            )
+            labels.append(rank_label(shape.point(rank)))
+            relays.append(agent.address if agent.run_dir is not None else None)
+        table = ProcTable(mesh_id, addresses, labels, relays if any(relays) else None)
+        record = MeshRecord(ctl, table, agents, per)
+        ctl.register(record)
+        spawn_env = dict(env or {})
+        hook = os.environ.get("PYTHONBREAKPOINT")
+        if hook:  # breakpoint() on ranks of other hosts too (the debugger sets it)
+            spawn_env.setdefault("PYTHONBREAKPOINT", hook)
+        record.common = {
+            "cwd": os.getcwd(),
+            "sys_path": list(sys.path),
+            "env": spawn_env,
+            "extent": [list(extent.labels), list(extent.sizes)],
+        }
+        record.spawn_ranks(list(range(len(shape))))
+        try:
+            record.ready.get(timeout=config.SPAWN_TIMEOUT)
+        except BaseException:
+            record.stop()
+            raise
+        return ProcMesh._create(table, shape, record)
+
+
+def this_host() -> HostMesh:
+    """The machine the controller runs on, as a host mesh of extent ``{hosts: 1}``.
+
+    Its host agent (and fork server) starts in the background on first use.
+    """
+    ctl = get_controller()
+    agent = ctl.local_agent()
+    return HostMesh._create(ctl, [agent], Shape.from_extent({"hosts": 1}))
+
+
+def this_proc() -> ProcMesh:
+    """The controller process itself as a one-proc mesh: its actors run on threads here."""
+    ctl = get_controller()
+    table = ProcTable("this-proc", [ctl.node.address], ["controller"])
+    return ProcMesh._create(table, Shape.from_extent({}), None)

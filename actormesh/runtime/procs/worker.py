@@ -1,0 +1,179 @@
+"""A worker process: one rank of a proc mesh, hosting that rank's actors.
+
+Its main thread only waits; the I/O thread receives messages and hands calls to the actors'
+threads, so heartbeats, stack dumps and stop requests are answered even while an endpoint runs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from functools import partial
+from typing import Any, NoReturn
+
+from ... import config
+from ..actors import context as ctxmod
+from ..actors.actor import OK
+from ..actors.actor_host import ActorHost
+from ..faults.stacks import format_stacks
+from ..messaging.codec import Message, dumps, shape_from_state
+from ..messaging.curve import curve_keys
+from ..messaging.logs import capture_output, flush_output
+from ..messaging.node import Node, reply_port, set_node
+from ..messaging.transport import Address
+from ..shape import Extent, Point
+from . import rehost
+
+logger = logging.getLogger(__name__)
+
+
+def _address(v: list[Any]) -> Address:
+    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
+
+
+def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
+    """Run this process as the worker described by ``spec``; returns when told to stop."""
+    _set_scheduling_policy(init.get("worker_sched", "batch"))  # before any thread starts
+    for k, v in spec["env"].items():
+        os.environ[k] = v
+    if "tcp_host" in spec:  # the address other hosts reach us at (torch.distributed uses it)
+        os.environ.setdefault("ACTORMESH_HOST_ADDR", spec["tcp_host"])
+    try:
+        os.chdir(spec["cwd"])
+    except OSError:
+        pass
+    sys.path[:] = spec["sys_path"]
+    faulthandler.enable(file=sys.__stderr__ or sys.stderr, all_threads=False)
+    # The agent's fallback for stack dumps of a process whose GIL is held in C code.
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
+    labels, sizes = spec["extent"]
+    point = Point(spec["rank"], Extent(labels, sizes))
+    node = Node(
+        key,
+        init["run_dir"],
+        f"{spec['mesh_id']}-{spec['rank']}",
+        role="worker",
+        mailbox=bytes.fromhex(spec["mailbox"]),
+        ipc=spec["ipc"],
+        # On a host other than the controller's, the worker is also reachable over tcp://
+        # (at its old port again when it is healed in place), possibly encrypted.
+        # On the controller's host too once other hosts take part (the spec says so then).
+        tcp_host=spec.get("tcp_host", init.get("tcp_host")),
+        host_id=init.get("host_id"),
+        tcp_port=spec.get("tcp_port", 0),
+        curve=curve_keys(key) if spec.get("curve", init.get("curve")) else None,
+    )
+    set_node(node)
+    node.controller = _address(init["controller"])
+    node.mesh_id = spec["mesh_id"]
+    host = ActorHost(node, proc_rank=spec["rank"])
+    stop = threading.Event()
+    main_thread = threading.get_ident()  # only waits for "stop": not worth showing in stacks
+
+    def on_stop(_: Message) -> None:
+        stop.set()
+
+    def on_stacks(msg: Message) -> None:
+        _, state, reply = msg.envelope
+        index = shape_from_state(state).local_index(spec["rank"])
+        text = format_stacks(host.actors.values(), skip=[main_thread])
+        port = reply_port(reply)
+        node.send(port.address, ("reply", port.port_id, index, OK), *dumps(text))
+
+    def on_interrupt(msg: Message) -> None:
+        for runner in host.actors.values():
+            runner.interrupt(msg)
+
+    node.handlers["stop"] = on_stop
+    node.handlers["stacks"] = on_stacks
+    node.handlers["interrupt"] = on_interrupt
+    node.handlers["moved"] = partial(rehost.on_moved, node)  # a healed rank on another host
+    ctxmod.set_process_context(
+        ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
+    )
+    capture_output(node, spec["label"])
+    _deliver_output_before_exit(node)
+    # The worker is an entry point: its own warnings go to the controller, labelled by rank.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    package_logger = logging.getLogger("actormesh")
+    package_logger.addHandler(handler)
+    package_logger.setLevel(logging.WARNING)
+    node.start()
+    ready: tuple[Any, ...] = ("ready", spec["mesh_id"], spec["rank"], os.getpid())
+    if node.address.tcp is not None:
+        ready += (node.address.tcp,)  # the port was picked at bind time: tell the controller
+    node.send(node.controller, ready)
+    parent = os.getppid()
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            os._exit(1)  # orphaned: whoever started us is gone
+    host.stop_all(timeout=config.STOP_GRACE / 2)
+    flush_output()
+    node.close()
+
+
+def _set_scheduling_policy(policy: str) -> None:
+    """``SCHED_BATCH`` unless told otherwise (``ACTORMESH_WORKER_SCHED``, see config.py).
+
+    Threads started later inherit it. A cast wakes every rank it reaches; under the default
+    policy each woken rank preempts whatever runs on its core, the caller included, so a
+    controller casting to 8 ranks on a busy machine is interrupted between its sends. Workers
+    are the non-interactive side of a mesh: that is what ``SCHED_BATCH`` is for.
+    """
+    if policy != "batch" or not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError as exc:  # a sandbox may forbid it: then the default policy it is
+        logger.debug("could not switch to SCHED_BATCH: %s", exc)
+
+
+def _deliver_output_before_exit(node: Node) -> None:
+    """Make ``os._exit`` in user code send what the rank printed first.
+
+    Output travels as messages; a process that calls ``os._exit`` right after ``print`` would
+    otherwise take its last words with it (ZeroMQ sends from a background thread). Signals and
+    crashes cannot be intercepted: their stderr still reaches the controller through the agent.
+    """
+    real_exit = os._exit
+
+    def exit_after_output(status: int) -> NoReturn:
+        try:
+            flush_output()
+            node.transport.close(linger=1.0)
+        finally:
+            real_exit(status)
+
+    os._exit = exit_after_output
+
+
+def main() -> None:
+    """Entry point of a worker started as a fresh interpreter (``start_method=spawn``)."""
+    from .osutil import die_with_parent
+
+    die_with_parent(int(os.environ.pop("ACTORMESH_AGENT_PID")))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts arrive as messages
+    request = json.loads(sys.stdin.readline())
+    init = request["init"]
+    code = 0
+    try:
+        run(request["spec"], bytes.fromhex(init["key"]), init)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""The package is layered: every import points down (or sideways within a layer), never up, and
+the modules form no cycle. Imports of every form count, function-level ones included; only
+``if TYPE_CHECKING:`` blocks are exempt (they never run)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections.abc import Iterator
+
+import actormesh
+
+PACKAGE = pathlib.Path(actormesh.__file__).parent
+
+# Bottom first. A module belongs to the longest prefix listed; it may import its own layer and
+# any layer before it.
+LAYERS = [
+    ("actormesh.errors", "actormesh.config"),
+    ("actormesh.runtime.shape",),
+    ("actormesh.runtime.faults",),
+    ("actormesh.runtime.messaging",),
+    ("actormesh.runtime.actors",),
+    ("actormesh.runtime.meshes",),
+    ("actormesh.runtime.procs",),
+    ("actormesh.runtime.dataplane", "actormesh.runtime"),
+    ("actormesh.hosts",),
+    ("actormesh.tensor",),
+    ("actormesh.kernel",),
+    ("actormesh.debugger",),  # builds on the kernel: the kernel never imports it
+    ("actormesh",),  # the public namespace and the command line
+]
+
+
+# Deliberate exceptions, each with its reason: the public namespace handed to user code.
+ALLOWED_UPWARD = {
+    ("actormesh.kernel.executor", "actormesh"): "a %%mesh cell's namespace has the API as `am`",
+    ("actormesh.kernel.kernel", "actormesh"): "the kernel reports actormesh's __version__",
+}
+
+
+def layer_of(module: str) -> int:
+    best, best_len = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    assert best >= 0, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    rel = pathlib.Path(*name.split("."))
+    base = PACKAGE.parent / rel
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                for child in node.body:
+                    skip.update(id(n) for n in ast.walk(child))
+    return skip
+
+
+def imports_of(source: str, module: str, is_package: bool) -> Iterator[tuple[str, int]]:
+    """``(imported actormesh module, line)`` for every run-time import in ``source``."""
+    tree = ast.parse(source)
+    skip = _type_checking_nodes(tree)
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "actormesh":
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "actormesh":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield (sub if is_module(sub) else target), node.lineno
+
+
+def import_graph(root: pathlib.Path = PACKAGE) -> dict[str, list[tuple[str, int]]]:
+    graph: dict[str, list[tuple[str, int]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if "labextension" in path.parts:
+            continue
+        name = module_name(path)
+        graph[name] = list(imports_of(path.read_text(), name, path.name == "__init__.py"))
+    return graph
+
+
+def upward_imports(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
+    found = []
+    for module, edges in graph.items():
+        for target, line in edges:
+            if layer_of(target) > layer_of(module) and (module, target) not in ALLOWED_UPWARD:
+                found.append(f"{module}:{line} imports {target}, a higher layer")
+    return found
+
+
+def cycles(graph: dict[str, list[tuple[str, int]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    edges = {m: sorted({t for t, _ in e if t in graph and t != m}) for m, e in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _is_ancestor(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def test_no_import_points_up() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    # A package's __init__ re-exporting its own modules is not a cycle of the architecture.
+    graph = {m: [(t, n) for t, n in e if not _is_ancestor(t, m)] for m, e in graph.items()}
+    assert cycles(graph) == []
+
+
+def test_runtime_and_hosts_never_import_kernel_debugger_or_tensor() -> None:
+    for module, edges in import_graph().items():
+        if module.startswith(("actormesh.runtime", "actormesh.hosts")):
+            for target, line in edges:
+                assert not target.startswith(
+                    ("actormesh.kernel", "actormesh.debugger", "actormesh.tensor")
+                ), f"{module}:{line} imports {target}"
+
+
+def test_the_checker_sees_every_import_form() -> None:
+    source = (
+        "import actormesh.kernel\n"
+        "from .. import kernel\n"
+        "from ..kernel import cells\n"
+        "def f():\n"
+        "    from ..debugger import magics\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..kernel import selection\n"
+    )
+    found = sorted(imports_of(source, "actormesh.hosts.listener", False))
+    assert found == [
+        ("actormesh.debugger.magics", 5),
+        ("actormesh.kernel", 1),
+        ("actormesh.kernel", 2),
+        ("actormesh.kernel.cells", 3),
+    ]
+
+
+def test_an_upward_import_and_a_cycle_are_found() -> None:
+    graph = {
+        "actormesh.runtime.messaging.node": [("actormesh.runtime.procs.controller", 3)],
+        "actormesh.runtime.procs.controller": [("actormesh.runtime.procs.worker", 5)],
+        "actormesh.runtime.procs.worker": [("actormesh.runtime.procs.controller", 7)],
+    }
+    assert upward_imports(graph) == [
+        "actormesh.runtime.messaging.node:3 imports actormesh.runtime.procs.controller, "
+        "a higher layer"
+    ]
+    assert cycles(graph) == [
+        ["actormesh.runtime.procs.controller", "actormesh.runtime.procs.worker"]
+    ]
