@@ -37,6 +37,8 @@ from .runtime.actors.context import current_rank as current_rank
 from .runtime.actors.context import current_size as current_size
 from .runtime.actors.future import Future as Future
 from .runtime.dataplane.buffers import TensorBuffer as TensorBuffer
+from .runtime.extent import Extent as Extent
+from .runtime.extent import Point as Point
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
 from .runtime.meshes.ports import Accumulator as Accumulator
 from .runtime.meshes.ports import Channel as Channel
@@ -47,8 +49,6 @@ from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
 from .runtime.procs.host_mesh import HostMesh as HostMesh
 from .runtime.procs.host_mesh import this_host as this_host
 from .runtime.procs.host_mesh import this_proc as this_proc
-from .runtime.shape import Extent as Extent
-from .runtime.shape import Point as Point
 
 __version__ = "0.1.0"
 

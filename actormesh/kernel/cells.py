@@ -6,7 +6,7 @@ hide the others' outcomes). While a blocking cell runs, its thread installs an
 :class:`OutputGrouper` as the runtime's log writer and flushes it every few tens of
 milliseconds; the writer is restored before the cell returns, whatever happens.
 
-This module uses runtime internals on purpose (``ProcMesh._create``, ``_Collector``,
+This module uses runtime internals on purpose (``ProcMesh._create``, ``Collector``,
 ``Endpoint._cast``): the kernel lives in the same package and runs on meshes it did not wrap.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
 from ..runtime.meshes.actor_mesh import ActorMesh
-from ..runtime.meshes.endpoint import _Collector
+from ..runtime.meshes.collect import Collector
 from ..runtime.meshes.proc_mesh import ProcMesh
 from ..runtime.meshes.proc_table import ProcTable
 from ..runtime.meshes.value_mesh import ValueMesh
@@ -206,7 +206,7 @@ class CellOptions:
 Outcome = CellFailure | str | None  # None: success; str: how the rank's process died
 
 
-class _CellCollector(_Collector[Any]):
+class _CellCollector(Collector[Any]):
     """Hands each rank's reply to the cell as it arrives (the runtime's gather would drop the
     other ranks' replies once one rank dies). Runs on the I/O thread."""
 

@@ -1,4 +1,5 @@
-"""Named-dimension shape algebra shared by every mesh: ``Extent``, ``Point``, ``Shape``.
+"""The strided views of a rank space that every mesh is: ``Shape``, and ``MeshShape``, the
+slicing methods meshes share (``Extent`` and ``Point`` are in ``extent.py``).
 
 Everything here is pure bookkeeping: no I/O, no processes, no locks. Objects are immutable, so
 they may be shared freely between threads.
@@ -11,313 +12,27 @@ A ``Shape`` is a strided view of a *global* rank space (the ranks of the mesh th
 from __future__ import annotations
 
 import builtins
-import difflib
 import math
-import operator
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["Extent", "MeshShape", "Point", "Selector", "Shape"]
+from .extent import (
+    Extent,
+    Point,
+    Selector,
+    as_int,
+    check_known,
+    check_label,
+    no_such_dims,
+    normalize_index,
+    render_extent,
+    row_major_index,
+    row_major_strides,
+)
 
-Selector = int | slice
-"""What ``mesh.slice(dim=...)`` accepts: an ``int`` (drops the dimension) or a ``slice``."""
-
-
-def _check_label(label: object, what: str = "dimension name") -> str:
-    if not isinstance(label, str):
-        raise TypeError(f"{what} must be a str, got {type(label).__name__} {label!r}")
-    if not label.isidentifier():
-        raise ValueError(
-            f"{what} {label!r} is not a valid identifier; use names like 'hosts' or 'gpus'"
-        )
-    return label
-
-
-def _check_labels(labels: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(labels, str):
-        raise TypeError(
-            f"dimension names must be a sequence of str, got the str {labels!r}; "
-            f"write ({labels!r},) for a single dimension"
-        )
-    out = tuple(_check_label(label) for label in labels)
-    if len(set(out)) != len(out):
-        dups = sorted({label for label in out if out.count(label) > 1})
-        raise ValueError(
-            f"dimension names must be unique; {', '.join(map(repr, dups))} repeated in {out}"
-        )
-    return out
-
-
-def _as_int(value: object, what: str) -> int:
-    # bool is an int subclass, but `gpus=True` is almost certainly a mistake.
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got bool {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]  # TypeError below if not
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
-
-
-def _render_extent(labels: Sequence[str], sizes: Sequence[int]) -> str:
-    return (
-        "{" + ", ".join(f"{label}: {size}" for label, size in zip(labels, sizes, strict=True)) + "}"
-    )
-
-
-def _render_coords(labels: Sequence[str], coords: Sequence[int]) -> str:
-    return "{" + ", ".join(f"{label}={c}" for label, c in zip(labels, coords, strict=True)) + "}"
-
-
-def _no_such_dims(names: Sequence[str], labels: Sequence[str], sizes: Sequence[int]) -> NoReturn:
-    which = (
-        f"dimension {names[0]!r}"
-        if len(names) == 1
-        else "dimensions " + ", ".join(repr(n) for n in names)
-    )
-    msg = f"mesh has no {which}; its extent is {_render_extent(labels, sizes)}"
-    close = difflib.get_close_matches(names[0], labels, n=1)
-    if close:
-        msg += f"; did you mean {close[0]!r}?"
-    raise ValueError(msg)
-
-
-def _check_known(names: Sequence[str], labels: Sequence[str], sizes: Sequence[int]) -> None:
-    unknown = [n for n in names if n not in labels]
-    if unknown:
-        _no_such_dims(unknown, labels, sizes)
-
-
-def _normalize_index(
-    value: object, label: str, size: int, labels: Sequence[str], sizes: Sequence[int]
-) -> int:
-    """An int selector/coordinate, negative counting from the end, range-checked."""
-    index = _as_int(value, f"index for dimension {label!r}")
-    normalized = index + size if index < 0 else index
-    if not 0 <= normalized < size:
-        raise IndexError(
-            f"index {index} is out of range for dimension {label!r} of size {size} "
-            f"(extent {_render_extent(labels, sizes)})"
-        )
-    return normalized
-
-
-def _row_major_index(
-    labels: Sequence[str],
-    sizes: Sequence[int],
-    coords: Mapping[str, int],
-    *,
-    allow_negative: bool,
-) -> int:
-    """Row-major index of ``coords``; dimensions of size 1 may be omitted."""
-    _check_known(list(coords), labels, sizes)
-    missing = [
-        label for label, size in zip(labels, sizes, strict=True) if size > 1 and label not in coords
-    ]
-    if missing:
-        example = ", ".join(f"{label}=0" for label in missing)
-        raise ValueError(
-            f"missing coordinate{'s' if len(missing) > 1 else ''} for "
-            f"{', '.join(map(repr, missing))} (extent {_render_extent(labels, sizes)}); "
-            f"give one for every dimension of size > 1, e.g. {example}"
-        )
-    index = 0
-    for label, size in zip(labels, sizes, strict=True):
-        raw = coords.get(label, 0)
-        if not allow_negative and _as_int(raw, f"coordinate for {label!r}") < 0:
-            raise IndexError(
-                f"coordinate {raw} is out of range for dimension {label!r} of size {size} "
-                f"(extent {_render_extent(labels, sizes)})"
-            )
-        index = index * size + _normalize_index(raw, label, size, labels, sizes)
-    return index
-
-
-class Extent(Mapping[str, int]):
-    """Ordered dimension names mapped to their sizes, e.g. ``{hosts: 1, gpus: 4}``.
-
-    Immutable, hashable and picklable. Two extents are equal when they have the same names in
-    the same order with the same sizes; an extent also equals a ``dict`` with the same items.
-    """
-
-    __slots__ = ("_labels", "_sizes")
-    _labels: tuple[str, ...]
-    _sizes: tuple[int, ...]
-
-    def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
-        labels_t = _check_labels(labels)
-        sizes_t = tuple(_as_int(s, "dimension size") for s in sizes)
-        if len(labels_t) != len(sizes_t):
-            raise ValueError(
-                f"got {len(labels_t)} dimension names {labels_t} but {len(sizes_t)} sizes "
-                f"{sizes_t}; give one size per name"
-            )
-        for label, size in zip(labels_t, sizes_t, strict=True):
-            if size < 1:
-                raise ValueError(f"dimension {label!r} has size {size}; sizes must be >= 1")
-        object.__setattr__(self, "_labels", labels_t)
-        object.__setattr__(self, "_sizes", sizes_t)
-
-    @classmethod
-    def from_dict(cls, sizes: Mapping[str, int]) -> Extent:
-        """``Extent.from_dict({"hosts": 1, "gpus": 4})``; dimension order is the dict's order."""
-        return cls(list(sizes.keys()), list(sizes.values()))
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return self._labels
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return self._sizes
-
-    @property
-    def nelem(self) -> int:
-        """Number of points (the product of the sizes; 1 for an extent with no dimensions)."""
-        return math.prod(self._sizes)
-
-    def __getitem__(self, label: str) -> int:
-        try:
-            return self._sizes[self._labels.index(label)]
-        except ValueError:
-            raise KeyError(label) from None
-
-    def __contains__(self, label: object) -> bool:
-        return label in self._labels
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._labels)
-
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Extent):
-            return self._labels == other._labels and self._sizes == other._sizes
-        if isinstance(other, dict):
-            return dict(zip(self._labels, self._sizes, strict=True)) == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((Extent, self._labels, self._sizes))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Extent is immutable; cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"Extent is immutable; cannot delete {name!r}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Extent, (self._labels, self._sizes))
-
-    def __repr__(self) -> str:
-        return f"Extent({dict(zip(self._labels, self._sizes, strict=True))!r})"
-
-    def __str__(self) -> str:
-        return _render_extent(self._labels, self._sizes)
-
-
-class Point(Mapping[str, int]):
-    """A position in an ``Extent``: dimension name mapped to coordinate.
-
-    ``rank`` is the row-major index of the point in ``extent`` (last dimension fastest), so
-    ``Point(3, Extent(["hosts", "gpus"], [1, 4]))`` is ``{hosts=0, gpus=3}``. Immutable,
-    hashable, picklable; equal to another ``Point`` with the same rank and extent, and to a
-    ``dict`` with the same coordinates.
-    """
-
-    __slots__ = ("_coords", "_extent", "_rank")
-    _rank: int
-    _extent: Extent
-    _coords: tuple[int, ...]
-
-    def __init__(self, rank: int, extent: Extent | Mapping[str, int]) -> None:
-        if not isinstance(extent, Extent):
-            if not isinstance(extent, Mapping):
-                raise TypeError(f"extent must be an Extent, got {type(extent).__name__}")
-            extent = Extent.from_dict(extent)
-        rank = _as_int(rank, "rank")
-        if not 0 <= rank < extent.nelem:
-            raise IndexError(
-                f"rank {rank} is out of range for extent {extent} with {extent.nelem} points"
-            )
-        coords = []
-        rest = rank
-        for size in reversed(extent.sizes):
-            rest, c = divmod(rest, size)
-            coords.append(c)
-        object.__setattr__(self, "_rank", rank)
-        object.__setattr__(self, "_extent", extent)
-        object.__setattr__(self, "_coords", tuple(reversed(coords)))
-
-    @classmethod
-    def from_coords(cls, extent: Extent, coords: Mapping[str, int]) -> Point:
-        """The point at ``coords`` in ``extent``; dimensions of size 1 may be omitted.
-
-        Raises:
-            ValueError: a name is not in ``extent``, or a dimension of size > 1 is missing.
-            IndexError: a coordinate is out of range (negative coordinates are rejected).
-        """
-        rank = _row_major_index(extent.labels, extent.sizes, coords, allow_negative=False)
-        return cls(rank, extent)
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def extent(self) -> Extent:
-        return self._extent
-
-    def __getitem__(self, label: str) -> int:
-        try:
-            return self._coords[self._extent.labels.index(label)]
-        except ValueError:
-            raise KeyError(label) from None
-
-    def __contains__(self, label: object) -> bool:
-        return label in self._extent.labels
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._extent.labels)
-
-    def __len__(self) -> int:
-        return len(self._coords)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Point):
-            return self._rank == other._rank and self._extent == other._extent
-        if isinstance(other, dict):
-            return dict(zip(self._extent.labels, self._coords, strict=True)) == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((Point, self._rank, self._extent))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Point is immutable; cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"Point is immutable; cannot delete {name!r}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Point, (self._rank, self._extent))
-
-    def __repr__(self) -> str:
-        return f"Point({dict(zip(self._extent.labels, self._coords, strict=True))!r})"
-
-    def __str__(self) -> str:
-        return _render_coords(self._extent.labels, self._coords)
-
-
-def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for size in reversed(sizes):
-        strides.append(acc)
-        acc *= size
-    return tuple(reversed(strides))
+__all__ = ["MeshShape", "Shape"]
 
 
 class Shape:
@@ -349,8 +64,8 @@ class Shape:
         strides: Sequence[int],
     ) -> None:
         extent = Extent(labels, sizes)  # validates names and sizes
-        strides_t = tuple(_as_int(s, "stride") for s in strides)
-        offset = _as_int(offset, "offset")
+        strides_t = tuple(as_int(s, "stride") for s in strides)
+        offset = as_int(offset, "offset")
         if len(strides_t) != len(extent.sizes):
             raise ValueError(
                 f"got {len(strides_t)} strides {strides_t} for {len(extent.sizes)} dimensions "
@@ -409,7 +124,7 @@ class Shape:
         """The dense row-major shape of ``extent``: offset 0, last dimension fastest."""
         if not isinstance(extent, Extent):
             extent = Extent.from_dict(extent)
-        return cls(extent.labels, 0, extent.sizes, _row_major_strides(extent.sizes))
+        return cls(extent.labels, 0, extent.sizes, row_major_strides(extent.sizes))
 
     # -- accessors -------------------------------------------------------------------------------
 
@@ -460,7 +175,7 @@ class Shape:
     def global_rank(self, local_index: int) -> int:
         """Global rank of the point at row-major ``local_index`` of this view."""
         n = len(self)
-        index = _as_int(local_index, "local index")
+        index = as_int(local_index, "local index")
         if not 0 <= index < n:
             raise IndexError(
                 f"local index {index} is out of range for a view of {n} ranks (extent {self})"
@@ -507,7 +222,7 @@ class Shape:
             ValueError: an unknown dimension, or a missing coordinate of a dimension of size > 1.
             IndexError: a coordinate is out of range.
         """
-        return _row_major_index(self._labels, self._sizes, coords, allow_negative=True)
+        return row_major_index(self._labels, self._sizes, coords, allow_negative=True)
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -522,7 +237,7 @@ class Shape:
         """
         if not selectors:
             return self
-        _check_known(list(selectors), self._labels, self._sizes)
+        check_known(list(selectors), self._labels, self._sizes)
         labels: list[str] = []
         sizes: list[int] = []
         strides: list[int] = []
@@ -546,7 +261,7 @@ class Shape:
                     f"{type(sel).__name__} {sel!r}"
                 )
             else:
-                offset += _normalize_index(sel, label, size, self._labels, self._sizes) * stride
+                offset += normalize_index(sel, label, size, self._labels, self._sizes) * stride
         return Shape._unchecked(tuple(labels), offset, tuple(sizes), tuple(strides))
 
     def _resolve_slice(self, label: str, size: int, sel: builtins.slice) -> tuple[int, int, int]:
@@ -574,7 +289,7 @@ class Shape:
             ValueError: the view's ranks are not evenly spaced (e.g. some inner dimension was
                 sliced), so no single stride describes them.
         """
-        _check_label(name)
+        check_label(name)
         stride = self._uniform_stride()
         if stride is None:
             big = [
@@ -612,9 +327,9 @@ class Shape:
         """The same view with dimensions renamed (``rename(gpus="ranks")``)."""
         if not old_to_new:
             return self
-        _check_known(list(old_to_new), self._labels, self._sizes)
+        check_known(list(old_to_new), self._labels, self._sizes)
         for new in old_to_new.values():
-            _check_label(new, "new dimension name")
+            check_label(new, "new dimension name")
         labels = tuple(old_to_new.get(label, label) for label in self._labels)
         if len(set(labels)) != len(labels):
             dups = sorted({label for label in labels if labels.count(label) > 1})
@@ -659,7 +374,7 @@ class Shape:
         )
 
     def __str__(self) -> str:
-        return _render_extent(self._labels, self._sizes)
+        return render_extent(self._labels, self._sizes)
 
 
 def _restore_shape(
@@ -719,7 +434,7 @@ class MeshShape(ABC):
             return len(self._shape)
         shape = self._shape
         if dim not in shape.labels:
-            _no_such_dims([dim], shape.labels, shape.sizes)
+            no_such_dims([dim], shape.labels, shape.sizes)
         return shape.sizes[shape.labels.index(dim)]
 
     @property

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actormesh.runtime.shape import Extent, MeshShape, Point, Shape
+from actormesh.runtime.extent import Extent, Point
+from actormesh.runtime.shape import MeshShape, Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
 BIG = Shape.from_extent({"hosts": 2, "gpus": 4})

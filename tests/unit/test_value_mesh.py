@@ -6,8 +6,9 @@ import pickle
 
 import pytest
 
+from actormesh.runtime.extent import Extent, Point
 from actormesh.runtime.meshes.value_mesh import ValueMesh
-from actormesh.runtime.shape import Extent, Point, Shape
+from actormesh.runtime.shape import Shape
 
 HG = Shape.from_extent({"hosts": 1, "gpus": 4})
 

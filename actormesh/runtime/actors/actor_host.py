@@ -14,7 +14,7 @@ from collections import defaultdict
 from ..messaging.codec import Message
 from ..messaging.node import Node
 from ..shape import Shape
-from .actor import ActorRunner
+from .runner import ActorRunner
 
 logger = logging.getLogger(__name__)
 

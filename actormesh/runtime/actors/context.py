@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ..shape import Extent, Point, Shape
+from ..extent import Extent, Point
+from ..shape import Shape
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..actors.actor import ActorRunner
+    from ..actors.runner import ActorRunner
     from ..meshes.value_mesh import ValueMesh
 
 # Actors that the kernel and the debugger place on ranks (``_mesh_executor``, ...).

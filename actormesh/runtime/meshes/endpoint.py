@@ -9,29 +9,20 @@ host, gathered by its agent: relay.py). A process that dies fails the collector 
 
 from __future__ import annotations
 
-import queue
 import random
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from ... import config
 from ...errors import (
-    ActorError,
     MeshClosedError,
-    MeshTimeoutError,
     MeshUsageError,
-    ProcDeath,
-    RemoteFailure,
     SupervisionError,
 )
-from ..actors.actor import FAILED
 from ..actors.future import Future
 from ..faults import supervision
-from ..messaging.codec import SIMPLE_TYPES, Message, dumps, payload_digest, shape_state
-from ..messaging.node import Node, current_node
+from ..messaging.codec import SIMPLE_TYPES, dumps, payload_digest, shape_state
+from ..messaging.node import current_node
 from ..messaging.reply_inbox import reply_inbox
 from . import relay
 from .value_mesh import ValueMesh
@@ -39,12 +30,12 @@ from .value_mesh import ValueMesh
 if TYPE_CHECKING:
     from ..shape import Shape
     from .actor_mesh import ActorMesh
-    from .proc_table import ProcTable
+
+from .collect import Gather, Stream
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-_MISSING: Any = object()
 
 
 def pickle_arguments(
@@ -116,7 +107,7 @@ class Endpoint(Generic[P, R]):
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
         shape = self._mesh._shape
-        gather = _Gather(self._what, self._mesh._procs, shape, partial(ValueMesh._create, shape))
+        gather = Gather(self._what, self._mesh._procs, shape, partial(ValueMesh._create, shape))
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -131,7 +122,7 @@ class Endpoint(Generic[P, R]):
                 f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
                 f"e.g. {hint}, or use call() to reach them all"
             )
-        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
+        gather: Gather[R] = Gather(self._what, self._mesh._procs, shape, _first)
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -145,7 +136,7 @@ class Endpoint(Generic[P, R]):
         assert index is not None
         coords = dict(mesh._shape.point(index))
         shape = mesh._shape.slice(**coords)
-        gather: _Gather[R] = _Gather(self._what, self._mesh._procs, shape, _first)
+        gather: Gather[R] = Gather(self._what, self._mesh._procs, shape, _first)
         self._cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -197,7 +188,7 @@ class Endpoint(Generic[P, R]):
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
             # and, for call(), one message per host back: the agents gather the replies
-            window = config.REPLY_WINDOW if isinstance(collector, _Gather) and len(shape) > 1 else 0
+            window = config.REPLY_WINDOW if isinstance(collector, Gather) and len(shape) > 1 else 0
             what = self._what
             relay.cast(
                 node, procs, shape, envelope, payload, buffers, digest, collector, what, window
@@ -220,176 +211,3 @@ class Endpoint(Generic[P, R]):
                 transport.send_one_way(dest, envelope, payload)
         elif dests:
             transport.send_many(dests, envelope, payload, buffers, digest)
-
-
-class _Collector(Generic[T]):
-    """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
-
-    # Whether the caller reads the replies itself while it waits for them (from its thread's
-    # reply inbox, when it has one: see reply_inbox.py) rather than the I/O thread.
-    read_by_waiter = False
-
-    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
-        self.node: Node = current_node()
-        self.what = what
-        self.procs = procs
-        self.shape = shape
-        self.n = len(shape)
-        self.values: list[Any] = [_MISSING] * self.n
-        self.remaining = self.n
-        self.lock = threading.Lock()
-        self.port: Any = None
-
-    def missing_ranks(self) -> str:
-        missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is _MISSING]
-        shown = ", ".join(missing[:8]) + (
-            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        )
-        return f"replies to {self.what} from rank {shown}"
-
-    def pending_ranks(self) -> list[tuple[str, int]]:
-        """``(mesh_id, rank)`` of the ranks that have not answered yet."""
-        mesh_id = self.procs.mesh_id
-        return [
-            (mesh_id, self.shape.global_rank(i)) for i, v in enumerate(self.values) if v is _MISSING
-        ]
-
-    def on_message(self, msg: Message) -> None:
-        index, status = msg.envelope[2], msg.envelope[3]
-        try:
-            value = msg.value()
-        except Exception as exc:
-            status, value = (
-                FAILED,
-                RemoteFailure(
-                    str(self.shape.point(index)),
-                    self.what,
-                    "",
-                    type(exc).__name__,
-                    f"the reply could not be unpickled in the caller: {exc}",
-                    "",
-                ),
-            )
-        if status == FAILED and not isinstance(value, RemoteFailure):
-            status, value = (
-                FAILED,
-                RemoteFailure(
-                    str(self.shape.point(index)), self.what, "", "Error", repr(value), ""
-                ),
-            )
-        self.deliver(index, status == FAILED, value)
-
-    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
-        observed = False
-        for i, rank in enumerate(self.shape.ranks()):
-            if self.procs.addresses[rank].mailbox == mailbox and self.values[i] is _MISSING:
-                self.deliver(i, True, death)
-                observed = True
-        return observed
-
-    def deliver(self, index: int, failed: bool, value: Any) -> None:
-        raise NotImplementedError
-
-    def record(self, index: int, value: Any) -> bool | None:
-        """Store rank ``index``'s answer: ``None`` if it had answered already, else whether it was
-        the last one. After the last, the port is closed: until then it stays open, even when a
-        death already failed the call, so the other deaths of that event are observed too."""
-        with self.lock:
-            if self.values[index] is not _MISSING:
-                return None
-            self.values[index] = value
-            self.remaining -= 1
-            last = self.remaining == 0
-        if last:
-            self.close()
-        return last
-
-    def close(self) -> None:
-        port = self.port
-        if port is not None:
-            self.node.close_port(port)
-
-
-class _Gather(_Collector[T]):
-    read_by_waiter = True  # Future.get reads them
-
-    def __init__(
-        self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
-    ) -> None:
-        super().__init__(what, procs, shape)
-        self.finish = finish
-        self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
-        self.failures: list[RemoteFailure] = []
-        self.future: Future[T] = Future(self.missing_ranks)
-        self.future._pending_ranks = self.pending_ranks
-
-    def deliver(self, index: int, failed: bool, value: Any) -> None:
-        done = self.record(index, value)
-        if done is None or self.future.done():
-            return
-        if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
-            self.values[index] = f"(dead: {value.describe()})\n"
-            failed = False
-        elif failed and isinstance(value, ProcDeath):
-            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
-            return
-        if failed:
-            self.failures.append(value)
-        if done:
-            if self.failures:
-                self.future._set_exception(ActorError(self.failures))
-            else:
-                self.future._set_result(self.finish(self.values))
-
-
-class Stream(_Collector[T], Generic[T]):
-    """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
-
-    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
-        super().__init__(what, procs, shape)
-        self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
-        self._yielded = 0
-
-    def deliver(self, index: int, failed: bool, value: Any) -> None:
-        if self.record(index, value) is None:
-            return
-        if isinstance(value, ProcDeath):
-            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
-        elif failed:
-            fut = Future._failed(ActorError([value]))
-        else:
-            fut = Future._completed(value)
-        self._arrived.put(fut)
-
-    def __iter__(self) -> Iterator[Future[T]]:
-        return self
-
-    def __next__(self) -> Future[T]:
-        return self.next(timeout=None)
-
-    def next(self, timeout: float | None = None) -> Future[T]:
-        """The next arrived reply as a completed future; ``StopIteration`` after the last."""
-        if self._yielded >= self.n:
-            raise StopIteration
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-            if wait <= 0:
-                raise MeshTimeoutError(f"timed out waiting for {self.missing_ranks()}")
-            try:
-                fut = self._arrived.get(timeout=wait)
-                break
-            except queue.Empty:
-                continue
-        self._yielded += 1
-        return fut
-
-    def __aiter__(self) -> AsyncIterator[Future[T]]:
-        return self._async_iter()
-
-    async def _async_iter(self) -> AsyncIterator[Future[T]]:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        while self._yielded < self.n:
-            yield await loop.run_in_executor(None, self.next)

@@ -16,7 +16,8 @@ from ..messaging.node import current_node
 from ..shape import MeshShape, Shape
 from . import relay
 from .actor_mesh import ActorMesh
-from .endpoint import _MISSING, _Gather, no_values, pickle_arguments
+from .collect import MISSING, Gather
+from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
 
@@ -91,7 +92,7 @@ class ProcMesh(MeshShape):
         mesh: ActorMesh[A] = ActorMesh._create(
             self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
         )
-        gather: _Gather[Any] = _Gather(f"{name}.__init__", self._procs, shape, no_values)
+        gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
         node = current_node()
         reply = gather.port = node.open_port(gather)
         envelope = ("spawn", key, name, shape, reply)
@@ -125,7 +126,7 @@ class ProcMesh(MeshShape):
         died. ``actormesh.runtime.faults.stacks.render_grouped(mesh)`` groups identical stacks.
         """
         shape = self._shape
-        gather: _Gather[ValueMesh[str]] = _Gather(
+        gather: Gather[ValueMesh[str]] = Gather(
             "stacks", self._procs, shape, partial(ValueMesh._create, shape)
         )
         gather.deaths_as_values = True
@@ -138,7 +139,7 @@ class ProcMesh(MeshShape):
 
             def fallback() -> None:
                 for index, value in enumerate(list(gather.values)):
-                    if value is _MISSING:
+                    if value is MISSING:
                         record.dump_stacks(shape.global_rank(index), reply, index)
 
             node.transport.call_soon(lambda: node.transport.call_later(timeout, fallback))

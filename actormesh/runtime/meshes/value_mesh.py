@@ -6,7 +6,8 @@ import html
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from actormesh.runtime.shape import MeshShape, Point, Shape
+from ..extent import Point
+from ..shape import MeshShape, Shape
 
 __all__ = ["ValueMesh"]
 

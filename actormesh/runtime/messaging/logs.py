@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 from ... import config
 
 if TYPE_CHECKING:
-    from ..shape import Point
+    from ..extent import Point
     from .node import Node
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from ... import config
 from ...errors import MeshUsageError, SupervisionError
+from ..extent import Extent
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
 from ..messaging.transport import Address
-from ..shape import Extent, MeshShape, Shape
+from ..shape import MeshShape, Shape
 from .controller import AgentHandle, Controller, MeshRecord, get_controller
 
 

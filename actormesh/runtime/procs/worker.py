@@ -20,13 +20,13 @@ from ... import config
 from ..actors import context as ctxmod
 from ..actors.actor import OK
 from ..actors.actor_host import ActorHost
+from ..extent import Extent, Point
 from ..faults.stacks import format_stacks
 from ..messaging.codec import Message, dumps, shape_from_state
 from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
 from ..messaging.node import Node, reply_port, set_node
 from ..messaging.transport import Address
-from ..shape import Extent, Point
 from . import rehost
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,325 @@
+"""How an actor runs: its own thread (``ActorRunner``) takes one message at a time from its inbox,
+calls the endpoint, and sends the reply or the rendered failure."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from ...errors import RemoteFailure
+from ..faults.stacks import raise_in_thread
+from ..messaging.actor_inbox import ActorInbox
+from ..messaging.codec import SIMPLE_TYPES, Message, dumps, shape_from_state
+from ..messaging.logs import flush_output
+from ..messaging.node import reply_port
+from ..messaging.transport import actor_address
+from . import context as ctxmod
+
+if TYPE_CHECKING:
+    from ..extent import Point
+    from ..messaging.node import Node, Port
+    from ..shape import Shape
+from .actor import FAILED, OK
+
+logger = logging.getLogger(__name__)
+
+
+def render_failure(
+    exc: BaseException, rank: Point | str, actor: str, endpoint: str, skip: int = 0
+) -> RemoteFailure:
+    """Turn an exception into text on the worker, dropping the runtime's own frames."""
+    tb = exc.__traceback__
+    for _ in range(skip):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    etype = type(exc)
+    name = etype.__qualname__
+    if etype.__module__ not in ("builtins", "__main__"):
+        name = f"{etype.__module__}.{name}"
+    return RemoteFailure(str(rank), actor, endpoint, name, str(exc), text)
+
+
+class ActorRunner:
+    """Runs one actor: its constructor, then its messages, one at a time, on its own thread."""
+
+    def __init__(self, node: Node, key: str, name: str, rank: Point, proc_rank: int) -> None:
+        self.node = node
+        self.key = key
+        self.name = name
+        self.rank = rank
+        self.proc_rank = proc_rank
+        self.instance: Any = None
+        self.init_failure: RemoteFailure | None = None
+        self.inbox = ActorInbox(node.key, actor_address(node.address, key))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.actor_instance = ctxmod.ActorInstance(name, rank, key)
+        self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
+        # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
+        self._busy_lock = threading.Lock()
+        self._interrupted = False
+        # sender -> sequence number of its last interrupt: its calls sent before it are cancelled
+        self._cancel_before: dict[bytes, int] = {}
+        self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
+
+    def start(self, spawn_msg: Message) -> None:
+        self.inbox.put(("spawn", spawn_msg))
+        self.thread.start()
+
+    def post(self, msg: Message) -> None:
+        """Hand over a call that came through the process inbox (any thread)."""
+        self.inbox.put(("call", msg))
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+
+    # -- the actor's thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.inbox.open()
+        except Exception:
+            # Callers on this host send to that socket: without it the actor is unreachable.
+            logger.exception("actor %s could not open its inbox; the process exits", self.name)
+            self._exit_process(SystemExit(1))
+        get = self.inbox.get
+        cancel_before = self._cancel_before
+        while True:
+            try:
+                item = get()
+                if item is None:
+                    break
+                kind, msg = item
+                if kind == "call":
+                    if cancel_before and msg.seq < cancel_before.get(msg.sender, 0):
+                        self._cancel(msg)
+                    else:
+                        self._handle_call(msg)
+                elif kind == "spawn":
+                    self._construct(msg)
+                else:
+                    self._handle_supervise(msg)
+            except KeyboardInterrupt:
+                continue  # an interrupt that arrived as the endpoint ended: nothing to stop
+            except SystemExit as exc:
+                self._exit_process(exc)
+        self.inbox.close()
+        if self._loop is not None:
+            self._loop.close()
+
+    def interrupt(self, request: Message) -> bool:
+        """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that
+        the interrupt's sender sent before it and that have not started (I/O thread)."""
+        self._cancel_before[request.sender] = request.seq
+        with self._busy_lock:
+            if self.busy is None or self.thread.ident is None:
+                return False
+            if not self._interrupted:  # a second one could land in the first one's handling
+                raise_in_thread(self.thread.ident, KeyboardInterrupt)
+                self._interrupted = True
+            return True
+
+    def _set_idle(self) -> None:
+        with self._busy_lock:
+            self.busy = None
+            if self._interrupted and self.thread.ident is not None:
+                raise_in_thread(self.thread.ident, None)  # drop an interrupt not yet delivered
+            self._interrupted = False
+
+    def _exit_process(self, exc: SystemExit) -> None:
+        """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
+        import os
+
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        flush_output()
+        sys.stderr.flush()
+        self.node.transport.close(linger=1.0)  # deliver what is queued (output, replies)
+        os._exit(code)
+
+    def _construct(self, msg: Message) -> None:
+        _, _key, _name, shape, reply = msg.envelope
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+        _tls.runner = self
+        try:
+            (cls, *args), kwargs = msg.value()
+            instance = cls.__new__(cls)
+            self.instance = instance
+            result = instance.__init__(*args, **kwargs)
+            if inspect.isawaitable(result):
+                self._run_coroutine(result)
+        except BaseException as exc:
+            self.init_failure = render_failure(exc, self.rank, self.name, "__init__", skip=1)
+            logger.debug("actor %s failed to start", self.name, exc_info=True)
+        finally:
+            ctxmod.set_current(None)
+            _tls.runner = None
+        index = shape.local_index(self.proc_rank)
+        if reply is not None and index is not None:
+            self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
+
+    def _cancel(self, msg: Message) -> None:
+        """A call that an interrupt caught before it started: it fails without running."""
+        _, _, endpoint_name, state, reply = msg.envelope
+        shape = shape_from_state(state)
+        index = shape.local_index(self.proc_rank)
+        failure = RemoteFailure(
+            str(self.rank),
+            self.name,
+            endpoint_name,
+            "KeyboardInterrupt",
+            "interrupted before it started",
+            "KeyboardInterrupt: interrupted before it started\n",
+        )
+        port = reply_port(reply)
+        if port is not None and index is not None:
+            self._reply(port, index, FAILED, failure, _caller(reply))
+
+    def _handle_call(self, msg: Message) -> None:
+        env = msg.envelope
+        # ("call", key, endpoint, shape, reply_port)
+        endpoint_name: str = env[2]
+        shape: Shape = shape_from_state(env[3])
+        reply: Port | None = reply_port(env[4])
+        caller = _caller(env[4])
+        index = shape.local_index(self.proc_rank)
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
+        _tls.runner = self
+        status, value = OK, None
+        try:
+            if self.init_failure is not None:
+                status, value = FAILED, self._unconstructed(endpoint_name)
+            else:
+                self.busy = (endpoint_name, time.monotonic())
+                try:
+                    args, kwargs = msg.value()
+                    value = getattr(self.instance, endpoint_name)(*args, **kwargs)
+                    if type(value) not in _PLAIN and inspect.isawaitable(value):
+                        value = self._run_coroutine(value)
+                finally:
+                    self._set_idle()  # from here on no interrupt lands in this call
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            # Also an interrupt that landed as the endpoint returned: the reply still goes out.
+            status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
+        finally:
+            ctxmod.set_current(None)
+            _tls.runner = None
+        if reply is not None and index is not None:
+            self._reply(reply, index, status, value, caller)
+        elif status == FAILED:
+            self._report_unhandled(value)
+
+    def _unconstructed(self, endpoint_name: str) -> RemoteFailure:
+        failure = self.init_failure
+        assert failure is not None
+        return RemoteFailure(
+            failure.rank,
+            failure.actor,
+            endpoint_name,
+            failure.exc_type,
+            f"actor {self.name!r} failed in __init__, so it cannot run "
+            f"{endpoint_name!r}: {failure.message}",
+            failure.traceback,
+        )
+
+    def _run_coroutine(self, coro: Any) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+        task = self._loop.create_task(coro)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():  # interrupted from outside: don't leave the task half-run
+                task.cancel()
+                self._loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            raise
+
+    def _reply(
+        self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
+    ) -> None:
+        flush_output()  # what the endpoint printed arrives before its reply
+        try:
+            payload, buffers = dumps(value)
+        except Exception as exc:
+            failure = render_failure(exc, self.rank, self.name, "<reply>")
+            failure = RemoteFailure(
+                failure.rank,
+                self.name,
+                failure.endpoint,
+                failure.exc_type,
+                f"the result ({type(value).__name__}) could not be pickled: {exc}",
+                failure.traceback,
+            )
+            status, (payload, buffers) = FAILED, dumps(failure)
+        try:
+            envelope: tuple[Any, ...] = ("reply", port.port_id, index, status)
+            if caller is not None:
+                after = self.node.transport.last_seq_to(caller)
+                if after:
+                    envelope = (*envelope, after)
+            self.node.send(port.address, envelope, payload, buffers)
+        except Exception:
+            logger.exception("could not send the reply of %s", self.name)
+
+    def _report_unhandled(self, failure: RemoteFailure) -> None:
+        flush_output()
+        self._escalate(failure)
+
+    def _escalate(self, failure: Any) -> None:
+        """Hand a failure nobody handled here to whoever owns this process's mesh."""
+        controller = self.node.controller
+        if controller is None or controller == self.node.address:
+            from ..faults.supervision import failure_of_broadcast, unhandled_fault_hook
+
+            unhandled_fault_hook(failure_of_broadcast(failure))
+            return
+        payload, buffers = dumps(failure)
+        self.node.send(controller, ("unhandled", self.node.mesh_id), payload, buffers)
+
+    def supervise(self, failure: Any) -> None:
+        """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
+        self.inbox.put(("supervise", failure))
+
+    def _handle_supervise(self, failure: Any) -> None:
+        handler = getattr(self.instance, "__supervise__", None)
+        handled = False
+        if handler is not None:
+            ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+            _tls.runner = self
+            try:
+                handled = bool(handler(failure))
+            except Exception as exc:
+                logger.exception("__supervise__ of %s raised", self.name)
+                failure = render_failure(exc, self.rank, self.name, "__supervise__", 1)
+            finally:
+                ctxmod.set_current(None)
+                _tls.runner = None
+        if not handled:
+            self._escalate(failure)
+
+
+def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
+    """The caller's process mailbox when a reply travels by another route than what this process
+    sends that process directly (to a thread's own reply inbox, or through a host agent that
+    gathers replies): the reply then says where to wait up to (Node.in_order)."""
+    return reply[2] if reply is not None and len(reply) > 2 else None
+
+
+_tls = threading.local()
+# Results that are never awaitable (inspect.isawaitable ends in a slow ABC check).
+_PLAIN = SIMPLE_TYPES | {tuple, list, dict}
+
+
+def current_runner() -> ActorRunner | None:
+    """The actor whose endpoint is running on this thread, if any."""
+    return getattr(_tls, "runner", None)

@@ -1,0 +1,203 @@
+"""Reply collection on the caller's side: one reply per rank gathered into a ``ValueMesh``
+(``Gather``), or handed over as they come (``Stream``)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ...errors import (
+    ActorError,
+    MeshTimeoutError,
+    ProcDeath,
+    RemoteFailure,
+    SupervisionError,
+)
+from ..actors.actor import FAILED
+from ..actors.future import Future
+from ..messaging.codec import Message
+from ..messaging.node import Node, current_node
+
+if TYPE_CHECKING:
+    from ..shape import Shape
+    from .proc_table import ProcTable
+
+T = TypeVar("T")
+# A rank that has not answered yet (None is a valid reply).
+MISSING: Any = object()
+
+
+class Collector(Generic[T]):
+    """Gathers one reply per rank of ``shape`` on the caller's I/O thread."""
+
+    # Whether the caller reads the replies itself while it waits for them (from its thread's
+    # reply inbox, when it has one: see reply_inbox.py) rather than the I/O thread.
+    read_by_waiter = False
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+        self.node: Node = current_node()
+        self.what = what
+        self.procs = procs
+        self.shape = shape
+        self.n = len(shape)
+        self.values: list[Any] = [MISSING] * self.n
+        self.remaining = self.n
+        self.lock = threading.Lock()
+        self.port: Any = None
+
+    def missing_ranks(self) -> str:
+        missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is MISSING]
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        return f"replies to {self.what} from rank {shown}"
+
+    def pending_ranks(self) -> list[tuple[str, int]]:
+        """``(mesh_id, rank)`` of the ranks that have not answered yet."""
+        mesh_id = self.procs.mesh_id
+        return [
+            (mesh_id, self.shape.global_rank(i)) for i, v in enumerate(self.values) if v is MISSING
+        ]
+
+    def on_message(self, msg: Message) -> None:
+        index, status = msg.envelope[2], msg.envelope[3]
+        try:
+            value = msg.value()
+        except Exception as exc:
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)),
+                    self.what,
+                    "",
+                    type(exc).__name__,
+                    f"the reply could not be unpickled in the caller: {exc}",
+                    "",
+                ),
+            )
+        if status == FAILED and not isinstance(value, RemoteFailure):
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    str(self.shape.point(index)), self.what, "", "Error", repr(value), ""
+                ),
+            )
+        self.deliver(index, status == FAILED, value)
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
+        observed = False
+        for i, rank in enumerate(self.shape.ranks()):
+            if self.procs.addresses[rank].mailbox == mailbox and self.values[i] is MISSING:
+                self.deliver(i, True, death)
+                observed = True
+        return observed
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        raise NotImplementedError
+
+    def record(self, index: int, value: Any) -> bool | None:
+        """Store rank ``index``'s answer: ``None`` if it had answered already, else whether it was
+        the last one. After the last, the port is closed: until then it stays open, even when a
+        death already failed the call, so the other deaths of that event are observed too."""
+        with self.lock:
+            if self.values[index] is not MISSING:
+                return None
+            self.values[index] = value
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.close()
+        return last
+
+    def close(self) -> None:
+        port = self.port
+        if port is not None:
+            self.node.close_port(port)
+
+
+class Gather(Collector[T]):
+    read_by_waiter = True  # Future.get reads them
+
+    def __init__(
+        self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
+    ) -> None:
+        super().__init__(what, procs, shape)
+        self.finish = finish
+        self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
+        self.failures: list[RemoteFailure] = []
+        self.future: Future[T] = Future(self.missing_ranks)
+        self.future._pending_ranks = self.pending_ranks
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        done = self.record(index, value)
+        if done is None or self.future.done():
+            return
+        if failed and isinstance(value, ProcDeath) and self.deaths_as_values:
+            self.values[index] = f"(dead: {value.describe()})\n"
+            failed = False
+        elif failed and isinstance(value, ProcDeath):
+            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
+            return
+        if failed:
+            self.failures.append(value)
+        if done:
+            if self.failures:
+                self.future._set_exception(ActorError(self.failures))
+            else:
+                self.future._set_result(self.finish(self.values))
+
+
+class Stream(Collector[T], Generic[T]):
+    """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+        super().__init__(what, procs, shape)
+        self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
+        self._yielded = 0
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        if self.record(index, value) is None:
+            return
+        if isinstance(value, ProcDeath):
+            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
+        elif failed:
+            fut = Future._failed(ActorError([value]))
+        else:
+            fut = Future._completed(value)
+        self._arrived.put(fut)
+
+    def __iter__(self) -> Iterator[Future[T]]:
+        return self
+
+    def __next__(self) -> Future[T]:
+        return self.next(timeout=None)
+
+    def next(self, timeout: float | None = None) -> Future[T]:
+        """The next arrived reply as a completed future; ``StopIteration`` after the last."""
+        if self._yielded >= self.n:
+            raise StopIteration
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                raise MeshTimeoutError(f"timed out waiting for {self.missing_ranks()}")
+            try:
+                fut = self._arrived.get(timeout=wait)
+                break
+            except queue.Empty:
+                continue
+        self._yielded += 1
+        return fut
+
+    def __aiter__(self) -> AsyncIterator[Future[T]]:
+        return self._async_iter()
+
+    async def _async_iter(self) -> AsyncIterator[Future[T]]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while self._yielded < self.n:
+            yield await loop.run_in_executor(None, self.next)

@@ -1,0 +1,247 @@
+"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop) and the
+controller's handle on one host agent (``AgentHandle``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ... import config
+from ...errors import (
+    MeshClosedError,
+    MeshError,
+    ProcDeath,
+    SupervisionError,
+)
+from ..actors.future import Future, settle, when_all
+from ..actors.runner import ActorRunner, current_runner
+from ..faults import supervision
+from ..meshes.proc_table import ProcTable
+from ..messaging.transport import Address
+from . import rehost
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+logger = logging.getLogger(__name__)
+
+
+class AgentHandle:
+    """The controller's view of one host agent."""
+
+    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
+        self.host_rank = host_rank
+        self.proc = proc
+        self.lifeline = lifeline
+        self.address: Address | None = None
+        self.hostname = ""
+        self.dead = False
+        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
+        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
+        # live under the agent's own run directory, and errors name the host.
+        self.run_dir: str | None = None
+        self.name = "this host"
+
+    def close(self, timeout: float = 3.0) -> None:
+        if self.lifeline is not None:
+            # Closing the lifeline tells the agent to kill its workers and exit.
+            os.close(self.lifeline)
+            self.lifeline = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class MeshRecord:
+    """A proc mesh owned by this controller: start-up, exits and stop."""
+
+    def __init__(self, ctl: Controller, table: ProcTable, agents: list[AgentHandle], per_host: int):
+        self.ctl = ctl
+        self.table = table
+        self.agents = agents
+        self.per_host = per_host
+        n = len(table.addresses)
+        self.started = 0
+        self.exited: set[int] = set()
+        self.ready: Future[None] = Future(self._describe_missing)
+        self.stopping = False
+        self.stopped: Future[None] = Future(lambda: f"the processes of {table.mesh_id} to exit")
+        self.lock = threading.Lock()
+        self.n = n
+        self._is_ready = [False] * n
+        # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
+        self.common: dict[str, Any] = {}
+        # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
+        self.owner: ActorRunner | None = current_runner()
+        self.actor_spawns: list[tuple[str, tuple[Any, ...], bytes, list[Any], bytes]] = []
+
+    def _describe_missing(self) -> str:
+        missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
+        return f"processes {', '.join(missing[:8])} to start"
+
+    def agent_of(self, rank: int) -> AgentHandle:
+        return self.agents[rank // self.per_host]
+
+    def on_ready(self, rank: int, pid: int) -> None:
+        with self.lock:
+            if self._is_ready[rank]:
+                return
+            self._is_ready[rank] = True
+            self.table.pids[rank] = pid
+            self.started += 1
+            done = self.started == self.n
+        if done:
+            self.ready._set_result(None)
+
+    def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
+        """Record the exit of ``rank``; returns whether it is left unhandled (and, when
+        ``report``, hands it to the owner or the fault hook)."""
+        with self.lock:
+            if rank in self.exited:
+                return False
+            self.exited.add(rank)
+            all_gone = len(self.exited) == self.n
+        address = self.table.addresses[rank]
+        if not self.ready.done():
+            self.ready._set_exception(
+                SupervisionError([death], "a process of the new proc mesh failed to start")
+            )
+        observed = self.ctl.node.record_death(address.mailbox, death)
+        self.ctl.node.transport.forget(address)
+        if self.stopping:
+            if all_gone:
+                self.ctl.meshes.pop(self.table.mesh_id, None)
+                self.stopped._set_result(None)
+            return False
+        self.ctl.notify_death(self, address, death)
+        unhandled = not observed and self.ready.done()
+        if unhandled and report:
+            lost = SupervisionError([death], "a worker died while no call waited on it")
+            self.report_unhandled(lost)
+        return unhandled
+
+    def report_unhandled(self, failure: MeshError) -> None:
+        """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
+        if self.owner is not None:
+            self.owner.supervise(failure)
+        else:
+            supervision.unhandled_fault_hook(failure)
+
+    def proc_request(self, rank: int) -> dict[str, Any]:
+        address = self.table.addresses[rank]
+        return {
+            "rank": rank,
+            "label": self.table.labels[rank],
+            "mailbox": address.mailbox.hex(),
+            "ipc": address.ipc,
+            # A rank healed in place binds its old tcp port again, so copies of the proc table
+            # held by other processes stay valid.
+            "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
+            **((self.ctl.local_tcp or {}) if self.agent_of(rank).run_dir is None else {}),
+        }
+
+    def spawn_ranks(self, ranks: list[int]) -> None:
+        by_agent: dict[int, tuple[AgentHandle, list[dict[str, Any]]]] = {}
+        for rank in ranks:
+            agent = self.agent_of(rank)
+            by_agent.setdefault(id(agent), (agent, []))[1].append(self.proc_request(rank))
+        for agent, procs in by_agent.values():
+            assert agent.address is not None
+            self.ctl.node.send(agent.address, ("spawn", self.table.mesh_id, procs, self.common))
+
+    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+        """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
+        host: see rehost.py), then re-create their actors."""
+        healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
+        with self.lock:
+            if self.stopping:
+                healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
+                return healed
+            dead = sorted(self.exited)
+            if not dead:
+                healed._set_result(None)
+                return healed
+            try:
+                moved = rehost.move_lost_hosts(self, dead, spares)
+            except SupervisionError as exc:
+                healed._set_exception(exc)
+                return healed
+            for rank in dead:
+                self.exited.discard(rank)
+                self._is_ready[rank] = False
+            self.started = sum(self._is_ready)
+            self.ready = Future(self._describe_missing)
+        node = self.ctl.node
+        for rank in dead:
+            mailbox = self.table.addresses[rank].mailbox
+            node.forget_death(mailbox)
+            self.ctl.logs.forget(mailbox)
+            self.ctl.broadcast_to_workers(("revived", mailbox))
+        logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
+        self.spawn_ranks(dead)
+        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
+        return healed
+
+    def _respawn_actors(
+        self, ready: Future[None], ranks: list[int], healed: Future[None], moved: list[int]
+    ) -> None:
+        exc = ready.exception()
+        if exc is not None:
+            healed._set_exception(exc)
+            return
+        rehost.announce(self, moved)
+        node = self.ctl.node
+        pending = []
+        for _key, envelope, payload, buffers, digest in self.actor_spawns:
+            shape = envelope[3]
+            mine = [r for r in ranks if shape.local_index(r) is not None]
+            if not mine:
+                continue
+            from ..meshes.collect import Gather
+            from ..meshes.endpoint import no_values
+
+            gather: Gather[None] = Gather(f"{envelope[2]}.__init__", self.table, shape, no_values)
+            # Only the respawned ranks answer; the others count as done already.
+            for index, rank in enumerate(shape.ranks()):
+                if rank not in mine:
+                    gather.deliver(index, False, None)
+            reply = gather.port = node.open_port(gather)
+            new_envelope = (*envelope[:4], reply)
+            for rank in mine:
+                node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
+            pending.append(gather.future)
+        all_done = when_all(pending)
+        all_done.add_done_callback(lambda f: settle(f, healed, None))
+
+    def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
+        agent = self.agent_of(rank)
+        if agent.address is not None:
+            self.ctl.node.send(agent.address, ("dump", self.table.mesh_id, rank, reply, index))
+
+    def stop(self) -> Future[None]:
+        with self.lock:
+            if self.stopping:
+                return self.stopped
+            self.stopping = True
+            self.table.closed = True
+            alive = [r for r in range(self.n) if r not in self.exited]
+        if not alive:
+            self.ctl.meshes.pop(self.table.mesh_id, None)
+            self.stopped._set_result(None)
+            return self.stopped
+        node = self.ctl.node
+        for rank in alive:
+            try:
+                node.send(self.table.addresses[rank], ("stop",))
+            except Exception:
+                logger.debug("could not send stop to rank %s", rank, exc_info=True)
+        for agent in {id(a): a for a in self.agents}.values():
+            if agent.address is not None:
+                node.send(agent.address, ("reap", self.table.mesh_id, config.STOP_GRACE))
+        return self.stopped
