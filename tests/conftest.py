@@ -9,6 +9,10 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
+# Every envelope any process of the test run sends is checked against the protocol table
+# (runtime/messaging/protocol.py); workers and agents inherit the variable.
+os.environ["ACTORMESH_CHECK_PROTOCOL"] = "1"
+
 
 def _descendants() -> list[psutil.Process]:
     try:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..runtime.actors.actor import Actor, endpoint
 from ..runtime.messaging.node import node_if_started
+from ..runtime.messaging.protocol import DEBUGGER
 
 ATTACH_TIMEOUT = float(os.environ.get("ACTORMESH_DEBUG_ATTACH_TIMEOUT", "30"))
 # Threads that belong to the runtime (or to the kernel's helpers on the rank): never traced.
@@ -158,7 +159,7 @@ def stop_here(frame: types.FrameType) -> None:
             "function": frame.f_code.co_name,
             "pg_timeout": _process_group_timeout(),
         }
-        node.send(node.controller, ("debugger", "paused", node.mesh_id, rank, where))
+        node.send(node.controller, (DEBUGGER, "paused", node.mesh_id, rank, where))
         deadline = time.monotonic() + ATTACH_TIMEOUT
         while not client_connected():
             if time.monotonic() > deadline:

@@ -32,6 +32,7 @@ from ..runtime.actors.future import Future as MeshFuture
 from ..runtime.meshes.actor_mesh import ActorMesh
 from ..runtime.meshes.proc_mesh import ProcMesh
 from ..runtime.messaging.codec import Message
+from ..runtime.messaging.protocol import DEBUGGER
 from ..runtime.messaging.tunnel import open_tunnel
 from ..runtime.procs import controller as controller_mod
 from ..runtime.shape import Shape
@@ -704,7 +705,7 @@ def get_debugger() -> Debugger:
 def _install_handler(ctl: Any) -> None:
     debugger = _debugger
     if debugger is not None:
-        ctl.node.handlers["debugger"] = debugger.on_message
+        ctl.node.register(DEBUGGER, debugger.on_message)
 
 
 BREAKPOINT_HOOK = "actormesh.debugger.rank.breakpoint_hook"

@@ -28,6 +28,7 @@ from ..runtime.meshes.relay import Relayer
 from ..runtime.messaging.codec import Message, read_key_file
 from ..runtime.messaging.curve import curve_keys
 from ..runtime.messaging.node import Node, set_node
+from ..runtime.messaging.protocol import AGENT_HEARTBEAT, AGENT_READY, HEARTBEAT
 from ..runtime.messaging.transport import Address, make_run_dir
 from ..runtime.procs.host_agent import Agent
 from . import handshake
@@ -42,7 +43,7 @@ class RemoteAgent(Agent):
     def __init__(self, node: Node, init: dict[str, Any]) -> None:
         super().__init__(node, init)
         self.last_heartbeat = time.monotonic()
-        node.handlers["hb"] = self._on_heartbeat
+        node.register(HEARTBEAT, self._on_heartbeat)
         self.relayer = Relayer(node)
         # torch.distributed in the workers: advertise the address other hosts reach us at, not
         # whatever the host name resolves to (often 127.0.0.1 in containers and test hosts).
@@ -180,7 +181,7 @@ def _run(
     if init["start_method"] != "spawn":
         agent.start_zygote()
     node.start()
-    node.send(controller, ("agent_ready", init["host_rank"], node.address, name))
+    node.send(controller, (AGENT_READY, init["host_rank"], node.address, name))
     signal.signal(signal.SIGTERM, lambda *_: agent.done.set())
     interval, deadline = float(welcome["heartbeat"]), float(welcome["deadline"])
     agent.last_heartbeat = time.monotonic()
@@ -196,7 +197,7 @@ def _heartbeat_loop(
     node = agent.node
     stop = agent.done
     while not stop.wait(interval):
-        node.send(controller, ("agent_hb", host_rank))
+        node.send(controller, (AGENT_HEARTBEAT, host_rank))
         silent = time.monotonic() - agent.last_heartbeat
         if silent > deadline:
             logger.error(

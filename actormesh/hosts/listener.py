@@ -28,6 +28,7 @@ from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
 from ..runtime.messaging import curve
 from ..runtime.messaging.codec import Message
+from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
 from ..runtime.procs.controller import AgentHandle, Controller, get_controller
 from ..runtime.procs.host_mesh import HostMesh
 from ..runtime.shape import Shape
@@ -58,7 +59,7 @@ class RemoteAgentHandle(AgentHandle):
             return
         self.closing = True
         try:
-            get_controller().node.send(self.address, ("shutdown",))
+            get_controller().node.send(self.address, (SHUTDOWN,))
         except Exception:
             logger.debug("could not send shutdown to %s", self.name, exc_info=True)
 
@@ -108,8 +109,7 @@ class HostListener:
         self._closed = False
         self.heartbeat = config.HOST_HEARTBEAT
         self.deadline = config.HOST_DEADLINE
-        h = ctl.node.handlers
-        h["agent_hb"] = self._on_agent_hb
+        ctl.node.register(AGENT_HEARTBEAT, self._on_agent_hb)
         self._thread = threading.Thread(target=self._serve, name="actormesh-hosts", daemon=True)
         self._thread.start()
         transport = ctl.node.transport
@@ -245,7 +245,7 @@ class HostListener:
     # -- heartbeats (controller's I/O thread) ----------------------------------------------------
 
     def _on_agent_hb(self, msg: Message) -> None:
-        host_rank = msg.envelope[1]
+        _, host_rank = msg.envelope
         agents = self.ctl.agents
         if 0 <= host_rank < len(agents):
             agent = agents[host_rank]
@@ -265,7 +265,7 @@ class HostListener:
                 self._lose(agent, f"no heartbeat from host {agent.name} for {silent:.1f} s")
                 continue
             if agent.address is not None:
-                node.send(agent.address, ("hb",))
+                node.send(agent.address, (HEARTBEAT,))
         node.transport.call_later(self.heartbeat, self._tick)
 
     def _lose(self, agent: RemoteAgentHandle, why: str) -> None:

@@ -15,7 +15,8 @@ import zmq
 from support import wait_until
 
 import actormesh as am
-from actormesh.runtime.messaging.codec import Signer, new_id, shape_state
+from actormesh.runtime.messaging.codec import Signer, new_id
+from actormesh.runtime.messaging.protocol import shape_state
 from actormesh.runtime.procs.controller import get_controller
 
 SCRIPT = textwrap.dedent(

@@ -21,8 +21,6 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-OK, FAILED = 0, 1
-
 
 class Actor:
     """Base class of actors. Subclass it and mark methods with ``@endpoint``.

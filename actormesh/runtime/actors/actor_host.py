@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from ..messaging.codec import Message
 from ..messaging.node import Node
+from ..messaging.protocol import CALL, SPAWN_ACTOR
 from ..shape import Shape
 from .runner import ActorRunner
 
@@ -27,8 +28,8 @@ class ActorHost:
         self.proc_rank = proc_rank
         self.actors: dict[str, ActorRunner] = {}
         self._early: defaultdict[str, list[Message]] = defaultdict(list)
-        node.handlers["spawn"] = self._on_spawn
-        node.handlers["call"] = self._on_call
+        node.register(SPAWN_ACTOR, self._on_spawn)
+        node.register(CALL, self._on_call)
 
     def _on_spawn(self, msg: Message) -> None:
         _, key, name, shape, _reply = msg.envelope
@@ -44,9 +45,10 @@ class ActorHost:
             runner.post(early)
 
     def _on_call(self, msg: Message) -> None:
-        runner = self.actors.get(msg.envelope[1])
+        key = msg.envelope[1]  # (CALL, key, endpoint, shape, reply)
+        runner = self.actors.get(key)
         if runner is None:
-            self._early[msg.envelope[1]].append(msg)
+            self._early[key].append(msg)
             return
         runner.post(msg)
 

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import ActorInbox
-from ..messaging.codec import SIMPLE_TYPES, Message, dumps, shape_from_state
+from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, SUPERVISE_ITEM, ActorInbox
+from ..messaging.codec import SIMPLE_TYPES, Message, dumps
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
+from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
 from ..messaging.transport import actor_address
 from . import context as ctxmod
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from ..extent import Point
     from ..messaging.node import Node, Port
     from ..shape import Shape
-from .actor import FAILED, OK
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,12 @@ class ActorRunner:
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
 
     def start(self, spawn_msg: Message) -> None:
-        self.inbox.put(("spawn", spawn_msg))
+        self.inbox.put((SPAWN_ITEM, spawn_msg))
         self.thread.start()
 
     def post(self, msg: Message) -> None:
         """Hand over a call that came through the process inbox (any thread)."""
-        self.inbox.put(("call", msg))
+        self.inbox.put((CALL_ITEM, msg))
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -96,12 +96,12 @@ class ActorRunner:
                 if item is None:
                     break
                 kind, msg = item
-                if kind == "call":
+                if kind == CALL_ITEM:
                     if cancel_before and msg.seq < cancel_before.get(msg.sender, 0):
                         self._cancel(msg)
                     else:
                         self._handle_call(msg)
-                elif kind == "spawn":
+                elif kind == SPAWN_ITEM:
                     self._construct(msg)
                 else:
                     self._handle_supervise(msg)
@@ -262,7 +262,7 @@ class ActorRunner:
             )
             status, (payload, buffers) = FAILED, dumps(failure)
         try:
-            envelope: tuple[Any, ...] = ("reply", port.port_id, index, status)
+            envelope: tuple[Any, ...] = (REPLY, port.port_id, index, status)
             if caller is not None:
                 after = self.node.transport.last_seq_to(caller)
                 if after:
@@ -284,11 +284,11 @@ class ActorRunner:
             unhandled_fault_hook(failure_of_broadcast(failure))
             return
         payload, buffers = dumps(failure)
-        self.node.send(controller, ("unhandled", self.node.mesh_id), payload, buffers)
+        self.node.send(controller, (UNHANDLED, self.node.mesh_id), payload, buffers)
 
     def supervise(self, failure: Any) -> None:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
-        self.inbox.put(("supervise", failure))
+        self.inbox.put((SUPERVISE_ITEM, failure))
 
     def _handle_supervise(self, failure: Any) -> None:
         handler = getattr(self.instance, "__supervise__", None)

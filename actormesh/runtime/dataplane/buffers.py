@@ -25,6 +25,7 @@ from ...errors import MeshError, MeshUsageError, SupervisionError
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import current_node
+from ..messaging.protocol import BUF_DONE, BUF_READ, BUF_WRITE
 from ..messaging.transport import Address
 
 if TYPE_CHECKING:
@@ -102,9 +103,9 @@ class TensorBuffer:
             self.path, mapping = self._share(tensor, node.address.mailbox.hex())
         with _owned_lock:
             _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
-        if "buf_read" not in node.handlers:  # this process's first buffer
-            node.handlers["buf_read"] = _on_read
-            node.handlers["buf_write"] = _on_write
+        if BUF_READ not in node.handlers:  # this process's first buffer
+            node.register(BUF_READ, _on_read)
+            node.register(BUF_WRITE, _on_write)
             # The node closes last in both a worker and the controller: the files go with it.
             node.on_close(cleanup_owned)
 
@@ -164,7 +165,7 @@ class TensorBuffer:
         if self._local():
             _bytes_of(dst).copy_(self._view())
             return Future._completed(None)
-        return self._remote("buf_read", dst)
+        return self._remote(BUF_READ, dst)
 
     def write_from(self, src: Any) -> Future[None]:
         """Copy ``src`` (same size and dtype) into the buffer: the owner's tensor changes."""
@@ -174,7 +175,7 @@ class TensorBuffer:
         if self._local():
             self._view().copy_(_bytes_of(src))
             return Future._completed(None)
-        return self._remote("buf_write", src)
+        return self._remote(BUF_WRITE, src)
 
     def drop(self) -> None:
         """Owner only: forget the buffer and free its shared memory (readers then fail)."""
@@ -211,11 +212,11 @@ class TensorBuffer:
         port = node.open_port(handler)
         handler.close = lambda: node.close_port(port)
         reply = (tuple(port.address), port.port_id)
-        if kind == "buf_read":
-            node.send(self.owner, ("buf_read", self.buffer_id, reply))
+        if kind == BUF_READ:
+            node.send(self.owner, (BUF_READ, self.buffer_id, reply))
         else:
             node.send(
-                self.owner, ("buf_write", self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
+                self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
             )
         return done
 
@@ -249,7 +250,7 @@ class _RemoteCopy:
 
 def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
     addr_t, port_id = reply
-    current_node().send(Address(*addr_t), ("buf_done", port_id, ok, text), b"", buffers)
+    current_node().send(Address(*addr_t), (BUF_DONE, port_id, ok, text), b"", buffers)
 
 
 def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:

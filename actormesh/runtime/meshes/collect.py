@@ -16,10 +16,10 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.actor import FAILED
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import Node, current_node
+from ..messaging.protocol import FAILED
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -63,7 +63,7 @@ class Collector(Generic[T]):
         ]
 
     def on_message(self, msg: Message) -> None:
-        index, status = msg.envelope[2], msg.envelope[3]
+        _, _, index, status = msg.envelope[:4]  # (REPLY, port id, index, status[, after])
         try:
             value = msg.value()
         except Exception as exc:

@@ -21,8 +21,9 @@ from ...errors import (
 )
 from ..actors.future import Future
 from ..faults import supervision
-from ..messaging.codec import SIMPLE_TYPES, dumps, payload_digest, shape_state
+from ..messaging.codec import SIMPLE_TYPES, dumps, payload_digest
 from ..messaging.node import current_node
+from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
 from . import relay
 from .value_mesh import ValueMesh
@@ -184,7 +185,7 @@ class Endpoint(Generic[P, R]):
                 # The repliers also learn this process's mailbox (see Node.in_order).
                 reply = (tuple(port.address), port.port_id, node.address.mailbox)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
-        envelope = ("call", mesh._key, self._name, shape_state(shape), reply)
+        envelope = (CALL, mesh._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
             # and, for call(), one message per host back: the agents gather the replies

@@ -11,8 +11,9 @@ from ... import config
 from ...errors import MeshClosedError, MeshUsageError
 from ..actors.actor import Actor, endpoint_names
 from ..actors.future import Future
-from ..messaging.codec import payload_digest, shape_state
+from ..messaging.codec import payload_digest
 from ..messaging.node import current_node
+from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import MeshShape, Shape
 from . import relay
 from .actor_mesh import ActorMesh
@@ -95,7 +96,7 @@ class ProcMesh(MeshShape):
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
         node = current_node()
         reply = gather.port = node.open_port(gather)
-        envelope = ("spawn", key, name, shape, reply)
+        envelope = (SPAWN_ACTOR, key, name, shape, reply)
         digest = payload_digest(payload)
         # Straight to ranks on this host, one message per other host (its agent fans it out):
         # the route every later call to these ranks takes, so the spawn arrives first.
@@ -133,7 +134,7 @@ class ProcMesh(MeshShape):
         node = current_node()
         port = gather.port = node.open_port(gather)
         reply = (tuple(port.address), port.port_id)
-        self._control(("stacks", shape_state(shape), reply), gather)
+        self._control((STACKS, shape_state(shape), reply), gather)
         record = self._record
         if record is not None:
 
@@ -151,7 +152,7 @@ class ProcMesh(MeshShape):
         The actors survive and keep serving. Pure-Python code stops at once; a blocking call in
         C (``time.sleep``, a collective) is interrupted when it returns to Python.
         """
-        self._control(("interrupt",), None)
+        self._control((INTERRUPT,), None)
 
     def heal(self, hosts: HostMesh | None = None) -> Future[None]:
         """Respawn the dead ranks of this mesh in place and re-create their actors (with their

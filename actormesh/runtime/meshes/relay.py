@@ -46,8 +46,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.codec import Message, payload_digest, shape_from_state
+from ..messaging.codec import Message, payload_digest
 from ..messaging.node import reply_port
+from ..messaging.protocol import CALL, RELAY, REPLIES, shape_from_state
 from ..messaging.transport import Address
 
 if TYPE_CHECKING:
@@ -125,7 +126,9 @@ def send(
     transport = node.transport
     if buffers and digest is None:
         digest = payload_digest(payload)
-    actor = envelope[1] if envelope[0] == "call" else None
+    actor = None
+    if envelope[0] == CALL:
+        _, actor, _, _, _ = envelope
     for rank in direct:
         address = procs.addresses[rank]
         if dead and address.mailbox in dead:
@@ -137,7 +140,7 @@ def send(
         else:
             transport.send(address, envelope, payload, buffers, digest)
     if agents:
-        relayed = ("relay", procs.mesh_id, state, one_way, envelope, window)
+        relayed = (RELAY, procs.mesh_id, state, one_way, envelope, window)
         for agent in agents:
             if one_way and not buffers:
                 transport.send_one_way(agent, relayed, payload)
@@ -160,7 +163,7 @@ class Relayer:
         self._targets: dict[tuple[str, tuple[Any, ...]], tuple[tuple[int, Address], ...]] = {}
         self._gathers: dict[int, _Gathering] = {}  # by the port id the workers answer
         self._batches: dict[bytes, _Batch] = {}  # by the mailbox of the caller's inbox
-        node.handlers["relay"] = self.on_relay
+        node.register(RELAY, self.on_relay)
 
     def add(self, mesh_id: str, rank: int, address: Address) -> None:
         self.workers.setdefault(mesh_id, {})[rank] = address
@@ -210,16 +213,18 @@ class Relayer:
         transport = self.node.transport
         payload, buffers = msg.payload, msg.buffers
         addresses = [address for _, address in targets]
-        if envelope[0] == "call":
+        reply = None
+        if envelope[0] == CALL:
+            _, key, _, _, reply = envelope
             # Straight to each actor's own inbox, as senders on this host call it (every call
             # from this agent to that actor takes that route, so its order holds).
-            addresses = [transport.route_to_actor(a, envelope[1]) for a in addresses]
+            addresses = [transport.route_to_actor(a, key) for a in addresses]
         if one_way and not buffers:
             payload = bytes(payload)  # it may travel inside a batch's (pickled) envelope
             for address in addresses:
                 transport.send_one_way(address, envelope, payload)
             return
-        if window > 0 and len(targets) > 1 and envelope[0] == "call" and envelope[4] is not None:
+        if window > 0 and len(targets) > 1 and reply is not None:
             envelope = self._gather(mesh_id, state, envelope, targets, window)
         transport.send_many(addresses, envelope, payload, buffers, payload_digest(payload))
 
@@ -234,7 +239,8 @@ class Relayer:
         window: float,
     ) -> tuple[Any, ...]:
         """Open a port here for the replies of this call; the envelope that points at it."""
-        reply = envelope[4]  # (caller's inbox as a tuple, port id[, caller's process mailbox])
+        kind, key, endpoint, call_state, reply = envelope
+        # reply: (caller's inbox as a tuple, port id[, caller's process mailbox])
         caller = reply[2] if len(reply) > 2 else reply[0][3]
         shape = shape_from_state(state)
         gather = _Gathering(self, mesh_id, shape, targets, reply_port(reply), window)
@@ -242,11 +248,10 @@ class Relayer:
         self._gathers[port.port_id] = gather
         # The workers still name the caller's process: each reply then says what it must come
         # after there (Node.in_order), although it travels through this agent.
-        return (*envelope[:4], (tuple(port.address), port.port_id, caller))
+        return (kind, key, endpoint, call_state, (tuple(port.address), port.port_id, caller))
 
     def _on_reply(self, gather: _Gathering, msg: Message) -> None:
-        env = msg.envelope  # ("reply", port id, index, status[, after])
-        index = env[2]
+        _, _, index, status, *after_field = msg.envelope  # (REPLY, port id, index, status[, after])
         dest = gather.caller.address
         batch = self._batches.get(dest.mailbox)
         nbuf = len(msg.buffers)
@@ -255,9 +260,9 @@ class Relayer:
             batch = None
         if batch is None:
             batch = self._batches[dest.mailbox] = _Batch(dest)
-        after = env[4] if len(env) > 4 else 0
+        after = after_field[0] if after_field else 0
         size = len(msg.payload)
-        batch.items.append((gather.caller.port_id, msg.sender, index, env[3], after, size, nbuf))
+        batch.items.append((gather.caller.port_id, msg.sender, index, status, after, size, nbuf))
         batch.payloads.append(msg.payload)
         batch.buffers.extend(msg.buffers)
         batch.size += size
@@ -294,7 +299,7 @@ class Relayer:
             return  # sent already (a timer or a call_soon of a batch that went earlier)
         del self._batches[batch.dest.mailbox]
         payload = b"".join(batch.payloads)
-        envelope = ("replies", tuple(batch.items))
+        envelope = (REPLIES, tuple(batch.items))
         try:
             self.node.transport.send(batch.dest, envelope, payload, batch.buffers)
         except Exception:
@@ -359,7 +364,7 @@ def cast(
     window: float = 0.0,
 ) -> None:
     """An endpoint's cast (``Endpoint._cast``): a broadcast when there is no collector."""
-    state = envelope[3]
+    _, _, _, state, _ = envelope  # (CALL, key, endpoint, shape state, reply)
     one_way = collector is None
     args = (node, procs, shape, state, envelope, payload, buffers, digest, collector, one_way)
     send(*args, what=what, window=window)

@@ -24,6 +24,7 @@ from typing import Any
 import zmq
 
 from .codec import Message, Verifier
+from .protocol import BATCH, CALL
 from .transport import Address, receive
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,14 @@ def actor_context() -> zmq.Context[Any]:
         if _context is None:
             _context = zmq.Context()
         return _context
+
+
+# What an actor's thread takes from its inbox: ``(CALL_ITEM, message)``, ``(SPAWN_ITEM,
+# message)`` (its construction, first) or ``(SUPERVISE_ITEM, failure)`` (a mesh it owns failed);
+# ``None`` stops it. Local tags, not wire kinds.
+CALL_ITEM = "call"
+SPAWN_ITEM = "spawn"
+SUPERVISE_ITEM = "supervise"
 
 
 class ActorInbox:
@@ -117,13 +126,14 @@ class ActorInbox:
         for msg in receive(sock, self._verifier, woken=woken):
             got = True
             kind = msg.envelope[0]
-            if kind == "call":
-                self._ready.append(("call", msg))
-            elif kind == "batch":
+            if kind == CALL:
+                self._ready.append((CALL_ITEM, msg))
+            elif kind == BATCH:
                 # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
-                for envelope, payload in msg.envelope[1]:
+                _, items = msg.envelope
+                for envelope, payload in items:
                     self._ready.append(
-                        ("call", Message(msg.sender, envelope, payload, [], msg.seq))
+                        (CALL_ITEM, Message(msg.sender, envelope, payload, [], msg.seq))
                     )
             else:
                 logger.warning("an actor inbox got a %r message; dropped", kind)

@@ -343,24 +343,5 @@ class Verifier:
         return False
 
 
-def shape_state(shape: Any) -> tuple[Any, ...]:
-    """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
-    return (shape.labels, shape.offset, shape.sizes, shape.strides)
-
-
-_shapes: dict[tuple[Any, ...], Any] = {}
-
-
-def shape_from_state(state: tuple[Any, ...]) -> Any:
-    shape = _shapes.get(state)
-    if shape is None:
-        from ..shape import Shape
-
-        if len(_shapes) > 4096:
-            _shapes.clear()
-        shape = _shapes[state] = Shape._unchecked(*state)
-    return shape
-
-
 def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()

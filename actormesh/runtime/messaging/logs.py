@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from ... import config
+from .protocol import LOG
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -96,7 +97,7 @@ class RankStream(io.TextIOBase):
             self._original.write(text)
             return
         try:
-            envelope = ("log", self._node.address.mailbox, self._label, self._stream, text)
+            envelope = (LOG, self._node.address.mailbox, self._label, self._stream, text)
             # Sent at once, not batched: a process about to crash should not take its last
             # words with it.
             self._node.send(controller, envelope)

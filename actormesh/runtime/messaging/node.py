@@ -16,6 +16,17 @@ from typing import Any, NamedTuple, Protocol, overload
 from ...errors import ProcDeath
 from .codec import Message
 from .curve import CurveKeys
+from .protocol import (
+    BATCH,
+    BUF_DONE,
+    DIED,
+    KINDS,
+    PORT,
+    REPLIES,
+    REPLY,
+    REVIVED,
+    ProtocolError,
+)
 from .transport import Address, Transport
 
 logger = logging.getLogger(__name__)
@@ -34,9 +45,9 @@ class Port(NamedTuple):
         payload, buffers = dumps(value)
         transport = current_node().transport
         if buffers:
-            transport.send(self.address, ("port", self.port_id), payload, buffers)
+            transport.send(self.address, (PORT, self.port_id), payload, buffers)
         else:
-            transport.send_one_way(self.address, ("port", self.port_id), payload)
+            transport.send_one_way(self.address, (PORT, self.port_id), payload)
 
 
 _addresses: dict[tuple[Any, ...], Address] = {}
@@ -89,15 +100,15 @@ class Node:
             key, self.dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
         )
         self.address = self.transport.address
-        self.handlers: dict[str, Callable[[Message], None]] = {
-            "reply": self._on_port_message,
-            "replies": self._on_replies,
-            "port": self._on_port_message,
-            "died": self._on_died,
-            "revived": lambda msg: self.forget_death(msg.envelope[1]),
-            "batch": self._on_batch,
-            "buf_done": self._on_port_message,
-        }
+        # kind -> handler; read on every message, so a plain dict. Add to it with register().
+        self.handlers: dict[str, Callable[[Message], None]] = {}
+        self.register(REPLY, self._on_port_message)
+        self.register(REPLIES, self._on_replies)
+        self.register(PORT, self._on_port_message)
+        self.register(DIED, self._on_died)
+        self.register(REVIVED, self._on_revived)
+        self.register(BATCH, self._on_batch)
+        self.register(BUF_DONE, self._on_port_message)
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self.last_port_id = 0  # read as a mark: ports opened later have greater ids
@@ -141,6 +152,7 @@ class Node:
         self._ports.pop(port.port_id, None)
 
     def _on_port_message(self, msg: Message) -> None:
+        # The port id is the first field of every kind routed here (REPLY, PORT, BUF_DONE).
         handler = self._ports.get(msg.envelope[1])
         if handler is None:
             logger.debug("message for closed port %s dropped", msg.envelope[1])
@@ -155,10 +167,11 @@ class Node:
         """
         payload, buffers = msg.payload, msg.buffers
         start = first = 0
-        for port_id, sender, index, status, after, size, nbuf in msg.envelope[1]:
+        _, items = msg.envelope
+        for port_id, sender, index, status, after, size, nbuf in items:
             reply = Message(
                 sender,
-                ("reply", port_id, index, status, after),
+                (REPLY, port_id, index, status, after),
                 payload[start : start + size],
                 buffers[first : first + nbuf],
             )
@@ -234,7 +247,21 @@ class Node:
         _, mailbox, death = msg.envelope
         self.record_death(mailbox, death)
 
+    def _on_revived(self, msg: Message) -> None:
+        _, mailbox = msg.envelope
+        self.forget_death(mailbox)
+
     # -- dispatch (I/O thread) -------------------------------------------------------------------
+
+    def register(self, kind: str, handler: Callable[[Message], None]) -> None:
+        """Handle messages of ``kind`` (a kind of ``protocol.py``) with ``handler``, on the thread
+        that reads them (usually the I/O thread). One handler per kind and process."""
+        if kind not in KINDS:
+            raise ProtocolError(f"no message kind {kind!r} in runtime/messaging/protocol.py")
+        current = self.handlers.get(kind)
+        if current is not None:
+            raise ProtocolError(f"{kind!r} messages are handled already, by {current!r}")
+        self.handlers[kind] = handler
 
     def dispatch(self, msg: Message) -> None:
         """Run the handler of a received message (on whichever thread read it)."""
@@ -247,7 +274,8 @@ class Node:
     def _on_batch(self, msg: Message) -> None:
         # One signed message carrying several one-way ones (see Transport.send_one_way); the
         # payloads were covered by the signature of the head that carried them.
-        for envelope, payload in msg.envelope[1]:
+        _, items = msg.envelope
+        for envelope, payload in items:
             self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq))
 
     def send(

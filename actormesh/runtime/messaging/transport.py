@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from ... import config
+from . import protocol
 from .codec import Message, Signer, Verifier, WireError, new_id
 from .curve import CurveKeys
 
@@ -274,6 +275,8 @@ class Transport:
         digest: bytes | None = None,
     ) -> None:
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
+        if protocol.CHECK:
+            protocol.check_envelope(envelope)
         endpoint, sock = self._outbox(dest)
         with self._send_lock:
             if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
@@ -291,6 +294,8 @@ class Transport:
         digest: bytes | None = None,
     ) -> None:
         """Send one message to several processes: signed once, then sent back to back."""
+        if protocol.CHECK:
+            protocol.check_envelope(envelope)
         if len(dests) == 1:
             self.send(dests[0], envelope, payload, buffers, digest)
             return
@@ -314,6 +319,8 @@ class Transport:
         the I/O thread sends what has accumulated as soon as it gets to it, and any other send
         to that process sends the batch first, so per-sender order is kept.
         """
+        if protocol.CHECK:
+            protocol.check_envelope(envelope)
         endpoint, sock = self._outbox(dest)
         with self._send_lock:
             pending = self._batches.get(endpoint)
@@ -339,7 +346,7 @@ class Transport:
         if len(items) == 1:
             envelope, payload = items[0]
         else:
-            envelope, payload = ("batch", items), b""
+            envelope, payload = (protocol.BATCH, items), b""
         self._send_frames(sock, self._signer.frames(mailbox, envelope, payload))
         self._last_seq[mailbox] = self._signer.last_seq
 

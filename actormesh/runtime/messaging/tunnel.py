@@ -7,8 +7,8 @@ control messages (encrypted too when CurveZMQ is on) between the controller and 
 holds the TCP connection. The agent connects only to loopback ports, only when an authenticated
 controller asks.
 
-Messages to the agent: ``("tunnel", id, "open", port, reply_port)``, ``("tunnel", id, "data")``
-with the bytes as payload, ``("tunnel", id, "close")``. From the agent: port messages to
+Messages to the agent: ``(TUNNEL, id, "open", port, reply_port)``, ``(TUNNEL, id, "data")``
+with the bytes as payload, ``(TUNNEL, id, "close")``. From the agent: port messages to
 ``reply_port`` carrying bytes; an empty one means the far end closed.
 """
 
@@ -21,6 +21,7 @@ import socket
 from ...errors import ProcDeath
 from .codec import Message
 from .node import Node
+from .protocol import PORT, TUNNEL
 from .transport import Address
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class Tunnel:
         self._port = node.open_port(self)
         self._id = self._port.port_id
         reply = (tuple(self._port.address), self._id)
-        node.send(agent, ("tunnel", self._id, "open", port, reply))
+        node.send(agent, (TUNNEL, self._id, "open", port, reply))
         node.transport.call_soon(self._watch)
 
     # -- I/O thread ------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ class Tunnel:
         if not data:  # the user closed its end
             self._close(tell_agent=True)
             return
-        self.node.send(self.agent, ("tunnel", self._id, "data"), data)
+        self.node.send(self.agent, (TUNNEL, self._id, "data"), data)
 
     def on_message(self, msg: Message) -> None:
         data = bytes(msg.payload)
@@ -82,7 +83,7 @@ class Tunnel:
             self.node.transport.remove_reader(self._far.fileno())
         if tell_agent:
             with contextlib.suppress(Exception):
-                self.node.send(self.agent, ("tunnel", self._id, "close"))
+                self.node.send(self.agent, (TUNNEL, self._id, "close"))
         self._far.close()  # the user's end reads end-of-file
 
 
@@ -97,13 +98,13 @@ class TunnelEnds:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._open: dict[tuple[bytes, int], tuple[socket.socket, Address, int]] = {}
-        node.handlers["tunnel"] = self._on_message
+        node.register(TUNNEL, self._on_message)
 
     def _on_message(self, msg: Message) -> None:
-        tid, op = msg.envelope[1], msg.envelope[2]
+        _, tid, op, *opened = msg.envelope
         key = (msg.sender, tid)
         if op == "open":
-            port, reply = msg.envelope[3], msg.envelope[4]
+            port, reply = opened
             self._connect(key, int(port), Address(*reply[0]), reply[1])
         elif op == "data":
             end = self._open.get(key)
@@ -120,7 +121,7 @@ class TunnelEnds:
             sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         except OSError as exc:
             logger.warning("tunnel to loopback port %d failed: %s", port, exc)
-            self.node.send(reply, ("port", port_id))  # empty: closed at once
+            self.node.send(reply, (PORT, port_id))  # empty: closed at once
             return
         sock.settimeout(None)
         self._open[key] = (sock, reply, port_id)
@@ -137,7 +138,7 @@ class TunnelEnds:
         if not data:
             self._close(key, tell=True)
             return
-        self.node.send(end[1], ("port", end[2]), data)
+        self.node.send(end[1], (PORT, end[2]), data)
 
     def _close(self, key: tuple[bytes, int], tell: bool) -> None:
         end = self._open.pop(key, None)
@@ -148,4 +149,4 @@ class TunnelEnds:
             self.node.transport.remove_reader(sock.fileno())
         sock.close()
         if tell:
-            self.node.send(reply, ("port", port_id))
+            self.node.send(reply, (PORT, port_id))

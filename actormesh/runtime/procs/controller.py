@@ -29,6 +29,7 @@ from ..faults import supervision
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
+from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, READY, UNHANDLED
 from ..messaging.transport import Address, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
 
@@ -62,13 +63,13 @@ class Controller:
         self.find_spare: Callable[[], AgentHandle | None] | None = None
         self._local_agent: AgentHandle | None = None
         self._lock = threading.Lock()
-        h = self.node.handlers
-        h["agent_ready"] = self._on_agent_ready
-        h["ready"] = self._on_ready
-        h["exit"] = self._on_exit
-        h["log"] = self._on_log
-        h["fdlog"] = self._on_log
-        h["unhandled"] = self._on_unhandled
+        register = self.node.register
+        register(AGENT_READY, self._on_agent_ready)
+        register(READY, self._on_ready)
+        register(EXIT, self._on_exit)
+        register(LOG, self._on_log)
+        register(FDLOG, self._on_log)
+        register(UNHANDLED, self._on_unhandled)
         if existing is None:
             self.node.start()
         self._closed = False
@@ -200,7 +201,7 @@ class Controller:
 
     def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
         """Tell every other live worker (their pending calls to it must fail too)."""
-        self.broadcast_to_workers(("died", address.mailbox, death))
+        self.broadcast_to_workers((DIED, address.mailbox, death))
 
     def broadcast_to_workers(self, envelope: tuple[Any, ...]) -> None:
         for rec in list(self.meshes.values()):

@@ -28,6 +28,17 @@ from ... import config
 from ..messaging.codec import Message, dumps
 from ..messaging.logs import TEE_MARK
 from ..messaging.node import Node, set_node
+from ..messaging.protocol import (
+    AGENT_READY,
+    DUMP,
+    EXIT,
+    FDLOG,
+    REAP,
+    REPLY,
+    SHUTDOWN,
+    SIGNAL,
+    SPAWN_PROCS,
+)
 from ..messaging.transport import Address
 from ..messaging.tunnel import TunnelEnds
 from .osutil import describe_status, die_with_parent
@@ -69,12 +80,12 @@ class Agent:
         self.zygote_ready = False
         self.queued: list[tuple[dict[str, Any], Worker]] = []
         self.done = threading.Event()
-        h = node.handlers
-        h["spawn"] = self._on_spawn
-        h["reap"] = self._on_reap
-        h["signal"] = self._on_signal
-        h["shutdown"] = lambda _: self.done.set()
-        h["dump"] = self._on_dump
+        register = node.register
+        register(SPAWN_PROCS, self._on_spawn)
+        register(REAP, self._on_reap)
+        register(SIGNAL, self._on_signal)
+        register(SHUTDOWN, lambda _: self.done.set())
+        register(DUMP, self._on_dump)
         TunnelEnds(node)  # the controller's debugger reaches this host's ranks through them
 
     # -- fork server -----------------------------------------------------------------------------
@@ -228,7 +239,7 @@ class Agent:
             )
             addr_t, port_id = reply
             payload, buffers = dumps(text)
-            self.node.send(Address(*addr_t), ("reply", port_id, index, 0), payload, buffers)
+            self.node.send(Address(*addr_t), (REPLY, port_id, index, 0), payload, buffers)
 
         self.node.transport.call_later(0.3, answer)
 
@@ -261,7 +272,7 @@ class Agent:
         # Lines marked by the worker's sys.stderr already reached the controller as messages.
         text = "".join(line for line in lines if not line.startswith(TEE_MARK))
         if text:
-            self.node.send(self.controller, ("fdlog", worker.mailbox, worker.label, stream, text))
+            self.node.send(self.controller, (FDLOG, worker.mailbox, worker.label, stream, text))
 
     def _close_pipe(self, worker: Worker, fd: int) -> None:
         rest = worker.partial.pop(fd, b"")
@@ -285,7 +296,7 @@ class Agent:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
         exitcode, signame = describe_status(status)
-        report = ("exit", worker.mesh_id, worker.rank, pid, exitcode, signame, tuple(worker.tail))
+        report = (EXIT, worker.mesh_id, worker.rank, pid, exitcode, signame, tuple(worker.tail))
         self.node.send(self.controller, report)
         del self.workers[pid]
 
@@ -361,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     if init["start_method"] != "spawn":
         agent.start_zygote()
     node.start()
-    hello = ("agent_ready", init["host_rank"], node.address, socket.gethostname())
+    hello = (AGENT_READY, init["host_rank"], node.address, socket.gethostname())
     node.send(agent.controller, hello)
     signal.signal(signal.SIGTERM, lambda *_: agent.done.set())
     while not agent.done.wait(1.0):

@@ -20,6 +20,7 @@ from ..actors.future import Future, settle, when_all
 from ..actors.runner import ActorRunner, current_runner
 from ..faults import supervision
 from ..meshes.proc_table import ProcTable
+from ..messaging.protocol import DUMP, REAP, REVIVED, SPAWN_PROCS, STOP
 from ..messaging.transport import Address
 from . import rehost
 
@@ -153,7 +154,7 @@ class MeshRecord:
             by_agent.setdefault(id(agent), (agent, []))[1].append(self.proc_request(rank))
         for agent, procs in by_agent.values():
             assert agent.address is not None
-            self.ctl.node.send(agent.address, ("spawn", self.table.mesh_id, procs, self.common))
+            self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, self.common))
 
     def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
@@ -182,7 +183,7 @@ class MeshRecord:
             mailbox = self.table.addresses[rank].mailbox
             node.forget_death(mailbox)
             self.ctl.logs.forget(mailbox)
-            self.ctl.broadcast_to_workers(("revived", mailbox))
+            self.ctl.broadcast_to_workers((REVIVED, mailbox))
         logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
         self.spawn_ranks(dead)
         self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
@@ -199,20 +200,20 @@ class MeshRecord:
         node = self.ctl.node
         pending = []
         for _key, envelope, payload, buffers, digest in self.actor_spawns:
-            shape = envelope[3]
+            kind, key, name, shape, _ = envelope  # (SPAWN_ACTOR, key, name, shape, reply)
             mine = [r for r in ranks if shape.local_index(r) is not None]
             if not mine:
                 continue
             from ..meshes.collect import Gather
             from ..meshes.endpoint import no_values
 
-            gather: Gather[None] = Gather(f"{envelope[2]}.__init__", self.table, shape, no_values)
+            gather: Gather[None] = Gather(f"{name}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.
             for index, rank in enumerate(shape.ranks()):
                 if rank not in mine:
                     gather.deliver(index, False, None)
             reply = gather.port = node.open_port(gather)
-            new_envelope = (*envelope[:4], reply)
+            new_envelope = (kind, key, name, shape, reply)
             for rank in mine:
                 node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
             pending.append(gather.future)
@@ -222,7 +223,7 @@ class MeshRecord:
     def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
         agent = self.agent_of(rank)
         if agent.address is not None:
-            self.ctl.node.send(agent.address, ("dump", self.table.mesh_id, rank, reply, index))
+            self.ctl.node.send(agent.address, (DUMP, self.table.mesh_id, rank, reply, index))
 
     def stop(self) -> Future[None]:
         with self.lock:
@@ -238,10 +239,10 @@ class MeshRecord:
         node = self.ctl.node
         for rank in alive:
             try:
-                node.send(self.table.addresses[rank], ("stop",))
+                node.send(self.table.addresses[rank], (STOP,))
             except Exception:
                 logger.debug("could not send stop to rank %s", rank, exc_info=True)
         for agent in {id(a): a for a in self.agents}.values():
             if agent.address is not None:
-                node.send(agent.address, ("reap", self.table.mesh_id, config.STOP_GRACE))
+                node.send(agent.address, (REAP, self.table.mesh_id, config.STOP_GRACE))
         return self.stopped

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
 from ..messaging.codec import Message
+from ..messaging.protocol import MOVED
 from ..messaging.transport import Address
 
 if TYPE_CHECKING:
@@ -81,9 +82,7 @@ def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
     relays = table.relays
     for rank in ranks:
         relay = relays[rank] if relays is not None else None
-        record.ctl.broadcast_to_workers(
-            ("moved", table.mesh_id, rank, table.addresses[rank], relay)
-        )
+        record.ctl.broadcast_to_workers((MOVED, table.mesh_id, rank, table.addresses[rank], relay))
 
 
 def on_moved(node: Node, msg: Message) -> None:

@@ -18,14 +18,14 @@ from typing import Any, NoReturn
 
 from ... import config
 from ..actors import context as ctxmod
-from ..actors.actor import OK
 from ..actors.actor_host import ActorHost
 from ..extent import Extent, Point
 from ..faults.stacks import format_stacks
-from ..messaging.codec import Message, dumps, shape_from_state
+from ..messaging.codec import Message, dumps
 from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
 from ..messaging.node import Node, reply_port, set_node
+from ..messaging.protocol import INTERRUPT, MOVED, OK, READY, REPLY, STACKS, STOP, shape_from_state
 from ..messaging.transport import Address
 from . import rehost
 
@@ -83,16 +83,16 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         index = shape_from_state(state).local_index(spec["rank"])
         text = format_stacks(host.actors.values(), skip=[main_thread])
         port = reply_port(reply)
-        node.send(port.address, ("reply", port.port_id, index, OK), *dumps(text))
+        node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
 
     def on_interrupt(msg: Message) -> None:
         for runner in host.actors.values():
             runner.interrupt(msg)
 
-    node.handlers["stop"] = on_stop
-    node.handlers["stacks"] = on_stacks
-    node.handlers["interrupt"] = on_interrupt
-    node.handlers["moved"] = partial(rehost.on_moved, node)  # a healed rank on another host
+    node.register(STOP, on_stop)
+    node.register(STACKS, on_stacks)
+    node.register(INTERRUPT, on_interrupt)
+    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank on another host
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
@@ -105,7 +105,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     package_logger.addHandler(handler)
     package_logger.setLevel(logging.WARNING)
     node.start()
-    ready: tuple[Any, ...] = ("ready", spec["mesh_id"], spec["rank"], os.getpid())
+    ready: tuple[Any, ...] = (READY, spec["mesh_id"], spec["rank"], os.getpid())
     if node.address.tcp is not None:
         ready += (node.address.tcp,)  # the port was picked at bind time: tell the controller
     node.send(node.controller, ready)

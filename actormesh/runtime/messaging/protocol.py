@@ -1,0 +1,231 @@
+"""The control protocol, written down once: every message kind, its fields, who sends it and
+which handler takes it in which kind of process.
+
+A message on the control plane is a signed envelope, a plain tuple ``(kind, field, ...)``, and
+an optional pickled payload with out-of-band buffers (``codec.py``). Tuples stay on the wire
+because a call's cost is mostly per-message Python: a tuple of strings, ints and bytes pickles
+fastest, and a handler unpacks it by name in one statement (``_, key, endpoint, state, reply =
+msg.envelope``). This table is the place that gives those positions their names.
+
+Process roles: the *controller* (a script or kernel; a worker that spawns meshes of its own is a
+controller too), a *worker* (one rank), a host *agent* (starts and reaps a host's workers; the
+local one is a child of the controller, remote ones dial in, see ``actormesh.hosts``).
+
+Handlers are registered with :meth:`Node.register`, which refuses a kind this table does not
+know and a second handler for the same kind. ``tests/unit/test_protocol.py`` checks that every
+kind has exactly one registration, at the place named here; with ``ACTORMESH_CHECK_PROTOCOL=1``
+(the test suite sets it) every envelope sent is checked against its kind's fields.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from ..shape import Shape
+
+CONTROLLER, WORKER, AGENT = "controller", "worker", "agent"
+EVERY_ROLE = (CONTROLLER, WORKER, AGENT)
+
+# Status of a reply (the third field of REPLY).
+OK, FAILED = 0, 1
+
+# -- the kinds -------------------------------------------------------------------------------
+# Replies and ports: handled by every node.
+REPLY = "reply"
+REPLIES = "replies"
+PORT = "port"
+DIED = "died"
+REVIVED = "revived"
+BATCH = "batch"
+BUF_DONE = "buf_done"
+# To a worker.
+SPAWN_ACTOR = "spawn_actor"
+CALL = "call"
+STOP = "stop"
+STACKS = "stacks"
+INTERRUPT = "interrupt"
+MOVED = "moved"
+# To whoever owns a TensorBuffer.
+BUF_READ = "buf_read"
+BUF_WRITE = "buf_write"
+# To a host agent.
+SPAWN_PROCS = "spawn_procs"
+REAP = "reap"
+SIGNAL = "signal"
+SHUTDOWN = "shutdown"
+DUMP = "dump"
+TUNNEL = "tunnel"
+RELAY = "relay"
+HEARTBEAT = "hb"
+# To the controller.
+AGENT_READY = "agent_ready"
+READY = "ready"
+EXIT = "exit"
+LOG = "log"
+FDLOG = "fdlog"
+UNHANDLED = "unhandled"
+AGENT_HEARTBEAT = "agent_hb"
+DEBUGGER = "debugger"
+
+
+class Kind(NamedTuple):
+    """One message kind. ``fields`` follow the kind in the envelope; a name ending in ``?`` is
+    optional (and only trailing fields are). ``handler`` is where it is registered, as
+    ``module:qualified name`` under ``actormesh``."""
+
+    name: str
+    fields: tuple[str, ...]
+    senders: tuple[str, ...]
+    roles: tuple[str, ...]
+    handler: str
+    doc: str
+
+    @property
+    def arity(self) -> tuple[int, int]:
+        """The fewest and the most fields an envelope of this kind has."""
+        required = sum(1 for f in self.fields if not f.endswith("?"))
+        return required, len(self.fields)
+
+
+_NODE = "runtime.messaging.node:Node.__init__"
+
+_TABLE = [
+    # -- every node ------------------------------------------------------------------------------
+    Kind(REPLY, ("port_id", "index", "status", "after?"), EVERY_ROLE, EVERY_ROLE, _NODE,
+         "The answer of one rank to a call, spawn, stack dump or interrupt; the payload is the "
+         "value (status OK) or the rendered failure (FAILED). ``after``: the caller's process "
+         "mailbox when the reply did not come straight from the rank (see Node.in_order)."),
+    Kind(REPLIES, ("items",), (AGENT,), EVERY_ROLE, _NODE,
+         "Several REPLY of one host, gathered by its agent's relay: items are (port_id, sender, "
+         "index, status, after, payload size, buffer count); payloads follow, concatenated."),
+    Kind(PORT, ("port_id",), EVERY_ROLE, EVERY_ROLE, _NODE,
+         "A value sent to an open port (Port.send, tunnel data back to the controller)."),
+    Kind(DIED, ("mailbox", "death"), (CONTROLLER,), EVERY_ROLE, _NODE,
+         "A process died: fail what waits on it (ports, calls in flight)."),
+    Kind(REVIVED, ("mailbox",), (CONTROLLER,), EVERY_ROLE, _NODE,
+         "A healed rank answers again at that mailbox: forget its death."),
+    Kind(BATCH, ("items",), EVERY_ROLE, EVERY_ROLE, _NODE,
+         "Back-to-back one-way messages to one process, signed once: items are (envelope, "
+         "payload) (Transport.send_one_way)."),
+    Kind(BUF_DONE, ("port_id", "ok", "error"), EVERY_ROLE, EVERY_ROLE, _NODE,
+         "A TensorBuffer owner's answer to BUF_READ (the bytes as one buffer) or BUF_WRITE."),
+    # -- worker ----------------------------------------------------------------------------------
+    Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply"), (CONTROLLER, WORKER), (WORKER,),
+         "runtime.actors.actor_host:ActorHost.__init__",
+         "Make the actor of mesh ``key`` here; the payload is (class, args, kwargs). ``shape`` "
+         "is the actor mesh's Shape, a REPLY for ``__init__`` goes to ``reply``."),
+    Kind(CALL, ("key", "endpoint", "shape", "reply"), EVERY_ROLE, (WORKER,),
+         "runtime.actors.actor_host:ActorHost.__init__",
+         "Call an endpoint of actor mesh ``key``; the payload is (args, kwargs). ``shape`` (as "
+         "shape_state) says which ranks the cast reaches, ``reply`` where the REPLY goes (None: "
+         "a broadcast). Calls on the same host usually go straight to the actor's own socket."),
+    Kind(STOP, (), (CONTROLLER,), (WORKER,), "runtime.procs.worker:run",
+         "Stop the actors (each gets the stop grace period) and exit."),
+    Kind(STACKS, ("shape", "reply"), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",
+         "Answer with this process's stacks as text (the I/O thread answers; a busy actor "
+         "does not delay it)."),
+    Kind(INTERRUPT, (), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",
+         "KeyboardInterrupt in every actor busy in an endpoint."),
+    Kind(MOVED, ("mesh_id", "rank", "address", "relay"), (CONTROLLER,), (WORKER,),
+         "runtime.procs.worker:run",
+         "A healed rank of a mesh this process talks to lives at a new address (rehost.py)."),
+    Kind(BUF_READ, ("buffer_id", "reply"), EVERY_ROLE, EVERY_ROLE,
+         "runtime.dataplane.buffers:TensorBuffer.__init__",
+         "Send the buffer's bytes to ``reply`` (BUF_DONE); registered with the first buffer."),
+    Kind(BUF_WRITE, ("buffer_id", "reply"), EVERY_ROLE, EVERY_ROLE,
+         "runtime.dataplane.buffers:TensorBuffer.__init__",
+         "Copy the one out-of-band buffer into the tensor, then BUF_DONE to ``reply``."),
+    # -- host agent ------------------------------------------------------------------------------
+    Kind(SPAWN_PROCS, ("mesh_id", "procs", "request"), (CONTROLLER,), (AGENT,),
+         "runtime.procs.host_agent:Agent.__init__",
+         "Start these ranks of mesh ``mesh_id`` (``procs``: one dict per rank) as the spawn "
+         "request says; each reports READY, later EXIT."),
+    Kind(REAP, ("mesh_id", "grace"), (CONTROLLER,), (AGENT,),
+         "runtime.procs.host_agent:Agent.__init__",
+         "The mesh is stopping: kill its workers still alive after ``grace`` seconds."),
+    Kind(SIGNAL, ("mesh_id", "ranks", "signum"), (CONTROLLER,), (AGENT,),
+         "runtime.procs.host_agent:Agent.__init__", "Send a signal to these ranks' processes."),
+    Kind(SHUTDOWN, (), (CONTROLLER,), (AGENT,), "runtime.procs.host_agent:Agent.__init__",
+         "Kill every worker of this host and exit."),
+    Kind(DUMP, ("mesh_id", "rank", "reply", "index"), (CONTROLLER,), (AGENT,),
+         "runtime.procs.host_agent:Agent.__init__",
+         "A faulthandler dump of a rank wedged with the GIL held (SIGUSR1), answered as REPLY."),
+    Kind(TUNNEL, ("tunnel_id", "op", "port?", "reply?"), (CONTROLLER,), (AGENT,),
+         "runtime.messaging.tunnel:TunnelEnds.__init__",
+         "A byte stream to a loopback port on the agent's host (the debugger reaching a rank's "
+         "debugpy): op 'open' (port, reply), 'data' (payload), 'close'."),
+    Kind(RELAY, ("mesh_id", "shape", "one_way", "envelope", "window"), (CONTROLLER, WORKER),
+         (AGENT,), "runtime.meshes.relay:Relayer.__init__",
+         "Fan ``envelope`` (CALL, SPAWN_ACTOR, STACKS, INTERRUPT) out to this host's ranks of "
+         "the mesh in ``shape``; with a window, gather their replies into REPLIES."),
+    Kind(HEARTBEAT, (), (CONTROLLER,), (AGENT,), "hosts.agent_main:RemoteAgent.__init__",
+         "The controller is alive (a remote agent kills its workers when these stop)."),
+    # -- controller ------------------------------------------------------------------------------
+    Kind(AGENT_READY, ("host_rank", "address", "hostname"), (AGENT,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__", "A host agent is up and listening."),
+    Kind(READY, ("mesh_id", "rank", "pid", "tcp_port?"), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "A worker is up (``tcp_port``: the port it bound, when it listens on TCP)."),
+    Kind(EXIT, ("mesh_id", "rank", "pid", "exitcode", "signal", "stderr_tail"), (AGENT,),
+         (CONTROLLER,), "runtime.procs.controller:Controller.__init__",
+         "A worker ended; its agent says how, with the last lines of its stderr."),
+    Kind(LOG, ("mailbox", "label", "stream", "text"), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "Output a rank printed (sys.stdout/sys.stderr), labelled by rank."),
+    Kind(FDLOG, ("mailbox", "label", "stream", "text"), (AGENT,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "Output a rank wrote to its file descriptors 1/2 (C code, subprocesses), read by its "
+         "agent."),
+    Kind(UNHANDLED, ("mesh_id",), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "An actor failed where nobody was waiting (a broadcast): the payload is the failure, "
+         "for the fault hook."),
+    Kind(AGENT_HEARTBEAT, ("host_rank",), (AGENT,), (CONTROLLER,),
+         "hosts.listener:HostListener.__init__", "A remote host agent is alive."),
+    Kind(DEBUGGER, ("event", "mesh_id", "rank", "where"), (WORKER,), (CONTROLLER,),
+         "debugger.session:_install_handler",
+         "A rank stopped in the debugger (``breakpoint()``, a breakpoint, a pause)."),
+]  # fmt: skip
+
+KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}
+
+# The test suite turns this on: every envelope sent is checked against the table.
+CHECK = os.environ.get("ACTORMESH_CHECK_PROTOCOL") == "1"
+
+
+class ProtocolError(Exception):
+    """An envelope that the protocol table does not allow (a runtime bug, never the user's)."""
+
+
+def check_envelope(envelope: tuple[Any, ...]) -> None:
+    """Raise :class:`ProtocolError` unless ``envelope`` is a known kind with its fields."""
+    kind = KINDS.get(envelope[0]) if envelope else None
+    if kind is None:
+        raise ProtocolError(f"unknown message kind in {envelope!r:.200}: see protocol.py")
+    least, most = kind.arity
+    if not least <= len(envelope) - 1 <= most:
+        raise ProtocolError(
+            f"a {kind.name!r} message has the fields {kind.fields}, got {len(envelope) - 1}: "
+            f"{envelope!r:.200}"
+        )
+
+
+# -- field forms -----------------------------------------------------------------------------
+
+
+def shape_state(shape: Shape) -> tuple[Any, ...]:
+    """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
+    return (shape.labels, shape.offset, shape.sizes, shape.strides)
+
+
+_shapes: dict[tuple[Any, ...], Shape] = {}
+
+
+def shape_from_state(state: tuple[Any, ...]) -> Shape:
+    shape = _shapes.get(state)
+    if shape is None:
+        if len(_shapes) > 4096:
+            _shapes.clear()
+        shape = _shapes[state] = Shape._unchecked(*state)
+    return shape
