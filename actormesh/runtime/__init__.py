@@ -1,0 +1,76 @@
+"""The actor runtime: processes, messages, actors and meshes. Nothing here knows about Jupyter.
+
+Layers
+======
+
+Bottom first. A module imports only from its own layer or a lower one (``TYPE_CHECKING`` imports
+aside); ``tests/unit/test_layers.py`` checks every import form, function-level ones included.
+Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.kernel`` and
+``actormesh.debugger``, in that order; the runtime imports none of them.
+
+====  ================  ==========================================================================
+ 0    ``extent.py``     ``Extent``, ``Point``: named sizes and coordinates. Pure.
+      ``shape.py``      ``Shape`` (a strided view of a rank space), ``MeshShape`` (slicing). Pure.
+ 1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),
+                        ``stacks`` (stack dumps, interrupts).
+ 2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),
+                        ``protocol`` (every message kind and its fields), ``curve``,
+                        ``transport`` (ZeroMQ sockets, the I/O thread), ``node`` (a process's
+                        handlers, ports, deaths), ``actor_inbox``, ``reply_inbox``, ``tunnel``,
+                        ``logs`` (rank-labelled output).
+ 3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
+                        ``actor_host`` (the actors of one process), ``context``, ``future``.
+ 4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
+                        agents), ``value_mesh``, ``collect`` (gathering replies), ``endpoint``
+                        (the adverbs), ``actor_mesh``, ``proc_mesh``, ``ports``.
+ 5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
+                        ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
+                        ``host_agent``, ``zygote`` (the fork server), ``osutil``.
+ 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``distributed`` (process groups over
+                        meshes), ``spmd`` (``python -m actormesh run``).
+====  ================  ==========================================================================
+
+The life of a call: ``mesh.step.call(x).get()``
+===============================================
+
+Controller, user thread:
+
+1. ``ActorMesh.__getattr__`` (``meshes/actor_mesh.py``) gives the mesh's ``Endpoint`` for
+   ``step`` (``meshes/endpoint.py``), built once per mesh.
+2. ``Endpoint.call`` makes a ``Gather`` (``meshes/collect.py``: one slot per rank) and casts:
+   ``pickle_arguments`` (``messaging/codec.py``), a reply address from the thread's
+   ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
+   reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
+   socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
+   signed once by ``codec.Signer.frames``); ranks on other hosts through their host agent
+   (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
+
+Worker:
+
+3. The actor's thread, ``ActorRunner._run`` (``actors/runner.py``), reads it from its
+   ``ActorInbox`` (``messaging/actor_inbox.py``). Messages that came through the process inbox
+   instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
+   ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
+4. ``ActorRunner._handle_call`` runs the endpoint; ``ActorRunner._reply`` sends ``(REPLY,
+   port_id, index, status[, after])`` with the value or the rendered failure.
+
+Controller again:
+
+5. ``Future.get`` (``actors/future.py``) waits in ``ReplyInbox.wait``, which reads the replies
+   on the waiting thread itself; ``Node.in_order`` keeps them behind earlier messages of the
+   same sender; ``Gather.on_message`` → ``Gather.deliver`` fills the rank's slot; the last one
+   resolves the future with a ``ValueMesh`` (``meshes/value_mesh.py``), or an ``ActorError``.
+
+Extension points
+================
+
+================================  ===============================================================
+``Node.register(kind, handler)``  handle a message kind of ``protocol.py`` (one per kind)
+``Node.on_close(fn)``             run ``fn`` when the process's node closes (buffers, inboxes)
+``set_node_factory(fn)``          how the first ``current_node()`` is made (the controller's)
+``on_controller(hook)``           run ``hook(controller)`` once the controller exists
+``future.wait_hooks``             called while a ``Future.get`` blocks (the debugger ends waits
+                                  on paused ranks)
+``supervision.set_fault_hook``    where failures nobody waits for go (a broadcast that raised)
+================================  ===============================================================
+"""
