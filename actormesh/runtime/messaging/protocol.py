@@ -110,12 +110,12 @@ _TABLE = [
          "payload) (Transport.send_one_way)."),
     Kind(BUF_DONE, ("port_id", "ok", "error"), EVERY_ROLE, EVERY_ROLE, _NODE,
          "A TensorBuffer owner's answer to BUF_READ (the bytes as one buffer) or BUF_WRITE."),
-    # -- worker ----------------------------------------------------------------------------------
-    Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply"), (CONTROLLER, WORKER), (WORKER,),
+    # -- worker (actors live in the controller too: this_proc()) ---------------------------
+    Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply"), (CONTROLLER, WORKER), (CONTROLLER, WORKER),
          "runtime.actors.actor_host:ActorHost.__init__",
          "Make the actor of mesh ``key`` here; the payload is (class, args, kwargs). ``shape`` "
          "is the actor mesh's Shape, a REPLY for ``__init__`` goes to ``reply``."),
-    Kind(CALL, ("key", "endpoint", "shape", "reply"), EVERY_ROLE, (WORKER,),
+    Kind(CALL, ("key", "endpoint", "shape", "reply"), EVERY_ROLE, (CONTROLLER, WORKER),
          "runtime.actors.actor_host:ActorHost.__init__",
          "Call an endpoint of actor mesh ``key``; the payload is (args, kwargs). ``shape`` (as "
          "shape_state) says which ranks the cast reaches, ``reply`` where the REPLY goes (None: "
