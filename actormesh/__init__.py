@@ -26,6 +26,7 @@ from .errors import ActorError as ActorError
 from .errors import MeshClosedError as MeshClosedError
 from .errors import MeshError as MeshError
 from .errors import MeshTimeoutError as MeshTimeoutError
+from .errors import MeshUsageError as MeshUsageError
 from .errors import SupervisionError as SupervisionError
 from .hosts import SlurmJob as SlurmJob
 from .hosts import listen_for_hosts as listen_for_hosts
@@ -64,6 +65,7 @@ __all__ = [
     "MeshClosedError",
     "MeshError",
     "MeshTimeoutError",
+    "MeshUsageError",
     "Point",
     "Port",
     "PortReceiver",

@@ -1,11 +1,22 @@
-"""Every exception a user of actormesh can catch, in one place.
+"""Every exception a user of actormesh can catch, in one place: the runtime's are defined here;
+the notebook tools' are subclasses defined next to their tool (marked *), because they render
+with the tool's helpers and this module, the package's bottom layer, imports nothing above it.
 
 ```
 MeshError                 base of everything actormesh raises on purpose
 ├── ActorError            user code raised remotely (rank, actor, endpoint, remote traceback)
+│   └── MeshCellError *   a %%mesh cell raised on some ranks (kernel/display.py)
 ├── SupervisionError      a worker died or stopped answering (rank, pid, exit code/signal, stderr)
 ├── MeshClosedError       the mesh was stopped, then used
-└── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
+├── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
+│   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/display.py)
+├── MeshUsageError        an API used in a way that cannot work, a bad slice (also a ValueError)
+│   ├── MeshIndexError    an index out of range (also an IndexError)
+│   └── MeshTypeError     a value of the wrong type (also a TypeError)
+├── CellSyntaxError *     a %%mesh cell does not compile (kernel/display.py)
+├── RanksPaused *         a notebook wait on ranks all paused in the debugger (debugger/session.py)
+└── DapError *            a debugger request to a rank failed (debugger/dap.py)
+CellInterrupted *         a %%mesh cell interrupted: a KeyboardInterrupt (kernel/display.py)
 ```
 
 Remote failures travel as text (type name, message, traceback), never as pickled exception
@@ -23,7 +34,18 @@ class MeshError(Exception):
 
 
 class MeshUsageError(MeshError, ValueError):
-    """An API was used in a way that cannot work (wrong mesh size, unknown endpoint, ...)."""
+    """An API was used in a way that cannot work (wrong mesh size, unknown endpoint, a bad
+    slice or dimension name, ...)."""
+
+
+class MeshIndexError(MeshUsageError, IndexError):
+    """An index or coordinate out of range (``mesh.slice(gpus=9)`` on 8 gpus). Also an
+    ``IndexError``, as such errors are in Python."""
+
+
+class MeshTypeError(MeshUsageError, TypeError):
+    """A value of the wrong type given to a mesh API (``mesh.slice(gpus="0")``). Also a
+    ``TypeError``, as such errors are in Python."""
 
 
 class MeshClosedError(MeshError):
@@ -47,6 +69,11 @@ class RemoteFailure:
 
     def headline(self) -> str:
         return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+
+    @property
+    def where(self) -> str:
+        """``actor.endpoint``, or the actor alone for a failure outside an endpoint."""
+        return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
 
 
 @dataclass(frozen=True)
@@ -111,16 +138,14 @@ class ActorError(MeshError):
     def _summary(self) -> str:
         lines = []
         for ranks, f in self.groups():
-            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
-            lines.append(f"[rank {_rank_ranges(ranks)}] {where} raised {f.headline()}")
+            lines.append(f"[rank {_rank_ranges(ranks)}] {f.where} raised {f.headline()}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         parts = []
         for ranks, f in self.groups():
-            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
             parts.append(
-                f"\n[rank {_rank_ranges(ranks)}] {where} raised {f.headline()}\n"
+                f"\n[rank {_rank_ranges(ranks)}] {f.where} raised {f.headline()}\n"
                 f"Remote traceback:\n{f.traceback.rstrip()}"
             )
         return "".join(parts)
@@ -129,8 +154,7 @@ class ActorError(MeshError):
         # IPython calls this instead of printing the (useless) local traceback.
         out = []
         for ranks, f in self.groups():
-            where = f"{f.actor}.{f.endpoint}" if f.endpoint else f.actor
-            out.append(f"\x1b[31m[rank {_rank_ranges(ranks)}] {where}: {f.headline()}\x1b[0m")
+            out.append(f"\x1b[31m[rank {_rank_ranges(ranks)}] {f.where}: {f.headline()}\x1b[0m")
             out.extend(f.traceback.rstrip().splitlines())
         return out
 

@@ -34,7 +34,7 @@ from ..kernel.selection import SelectionError, select
 from ..runtime.actors import future as future_mod
 from ..runtime.faults.stacks import _BUSY_FOR
 from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.shape import Shape
+from ..runtime.shape import Shape, view_shape
 from . import state as debugger_state
 from .dap import DapError
 from .session import (
@@ -102,9 +102,7 @@ class DebugMagics:
     def _end_wait_on_pause(self, future: Any) -> None:
         """A cell waiting on a call (``.get()``) whose remaining ranks are all paused ends,
         saying where they are, instead of blocking the notebook (runtime wait hook)."""
-        pending_of = future._pending_ranks
-        pending = [] if pending_of is None else pending_of()
-        self._raise_if_all_paused(pending)
+        self._raise_if_all_paused(future.pending_ranks())
 
     def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
         """``cells.PauseHook``: the same for ``_mesh.get()`` of a cell whose ranks paused."""
@@ -197,7 +195,7 @@ class DebugMagics:
     def _mesh(self, args: _Args) -> Any:
         """The MeshTools of the mesh a command is about."""
         if args.mesh is not None:
-            return self.magics._target(args.mesh).tools
+            return self.magics.target(args.mesh).tools
         live = self.magics.registry.live()
         paused = {rd.mesh_id for rd in self.debugger.paused()}
         with_paused = [t for t in live if t.table.mesh_id in paused]
@@ -478,7 +476,7 @@ def annotate_stacks(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
         if rd is not None:
             text = f"[{rd.describe()} in the debugger]\n{text}"
         texts.append(text)
-    return ValueMesh._create(stacks._shape, texts)
+    return ValueMesh._create(view_shape(stacks), texts)
 
 
 _PYDEVD = "/debugpy/"

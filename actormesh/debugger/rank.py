@@ -36,7 +36,8 @@ from ..runtime.messaging.protocol import DEBUGGER
 
 ATTACH_TIMEOUT = float(os.environ.get("ACTORMESH_DEBUG_ATTACH_TIMEOUT", "30"))
 # Threads that belong to the runtime (or to the kernel's helpers on the rank): never traced.
-RUNTIME_THREADS = ("actormesh-", "actor-_mesh_status", "actor-_mesh_debug")
+DEBUG_AGENT_NAME = "_mesh_debug"  # under the runtime's prefix reserved for tools' actors
+RUNTIME_THREADS = ("actormesh-", "actor-_mesh_status", f"actor-{DEBUG_AGENT_NAME}")
 # Cell files of %%mesh are user code (pydevd counts every "<...>" file as library code).
 USER_CELL_PREFIXES = ("<mesh-cell",)
 
@@ -123,9 +124,10 @@ def listen() -> int:
             # the body waits for the client's delayed ACK, 40 ms on every answer. The kernel's
             # connection is accepted from this socket and inherits the option (it cannot
             # connect before we return the port).
-            server = py_db._waiting_for_connection_thread._server_socket
+            # pydevd has no public API for its server socket (debugpy 1.8 names these).
+            server = py_db._waiting_for_connection_thread._server_socket  # noqa: SLF001
             server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _port = int(py_db._server_socket_name[1])
+            _port = int(py_db._server_socket_name[1])  # noqa: SLF001  as above
         hide_runtime_threads()  # actors spawned since the last call
         return _port
 
@@ -198,9 +200,9 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
 
 
 def _proc_rank() -> int:
-    from ..runtime.actors import context as ctxmod
+    from ..runtime.actors.context import process_context
 
-    ctx = ctxmod._process.context
+    ctx = process_context()
     return 0 if ctx is None else int(ctx.actor_instance.rank.rank)
 
 
@@ -214,9 +216,10 @@ def _process_group_timeout() -> float | None:
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        pg = dist.distributed_c10d._get_default_group()
+        # torch has no public API for a group's timeout: private, hence the guard below.
+        pg = dist.distributed_c10d._get_default_group()  # noqa: SLF001
         device = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
-        return float(pg._get_backend(device).options._timeout.total_seconds())
+        return float(pg._get_backend(device).options._timeout.total_seconds())  # noqa: SLF001
     except Exception:  # private API: a torch that lacks it gives no warning, not a failure
         return None
 
@@ -274,10 +277,7 @@ class DebugAgent(Actor):
 
 
 def _executor_namespace() -> dict[str, Any] | None:
-    from ..kernel.executor import _actor_host
+    from ..kernel.executor import local_executor
 
-    host = _actor_host()
-    for runner in list(getattr(host, "actors", {}).values()):
-        if runner.name == "_mesh_executor" and runner.instance is not None:
-            return dict(runner.instance.ns)
-    return None
+    executor = local_executor()
+    return None if executor is None else dict(executor.ns)

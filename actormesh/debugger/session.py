@@ -15,7 +15,6 @@ made from the pool or from the caller's (cell) thread.
 
 from __future__ import annotations
 
-import builtins
 import logging
 import os
 import socket
@@ -30,14 +29,13 @@ from .. import config
 from ..errors import MeshError
 from ..runtime.actors.future import Future as MeshFuture
 from ..runtime.meshes.actor_mesh import ActorMesh
-from ..runtime.meshes.proc_mesh import ProcMesh
 from ..runtime.messaging.codec import Message
 from ..runtime.messaging.protocol import DEBUGGER
 from ..runtime.messaging.tunnel import open_tunnel
-from ..runtime.procs import controller as controller_mod
-from ..runtime.shape import Shape
+from ..runtime.procs.controller import controller_if_started, get_controller, on_controller
+from ..runtime.procs.mesh_record import MeshRecord
 from .dap import DEFAULT_TIMEOUT, DapClient, DapError, PendingRequest
-from .rank import DebugAgent, access_token
+from .rank import DEBUG_AGENT_NAME, DebugAgent, access_token
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +118,7 @@ class RankDebug:
     def _connect(self, port: int) -> socket.socket:
         """A connection to the rank's debugpy, which listens on its host's loopback: straight
         there on this host, else through the rank's host agent (``runtime/messaging/tunnel.py``)."""
-        ctl = controller_mod.get_controller()
+        ctl = get_controller()
         record = ctl.meshes.get(self.mesh_id)
         if record is None or record.table.closed:
             raise DapError(f"proc mesh {self.mesh_id} is stopped")
@@ -145,7 +143,7 @@ class RankDebug:
                 # pydevd answers requests one at a time, in the order they came: the handshake
                 # goes out in two batches, one round trip each, rather than one per request (a
                 # round trip to a busy rank waits for its CPU and its GIL).
-                token = access_token(controller_mod.get_controller().key)
+                token = access_token(get_controller().key)
                 authorize = client.send_request(
                     "pydevdAuthorize", {"debugServerAccessToken": token}
                 )
@@ -404,7 +402,7 @@ class Debugger:
 
     def is_dead(self, mesh_id: str, rank: int) -> bool:
         """Whether the rank's process is gone (as the controller's supervision knows it)."""
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         if ctl is None:
             return False
         record = ctl.meshes.get(mesh_id)
@@ -421,7 +419,7 @@ class Debugger:
 
     def rank_label(self, mesh_id: str, rank: int) -> str:
         """``rank 2 {gpus=2}``."""
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         record = None if ctl is None else ctl.meshes.get(mesh_id)
         if record is None or not 0 <= rank < len(record.table.labels):
             return f"rank {rank}"
@@ -437,13 +435,12 @@ class Debugger:
         return {r.rank: r for r in self.paused() if r.mesh_id == mesh_id}
 
     def _forget_stopped_meshes(self) -> None:
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         if ctl is None:
             return
         with self._lock:
             for key in list(self.ranks):
-                record = ctl.meshes.get(key[0])
-                if record is None or record.stopping or record.table.closed:
+                if ctl.live_record(key[0]) is None:
                     self.ranks.pop(key).status = "dead"
                     self._agents.pop(key[0], None)
 
@@ -478,10 +475,9 @@ class Debugger:
 
     # -- meshes and their debug agents -----------------------------------------------------------
 
-    def _record(self, mesh_id: str) -> Any:
-        ctl = controller_mod.get_controller()
-        record = ctl.meshes.get(mesh_id)
-        if record is None or record.stopping or record.table.closed:
+    def _record(self, mesh_id: str) -> MeshRecord:
+        record = get_controller().live_record(mesh_id)
+        if record is None:
             raise MeshError(f"proc mesh {mesh_id} is stopped")
         return record
 
@@ -489,17 +485,12 @@ class Debugger:
         with self._lock:
             agents = self._agents.get(mesh_id)
             if agents is None:
-                record = self._record(mesh_id)
-                labels, sizes = record.common["extent"]
-                shape = Shape.from_extent(dict(zip(labels, sizes, strict=True)))
-                procs = ProcMesh._create(record.table, shape, record)
-                agents = self._agents[mesh_id] = procs.spawn("_mesh_debug", DebugAgent)
+                procs = self._record(mesh_id).proc_mesh()
+                agents = self._agents[mesh_id] = procs.spawn(DEBUG_AGENT_NAME, DebugAgent)
             return agents
 
     def agent(self, mesh_id: str, rank: int) -> ActorMesh[DebugAgent]:
-        agents = self._agents_of(mesh_id)
-        flat = agents._shape.flatten("rank")
-        return agents._new_with_shape(flat.slice(rank=builtins.slice(rank, rank + 1)))
+        return self._agents_of(mesh_id).rank_view(rank)
 
     def attach(self, mesh_id: str, ranks: Sequence[int], timeout: float = 60) -> list[RankDebug]:
         """Start debugpy on ``ranks`` (if needed) and attach to each; blocks."""
@@ -698,7 +689,7 @@ def get_debugger() -> Debugger:
     with _debugger_lock:
         if _debugger is None:
             _debugger = Debugger()
-            controller_mod.on_controller(_install_handler)
+            on_controller(_install_handler)
         return _debugger
 
 

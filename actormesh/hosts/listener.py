@@ -228,10 +228,9 @@ class HostListener:
             router.send_multipart([ident, *handshake.welcome(self.ctl.key, info["nonce"], answer)])
 
     def _register(self, info: dict[str, Any]) -> RemoteAgentHandle:
-        ctl = self.ctl
-        with ctl._lock:
-            agent = RemoteAgentHandle(len(ctl.agents), str(info["name"]), info["run_dir"], info)
-            ctl.agents.append(agent)
+        agent = self.ctl.add_agent(
+            lambda host_rank: RemoteAgentHandle(host_rank, str(info["name"]), info["run_dir"], info)
+        )
         agent.ready.add_done_callback(lambda _: self._notify())
         with self._changed:
             self.agents.append(agent)
@@ -340,7 +339,7 @@ def listen_for_hosts(
     """
     global _listener
     with _listener_lock:
-        if _listener is None or _listener._closed:
+        if _listener is None or _listener._closed:  # noqa: SLF001  same module's singleton
             _listener = HostListener(
                 get_controller(), address or config.HOST_LISTEN, advertise, encrypt
             )

@@ -6,13 +6,13 @@ hide the others' outcomes). While a blocking cell runs, its thread installs an
 :class:`OutputGrouper` as the runtime's log writer and flushes it every few tens of
 milliseconds; the writer is restored before the cell returns, whatever happens.
 
-This module uses runtime internals on purpose (``ProcMesh._create``, ``Collector``,
-``Endpoint._cast``): the kernel lives in the same package and runs on meshes it did not wrap.
+The kernel runs on meshes it did not wrap: it finds them through the controller's records
+(``Controller.live_record``, ``MeshRecord.proc_mesh``) and sends a cell with ``Endpoint.cast``
+and a ``Collector`` of its own.
 """
 
 from __future__ import annotations
 
-import builtins
 import logging
 import sys
 import threading
@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
-from ..runtime.meshes.actor_mesh import ActorMesh
+from ..runtime.meshes.actor_mesh import ActorMesh, actor_key
 from ..runtime.meshes.collect import Collector
-from ..runtime.meshes.proc_mesh import ProcMesh
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ..runtime.meshes.proc_table import ProcTable
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import Message
 from ..runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
-from ..runtime.procs import controller as controller_mod
-from ..runtime.shape import Shape
+from ..runtime.procs.controller import controller_if_started, get_controller
+from ..runtime.procs.mesh_record import MeshRecord
+from ..runtime.shape import Shape, view_shape
 from .display import (
     CellInterrupted,
     CellTimeout,
@@ -39,7 +40,7 @@ from .display import (
     interruption_report,
     prefix,
 )
-from .executor import CellFailure, MeshExecutor, MeshStatus
+from .executor import EXECUTOR_NAME, STATUS_NAME, CellFailure, MeshExecutor, MeshStatus
 from .selection import Selection, SelectionError
 
 logger = logging.getLogger(__name__)
@@ -82,38 +83,36 @@ def set_pause_hook(hook: PauseHook | None) -> None:
 class MeshTools:
     """The kernel's helpers living on one proc mesh: the executor (and status) actors."""
 
-    def __init__(self, table: ProcTable, record: Any) -> None:
+    def __init__(self, table: ProcTable, record: MeshRecord) -> None:
         self.table = table
         self.record = record
-        labels, sizes = record.common["extent"]
-        self.shape = Shape.from_extent(dict(zip(labels, sizes, strict=True)))
-        self.procs = ProcMesh._create(table, self.shape, record)
+        self.procs = record.proc_mesh()
+        self.shape = view_shape(self.procs)
         self.n = len(self.shape)
-        self._flat = self.shape.flatten("rank")
         self._executor: ActorMesh[MeshExecutor] | None = None
         self._status: ActorMesh[MeshStatus] | None = None
         self.labels = {label: rank for rank, label in enumerate(table.labels)}
 
     def rank_shape(self, rank: int) -> Shape:
-        return self._flat.slice(rank=builtins.slice(rank, rank + 1))
+        return self.shape.rank_view(rank)
 
     def executor_mesh(self) -> ActorMesh[MeshExecutor]:
         """The executors of every rank (spawned on first use; cells queue behind the spawn)."""
         if self._executor is None:
-            self._executor = self.procs.spawn("_mesh_executor", MeshExecutor)
+            self._executor = self.procs.spawn(EXECUTOR_NAME, MeshExecutor)
         return self._executor
 
     def executor(self, rank: int) -> ActorMesh[MeshExecutor]:
         """The executor of one rank."""
-        return self.executor_mesh()._new_with_shape(self.rank_shape(rank))
+        return self.executor_mesh().rank_view(rank)
 
     def status_actors(self) -> ActorMesh[MeshStatus]:
         if self._status is None:
-            self._status = self.procs.spawn("_mesh_status", MeshStatus)
+            self._status = self.procs.spawn(STATUS_NAME, MeshStatus)
         return self._status
 
     def proc(self, rank: int) -> ProcMesh:
-        return ProcMesh._create(self.table, self.rank_shape(rank), self.record)
+        return self.procs.rank_view(rank)
 
     def interrupt(self, ranks: list[int]) -> None:
         if len(ranks) == self.n:
@@ -134,7 +133,7 @@ class Target:
 
     @property
     def procs(self) -> ProcMesh:
-        return ProcMesh._create(self.tools.table, self.shape, self.tools.record)
+        return self.tools.record.proc_mesh(self.shape)
 
 
 class MeshRegistry:
@@ -147,7 +146,7 @@ class MeshRegistry:
         cached = self._tools.get(table.mesh_id)
         if cached is not None and cached.table is table and not table.closed:
             return cached
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         record = None if ctl is None else ctl.meshes.get(table.mesh_id)
         if record is None or table.closed:
             raise SelectionError(
@@ -158,24 +157,19 @@ class MeshRegistry:
 
     def target(self, obj: Any, text: str) -> Target:
         if isinstance(obj, ProcMesh):
-            return Target(self.tools(obj._procs), obj._shape, None, text)
+            return Target(self.tools(proc_table(obj)), view_shape(obj), None, text)
         if isinstance(obj, ActorMesh):
-            return Target(self.tools(obj._procs), obj._shape, obj._key, text)
+            return Target(self.tools(proc_table(obj)), view_shape(obj), actor_key(obj), text)
         raise SelectionError(
             f"TARGET {text!r} is a {type(obj).__name__}; give a ProcMesh or an ActorMesh"
         )
 
     def live(self) -> list[MeshTools]:
         """Every live proc mesh of this kernel's controller."""
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         if ctl is None:
             return []
-        out = []
-        for record in list(ctl.meshes.values()):
-            if record.stopping or record.table.closed:
-                continue
-            out.append(self.tools(record.table))
-        return out
+        return [self.tools(record.table) for record in ctl.live_records()]
 
 
 # -- one cell --------------------------------------------------------------------------------------
@@ -298,7 +292,7 @@ class CellRun:
         if self.grouper is not None:
             self.grouper.finished(rank)
         if last and self._port is not None:
-            controller_mod.get_controller().node.close_port(self._port)
+            get_controller().node.close_port(self._port)
         if not last:
             return  # the cell's thread polls the states; only the end must wake it
         self._wake.set()
@@ -309,7 +303,7 @@ class CellRun:
 
     def start(self) -> None:
         tools = self.target.tools
-        node = controller_mod.get_controller().node
+        node = get_controller().node
         self._started = time.monotonic()
         port = self._port = node.open_port(self)
         executor = tools.executor_mesh()
@@ -319,7 +313,7 @@ class CellRun:
         args = (opts.filename, opts.source, port, self.target.actor_key)
         for view in views:
             collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
-            executor._new_with_shape(view).run._cast(view, args, {}, collector)
+            executor._new_with_shape(view).run.cast(view, args, {}, collector)
 
     def done(self) -> bool:
         return len(self.outcomes) == len(self.ranks)
@@ -358,7 +352,7 @@ class CellRun:
 
         ``None`` when the ranks still running are all paused in the debugger: the cell ends
         without them (their outcome arrives later, see ``PendingCell``)."""
-        logs = controller_mod.get_controller().logs
+        logs = get_controller().logs
         grouper = self.grouper = OutputGrouper(
             self.target.tools.labels,
             _write,
@@ -371,7 +365,7 @@ class CellRun:
         previous = logs.writer
         logs.writer = grouper.writer
         paused: dict[int, str] = {}
-        self.inbox = reply_inbox(controller_mod.get_controller().node)
+        self.inbox = reply_inbox(get_controller().node)
         try:
             self.start()
             self._wait(grouper)

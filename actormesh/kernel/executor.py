@@ -32,11 +32,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.actors.actor_host import actor_host
 from ..runtime.actors.context import current_rank
 from ..runtime.faults.stacks import TOOL_ACTOR_PREFIX
 from ..runtime.messaging.codec import dumps
 from ..runtime.messaging.logs import flush_output
 from ..runtime.messaging.node import Port
+
+# The kernel's actors on every rank, under the runtime's reserved prefix for tools.
+EXECUTOR_NAME = f"{TOOL_ACTOR_PREFIX}executor"
+STATUS_NAME = f"{TOOL_ACTOR_PREFIX}status"
 
 # -- what travels back to the kernel ---------------------------------------------------------------
 
@@ -340,16 +345,18 @@ class MeshExecutor(Actor):
 
 
 def _local_actor(key: str) -> Any:
-    host = _actor_host()
+    host = actor_host()
     runner = None if host is None else host.actors.get(key)
     return None if runner is None else runner.instance
 
 
-def _actor_host() -> Any:
-    from ..runtime.messaging.node import current_node
-
-    handler = current_node().handlers.get("call")
-    return getattr(handler, "__self__", None)  # ActorHost._on_call is a bound method
+def local_executor() -> MeshExecutor | None:
+    """This rank's ``%%mesh`` executor, once a cell has made it (for the debugger's agent)."""
+    host = actor_host()
+    for runner in list(host.actors.values()) if host is not None else ():
+        if runner.name == EXECUTOR_NAME and isinstance(runner.instance, MeshExecutor):
+            return runner.instance
+    return None
 
 
 # -- status ----------------------------------------------------------------------------------------
@@ -378,9 +385,9 @@ class MeshStatus(Actor):
             info["cell"] = running["cell"]
             info["cell_for"] = now - running["since"]
             info["cell_line"] = _line_of(running["thread"], running["cell"])
-        host = _actor_host()
+        host = actor_host()
         busy = []
-        for runner in list(getattr(host, "actors", {}).values()):
+        for runner in list(host.actors.values()) if host is not None else ():
             state = runner.busy
             if state is not None and not runner.name.startswith(TOOL_ACTOR_PREFIX):
                 busy.append((runner.name, state[0], now - state[1]))

@@ -140,9 +140,9 @@ _NEVER = 1 << 62  # a cache size no session reaches: the kernel says when to wri
 
 def stop_all_meshes() -> None:
     """Stop every mesh and host agent of this process's controller (if it has one)."""
-    from ..runtime.procs import controller
+    from ..runtime.procs.controller import controller_if_started
 
-    ctl = controller._controller
+    ctl = controller_if_started()
     if ctl is None:
         return
     try:

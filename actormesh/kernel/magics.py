@@ -16,7 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from ..errors import MeshError
 from ..runtime.faults.stacks import render_grouped
 from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging import node as node_mod
+from ..runtime.messaging.node import node_if_started
 from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, Target
 from .display import CellInterrupted, CellSyntaxError
 from .selection import SelectionError, resolve_target, select
@@ -147,7 +147,7 @@ class MeshMagics(Magics):
 
     def _cell(self, line: str, cell: str) -> Any:
         args = CellArgs(line)
-        target = self._target(args.target)
+        target = self.target(args.target)
         try:
             selection = select(target.shape, args.ranks)
         except SelectionError as exc:
@@ -196,7 +196,7 @@ class MeshMagics(Magics):
         """Whether cell In [n] ran ``%%mesh``: its ranks know its source as ``<mesh-cell-n>``."""
         return n in self._runs_of_cell
 
-    def _target(self, text: str) -> Target:
+    def target(self, text: str) -> Target:
         try:
             obj = resolve_target(text, self.ip.user_ns)
             return self.registry.target(obj, text)
@@ -205,7 +205,7 @@ class MeshMagics(Magics):
 
     def _targets(self, text: str | None) -> list[MeshTools | Target]:
         if text:
-            return [self._target(text)]
+            return [self.target(text)]
         live = self.registry.live()
         if not live:
             raise _usage("%mesh: no live proc mesh; spawn one with am.this_host().spawn_procs()")
@@ -247,7 +247,7 @@ class MeshMagics(Magics):
     def _cmd_push(self, rest: list[str]) -> None:
         if len(rest) < 2:
             raise _usage("%mesh push TARGET NAME...: give a TARGET and at least one name")
-        target = self._target(rest[0])
+        target = self.target(rest[0])
         values = {}
         for name in rest[1:]:
             _identifier(name, "%mesh push NAME")
@@ -262,7 +262,7 @@ class MeshMagics(Magics):
     def _cmd_pull(self, rest: list[str]) -> ValueMesh[Any]:
         if len(rest) != 2:
             raise _usage("%mesh pull TARGET NAME: give a TARGET and one name")
-        target = self._target(rest[0])
+        target = self.target(rest[0])
         name = _identifier(rest[1], "%mesh pull NAME")
         selection = select(target.shape, None)
         futures = [target.tools.executor(r).pull.call_one(name) for r in selection.ranks]
@@ -298,7 +298,7 @@ class MeshMagics(Magics):
         args = CellArgs(line)
         if args.noblock:
             raise _usage("%mesh on: --noblock is not allowed (each cell would return at once)")
-        self._target(args.target)  # fail now, not at the next cell
+        self.target(args.target)  # fail now, not at the next cell
         self._auto = line
         transformers = self.ip.input_transformers_cleanup
         if self._transform not in transformers:
@@ -325,7 +325,7 @@ class MeshMagics(Magics):
     # -- kernel interrupt of a plain cell ---------------------------------------------------------
 
     def pre_run_cell(self, info: Any) -> None:
-        node = node_mod._node
+        node = node_if_started()
         self._port_mark = node.last_port_id if node is not None else 0
 
     def post_run_cell(self, result: Any) -> None:
@@ -336,7 +336,7 @@ class MeshMagics(Magics):
         exc = getattr(result, "error_in_exec", None)
         if not isinstance(exc, KeyboardInterrupt) or isinstance(exc, CellInterrupted):
             return
-        node = node_mod._node
+        node = node_if_started()
         if node is None:
             return  # no mesh was ever made here
         pending: dict[str, tuple[Any, set[int]]] = {}
@@ -427,5 +427,5 @@ def load(shell: Any) -> MeshMagics:
     shell.register_magics(magics)
     shell.events.register("pre_run_cell", magics.pre_run_cell)
     shell.events.register("post_run_cell", magics.post_run_cell)
-    shell._actormesh_magics = magics
+    shell._actormesh_magics = magics  # noqa: SLF001  our own mark on the shell: load once
     return magics

@@ -11,15 +11,17 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
+from ..errors import MeshIndexError, MeshTypeError, MeshUsageError
+
 Selector = int | slice
 """What ``mesh.slice(dim=...)`` accepts: an ``int`` (drops the dimension) or a ``slice``."""
 
 
 def check_label(label: object, what: str = "dimension name") -> str:
     if not isinstance(label, str):
-        raise TypeError(f"{what} must be a str, got {type(label).__name__} {label!r}")
+        raise MeshTypeError(f"{what} must be a str, got {type(label).__name__} {label!r}")
     if not label.isidentifier():
-        raise ValueError(
+        raise MeshUsageError(
             f"{what} {label!r} is not a valid identifier; use names like 'hosts' or 'gpus'"
         )
     return label
@@ -27,14 +29,14 @@ def check_label(label: object, what: str = "dimension name") -> str:
 
 def check_labels(labels: Sequence[str]) -> tuple[str, ...]:
     if isinstance(labels, str):
-        raise TypeError(
+        raise MeshTypeError(
             f"dimension names must be a sequence of str, got the str {labels!r}; "
             f"write ({labels!r},) for a single dimension"
         )
     out = tuple(check_label(label) for label in labels)
     if len(set(out)) != len(out):
         dups = sorted({label for label in out if out.count(label) > 1})
-        raise ValueError(
+        raise MeshUsageError(
             f"dimension names must be unique; {', '.join(map(repr, dups))} repeated in {out}"
         )
     return out
@@ -43,11 +45,12 @@ def check_labels(labels: Sequence[str]) -> tuple[str, ...]:
 def as_int(value: object, what: str) -> int:
     # bool is an int subclass, but `gpus=True` is almost certainly a mistake.
     if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got bool {value!r}")
+        raise MeshTypeError(f"{what} must be an int, got bool {value!r}")
     try:
         return operator.index(value)  # type: ignore[arg-type]  # TypeError below if not
     except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+        got = f"{type(value).__name__} {value!r}"
+        raise MeshTypeError(f"{what} must be an int, got {got}") from None
 
 
 def render_extent(labels: Sequence[str], sizes: Sequence[int]) -> str:
@@ -70,7 +73,7 @@ def no_such_dims(names: Sequence[str], labels: Sequence[str], sizes: Sequence[in
     close = difflib.get_close_matches(names[0], labels, n=1)
     if close:
         msg += f"; did you mean {close[0]!r}?"
-    raise ValueError(msg)
+    raise MeshUsageError(msg)
 
 
 def check_known(names: Sequence[str], labels: Sequence[str], sizes: Sequence[int]) -> None:
@@ -86,7 +89,7 @@ def normalize_index(
     index = as_int(value, f"index for dimension {label!r}")
     normalized = index + size if index < 0 else index
     if not 0 <= normalized < size:
-        raise IndexError(
+        raise MeshIndexError(
             f"index {index} is out of range for dimension {label!r} of size {size} "
             f"(extent {render_extent(labels, sizes)})"
         )
@@ -107,7 +110,7 @@ def row_major_index(
     ]
     if missing:
         example = ", ".join(f"{label}=0" for label in missing)
-        raise ValueError(
+        raise MeshUsageError(
             f"missing coordinate{'s' if len(missing) > 1 else ''} for "
             f"{', '.join(map(repr, missing))} (extent {render_extent(labels, sizes)}); "
             f"give one for every dimension of size > 1, e.g. {example}"
@@ -116,7 +119,7 @@ def row_major_index(
     for label, size in zip(labels, sizes, strict=True):
         raw = coords.get(label, 0)
         if not allow_negative and as_int(raw, f"coordinate for {label!r}") < 0:
-            raise IndexError(
+            raise MeshIndexError(
                 f"coordinate {raw} is out of range for dimension {label!r} of size {size} "
                 f"(extent {render_extent(labels, sizes)})"
             )
@@ -139,13 +142,13 @@ class Extent(Mapping[str, int]):
         labels_t = check_labels(labels)
         sizes_t = tuple(as_int(s, "dimension size") for s in sizes)
         if len(labels_t) != len(sizes_t):
-            raise ValueError(
+            raise MeshUsageError(
                 f"got {len(labels_t)} dimension names {labels_t} but {len(sizes_t)} sizes "
                 f"{sizes_t}; give one size per name"
             )
         for label, size in zip(labels_t, sizes_t, strict=True):
             if size < 1:
-                raise ValueError(f"dimension {label!r} has size {size}; sizes must be >= 1")
+                raise MeshUsageError(f"dimension {label!r} has size {size}; sizes must be >= 1")
         object.__setattr__(self, "_labels", labels_t)
         object.__setattr__(self, "_sizes", sizes_t)
 
@@ -225,11 +228,11 @@ class Point(Mapping[str, int]):
     def __init__(self, rank: int, extent: Extent | Mapping[str, int]) -> None:
         if not isinstance(extent, Extent):
             if not isinstance(extent, Mapping):
-                raise TypeError(f"extent must be an Extent, got {type(extent).__name__}")
+                raise MeshTypeError(f"extent must be an Extent, got {type(extent).__name__}")
             extent = Extent.from_dict(extent)
         rank = as_int(rank, "rank")
         if not 0 <= rank < extent.nelem:
-            raise IndexError(
+            raise MeshIndexError(
                 f"rank {rank} is out of range for extent {extent} with {extent.nelem} points"
             )
         coords = []

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any, TypeVar
 
+from ..errors import MeshIndexError, MeshTypeError, MeshUsageError
 from .extent import (
     Extent,
     Point,
@@ -32,7 +33,7 @@ from .extent import (
     row_major_strides,
 )
 
-__all__ = ["MeshShape", "Shape"]
+__all__ = ["MeshShape", "Shape", "view_shape"]
 
 
 class Shape:
@@ -67,15 +68,17 @@ class Shape:
         strides_t = tuple(as_int(s, "stride") for s in strides)
         offset = as_int(offset, "offset")
         if len(strides_t) != len(extent.sizes):
-            raise ValueError(
+            raise MeshUsageError(
                 f"got {len(strides_t)} strides {strides_t} for {len(extent.sizes)} dimensions "
                 f"{extent}; give one stride per dimension"
             )
         if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
+            raise MeshUsageError(f"offset must be >= 0, got {offset}")
         for label, stride in zip(extent.labels, strides_t, strict=True):
             if stride < 1:
-                raise ValueError(f"dimension {label!r} has stride {stride}; strides must be >= 1")
+                raise MeshUsageError(
+                    f"dimension {label!r} has stride {stride}; strides must be >= 1"
+                )
         span = 0  # largest offset reachable through the dimensions inside the current one
         for label, size, stride in reversed(
             list(zip(extent.labels, extent.sizes, strides_t, strict=True))
@@ -83,7 +86,7 @@ class Shape:
             if size == 1:
                 continue
             if stride <= span:
-                raise ValueError(
+                raise MeshUsageError(
                     f"strides {strides_t} of extent {extent} overlap or are not ordered outer to "
                     f"inner: dimension {label!r} has stride {stride} but the dimensions inside "
                     f"it reach {span}"
@@ -116,7 +119,7 @@ class Shape:
     ) -> Shape:
         # For views derived from a valid Shape: the invariants hold by construction.
         shape = cls.__new__(cls)
-        shape._init(labels, offset, sizes, strides, None)
+        shape._init(labels, offset, sizes, strides, None)  # noqa: SLF001  a new Shape: its own
         return shape
 
     @classmethod
@@ -177,7 +180,7 @@ class Shape:
         n = len(self)
         index = as_int(local_index, "local index")
         if not 0 <= index < n:
-            raise IndexError(
+            raise MeshIndexError(
                 f"local index {index} is out of range for a view of {n} ranks (extent {self})"
             )
         rank = self._offset
@@ -256,7 +259,7 @@ class Shape:
                 sizes.append(count)
                 strides.append(stride * step)
             elif isinstance(sel, bool) or not hasattr(sel, "__index__"):
-                raise TypeError(
+                raise MeshTypeError(
                     f"selector for dimension {label!r} must be an int or a slice, got "
                     f"{type(sel).__name__} {sel!r}"
                 )
@@ -268,15 +271,16 @@ class Shape:
         try:
             start, stop, step = sel.indices(size)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"bad selector {sel!r} for dimension {label!r}: {exc}") from exc
+            error = MeshTypeError if isinstance(exc, TypeError) else MeshUsageError
+            raise error(f"bad selector {sel!r} for dimension {label!r}: {exc}") from exc
         if step < 0:
-            raise ValueError(
+            raise MeshUsageError(
                 f"selector {sel!r} for dimension {label!r} has a negative step; mesh views keep "
                 f"rank order, so use a positive step (extent {self})"
             )
         count = len(range(start, stop, step))
         if count == 0:
-            raise ValueError(
+            raise MeshUsageError(
                 f"selector {sel!r} selects nothing from dimension {label!r} of size {size} "
                 f"(extent {self}); a mesh view must keep at least one rank"
             )
@@ -299,7 +303,7 @@ class Shape:
             ]
             for (outer, _, outer_stride), (inner, inner_size, inner_stride) in pairwise(big):
                 if outer_stride != inner_stride * inner_size:
-                    raise ValueError(
+                    raise MeshUsageError(
                         f"cannot flatten extent {self} into {name!r}: the view is not "
                         f"contiguous, so no single stride describes its ranks (dimension "
                         f"{outer!r} has stride {outer_stride}, but dimension {inner!r} spans "
@@ -308,6 +312,16 @@ class Shape:
                     )
             raise AssertionError("unreachable: _uniform_stride found a gap")  # pragma: no cover
         return Shape._unchecked((name,), self._offset, (len(self),), (stride,))
+
+    def rank_view(self, index: int) -> Shape:
+        """The one-rank view of this view's ``index``-th rank, as dimension ``rank`` of size 1
+        (what a tool addresses when it talks to one rank of a mesh).
+
+        Raises:
+            ValueError: the view is not evenly spaced (see ``flatten``).
+            IndexError: ``index`` out of range.
+        """
+        return self.flatten("rank").slice(rank=builtins.slice(index, index + 1))
 
     def _uniform_stride(self) -> int | None:
         """The common difference of ``ranks()`` (1 for a single rank), or None if uneven."""
@@ -333,7 +347,7 @@ class Shape:
         labels = tuple(old_to_new.get(label, label) for label in self._labels)
         if len(set(labels)) != len(labels):
             dups = sorted({label for label in labels if labels.count(label) > 1})
-            raise ValueError(
+            raise MeshUsageError(
                 f"renaming {old_to_new} in extent {self} gives duplicate dimension "
                 f"name{'s' if len(dups) > 1 else ''} {', '.join(map(repr, dups))}"
             )
@@ -386,6 +400,12 @@ def _restore_shape(
 _MeshT = TypeVar("_MeshT", bound="MeshShape")
 
 
+def view_shape(mesh: MeshShape) -> Shape:
+    """The ``Shape`` a mesh covers (a function, not a property: a property on meshes would hide
+    an actor's endpoint of the same name)."""
+    return mesh._shape  # noqa: SLF001  the one reader of the field outside the mesh classes
+
+
 class MeshShape(ABC):
     """Shape algebra shared by ``HostMesh``, ``ProcMesh``, ``ActorMesh`` and ``ValueMesh``.
 
@@ -423,6 +443,11 @@ class MeshShape(ABC):
                 flatten before slicing.
         """
         return self._new_with_shape(self._shape.flatten(name))
+
+    def rank_view(self: _MeshT, index: int) -> _MeshT:
+        """The one-actor (one-process) view of this mesh's ``index``-th rank, in a dimension
+        ``rank`` of size 1; no message is sent."""
+        return self._new_with_shape(self._shape.rank_view(index))
 
     def rename(self: _MeshT, **old_to_new: str) -> _MeshT:
         """This mesh with dimensions renamed, e.g. ``rename(gpus="ranks")``; no message is sent."""

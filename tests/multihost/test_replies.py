@@ -120,7 +120,7 @@ def test_a_slow_rank_does_not_hold_back_the_replies_of_the_others(
     # Its sibling on host 1 answered at once; the agent sends that reply after the window
     # without waiting for the slow rank.
     wait_until(
-        lambda: pending._pending_ranks() == [(mesh_id, 2)],
+        lambda: pending.pending_ranks() == [(mesh_id, 2)],
         WAIT,
         "every rank but the slow one to be recorded",
     )
@@ -152,11 +152,9 @@ def test_a_rank_dying_mid_call_fails_the_call_naming_it(
         assert "rank gpus=0 " in str(info.value), str(info.value)
         assert "exited with code 7" in str(info.value)
         mesh_id = procs._procs.mesh_id
-        wait_until(
-            lambda: pending._pending_ranks() == [(mesh_id, 2)], WAIT, "the fast rank's reply"
-        )
+        wait_until(lambda: pending.pending_ranks() == [(mesh_id, 2)], WAIT, "the fast rank's reply")
         gate.touch()
-        wait_until(lambda: pending._pending_ranks() == [], WAIT, "the slow rank's reply")
+        wait_until(lambda: pending.pending_ranks() == [], WAIT, "the slow rank's reply")
     finally:
         procs.stop().get(timeout=30)
 

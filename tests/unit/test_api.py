@@ -9,9 +9,9 @@ import actormesh
 
 PUBLIC = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Extent", "Future", "HostMesh",
-    "MeshClosedError", "MeshError", "MeshTimeoutError", "Point", "Port", "PortReceiver",
-    "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context", "current_rank",
-    "current_size", "endpoint", "this_host", "this_proc",
+    "MeshClosedError", "MeshError", "MeshTimeoutError", "MeshUsageError", "Point", "Port",
+    "PortReceiver", "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context",
+    "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "SlurmJob", "listen_for_hosts", "wait_for_hosts",
 ]  # fmt: skip
 

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import actormesh as am
 from actormesh.runtime.extent import Extent, Point
+from actormesh.runtime.meshes.value_mesh import ValueMesh
 from actormesh.runtime.shape import MeshShape, Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
@@ -444,3 +446,37 @@ def test_random_chained_slices(data: st.DataObject) -> None:
     else:
         with pytest.raises(ValueError, match="not contiguous"):
             shape.flatten("flat")
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selectors", "builtin"),
+    [
+        ({"cpus": 0}, ValueError),  # no such dimension
+        ({"gpus": 9}, IndexError),  # out of range
+        ({"gpus": "0"}, TypeError),  # neither an int nor a slice
+        ({"gpus": slice(0, 2, "x")}, TypeError),  # a slice Python cannot use
+        ({"gpus": slice(3, 1)}, ValueError),  # selects nothing
+    ],
+)
+def test_a_bad_slice_of_a_mesh_is_a_mesh_error_and_still_its_builtin(
+    selectors: dict[str, Any], builtin: type[Exception]
+) -> None:
+    mesh = ValueMesh._create(BIG, list(range(len(BIG))))
+    try:
+        mesh.slice(**selectors)
+    except am.MeshError as exc:
+        assert isinstance(exc, am.MeshUsageError) and isinstance(exc, builtin), type(exc)
+    else:
+        pytest.fail(f"slice({selectors}) raised nothing")
+
+
+def test_a_bad_extent_or_flatten_is_a_usage_error() -> None:
+    with pytest.raises(am.MeshUsageError, match="sizes must be >= 1"):
+        am.Extent(["gpus"], [0])
+    with pytest.raises(am.MeshUsageError, match="not contiguous"):
+        BIG.slice(gpus=slice(0, 2)).flatten("ranks")
+    with pytest.raises(am.MeshUsageError):
+        BIG.rank_view(8)

@@ -19,7 +19,7 @@ from typing import Any
 from ...errors import MeshError
 from ...runtime.actors.future import Future, when_all
 from ...runtime.faults.stacks import _BUSY_FOR
-from ...runtime.procs import controller as controller_mod
+from ...runtime.procs.controller import controller_if_started
 from ..cells import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
@@ -114,7 +114,7 @@ class PanelService:
         self._wake.set()
 
     def _record(self, mesh_id: str) -> Any:
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         record = None if ctl is None else ctl.meshes.get(mesh_id)
         if record is None or record.stopping:
             raise PanelRequestError(

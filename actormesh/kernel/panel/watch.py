@@ -22,8 +22,9 @@ from typing import Any
 from ...runtime.actors.future import Future
 from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
 from ...runtime.meshes.actor_mesh import ActorMesh
-from ...runtime.meshes.proc_mesh import ProcMesh
-from ...runtime.procs import controller as controller_mod
+from ...runtime.meshes.proc_mesh import ProcMesh, proc_table
+from ...runtime.procs.controller import controller_if_started
+from ...runtime.procs.mesh_record import MeshRecord
 from ..cells import MeshRegistry, MeshTools
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class MeshWatcher:
     # -- snapshots -------------------------------------------------------------------------------
 
     def meshes(self) -> list[dict[str, Any]]:
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         if ctl is None:
             self.views.clear()
             return []
@@ -101,9 +102,9 @@ class MeshWatcher:
         names = self._names()
         out = []
         live = set()
-        for record in list(ctl.meshes.values()):
-            if record.stopping or record.table.closed or "extent" not in record.common:
-                continue  # stopped, or still being registered
+        for record in ctl.live_records():
+            if not record.registered:
+                continue  # still being registered
             mesh_id = record.table.mesh_id
             live.add(mesh_id)
             view = self.views.setdefault(mesh_id, MeshView())
@@ -114,14 +115,13 @@ class MeshWatcher:
 
     def _mesh(
         self,
-        record: Any,
+        record: MeshRecord,
         view: MeshView,
         dead: dict[bytes, Any],
         paused: dict[tuple[str, int], Any],
         names: list[str],
     ) -> dict[str, Any]:
         table = record.table
-        labels, sizes = record.common["extent"]
         now = time.time()
         ready = record.ready.done()
         hosts: dict[int, dict[str, Any]] = {}
@@ -150,7 +150,7 @@ class MeshWatcher:
         return {
             "mesh_id": table.mesh_id,
             "names": names,
-            "extent": dict(zip(labels, sizes, strict=True)),
+            "extent": dict(record.shape.extent),
             "actors": actors,
             "hosts": [hosts[k] for k in sorted(hosts)],
         }
@@ -232,14 +232,14 @@ class MeshWatcher:
         for name, value in items:
             if name.startswith("_") or not isinstance(value, (ProcMesh, ActorMesh)):
                 continue
-            names.setdefault(value._procs.mesh_id, []).append(name)
+            names.setdefault(proc_table(value).mesh_id, []).append(name)
         return names
 
     # -- status questions --------------------------------------------------------------------------
 
     def ask(self) -> None:
         """Send a status question to every live rank that has none in flight (non-blocking)."""
-        ctl = controller_mod._controller
+        ctl = controller_if_started()
         if ctl is None:
             return
         node = ctl.node

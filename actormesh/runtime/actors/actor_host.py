@@ -30,6 +30,8 @@ class ActorHost:
         self._early: defaultdict[str, list[Message]] = defaultdict(list)
         node.register(SPAWN_ACTOR, self._on_spawn)
         node.register(CALL, self._on_call)
+        global _process_host
+        _process_host = self
 
     def _on_spawn(self, msg: Message) -> None:
         _, key, name, shape, _reply = msg.envelope
@@ -57,3 +59,12 @@ class ActorHost:
             runner.stop()
         for runner in self.actors.values():
             runner.thread.join(timeout)
+
+
+_process_host: ActorHost | None = None  # one per process: the worker's, or this_proc()'s
+
+
+def actor_host() -> ActorHost | None:
+    """The actors living in this process (``None`` before its node hosts any): how tools on a
+    worker (the kernel's executor, the debugger) find the actors next to them."""
+    return _process_host

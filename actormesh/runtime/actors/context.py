@@ -98,3 +98,9 @@ _process = _Process()
 
 def set_process_context(ctx: Context) -> None:
     _process.context = ctx
+
+
+def process_context() -> Context | None:
+    """The context of the worker's own actor (its rank), as its other threads see it; ``None``
+    outside a worker."""
+    return _process.context

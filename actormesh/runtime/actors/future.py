@@ -56,7 +56,11 @@ class Future(Generic[T]):
         "_waker",
     )
 
-    def __init__(self, describe_pending: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        describe_pending: Callable[[], str] | None = None,
+        pending_ranks: Callable[[], list[tuple[str, int]]] | None = None,
+    ) -> None:
         self._state = _PENDING
         self._value: Any = None
         self._lock = threading.Lock()
@@ -64,8 +68,12 @@ class Future(Generic[T]):
         self._waker: ReplyInbox | None = None  # a thread reading its reply inbox for this
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
-        # For wait hooks: the (mesh_id, rank) pairs still to answer, when it is a mesh call.
-        self._pending_ranks: Callable[[], list[tuple[str, int]]] | None = None
+        self._pending_ranks = pending_ranks
+
+    def pending_ranks(self) -> list[tuple[str, int]]:
+        """The ``(mesh_id, rank)`` pairs whose replies this future still waits for, when it is
+        a call to a mesh (empty otherwise): what wait hooks (the debugger) look at."""
+        return [] if self._pending_ranks is None else self._pending_ranks()
 
     # -- completing (runtime side) ---------------------------------------------------------------
 
@@ -222,7 +230,7 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
     current: list[Future[Any]] = [first]
 
     def describe() -> str:
-        pending = current[-1]._describe_pending
+        pending = current[-1]._describe_pending  # noqa: SLF001  same module
         return pending() if pending is not None else "the next step"
 
     out: Future[Y] = Future(describe)

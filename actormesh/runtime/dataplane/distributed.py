@@ -54,10 +54,10 @@ from ..actors.actor import Actor, endpoint
 from ..actors.context import context
 from ..actors.future import Future, then, when_all
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_mesh import ProcMesh, proc_table
 from ..meshes.proc_table import ProcTable
 from ..meshes.value_mesh import ValueMesh
-from ..shape import Shape
+from ..shape import Shape, view_shape
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _parts(mesh: ActorMesh[Any] | ProcMesh) -> tuple[ProcTable, Shape]:
             f"expected an actor mesh or a proc mesh, got {type(mesh).__name__}; "
             "pass the mesh whose processes should form the group"
         )
-    return mesh._procs, mesh._shape
+    return proc_table(mesh), view_shape(mesh)
 
 
 def helper_mesh(mesh: ActorMesh[Any] | ProcMesh, name: str, cls: type[Actor]) -> ActorMesh[Any]:
@@ -161,7 +161,7 @@ def helper_mesh(mesh: ActorMesh[Any] | ProcMesh, name: str, cls: type[Actor]) ->
 
 def rank0(mesh: ActorMesh[Any]) -> ActorMesh[Any]:
     """The one-actor slice of ``mesh`` at its first point."""
-    return mesh.slice(**dict.fromkeys(mesh._shape.labels, 0))
+    return mesh.slice(**dict.fromkeys(view_shape(mesh).labels, 0))
 
 
 # -- the controller's side ---------------------------------------------------------------------

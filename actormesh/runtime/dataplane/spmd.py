@@ -52,6 +52,7 @@ from ..actors.future import Future
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.value_mesh import ValueMesh
+from ..shape import view_shape
 from .distributed import (
     RankLayout,
     _DistSetup,
@@ -240,7 +241,7 @@ def launch(
         def codes(values: ValueMesh[tuple[int, int]]) -> Future[ValueMesh[int]]:
             rank0(helpers).release_store.call_one(port)  # the script's group is gone
             return Future._completed(
-                ValueMesh._create(procs._shape, [c for _, c in values.values()])
+                ValueMesh._create(view_shape(procs), [c for _, c in values.values()])
             )
 
         return then(done, codes)

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from ..actors.runner import ActorRunner
     from ..meshes.value_mesh import ValueMesh
 
-# Actors that the kernel and the debugger place on ranks (``_mesh_executor``, ...).
+# Actor names that start with this are reserved for tools built on the runtime (a notebook
+# kernel's executor, a debugger's agent): stack dumps leave them out when they are idle or only
+# inside actormesh, since they are not the user's code. User actors should not use it.
 TOOL_ACTOR_PREFIX = "_mesh_"
 # The actormesh package itself (runner, %%mesh executor): its frames are not the user's.
 _PACKAGE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + os.sep
@@ -45,7 +47,7 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
         if runner is not None:
             busy = runner.busy
             if busy is None:
-                if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # the kernel's own: noise
+                if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # a tool's own: noise
                     out.append(f"actor {runner.name}: idle\n")
                 continue
             # Drop the runtime's own frames: start at the endpoint or the cell.
@@ -56,7 +58,7 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
                 if not f.filename.endswith("threading.py") and not f.filename.startswith(_PACKAGE)
             ]
             if not user and runner.name.startswith(TOOL_ACTOR_PREFIX):
-                # The kernel's own helper answering a question (the sidebar's status poll):
+                # A tool's own actor answering a question (e.g. a sidebar's status poll):
                 # noise, and it would set this rank apart from ranks caught a moment later.
                 continue
             out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")

@@ -83,7 +83,9 @@ class ActorMesh(MeshShape, Generic[A]):
                 f"{self._class_name} has no endpoint {name!r}; its endpoints are: {known} "
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
-        endpoint: Endpoint[Any, Any] = Endpoint(self, name)
+        endpoint: Endpoint[Any, Any] = Endpoint(
+            self._procs, self._shape, self._key, self._name, name
+        )
         self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
         return endpoint
 
@@ -101,3 +103,9 @@ def _restore(
     procs: ProcTable, shape: Shape, key: str, name: str, class_name: str, endpoints: frozenset[str]
 ) -> ActorMesh[Any]:
     return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None)
+
+
+def actor_key(mesh: ActorMesh[Any]) -> str:
+    """The key the actors of ``mesh`` are known by in their processes (a function: an attribute
+    on the mesh would hide an endpoint of the same name)."""
+    return mesh._key  # noqa: SLF001  read for tools (the kernel binds a rank's actor by it)

@@ -128,8 +128,7 @@ class Gather(Collector[T]):
         self.finish = finish
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
-        self.future: Future[T] = Future(self.missing_ranks)
-        self.future._pending_ranks = self.pending_ranks
+        self.future: Future[T] = Future(self.missing_ranks, self.pending_ranks)
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)

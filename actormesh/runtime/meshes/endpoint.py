@@ -30,7 +30,7 @@ from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ..shape import Shape
-    from .actor_mesh import ActorMesh
+    from .proc_table import ProcTable
 
 from .collect import Gather, Stream
 
@@ -88,16 +88,17 @@ class Endpoint(Generic[P, R]):
     mesh's owner); ``stream`` iterates over futures as replies arrive.
     """
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
-        self._mesh = mesh
+    def __init__(self, procs: ProcTable, shape: Shape, key: str, mesh_name: str, name: str) -> None:
+        # The mesh's fields, not the mesh: an endpoint is made by its ActorMesh (which never
+        # changes them) and reads them on every call.
+        self._procs = procs
+        self._shape = shape
+        self._key = key
+        self._what = f"{mesh_name}.{name}"
         self._name = name
 
     def __repr__(self) -> str:
-        return f"<endpoint {self._mesh._name}.{self._name} on {self._mesh._shape.extent}>"
-
-    @property
-    def _what(self) -> str:
-        return f"{self._mesh._name}.{self._name}"
+        return f"<endpoint {self._what} on {self._shape.extent}>"
 
     # -- adverbs ---------------------------------------------------------------------------------
 
@@ -107,14 +108,14 @@ class Endpoint(Generic[P, R]):
         Fails with ``ActorError`` once all ranks answered if any raised (identical tracebacks
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
-        shape = self._mesh._shape
-        gather = Gather(self._what, self._mesh._procs, shape, partial(ValueMesh._create, shape))
-        self._cast(shape, args, kwargs, gather)
+        shape = self._shape
+        gather = Gather(self._what, self._procs, shape, partial(ValueMesh._create, shape))
+        self.cast(shape, args, kwargs, gather)
         return gather.future
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only actor of a one-actor mesh (slice first); the future gives its result."""
-        shape = self._mesh._shape
+        shape = self._shape
         if len(shape) != 1:
             dims = [d for d, n in zip(shape.labels, shape.sizes, strict=True) if n > 1]
             hint = f"mesh.slice({dims[0]}=0).{self._name}.call_one(...)" if dims else ""
@@ -123,46 +124,48 @@ class Endpoint(Generic[P, R]):
                 f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
                 f"e.g. {hint}, or use call() to reach them all"
             )
-        gather: Gather[R] = Gather(self._what, self._mesh._procs, shape, _first)
-        self._cast(shape, args, kwargs, gather)
+        gather: Gather[R] = Gather(self._what, self._procs, shape, _first)
+        self.cast(shape, args, kwargs, gather)
         return gather.future
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, chosen at random among live ones."""
-        mesh = self._mesh
         node = current_node()
-        ranks = mesh._shape.ranks()
-        live = [r for r in ranks if mesh._procs.addresses[r].mailbox not in node.dead] or ranks
-        index = mesh._shape.local_index(random.choice(live))
+        view = self._shape
+        ranks = view.ranks()
+        live = [r for r in ranks if self._procs.addresses[r].mailbox not in node.dead] or ranks
+        index = view.local_index(random.choice(live))
         assert index is not None
-        coords = dict(mesh._shape.point(index))
-        shape = mesh._shape.slice(**coords)
-        gather: Gather[R] = Gather(self._what, self._mesh._procs, shape, _first)
-        self._cast(shape, args, kwargs, gather)
+        coords = dict(view.point(index))
+        shape = view.slice(**coords)
+        gather: Gather[R] = Gather(self._what, self._procs, shape, _first)
+        self.cast(shape, args, kwargs, gather)
         return gather.future
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor of the mesh without waiting for anything (fire and forget)."""
-        self._cast(self._mesh._shape, args, kwargs, None)
+        self.cast(self._shape, args, kwargs, None)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Stream[R]:
         """Call every actor; iterate over one completed future per rank, in arrival order.
 
         ``for fut in mesh.ep.stream(x): fut.get()`` or ``async for fut in ...``.
         """
-        shape = self._mesh._shape
-        stream: Stream[R] = Stream(self._what, self._mesh._procs, shape)
-        self._cast(shape, args, kwargs, stream)
+        shape = self._shape
+        stream: Stream[R] = Stream(self._what, self._procs, shape)
+        self.cast(shape, args, kwargs, stream)
         return stream
 
     # -- sending ---------------------------------------------------------------------------------
 
-    def _cast(
+    def cast(
         self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
     ) -> None:
+        """Send ``endpoint(*args, **kwargs)`` to the ranks of ``shape`` (a view of this mesh),
+        their replies to ``collector`` (a :class:`Collector`; ``None``: no reply). The adverbs
+        are made of it; tools use it with a collector of their own (the kernel's cells)."""
         supervision.raise_pending()
-        mesh = self._mesh
-        procs = mesh._procs
+        procs = self._procs
         if procs.closed:
             raise MeshClosedError(
                 f"cannot call {self._what}: its proc mesh was stopped; spawn a new one"
@@ -185,7 +188,7 @@ class Endpoint(Generic[P, R]):
                 # The repliers also learn this process's mailbox (see Node.in_order).
                 reply = (tuple(port.address), port.port_id, node.address.mailbox)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
-        envelope = (CALL, mesh._key, self._name, shape_state(shape), reply)
+        envelope = (CALL, self._key, self._name, shape_state(shape), reply)
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
             # and, for call(), one message per host back: the agents gather the replies
@@ -196,7 +199,7 @@ class Endpoint(Generic[P, R]):
             )
             return
         dead = node.dead
-        key = mesh._key
+        key = self._key
         dests = []
         for rank in shape.ranks():
             address = procs.addresses[rank]

@@ -88,7 +88,7 @@ class Channel(Generic[T]):
         which ``port.send(value)`` to it; the ``PortReceiver`` stays here."""
         receiver: PortReceiver[Any] = PortReceiver._create()
         port = current_node().open_port(receiver)
-        receiver._port = port
+        receiver._port = port  # noqa: SLF001  same module: the port exists only once routed to it
         return port, receiver
 
 

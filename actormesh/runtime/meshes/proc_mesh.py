@@ -90,10 +90,11 @@ class ProcMesh(MeshShape):
         payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         shape = self._shape
-        mesh: ActorMesh[A] = ActorMesh._create(
-            self._procs, shape, key, name, cls.__qualname__, frozenset(endpoint_names(cls)), None
-        )
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
+        endpoints = frozenset(endpoint_names(cls))
+        mesh: ActorMesh[A] = ActorMesh._create(
+            self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future
+        )
         node = current_node()
         reply = gather.port = node.open_port(gather)
         envelope = (SPAWN_ACTOR, key, name, shape, reply)
@@ -102,7 +103,6 @@ class ProcMesh(MeshShape):
         # the route every later call to these ranks takes, so the spawn arrives first.
         state = shape_state(shape)
         relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
-        mesh._initialized = gather.future
         if self._record is not None:
             self._record.actor_spawns.append((key, envelope, payload, buffers, digest))
         return mesh
@@ -167,7 +167,7 @@ class ProcMesh(MeshShape):
             raise MeshUsageError("only the process that spawned a proc mesh can heal it")
         spares = None
         if hosts is not None:
-            spares = [hosts._agents[r] for r in hosts._shape.ranks()]
+            spares = hosts.agent_handles()
             for agent in spares:
                 agent.ready.get(timeout=config.SPAWN_TIMEOUT)
         return self._record.heal(spares)
@@ -201,3 +201,9 @@ class ProcMesh(MeshShape):
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
     return ProcMesh._create(procs, shape, None)
+
+
+def proc_table(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
+    """The processes under a proc or actor mesh: for tools that group meshes by proc mesh (the
+    kernel, the sidebar, process groups). A function, not an attribute: see ``actor_key``."""
+    return mesh._procs  # noqa: SLF001  the one reader outside the mesh classes

@@ -250,7 +250,7 @@ class Relayer:
         # after there (Node.in_order), although it travels through this agent.
         return (kind, key, endpoint, call_state, (tuple(port.address), port.port_id, caller))
 
-    def _on_reply(self, gather: _Gathering, msg: Message) -> None:
+    def on_reply(self, gather: _Gathering, msg: Message) -> None:
         _, _, index, status, *after_field = msg.envelope  # (REPLY, port id, index, status[, after])
         dest = gather.caller.address
         batch = self._batches.get(dest.mailbox)
@@ -329,7 +329,7 @@ class _Gathering:
         self.port: Port | None = None  # this agent's port that the workers answer
 
     def on_message(self, msg: Message) -> None:
-        self.relayer._on_reply(self, msg)
+        self.relayer.on_reply(self, msg)
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> None:
         return None  # the agent learns its workers' exits from the fork server (Relayer.remove)
@@ -363,7 +363,7 @@ def cast(
     what: str,
     window: float = 0.0,
 ) -> None:
-    """An endpoint's cast (``Endpoint._cast``): a broadcast when there is no collector."""
+    """An endpoint's cast (``Endpoint.cast``): a broadcast when there is no collector."""
     _, _, _, state, _ = envelope  # (CALL, key, endpoint, shape state, reply)
     one_way = collector is None
     args = (node, procs, shape, state, envelope, payload, buffers, digest, collector, one_way)

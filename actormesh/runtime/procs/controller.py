@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ... import config
 from ...errors import (
@@ -34,6 +34,8 @@ from ..messaging.transport import Address, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
 
 logger = logging.getLogger(__name__)
+
+_Agent = TypeVar("_Agent", bound=AgentHandle)
 
 
 class Controller:
@@ -83,6 +85,14 @@ class Controller:
             if self._local_agent is None:
                 self._local_agent = self._start_local_agent()
             return self._local_agent
+
+    def add_agent(self, make: Callable[[int], _Agent]) -> _Agent:
+        """Append the agent ``make(host_rank)`` builds (its host rank is its index in
+        ``agents``), under the lock that starting this machine's own agent takes too."""
+        with self._lock:
+            agent = make(len(self.agents))
+            self.agents.append(agent)
+            return agent
 
     def _start_local_agent(self) -> AgentHandle:
         r, w = os.pipe()
@@ -172,6 +182,19 @@ class Controller:
 
     def register(self, record: MeshRecord) -> None:
         self.meshes[record.table.mesh_id] = record
+
+    def live_record(self, mesh_id: str) -> MeshRecord | None:
+        """The record of ``mesh_id`` while it can still be used: ``None`` once its mesh is
+        stopping or stopped, or if this controller never spawned it."""
+        record = self.meshes.get(mesh_id)
+        if record is None or record.stopping or record.table.closed:
+            return None
+        return record
+
+    def live_records(self) -> list[MeshRecord]:
+        """Every mesh of this controller that is not stopping (a snapshot: safe to iterate
+        while meshes come and go on the I/O thread)."""
+        return [r for r in list(self.meshes.values()) if not (r.stopping or r.table.closed)]
 
     def _on_ready(self, msg: Message) -> None:
         _, mesh_id, rank, pid, *tcp = msg.envelope
@@ -287,6 +310,7 @@ _controller_hooks: list[Callable[[Controller], None]] = []
 
 
 def get_controller() -> Controller:
+    """This process's controller, made (with its node) on first use."""
     global _controller
     with _controller_lock:
         if _controller is None:
@@ -294,6 +318,12 @@ def get_controller() -> Controller:
             for hook in _controller_hooks:
                 hook(_controller)
         return _controller
+
+
+def controller_if_started() -> Controller | None:
+    """This process's controller, or ``None`` if nothing made one yet (never makes one: for
+    tools that only look, like the sidebar, the debugger and the kernel's shutdown)."""
+    return _controller
 
 
 def on_controller(hook: Callable[[Controller], None]) -> None:

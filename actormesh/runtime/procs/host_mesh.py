@@ -44,6 +44,10 @@ class HostMesh(MeshShape):
     def _new_with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh._create(self._ctl, self._agents, shape)
 
+    def agent_handles(self) -> list[AgentHandle]:
+        """The host agents of this view's hosts, in rank order."""
+        return [self._agents[r] for r in self._shape.ranks()]
+
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.extent}>"
 

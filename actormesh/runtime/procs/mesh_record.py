@@ -19,9 +19,11 @@ from ...errors import (
 from ..actors.future import Future, settle, when_all
 from ..actors.runner import ActorRunner, current_runner
 from ..faults import supervision
+from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.protocol import DUMP, REAP, REVIVED, SPAWN_PROCS, STOP
 from ..messaging.transport import Address
+from ..shape import Shape
 from . import rehost
 
 if TYPE_CHECKING:
@@ -85,6 +87,22 @@ class MeshRecord:
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
         return f"processes {', '.join(missing[:8])} to start"
+
+    @property
+    def registered(self) -> bool:
+        """Whether its spawn request is filled in (a record briefly exists without it)."""
+        return "extent" in self.common
+
+    @property
+    def shape(self) -> Shape:
+        """The whole mesh's shape, as spawned."""
+        labels, sizes = self.common["extent"]
+        return Shape.from_extent(dict(zip(labels, sizes, strict=True)))
+
+    def proc_mesh(self, shape: Shape | None = None) -> ProcMesh:
+        """A ``ProcMesh`` on this record's processes (the view ``shape``, default the whole
+        mesh): for tools that find a mesh by its id and did not keep the user's object."""
+        return ProcMesh._create(self.table, self.shape if shape is None else shape, self)
 
     def agent_of(self, rank: int) -> AgentHandle:
         return self.agents[rank // self.per_host]
