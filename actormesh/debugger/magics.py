@@ -37,10 +37,10 @@ from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.shape import Shape, view_shape
 from . import state as debugger_state
 from .dap import DapError
+from .rank_debug import RankDebug
 from .session import (
     STEP_COMMANDS,
     Debugger,
-    RankDebug,
     RanksPaused,
     default_label,
     enable_breakpoints,

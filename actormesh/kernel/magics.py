@@ -17,9 +17,10 @@ from ..errors import MeshError
 from ..runtime.faults.stacks import render_grouped
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.node import node_if_started
-from .cells import CellOptions, CellRun, MeshRegistry, MeshTools, PendingCell, Target
+from .cells import CellOptions, CellRun, PendingCell
 from .display import CellInterrupted, CellSyntaxError
 from .selection import SelectionError, resolve_target, select
+from .targets import MeshRegistry, MeshTools, Target
 
 _SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "dbg")
 

@@ -20,7 +20,7 @@ from ...errors import MeshError
 from ...runtime.actors.future import Future, when_all
 from ...runtime.faults.stacks import _BUSY_FOR
 from ...runtime.procs.controller import controller_if_started
-from ..cells import MeshRegistry, MeshTools
+from ..targets import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
 from .watch import MeshWatcher, debugger_state, paused_ranks

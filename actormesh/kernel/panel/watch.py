@@ -25,7 +25,7 @@ from ...runtime.meshes.actor_mesh import ActorMesh
 from ...runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ...runtime.procs.controller import controller_if_started
 from ...runtime.procs.mesh_record import MeshRecord
-from ..cells import MeshRegistry, MeshTools
+from ..targets import MeshRegistry, MeshTools
 
 logger = logging.getLogger(__name__)
 
