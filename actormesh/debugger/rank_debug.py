@@ -104,8 +104,8 @@ class RankDebug:
         """A connection to the rank's debugpy, which listens on its host's loopback: straight
         there on this host, else through the rank's host agent (``runtime/messaging/tunnel.py``)."""
         ctl = get_controller()
-        record = ctl.meshes.get(self.mesh_id)
-        if record is None or record.table.closed:
+        record = ctl.live_record(self.mesh_id)
+        if record is None:
             raise DapError(f"proc mesh {self.mesh_id} is stopped")
         if record.table.addresses[self.rank].host == ctl.node.transport.host_id:
             return socket.create_connection(("127.0.0.1", port), timeout=DEFAULT_TIMEOUT)

@@ -20,6 +20,7 @@ from ...errors import MeshError
 from ...runtime.actors.future import Future, when_all
 from ...runtime.faults.stacks import _BUSY_FOR
 from ...runtime.procs.controller import controller_if_started
+from ...runtime.procs.mesh_record import MeshRecord
 from ..targets import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
@@ -113,10 +114,10 @@ class PanelService:
             self._when_done(request, record.stop(), f"stopped mesh {mesh_id}")
         self._wake.set()
 
-    def _record(self, mesh_id: str) -> Any:
+    def _record(self, mesh_id: str) -> MeshRecord:
         ctl = controller_if_started()
-        record = None if ctl is None else ctl.meshes.get(mesh_id)
-        if record is None or record.stopping:
+        record = None if ctl is None else ctl.live_record(mesh_id)
+        if record is None:
             raise PanelRequestError(
                 f"no live proc mesh {mesh_id} in this kernel; it was stopped or never existed"
             )
