@@ -73,4 +73,24 @@ Extension points
                                   on paused ranks)
 ``supervision.set_fault_hook``    where failures nobody waits for go (a broadcast that raised)
 ================================  ===============================================================
+
+For tools (the kernel, the debugger, the sidebar)
+=================================================
+
+Tools built on the runtime use these names, never its private fields (ruff's ``SLF001`` is on):
+
+==================================  =============================================================
+``controller_if_started()``         this process's controller, or ``None`` (never makes one)
+``Controller.live_record(mesh_id)``  a mesh's ``MeshRecord`` unless it is stopping or stopped;
+                                    ``live_records()`` for all of them
+``MeshRecord.proc_mesh(shape)``     a ``ProcMesh`` on a mesh found by its id (a view of it)
+``MeshShape.rank_view(i)``          the one-actor view of rank ``i`` (``Shape.rank_view`` too)
+``view_shape``, ``proc_table``,     a mesh's ``Shape``, its ``ProcTable``, an actor mesh's key
+``actor_key``                       (functions: an attribute would hide a same-named endpoint)
+``Endpoint.cast(shape, ..., c)``    a cast on a view, its replies to a ``Collector`` ``c`` of the
+                                    tool's own (``meshes/collect.py``)
+``Future.pending_ranks()``          the ``(mesh_id, rank)`` a mesh call still waits for
+``actor_host()``                    the actors of this process (a worker's tools find theirs)
+``stacks.TOOL_ACTOR_PREFIX``        actor names reserved for tools: left out of stack dumps
+==================================  =============================================================
 """
