@@ -29,7 +29,7 @@ from ..runtime.messaging.codec import Message, read_key_file
 from ..runtime.messaging.curve import curve_keys
 from ..runtime.messaging.node import Node, set_node
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, AGENT_READY, HEARTBEAT
-from ..runtime.messaging.transport import Address, make_run_dir
+from ..runtime.messaging.transport import Address, Transport, make_run_dir
 from ..runtime.procs.host_agent import Agent
 from . import handshake
 from .netif import interface_of, source_address, split_host_port
@@ -174,7 +174,8 @@ def _run(
         "ifname": interface_of(ip),
     }
     keys = curve_keys(key) if welcome["curve"] else None
-    node = Node(key, run_dir, f"agent{init['host_rank']}", "agent", ip, name, curve=keys)
+    transport = Transport(key, run_dir, f"agent{init['host_rank']}", ip, name, curve=keys)
+    node = Node(transport, "agent")
     set_node(node)
     agent = RemoteAgent(node, init)
     controller = agent.controller

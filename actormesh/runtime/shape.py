@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import builtins
 import math
-from abc import ABC, abstractmethod
+from abc import ABC, ABCMeta, abstractmethod
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import MeshIndexError, MeshTypeError, MeshUsageError
 from .extent import (
@@ -33,7 +33,7 @@ from .extent import (
     row_major_strides,
 )
 
-__all__ = ["MeshShape", "Shape", "view_shape"]
+__all__ = ["MeshShape", "NoPublicConstructor", "Shape", "view_shape"]
 
 
 class Shape:
@@ -404,6 +404,19 @@ def view_shape(mesh: MeshShape) -> Shape:
     """The ``Shape`` a mesh covers (a function, not a property: a property on meshes would hide
     an actor's endpoint of the same name)."""
     return mesh._shape  # noqa: SLF001  the one reader of the field outside the mesh classes
+
+
+class NoPublicConstructor(ABCMeta):
+    """The metaclass of what the runtime builds and users only receive (meshes, value meshes,
+    port receivers): calling the class raises ``TypeError`` with the class's own advice,
+    ``_not_constructed``. The runtime builds them with their ``_create`` classmethods, which
+    never call the class. ``MeshShape`` itself stays an open mixin. Trio's guard of the same name
+    (``trio/_util.py``) is the model."""
+
+    _not_constructed: str
+
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(cls._not_constructed)
 
 
 class MeshShape(ABC):

@@ -15,7 +15,7 @@ from actormesh.runtime.meshes.relay import plan
 from actormesh.runtime.messaging.codec import Message, new_key
 from actormesh.runtime.messaging.node import Node
 from actormesh.runtime.messaging.protocol import shape_state
-from actormesh.runtime.messaging.transport import Address
+from actormesh.runtime.messaging.transport import Address, Transport
 from actormesh.runtime.shape import Shape
 
 
@@ -66,7 +66,8 @@ class _Recorder:
 @pytest.fixture
 def node() -> Iterator[Node]:
     run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
-    made = Node(new_key(), run_dir, "ctl", "controller")  # never started: we call its handlers
+    # never started: we call its handlers
+    made = Node(Transport(new_key(), run_dir, "ctl"), "controller")
     try:
         yield made
     finally:

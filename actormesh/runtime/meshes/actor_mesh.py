@@ -6,7 +6,7 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import MeshUsageError
 from ..actors.future import Future
-from ..shape import MeshShape, Shape
+from ..shape import MeshShape, NoPublicConstructor, Shape
 from .endpoint import Endpoint
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
@@ -14,7 +14,7 @@ from .value_mesh import ValueMesh
 A = TypeVar("A")
 
 
-class ActorMesh(MeshShape, Generic[A]):
+class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     """Actors of one class, one per rank, made by ``ProcMesh.spawn``. Not constructed by users.
 
     ``mesh.<endpoint>`` gives an :class:`Endpoint` with the adverbs (``call``, ``call_one``,
@@ -33,8 +33,7 @@ class ActorMesh(MeshShape, Generic[A]):
     _endpoints: frozenset[str]
     _initialized: Future[Any] | None
 
-    def __init__(self, *_: Any, **__: Any) -> None:
-        raise TypeError("ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)")
+    _not_constructed = "ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)"
 
     @classmethod
     def _create(

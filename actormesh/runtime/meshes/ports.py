@@ -11,6 +11,7 @@ from ...errors import ProcDeath
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import Port, current_node
+from ..shape import NoPublicConstructor
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
 
@@ -20,7 +21,7 @@ U = TypeVar("U")
 __all__ = ["Accumulator", "Channel", "Port", "PortReceiver"]
 
 
-class PortReceiver(Generic[T]):
+class PortReceiver(Generic[T], metaclass=NoPublicConstructor):
     """The receiving end of a channel, in the process that opened it.
 
     ``recv()`` returns a :class:`Future` of the next value sent to the port (values arrive per
@@ -31,8 +32,7 @@ class PortReceiver(Generic[T]):
     _waiters: queue.SimpleQueue[Future[T]]
     _port: Port | None
 
-    def __init__(self, *_: Any, **__: Any) -> None:
-        raise TypeError("PortReceiver is not constructed directly; use Channel.open()")
+    _not_constructed = "PortReceiver is not constructed directly; use Channel.open()"
 
     @classmethod
     def _create(cls) -> PortReceiver[T]:

@@ -14,7 +14,7 @@ from ..actors.future import Future
 from ..messaging.codec import payload_digest
 from ..messaging.node import current_node
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
-from ..shape import MeshShape, Shape
+from ..shape import MeshShape, NoPublicConstructor, Shape
 from . import relay
 from .actor_mesh import ActorMesh
 from .collect import MISSING, Gather
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 A = TypeVar("A", bound=Actor)
 
 
-class ProcMesh(MeshShape):
+class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     """Worker processes, one per rank, made by ``HostMesh.spawn_procs``. Not built by users.
 
     ``spawn`` puts one actor per rank. ``stop()`` ends the processes; afterwards any call on
@@ -40,8 +40,7 @@ class ProcMesh(MeshShape):
     _procs: ProcTable
     _record: MeshRecord | None
 
-    def __init__(self, *_: Any, **__: Any) -> None:
-        raise TypeError("ProcMesh is not constructed directly; use this_host().spawn_procs(...)")
+    _not_constructed = "ProcMesh is not constructed directly; use this_host().spawn_procs(...)"
 
     @classmethod
     def _create(cls, procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from ..extent import Point
-from ..shape import MeshShape, Shape
+from ..shape import MeshShape, NoPublicConstructor, Shape
 
 __all__ = ["ValueMesh"]
 
@@ -30,7 +30,7 @@ def _rebuild(shape: Shape, values: tuple[Any, ...]) -> ValueMesh[Any]:
     return ValueMesh._create(shape, values)
 
 
-class ValueMesh(MeshShape, Generic[T]):
+class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
     """One value per point of a mesh, e.g. the losses of every trainer.
 
     Users get one from ``endpoint.call(...).get()``; it cannot be constructed directly. It has
@@ -48,11 +48,10 @@ class ValueMesh(MeshShape, Generic[T]):
     _base: Shape
     _values: tuple[T, ...]
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError(
-            "ValueMesh is created by the runtime; get one from endpoint.call(...).get() "
-            "(internally: ValueMesh._create(shape, values))"
-        )
+    _not_constructed = (
+        "ValueMesh is created by the runtime; get one from endpoint.call(...).get() "
+        "(internally: ValueMesh._create(shape, values))"
+    )
 
     @classmethod
     def _create(cls, shape: Shape, values: Sequence[T]) -> ValueMesh[T]:

@@ -15,7 +15,6 @@ for an actor thread that is busy in user code.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import threading
 from collections import deque
@@ -26,6 +25,7 @@ import zmq
 from .codec import Message, Verifier
 from .protocol import BATCH, CALL
 from .transport import Address, receive
+from .wake_pipe import WakePipe
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class ActorInbox:
         self._verifier = Verifier(key, address.mailbox) if address is not None else None
         self._queue: deque[Any] = deque()  # handed over by other threads
         self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._wake = WakePipe()
+        self._wake_r = self._wake.r  # compared on every wake-up of the actor's thread
         self._socket: zmq.Socket[Any] | None = None
         self._poller: select.poll | None = None
         self._armed = False  # read until empty since anything else touched the socket
@@ -86,10 +86,7 @@ class ActorInbox:
     def put(self, item: Any) -> None:
         """Hand the actor an item (any thread)."""
         self._queue.append(item)
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass  # closed: the actor is gone
+        self._wake.wake()
 
     def get(self) -> Any:
         """The next item: handed-over ones first, then calls from the socket (actor's thread)."""
@@ -109,10 +106,7 @@ class ActorInbox:
             assert self._poller is not None
             for fd, _ in self._poller.poll():
                 if fd == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
+                    self._wake.drain()
                 else:
                     woken = True
 
@@ -147,8 +141,4 @@ class ActorInbox:
         self._closed = True
         if self._socket is not None:
             self._socket.close(linger=0)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wake.close()

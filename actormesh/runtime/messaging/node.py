@@ -80,25 +80,14 @@ class PortHandler(Protocol):
 class Node:
     """Process-wide runtime state. See the module docstring."""
 
-    def __init__(
-        self,
-        key: bytes,
-        run_dir: str,
-        name: str,
-        role: str,
-        tcp_host: str | None = None,
-        host_id: str | None = None,
-        mailbox: bytes | None = None,
-        ipc: str | None = None,
-        tcp_port: int = 0,
-        curve: CurveKeys | None = None,
-    ) -> None:
-        self.key = key
+    def __init__(self, transport: Transport, role: str) -> None:
+        """The node of this process over ``transport`` (built, not started): from now on it
+        handles what arrives there."""
+        self.key = transport.key
         self.role = role
-        self.run_dir = run_dir
-        self.transport = Transport(
-            key, self.dispatch, run_dir, name, tcp_host, host_id, mailbox, ipc, tcp_port, curve
-        )
+        self.run_dir = transport.run_dir
+        self.transport = transport
+        transport.on_message = self.dispatch
         self.address = self.transport.address
         # kind -> handler; read on every message, so a plain dict. Add to it with register().
         self.handlers: dict[str, Callable[[Message], None]] = {}

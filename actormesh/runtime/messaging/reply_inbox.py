@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import select
 import threading
 import time
@@ -27,6 +26,7 @@ from ..faults import supervision
 from .actor_inbox import actor_context
 from .codec import Verifier, new_id
 from .transport import MAX_IPC_PATH, Address, receive
+from .wake_pipe import WakePipe
 
 if TYPE_CHECKING:
     from .node import Node
@@ -59,8 +59,8 @@ class ReplyInbox:
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.bind(self.address.ipc or "")
         self._fd = self._socket.getsockopt(zmq.FD)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._wake = WakePipe()
+        self._wake_r = self._wake.r  # compared on every wake-up of a waiting call
         self._poller = select.poll()
         self._poller.register(self._fd, _POLL_IN)
         self._poller.register(self._wake_r, _POLL_IN)
@@ -96,10 +96,7 @@ class ReplyInbox:
                 for fd, _ in events:
                     if fd == self._wake_r:
                         poked = True
-                        try:
-                            os.read(self._wake_r, 4096)
-                        except OSError:
-                            pass
+                        self._wake.drain()
                     else:
                         woken = True
                 if (poked or not events) and not fut.done():
@@ -110,10 +107,7 @@ class ReplyInbox:
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
         to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        self._wake.wake()
 
     # -- the I/O thread --------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from ... import config
 from . import protocol
 from .codec import Message, Signer, Verifier, WireError, new_id
 from .curve import CurveKeys
+from .wake_pipe import WakePipe
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,12 @@ def local_host_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
+def _unattached(msg: Message) -> None:
+    logger.warning(
+        "dropped a %r message: no node handles this transport's messages", msg.envelope[0]
+    )
+
+
 def make_run_dir() -> str:
     return tempfile.mkdtemp(prefix="am-", dir=config.RUN_DIR)
 
@@ -161,7 +168,6 @@ class Transport:
     def __init__(
         self,
         key: bytes,
-        on_message: Callable[[Message], None],
         run_dir: str,
         name: str,
         tcp_host: str | None = None,
@@ -172,6 +178,8 @@ class Transport:
         curve: CurveKeys | None = None,
     ) -> None:
         self.ctx = zmq.Context()
+        self.key = key
+        self.run_dir = run_dir
         # Across hosts, tcp:// traffic may be encrypted (ipc:// never is: it stays on the host).
         self._curve = curve
         self.mailbox = mailbox or new_id()
@@ -180,7 +188,9 @@ class Transport:
         # and receivers must not take its fresh sequence numbers for replays).
         self._signer = Signer(key, new_id())
         self._verifier = Verifier(key, self.mailbox)
-        self._on_message = on_message
+        # Handles each message off the process inbox, on the I/O thread: the Node built on this
+        # transport sets it (Node.dispatch) before the transport starts.
+        self.on_message: Callable[[Message], None] = _unattached
         self._inbox = self.ctx.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.LINGER, 0)
         self._inbox.setsockopt(zmq.RCVHWM, 0)
@@ -202,8 +212,9 @@ class Transport:
         self._actor_routes: dict[tuple[Address, str], Address] = {}
         # Work handed to the I/O thread from other threads, and its wake-up fd.
         self._calls: deque[Callable[[], None]] = deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
+        self._wake = WakePipe()
+        self._wake_r = self._wake.r  # compared on every poll event of the I/O thread
+        self._wake_up = self._wake.wake  # call_soon is on the path of every broadcast
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
         self._readers: dict[int, Callable[[], None]] = {}
@@ -438,10 +449,7 @@ class Transport:
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         self._calls.append(fn)
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass  # closed: the loop is gone
+        self._wake_up()
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread after ``delay`` seconds (I/O thread only)."""
@@ -477,10 +485,7 @@ class Transport:
                 if what is inbox:
                     self._drain(inbox)  # zmq_poll said POLLIN: a message is waiting
                 elif what == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
+                    self._wake.drain()
                 else:
                     reader = self._readers.get(what)
                     if reader is not None:
@@ -494,7 +499,7 @@ class Transport:
     def _drain(self, inbox: zmq.Socket[Any]) -> None:
         for msg in receive(inbox, self._verifier, _DRAIN_BATCH, woken=True):
             try:
-                self._on_message(msg)
+                self.on_message(msg)
             except Exception:
                 logger.exception("error handling a %r message", msg.envelope[0])
             if self.on_handled is not None:
@@ -529,8 +534,4 @@ class Transport:
                 sock.close(linger=int(linger * 1000))
         self._inbox.close(linger=0)
         self.ctx.term()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wake.close()

@@ -30,7 +30,7 @@ from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
 from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, READY, UNHANDLED
-from ..messaging.transport import Address, make_run_dir
+from ..messaging.transport import Address, Transport, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Controller:
         else:
             self.key = job_key()
             self.run_dir = make_run_dir()
-            self.node = Node(self.key, self.run_dir, "ctl", role="controller")
+            self.node = Node(Transport(self.key, self.run_dir, "ctl"), role="controller")
             self.node.controller = self.node.address
             ActorHost(self.node, proc_rank=0)  # this_proc(): actors in the controller itself
         self.logs = LogSink()

@@ -39,7 +39,7 @@ from ..messaging.protocol import (
     SIGNAL,
     SPAWN_PROCS,
 )
-from ..messaging.transport import Address
+from ..messaging.transport import Address, Transport
 from ..messaging.tunnel import TunnelEnds
 from .osutil import describe_status, die_with_parent
 from .zygote import FD_ENV
@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the controller
     init = _read_init(args.lifeline_fd)
     die_with_parent(init["controller_pid"])
-    node = Node(bytes.fromhex(init["key"]), init["run_dir"], f"agent{init['host_rank']}", "agent")
+    name = f"agent{init['host_rank']}"
+    node = Node(Transport(bytes.fromhex(init["key"]), init["run_dir"], name), "agent")
     set_node(node)
     agent = Agent(node, init)
     lifeline = args.lifeline_fd

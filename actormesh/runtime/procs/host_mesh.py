@@ -6,7 +6,6 @@ import os
 import sys
 import uuid
 from collections.abc import Mapping
-from typing import Any
 
 from ... import config
 from ...errors import MeshUsageError, SupervisionError
@@ -16,11 +15,11 @@ from ..meshes.proc_table import ProcTable
 from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
 from ..messaging.transport import Address
-from ..shape import MeshShape, Shape
+from ..shape import MeshShape, NoPublicConstructor, Shape
 from .controller import AgentHandle, Controller, MeshRecord, get_controller
 
 
-class HostMesh(MeshShape):
+class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     """Hosts, each with a host agent that starts and watches worker processes.
 
     Not constructed by users: ``this_host()`` gives the local machine as a mesh of extent
@@ -30,8 +29,7 @@ class HostMesh(MeshShape):
     _ctl: Controller
     _agents: list[AgentHandle]
 
-    def __init__(self, *_: Any, **__: Any) -> None:
-        raise TypeError("HostMesh is not constructed directly; use actormesh.this_host()")
+    _not_constructed = "HostMesh is not constructed directly; use actormesh.this_host()"
 
     @classmethod
     def _create(cls, ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:

@@ -26,7 +26,7 @@ from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
 from ..messaging.node import Node, reply_port, set_node
 from ..messaging.protocol import INTERRUPT, MOVED, OK, READY, REPLY, STACKS, STOP, shape_from_state
-from ..messaging.transport import Address
+from ..messaging.transport import Address, Transport
 from . import rehost
 
 logger = logging.getLogger(__name__)
@@ -53,11 +53,10 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
     labels, sizes = spec["extent"]
     point = Point(spec["rank"], Extent(labels, sizes))
-    node = Node(
+    transport = Transport(
         key,
         init["run_dir"],
         f"{spec['mesh_id']}-{spec['rank']}",
-        role="worker",
         mailbox=bytes.fromhex(spec["mailbox"]),
         ipc=spec["ipc"],
         # On a host other than the controller's, the worker is also reachable over tcp://
@@ -68,6 +67,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         tcp_port=spec.get("tcp_port", 0),
         curve=curve_keys(key) if spec.get("curve", init.get("curve")) else None,
     )
+    node = Node(transport, role="worker")
     set_node(node)
     node.controller = _address(init["controller"])
     node.mesh_id = spec["mesh_id"]
