@@ -103,8 +103,6 @@ class MeshWatcher:
         out = []
         live = set()
         for record in ctl.live_records():
-            if not record.registered:
-                continue  # still being registered
             mesh_id = record.table.mesh_id
             live.add(mesh_id)
             view = self.views.setdefault(mesh_id, MeshView())
@@ -142,9 +140,9 @@ class MeshWatcher:
             )
         actors = sorted(
             {
-                spawn[1][2]
+                spawn.name
                 for spawn in record.actor_spawns
-                if not spawn[1][2].startswith(TOOL_ACTOR_PREFIX)
+                if not spawn.name.startswith(TOOL_ACTOR_PREFIX)
             }
         )
         return {

@@ -11,15 +11,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
-
-if TYPE_CHECKING:
-    pass
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 class Actor:
@@ -28,6 +26,19 @@ class Actor:
     An actor lives in one worker process, built there with the arguments given to
     ``ProcMesh.spawn``; ``__init__`` runs before the first message is handled.
     """
+
+
+# How endpoints are typed. ``P`` is what a caller passes (the method's parameters without
+# ``self``), ``R`` what a caller gets back: the return value, awaited for an ``async def``.
+# On an actor instance an endpoint is the plain method (``self.step(...)`` inside the actor
+# runs it directly), so ``__get__`` on an instance gives ``Callable[P, R]`` (a coroutine
+# function for ``async def``), never an ``Endpoint``: we do not copy Monarch, whose ``__get__``
+# answers ``Endpoint[P, R]`` for every access and types the mesh as the actor class itself
+# (``spawn -> TActor``), which its own comment calls "a total lie". Here ``spawn`` gives an
+# ``ActorMesh[T]``; ``mesh.step`` goes through ``ActorMesh.__getattr__``, which is
+# ``Endpoint[Any, Any]`` to a bare type checker and ``Endpoint[P, R]`` of ``T.step`` with the
+# mypy plugin ``actormesh.mypy_plugin`` (see there): that is what checks
+# ``mesh.step.call(lr=0.1)`` against ``def step(self, lr: float)``.
 
 
 class EndpointProperty(Generic[P, R]):
@@ -39,6 +50,8 @@ class EndpointProperty(Generic[P, R]):
         self.fn = fn
         self.name = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
+        # Copies __doc__, __name__, __wrapped__...: help() and inspect see the method. typeshed
+        # types update_wrapper's first argument as a function, which this descriptor is not.
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     @overload
@@ -51,12 +64,41 @@ class EndpointProperty(Generic[P, R]):
         return self.fn.__get__(instance, owner)
 
 
-@overload
-def endpoint(fn: Callable[..., R]) -> EndpointProperty[..., R]: ...
+class AsyncEndpointProperty(EndpointProperty[P, R]):
+    """``@endpoint`` on an ``async def``: callers get ``R`` (awaited remotely); on an actor
+    instance it is the coroutine function itself."""
+
+    # On an instance it is the coroutine function, where a sync endpoint is the function giving
+    # R: that difference is the point of this class, so the override is knowingly narrower.
+    @overload  # type: ignore[override]
+    def __get__(self, instance: None, owner: type) -> AsyncEndpointProperty[P, R]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __get__(self, instance: object | None, owner: type) -> Any:
+        if instance is None:
+            return self
+        return self.fn.__get__(instance, owner)
+
+
+class _EndpointDecorator(Protocol):
+    """``endpoint(**options)``: the decorator ``@endpoint()`` applies."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R_co]]
+    ) -> AsyncEndpointProperty[P, R_co]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], R_co]) -> EndpointProperty[P, R_co]: ...
+
+
 @overload
 def endpoint(
-    fn: None = None, **options: Any
-) -> Callable[[Callable[..., R]], EndpointProperty[..., R]]: ...
+    fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> AsyncEndpointProperty[P, R]: ...
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R]) -> EndpointProperty[P, R]: ...
+@overload
+def endpoint(fn: None = None, **options: Any) -> _EndpointDecorator: ...
 def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Mark an actor method (``def`` or ``async def``) as callable through meshes.
 
@@ -64,7 +106,13 @@ def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     Monarch compatibility and ignored.
     """
     if fn is None:
-        return lambda f: EndpointProperty(f)
+        return _make_property
+    return _make_property(fn)
+
+
+def _make_property(fn: Callable[..., Any]) -> EndpointProperty[..., Any]:
+    if inspect.iscoroutinefunction(fn):
+        return AsyncEndpointProperty(fn)
     return EndpointProperty(fn)
 
 

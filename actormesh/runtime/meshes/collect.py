@@ -18,7 +18,7 @@ from ...errors import (
 )
 from ..actors.future import Future
 from ..messaging.codec import Message
-from ..messaging.node import Node, current_node
+from ..messaging.node import Node, Port, current_node
 from ..messaging.protocol import FAILED
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class Collector(Generic[T]):
         self.values: list[Any] = [MISSING] * self.n
         self.remaining = self.n
         self.lock = threading.Lock()
-        self.port: Any = None
+        self.port: Port | None = None
 
     def missing_ranks(self) -> str:
         missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is MISSING]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..shape import Shape
     from .proc_table import ProcTable
 
-from .collect import Gather, Stream
+from .collect import Collector, Gather, Stream
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -159,7 +159,11 @@ class Endpoint(Generic[P, R]):
     # -- sending ---------------------------------------------------------------------------------
 
     def cast(
-        self, shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any], collector: Any
+        self,
+        shape: Shape,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        collector: Collector[Any] | None,
     ) -> None:
         """Send ``endpoint(*args, **kwargs)`` to the ranks of ``shape`` (a view of this mesh),
         their replies to ``collector`` (a :class:`Collector`; ``None``: no reply). The adverbs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
@@ -17,7 +17,7 @@ from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import MeshShape, NoPublicConstructor, Shape
 from . import relay
 from .actor_mesh import ActorMesh
-from .collect import MISSING, Gather
+from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
@@ -27,6 +27,18 @@ if TYPE_CHECKING:
     from ..procs.host_mesh import HostMesh
 
 A = TypeVar("A", bound=Actor)
+
+
+class ActorSpawn(NamedTuple):
+    """One ``ProcMesh.spawn`` as it was sent: sent again, with a new reply port, to the ranks
+    of the mesh that are healed."""
+
+    key: str
+    name: str
+    shape: Shape
+    payload: bytes
+    buffers: list[Any]
+    digest: bytes
 
 
 class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
@@ -103,7 +115,8 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         state = shape_state(shape)
         relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
         if self._record is not None:
-            self._record.actor_spawns.append((key, envelope, payload, buffers, digest))
+            spawn = ActorSpawn(key, name, shape, payload, buffers, digest)
+            self._record.actor_spawns.append(spawn)
         return mesh
 
     # -- supervision ---------------------------------------------------------------------------
@@ -171,7 +184,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 agent.ready.get(timeout=config.SPAWN_TIMEOUT)
         return self._record.heal(spares)
 
-    def _control(self, envelope: tuple[Any, ...], collector: Any) -> None:
+    def _control(self, envelope: tuple[Any, ...], collector: Collector[Any] | None) -> None:
         if self._procs.closed:
             raise MeshClosedError("the proc mesh was stopped; spawn a new one")
         node = current_node()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from ...errors import ProcDeath
     from ..messaging.node import Node, Port
     from ..shape import Shape
+    from .collect import Collector
     from .proc_table import ProcTable
 
 logger = logging.getLogger(__name__)
@@ -98,9 +100,9 @@ def send(
     state: tuple[Any, ...],
     envelope: tuple[Any, ...],
     payload: bytes = b"",
-    buffers: Any = (),
+    buffers: Sequence[Any] = (),
     digest: bytes | None = None,
-    collector: Any = None,
+    collector: Collector[Any] | None = None,
     one_way: bool = False,
     what: str = "",
     window: float = 0.0,
@@ -357,9 +359,9 @@ def cast(
     shape: Shape,
     envelope: tuple[Any, ...],
     payload: bytes,
-    buffers: Any,
+    buffers: Sequence[Any],
     digest: bytes,
-    collector: Any,
+    collector: Collector[Any] | None,
     what: str,
     window: float = 0.0,
 ) -> None:

@@ -17,6 +17,7 @@ from ..messaging.logs import rank_label
 from ..messaging.transport import Address
 from ..shape import MeshShape, NoPublicConstructor, Shape
 from .controller import AgentHandle, Controller, MeshRecord, get_controller
+from .mesh_record import SpawnRequest
 
 
 class HostMesh(MeshShape, metaclass=NoPublicConstructor):
@@ -102,18 +103,13 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
             labels.append(rank_label(shape.point(rank)))
             relays.append(agent.address if agent.run_dir is not None else None)
         table = ProcTable(mesh_id, addresses, labels, relays if any(relays) else None)
-        record = MeshRecord(ctl, table, agents, per)
-        ctl.register(record)
         spawn_env = dict(env or {})
         hook = os.environ.get("PYTHONBREAKPOINT")
         if hook:  # breakpoint() on ranks of other hosts too (the debugger sets it)
             spawn_env.setdefault("PYTHONBREAKPOINT", hook)
-        record.common = {
-            "cwd": os.getcwd(),
-            "sys_path": list(sys.path),
-            "env": spawn_env,
-            "extent": [list(extent.labels), list(extent.sizes)],
-        }
+        request = SpawnRequest(os.getcwd(), list(sys.path), spawn_env, extent)
+        record = MeshRecord(ctl, table, agents, per, request)
+        ctl.register(record)
         record.spawn_ranks(list(range(len(shape))))
         try:
             record.ready.get(timeout=config.SPAWN_TIMEOUT)

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import config
@@ -18,10 +19,11 @@ from ...errors import (
 )
 from ..actors.future import Future, settle, when_all
 from ..actors.runner import ActorRunner, current_runner
+from ..extent import Extent
 from ..faults import supervision
-from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_mesh import ActorSpawn, ProcMesh
 from ..meshes.proc_table import ProcTable
-from ..messaging.protocol import DUMP, REAP, REVIVED, SPAWN_PROCS, STOP
+from ..messaging.protocol import DUMP, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..messaging.transport import Address
 from ..shape import Shape
 from . import rehost
@@ -30,6 +32,30 @@ if TYPE_CHECKING:
     from .controller import Controller
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """What every process of one proc mesh starts with; each rank adds its own part
+    (``MeshRecord.proc_request``). Kept to start a rank again when it is healed.
+
+    It goes to host agents as the plain dict of ``wire()``: the agent merges it with each
+    rank's part into the JSON line a worker reads at start-up (``worker.main``), so the dict
+    *is* the form the far end uses, and an agent needs no class of ours to read it.
+    """
+
+    cwd: str
+    sys_path: list[str]
+    env: dict[str, str]  # added to each worker's environment
+    extent: Extent  # of the whole proc mesh: host dimensions, then per-host ones
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "cwd": self.cwd,
+            "sys_path": self.sys_path,
+            "env": self.env,
+            "extent": [list(self.extent.labels), list(self.extent.sizes)],
+        }
 
 
 class AgentHandle:
@@ -64,7 +90,14 @@ class AgentHandle:
 class MeshRecord:
     """A proc mesh owned by this controller: start-up, exits and stop."""
 
-    def __init__(self, ctl: Controller, table: ProcTable, agents: list[AgentHandle], per_host: int):
+    def __init__(
+        self,
+        ctl: Controller,
+        table: ProcTable,
+        agents: list[AgentHandle],
+        per_host: int,
+        request: SpawnRequest,
+    ) -> None:
         self.ctl = ctl
         self.table = table
         self.agents = agents
@@ -79,25 +112,19 @@ class MeshRecord:
         self.n = n
         self._is_ready = [False] * n
         # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
-        self.common: dict[str, Any] = {}
+        self.request = request
+        self.actor_spawns: list[ActorSpawn] = []
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
-        self.actor_spawns: list[tuple[str, tuple[Any, ...], bytes, list[Any], bytes]] = []
 
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
         return f"processes {', '.join(missing[:8])} to start"
 
     @property
-    def registered(self) -> bool:
-        """Whether its spawn request is filled in (a record briefly exists without it)."""
-        return "extent" in self.common
-
-    @property
     def shape(self) -> Shape:
         """The whole mesh's shape, as spawned."""
-        labels, sizes = self.common["extent"]
-        return Shape.from_extent(dict(zip(labels, sizes, strict=True)))
+        return Shape.from_extent(self.request.extent)
 
     def proc_mesh(self, shape: Shape | None = None) -> ProcMesh:
         """A ``ProcMesh`` on this record's processes (the view ``shape``, default the whole
@@ -172,7 +199,8 @@ class MeshRecord:
             by_agent.setdefault(id(agent), (agent, []))[1].append(self.proc_request(rank))
         for agent, procs in by_agent.values():
             assert agent.address is not None
-            self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, self.common))
+            request = self.request.wire()
+            self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, request))
 
     def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
@@ -217,23 +245,24 @@ class MeshRecord:
         rehost.announce(self, moved)
         node = self.ctl.node
         pending = []
-        for _key, envelope, payload, buffers, digest in self.actor_spawns:
-            kind, key, name, shape, _ = envelope  # (SPAWN_ACTOR, key, name, shape, reply)
+        for spawn in self.actor_spawns:
+            shape = spawn.shape
             mine = [r for r in ranks if shape.local_index(r) is not None]
             if not mine:
                 continue
             from ..meshes.collect import Gather
             from ..meshes.endpoint import no_values
 
-            gather: Gather[None] = Gather(f"{name}.__init__", self.table, shape, no_values)
+            gather: Gather[None] = Gather(f"{spawn.name}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.
             for index, rank in enumerate(shape.ranks()):
                 if rank not in mine:
                     gather.deliver(index, False, None)
             reply = gather.port = node.open_port(gather)
-            new_envelope = (kind, key, name, shape, reply)
+            envelope = (SPAWN_ACTOR, spawn.key, spawn.name, shape, reply)
             for rank in mine:
-                node.send(self.table.addresses[rank], new_envelope, payload, buffers, digest)
+                address = self.table.addresses[rank]
+                node.send(address, envelope, spawn.payload, spawn.buffers, spawn.digest)
             pending.append(gather.future)
         all_done = when_all(pending)
         all_done.add_done_callback(lambda f: settle(f, healed, None))
