@@ -122,7 +122,9 @@ class Future(Generic[T]):
             self._wait(timeout)
         if self._state == _FAILED:
             raise self._value
-        return self._value
+        # _value holds the result or the exception; done and not failed, it is the result.
+        value: T = self._value
+        return value
 
     def result(self, timeout: float | None = None) -> T:
         return self.get(timeout)

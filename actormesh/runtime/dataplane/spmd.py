@@ -48,7 +48,7 @@ from ...errors import (
 )
 from ..actors.actor import Actor, endpoint
 from ..actors.context import context
-from ..actors.future import Future
+from ..actors.future import Future, then
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.value_mesh import ValueMesh
@@ -61,7 +61,6 @@ from .distributed import (
     rank0,
     release_on_failure,
     single_host,
-    then,
 )
 
 logger = logging.getLogger(__name__)

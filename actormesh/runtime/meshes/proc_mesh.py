@@ -23,8 +23,8 @@ from .proc_table import ProcTable
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from ..procs.controller import MeshRecord
     from ..procs.host_mesh import HostMesh
+    from ..procs.mesh_record import MeshRecord
 
 A = TypeVar("A", bound=Actor)
 

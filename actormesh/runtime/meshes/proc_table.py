@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..messaging.transport import Address
+
+if TYPE_CHECKING:
+    from .relay import Plan
 
 _live: weakref.WeakValueDictionary[str, ProcTable] = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()
@@ -29,7 +32,8 @@ class ProcTable:
         # Per rank, the host agent that fans casts out to it from other hosts (None: the
         # controller's host, reached directly); see relay.py. None when no rank has one.
         self.relays = relays
-        self.routes: dict[Any, Any] = {}  # relay.py's cache of cast plans, per shape
+        # relay.py's cache of cast plans, per (shape state, sender's host)
+        self.routes: dict[tuple[tuple[Any, ...], str], Plan] = {}
         self.pids: list[int] = [0] * len(addresses)
         self.closed = False
         with _live_lock:

@@ -117,7 +117,7 @@ def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.Code
     return code.replace(co_filename=filename)
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no types
     """cloudpickle (by-value classes from ``__main__`` and notebook cells), zero-copy tensors,
     and code that keeps its file name."""
 

@@ -16,8 +16,8 @@ from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
 from ..messaging.transport import Address
 from ..shape import MeshShape, NoPublicConstructor, Shape
-from .controller import AgentHandle, Controller, MeshRecord, get_controller
-from .mesh_record import SpawnRequest
+from .controller import Controller, get_controller
+from .mesh_record import AgentHandle, MeshRecord, SpawnRequest
 
 
 class HostMesh(MeshShape, metaclass=NoPublicConstructor):

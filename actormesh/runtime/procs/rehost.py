@@ -21,7 +21,7 @@ from ..messaging.transport import Address
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
-    from .controller import AgentHandle, MeshRecord
+    from .mesh_record import AgentHandle, MeshRecord
 
 logger = logging.getLogger(__name__)
 
