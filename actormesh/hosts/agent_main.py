@@ -56,7 +56,7 @@ class RemoteAgent(Agent):
 
     def _on_spawn(self, msg: Message) -> None:
         # Remember where this host's workers listen, to fan casts out to them (relay.py).
-        _, mesh_id, procs, _common = msg.envelope
+        _, mesh_id, procs, _request = msg.envelope
         for p in procs:
             address = Address(self.node.address.host, p["ipc"], None, bytes.fromhex(p["mailbox"]))
             self.relayer.add(mesh_id, p["rank"], address)

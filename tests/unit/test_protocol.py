@@ -24,6 +24,7 @@ from actormesh.runtime.messaging.protocol import (
     ProtocolError,
     check_envelope,
 )
+from actormesh.runtime.messaging.transport import Transport
 
 PACKAGE = pathlib.Path(actormesh.__file__).parent
 CONSTANTS = {
@@ -141,7 +142,7 @@ def test_envelopes_are_checked_against_their_kind() -> None:
 @pytest.fixture
 def node() -> Iterator[Node]:
     run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
-    made = Node(new_key(), run_dir, "ctl", "controller")  # never started
+    made = Node(Transport(new_key(), run_dir, "ctl"), "controller")  # never started
     try:
         yield made
     finally:

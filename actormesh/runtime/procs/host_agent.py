@@ -156,10 +156,11 @@ class Agent:
     # -- requests from the controller ------------------------------------------------------------
 
     def _on_spawn(self, msg: Message) -> None:
-        _, mesh_id, procs, common = msg.envelope
+        # request: SpawnRequest.wire(), the part every rank shares; p: one rank's part
+        _, mesh_id, procs, request = msg.envelope
         for p in procs:
-            spec = dict(common, mesh_id=mesh_id, **p)
-            spec["env"] = dict(common["env"], **self._device_env(spec))
+            spec = dict(request, mesh_id=mesh_id, **p)
+            spec["env"] = dict(request["env"], **self._device_env(spec))
             worker = Worker(mesh_id, p["rank"], p["label"], bytes.fromhex(p["mailbox"]))
             if self.init["start_method"] == "spawn":
                 self._popen(spec, worker)
