@@ -73,6 +73,8 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
             return Future._completed(ValueMesh._create(self._shape, [None] * len(self._shape)))
         return self._initialized
 
+    # Endpoint[Any, Any] to a type checker; with the mypy plugin actormesh.mypy_plugin it is
+    # Endpoint[P, R] of A's @endpoint method ``name`` (why not Monarch's way: actors/actor.py).
     def __getattr__(self, name: str) -> Endpoint[Any, Any]:
         if name.startswith("__") or name not in self._endpoints:
             if name.startswith("_"):
