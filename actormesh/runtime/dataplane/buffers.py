@@ -5,7 +5,11 @@ between the owner and the holder, never through the controller.
 
 - Same host: the owner's tensor is moved (once, when the buffer is made) into a shared-memory
   file under ``/dev/shm``, and the tensor object keeps working on that memory (its storage is
-  swapped in place). A reader maps the file once and copies with ``memcpy``.
+  swapped in place). The file's space is reserved first: a buffer that does not fit in
+  ``/dev/shm`` is served over the socket instead (with a warning), never a SIGBUS later. A
+  reader maps the file on its first read through a handle and copies with ``memcpy``; the
+  mapping goes when the handle is garbage, when a read finds the buffer dropped, or when the
+  owner dies (a mapping would otherwise keep the memory of a deleted file).
 - Other hosts (or ``transport="socket"`` to force it on one host): the reader asks the owner over
   the direct worker-to-worker ZeroMQ connection; the bytes travel as one zero-copy frame.
 
@@ -15,10 +19,13 @@ buffer, from a dead owner, or into a destination of the wrong size or dtype is a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
 import threading
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshError, MeshUsageError, SupervisionError
@@ -35,8 +42,10 @@ _SHM_DIR = "/dev/shm"
 _ids = itertools.count(1)
 _owned: dict[int, _Owned] = {}
 _owned_lock = threading.Lock()
-_maps: dict[str, tuple[mmap.mmap, Any]] = {}  # reader side: file name -> (mapping, uint8 view)
 _maps_lock = threading.Lock()
+# Reader side: every live mapping, so that an owner's death unmaps its files (_Janitor).
+_mapped: weakref.WeakSet[_Mapping] = weakref.WeakSet()
+_janitor_node: Any = None
 
 
 class _Owned:
@@ -100,7 +109,19 @@ class TensorBuffer:
         if not whole:
             self.transport = "socket"  # reads then see the live view, through its owner
         elif transport != "socket" and self.nbytes > 0:
-            self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+            try:
+                self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+            except _NoSpace as exc:
+                if transport == "shm":
+                    raise MeshError(f"TensorBuffer(transport='shm'): {exc}") from None
+                warnings.warn(
+                    f"TensorBuffer: {exc}; serving it over the socket instead (slower on one "
+                    "host; a larger /dev/shm, e.g. docker run --shm-size, avoids this)",
+                    ResourceWarning,
+                    stacklevel=2,
+                )
+                self.transport = "socket"
+        self._map: _Mapping | None = None
         with _owned_lock:
             _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
         if BUF_READ not in node.handlers:  # this process's first buffer
@@ -115,8 +136,15 @@ class TensorBuffer:
         path = os.path.join(_SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, self.nbytes)
+            # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
+            # SIGBUS, in the owner now or in a reader later.
+            os.posix_fallocate(fd, 0, self.nbytes)
             mapping = mmap.mmap(fd, self.nbytes)
+        except OSError as exc:
+            os.unlink(path)
+            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise _NoSpace(_no_space(self.nbytes)) from None
+            raise
         finally:
             os.close(fd)
         shared = torch.frombuffer(mapping, dtype=torch.uint8)
@@ -163,7 +191,7 @@ class TensorBuffer:
         if self.nbytes == 0:
             return Future._completed(None)
         if self._local():
-            _bytes_of(dst).copy_(self._view())
+            self._mapping().copy(_bytes_of(dst), into_buffer=False)
             return Future._completed(None)
         return self._remote(BUF_READ, dst)
 
@@ -173,7 +201,7 @@ class TensorBuffer:
         if self.nbytes == 0:
             return Future._completed(None)
         if self._local():
-            self._view().copy_(_bytes_of(src))
+            self._mapping().copy(_bytes_of(src), into_buffer=True)
             return Future._completed(None)
         return self._remote(BUF_WRITE, src)
 
@@ -186,24 +214,31 @@ class TensorBuffer:
         if owned.path is not None:
             os.unlink(owned.path)
 
-    def _view(self) -> Any:
+    def _mapping(self) -> _Mapping:
+        """This handle's mapping of the owner's file, made on first use; a dropped buffer (its
+        file gone) is an error, and its mapping is released rather than read stale."""
         assert self.path is not None
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            inode = None
         with _maps_lock:
-            entry = _maps.get(self.path)
-            if entry is None:
-                import torch
-
+            m = self._map
+            if m is not None and m.inode != inode:
+                m.release()
+                m = self._map = None
+            if inode is None:
+                raise MeshError(f"{self!r} was dropped by its owner")
+            if m is None:
                 try:
-                    fd = os.open(self.path, os.O_RDWR)
+                    m = _Mapping(self.path, self.nbytes, self.owner.mailbox)
                 except FileNotFoundError:
                     raise MeshError(f"{self!r} was dropped by its owner") from None
-                try:
-                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                    mapping = mmap.mmap(fd, self.nbytes, flags=flags)
-                finally:
-                    os.close(fd)
-                entry = _maps[self.path] = (mapping, torch.frombuffer(mapping, dtype=torch.uint8))
-        return entry[1]
+                self._map = m
+                weakref.finalize(self, m.release)
+                _mapped.add(m)
+                _watch_deaths()
+        return m
 
     def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
         node = current_node()
@@ -219,6 +254,93 @@ class TensorBuffer:
                 self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
             )
         return done
+
+
+class _NoSpace(Exception):
+    pass
+
+
+def _no_space(nbytes: int) -> str:
+    try:
+        st = os.statvfs(_SHM_DIR)
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        room = f"{_mib(free)} free of {_mib(size)}"
+    except OSError:
+        room = "its size unknown"
+    return f"{_mib(nbytes)} do not fit in {_SHM_DIR} ({room})"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class _Mapping:
+    """A reader's mapping of an owner's shared-memory file."""
+
+    def __init__(self, path: str, nbytes: int, owner: bytes) -> None:
+        import torch
+
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.inode = os.fstat(fd).st_ino
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.mm: mmap.mmap | None = mmap.mmap(fd, nbytes, flags=flags)
+        finally:
+            os.close(fd)
+        self.view: Any = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.owner = owner
+        self.lock = threading.Lock()  # held while copying: the memory must stay mapped
+        self.stale = False
+
+    def copy(self, other: Any, into_buffer: bool) -> None:
+        with self.lock:
+            if self.view is None:
+                raise SupervisionError([], "the owner of a TensorBuffer died")
+            if into_buffer:
+                self.view.copy_(other)
+            else:
+                other.copy_(self.view)
+            if self.stale:  # the owner died while we copied
+                self._unmap()
+
+    def release(self, wait: bool = True) -> None:
+        """Unmap (any thread); without ``wait``, a copy in progress unmaps when it ends."""
+        if not self.lock.acquire(blocking=wait):
+            self.stale = True
+            return
+        try:
+            self._unmap()
+        finally:
+            self.lock.release()
+
+    def _unmap(self) -> None:
+        self.view = None  # the tensor's buffer export must go before the mapping can close
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+
+
+class _Janitor:
+    """A port that never receives: it is told of every death this process learns of, and
+    unmaps the dead owner's files (the owner's host removes them; a mapping would keep their
+    memory for as long as a reader holds a handle)."""
+
+    def on_message(self, msg: Message) -> None:
+        pass
+
+    def on_death(self, mailbox: bytes, death: Any) -> bool:
+        for m in list(_mapped):
+            if m.owner == mailbox:
+                m.release(wait=False)  # the I/O thread: never wait for a copy
+        return False
+
+
+def _watch_deaths() -> None:
+    global _janitor_node
+    node = current_node()
+    if _janitor_node is not node:  # once per process (per node, for tests that make several)
+        _janitor_node = node
+        node.open_port(_Janitor())
 
 
 class _RemoteCopy:
@@ -283,6 +405,7 @@ def _restore(state: tuple[Any, ...], transport: str) -> TensorBuffer:
     buf = object.__new__(TensorBuffer)
     buf.buffer_id, buf.owner, buf.nbytes, buf.dtype, buf.shape, buf.path = state
     buf.transport = transport
+    buf._map = None
     return buf
 
 
