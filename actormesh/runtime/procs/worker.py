@@ -142,8 +142,11 @@ def _deliver_output_before_exit(node: Node) -> None:
     crashes cannot be intercepted: their stderr still reaches the controller through the agent.
     """
     real_exit = os._exit
+    pid = os.getpid()
 
     def exit_after_output(status: int) -> NoReturn:
+        if os.getpid() != pid:  # a child forked by user code: the sockets are its parent's
+            real_exit(status)
         try:
             flush_output()
             node.transport.close(linger=1.0)
