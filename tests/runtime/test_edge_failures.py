@@ -157,3 +157,44 @@ def test_a_stopped_rank_says_it_is_stopped(spawn_procs) -> None:
         os.kill(pid, signal.SIGCONT)
     assert procs.health().values() == ["alive", "alive"]
     assert r.ping.call().get(timeout=10).values() == [1, 1]
+
+
+class Cyclic(am.Actor):
+    def __init__(self) -> None:
+        self.peer: am.ActorMesh | None = None  # type: ignore[type-arg]
+
+    @am.endpoint
+    def set_peer(self, peer: am.ActorMesh) -> None:  # type: ignore[type-arg]
+        self.peer = peer
+
+    @am.endpoint
+    def first(self) -> int:  # on gpus=0: calls gpus=1, which calls back here
+        assert self.peer is not None
+        return int(self.peer.slice(gpus=1).second.call_one().get())
+
+    @am.endpoint
+    def second(self) -> int:
+        assert self.peer is not None
+        return int(self.peer.slice(gpus=0).third.call_one().get())
+
+    @am.endpoint
+    def third(self) -> int:
+        return 3
+
+
+def test_a_timeout_in_a_cycle_of_blocking_calls_says_who_waits_on_whom(spawn_procs) -> None:
+    procs = spawn_procs(per_host={"gpus": 2})
+    c = procs.spawn("cyclic", Cyclic)
+    c.set_peer.call(c).get(timeout=30)
+    fut = c.slice(gpus=0).first.call_one()
+    with pytest.raises(am.MeshTimeoutError) as info:
+        fut.get(timeout=1)
+    text = str(info.value)
+    assert "replies to cyclic.first from rank {hosts=0, gpus=0}" in text, text
+    assert (
+        "rank {gpus=0} (cyclic.first) waits for rank {gpus=1}; "
+        "rank {gpus=1} (cyclic.second) waits for rank {gpus=0}: a cycle of blocking calls"
+    ) in text, text
+    procs.interrupt()  # ends the deadlock: both calls fail
+    with pytest.raises(am.ActorError):
+        fut.get(timeout=10)

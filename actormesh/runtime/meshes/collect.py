@@ -67,6 +67,13 @@ class Collector(Generic[T]):
         )
         return f"replies to {self.what} from rank {shown}"
 
+    def describe_timeout(self) -> str:
+        """What a timed-out wait was for, and why nothing answers when the ranks are waiting
+        for each other (waits.py)."""
+        from .waits import describe_wait_chain
+
+        return self.missing_ranks() + describe_wait_chain(self.pending_ranks())
+
     def pending_ranks(self) -> list[tuple[str, int]]:
         """``(mesh_id, rank)`` of the ranks that have not answered yet."""
         mesh_id = self.procs.mesh_id
@@ -143,7 +150,7 @@ class Gather(Collector[T]):
         self.finish = finish
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
-        self.future: Future[T] = Future(self.missing_ranks, self.pending_ranks)
+        self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)
