@@ -34,18 +34,15 @@ from ..messaging.codec import Message
 from ..messaging.node import current_node
 from ..messaging.protocol import BUF_DONE, BUF_READ, BUF_WRITE
 from ..messaging.transport import Address
+from .shm import SHM_DIR, NoSpace, ShmMapping, mapped, no_space, watch_deaths
 
 if TYPE_CHECKING:
     import torch
 
-_SHM_DIR = "/dev/shm"
 _ids = itertools.count(1)
 _owned: dict[int, _Owned] = {}
 _owned_lock = threading.Lock()
 _maps_lock = threading.Lock()
-# Reader side: every live mapping, so that an owner's death unmaps its files (_Janitor).
-_mapped: weakref.WeakSet[_Mapping] = weakref.WeakSet()
-_janitor_node: Any = None
 
 
 class _Owned:
@@ -111,7 +108,7 @@ class TensorBuffer:
         elif transport != "socket" and self.nbytes > 0:
             try:
                 self.path, mapping = self._share(tensor, node.address.mailbox.hex())
-            except _NoSpace as exc:
+            except NoSpace as exc:
                 if transport == "shm":
                     raise MeshError(f"TensorBuffer(transport='shm'): {exc}") from None
                 warnings.warn(
@@ -121,7 +118,7 @@ class TensorBuffer:
                     stacklevel=2,
                 )
                 self.transport = "socket"
-        self._map: _Mapping | None = None
+        self._map: ShmMapping | None = None
         with _owned_lock:
             _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
         if BUF_READ not in node.handlers:  # this process's first buffer
@@ -133,7 +130,7 @@ class TensorBuffer:
     def _share(self, tensor: torch.Tensor, owner: str) -> tuple[str, mmap.mmap]:
         import torch
 
-        path = os.path.join(_SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
+        path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
@@ -143,7 +140,7 @@ class TensorBuffer:
         except OSError as exc:
             os.unlink(path)
             if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                raise _NoSpace(_no_space(self.nbytes)) from None
+                raise NoSpace(no_space(self.nbytes)) from None
             raise
         finally:
             os.close(fd)
@@ -214,7 +211,7 @@ class TensorBuffer:
         if owned.path is not None:
             os.unlink(owned.path)
 
-    def _mapping(self) -> _Mapping:
+    def _mapping(self) -> ShmMapping:
         """This handle's mapping of the owner's file, made on first use; a dropped buffer (its
         file gone) is an error, and its mapping is released rather than read stale."""
         assert self.path is not None
@@ -231,13 +228,13 @@ class TensorBuffer:
                 raise MeshError(f"{self!r} was dropped by its owner")
             if m is None:
                 try:
-                    m = _Mapping(self.path, self.nbytes, self.owner.mailbox)
+                    m = ShmMapping(self.path, self.nbytes, self.owner.mailbox)
                 except FileNotFoundError:
                     raise MeshError(f"{self!r} was dropped by its owner") from None
                 self._map = m
                 weakref.finalize(self, m.release)
-                _mapped.add(m)
-                _watch_deaths()
+                mapped.add(m)
+                watch_deaths()
         return m
 
     def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
@@ -254,93 +251,6 @@ class TensorBuffer:
                 self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
             )
         return done
-
-
-class _NoSpace(Exception):
-    pass
-
-
-def _no_space(nbytes: int) -> str:
-    try:
-        st = os.statvfs(_SHM_DIR)
-        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        room = f"{_mib(free)} free of {_mib(size)}"
-    except OSError:
-        room = "its size unknown"
-    return f"{_mib(nbytes)} do not fit in {_SHM_DIR} ({room})"
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
-
-
-class _Mapping:
-    """A reader's mapping of an owner's shared-memory file."""
-
-    def __init__(self, path: str, nbytes: int, owner: bytes) -> None:
-        import torch
-
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.inode = os.fstat(fd).st_ino
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self.mm: mmap.mmap | None = mmap.mmap(fd, nbytes, flags=flags)
-        finally:
-            os.close(fd)
-        self.view: Any = torch.frombuffer(self.mm, dtype=torch.uint8)
-        self.owner = owner
-        self.lock = threading.Lock()  # held while copying: the memory must stay mapped
-        self.stale = False
-
-    def copy(self, other: Any, into_buffer: bool) -> None:
-        with self.lock:
-            if self.view is None:
-                raise SupervisionError([], "the owner of a TensorBuffer died")
-            if into_buffer:
-                self.view.copy_(other)
-            else:
-                other.copy_(self.view)
-            if self.stale:  # the owner died while we copied
-                self._unmap()
-
-    def release(self, wait: bool = True) -> None:
-        """Unmap (any thread); without ``wait``, a copy in progress unmaps when it ends."""
-        if not self.lock.acquire(blocking=wait):
-            self.stale = True
-            return
-        try:
-            self._unmap()
-        finally:
-            self.lock.release()
-
-    def _unmap(self) -> None:
-        self.view = None  # the tensor's buffer export must go before the mapping can close
-        if self.mm is not None:
-            self.mm.close()
-            self.mm = None
-
-
-class _Janitor:
-    """A port that never receives: it is told of every death this process learns of, and
-    unmaps the dead owner's files (the owner's host removes them; a mapping would keep their
-    memory for as long as a reader holds a handle)."""
-
-    def on_message(self, msg: Message) -> None:
-        pass
-
-    def on_death(self, mailbox: bytes, death: Any) -> bool:
-        for m in list(_mapped):
-            if m.owner == mailbox:
-                m.release(wait=False)  # the I/O thread: never wait for a copy
-        return False
-
-
-def _watch_deaths() -> None:
-    global _janitor_node
-    node = current_node()
-    if _janitor_node is not node:  # once per process (per node, for tests that make several)
-        _janitor_node = node
-        node.open_port(_Janitor())
 
 
 class _RemoteCopy:
