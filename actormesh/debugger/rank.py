@@ -8,7 +8,12 @@ come from preloaded it (``preload``, when the controller's debugger is on). The 
 environment the workers inherit; the runtime knows nothing of it.
 
 debugpy runs with its adapter in process (no extra process per rank) and listens on loopback
-only. The order on ``breakpoint()`` is: listen, report "paused" to the controller (which
+only, through an acceptor of ours rather than pydevd's: pydevd hands the session to whoever
+connects last, so any local user could take a paused rank from the kernel. Ours accepts only
+connections from processes of this rank's own user (the kernel, or the host agent's tunnel for
+a rank on another host), checked in ``/proc/net/tcp`` before pydevd sees them; a new accepted
+connection replaces the previous one, which is how the kernel recovers a lost session. The
+order on ``breakpoint()`` is: listen, report "paused" to the controller (which
 attaches a DAP client), wait for the client, stop. The runtime's own threads (the I/O thread,
 the main thread, the status and debug actors) are marked so pydevd never traces or suspends
 them: a paused rank still answers heartbeats, stack dumps and status requests. The actormesh
@@ -120,16 +125,90 @@ def listen() -> int:
             )
             py_db = get_global_debugger()
             py_db.wait_for_server_socket_ready()
+            _stop_pydevd_acceptor(py_db)
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            server.bind(("127.0.0.1", 0))
             # pydevd writes a DAP message as two sends (header, body): with Nagle's algorithm
-            # the body waits for the client's delayed ACK, 40 ms on every answer. The kernel's
-            # connection is accepted from this socket and inherits the option (it cannot
-            # connect before we return the port).
-            # pydevd has no public API for its server socket (debugpy 1.8 names these).
-            server = py_db._waiting_for_connection_thread._server_socket  # noqa: SLF001
+            # the body waits for the client's delayed ACK, 40 ms on every answer. Accepted
+            # connections inherit the option.
             server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _port = int(py_db._server_socket_name[1])  # noqa: SLF001  as above
+            server.listen(4)
+            acceptor = threading.Thread(
+                target=_accept, args=(server, py_db), name="actormesh-debug-accept", daemon=True
+            )
+            acceptor.pydev_do_not_trace = True  # type: ignore[attr-defined]
+            acceptor.start()
+            _port = int(server.getsockname()[1])
         hide_runtime_threads()  # actors spawned since the last call
         return _port
+
+
+def _stop_pydevd_acceptor(py_db: Any) -> None:
+    """End pydevd's own accept loop (it takes any connection) before its port is known to
+    anyone; a connection it accepted meanwhile is dropped."""
+    # pydevd has no public API for its accept loop (debugpy 1.8 names these).
+    waiter = py_db._waiting_for_connection_thread  # noqa: SLF001
+    waiter._kill_received = True  # noqa: SLF001
+    server = waiter._server_socket  # noqa: SLF001
+    waiter._server_socket = None  # noqa: SLF001
+    if server is not None:
+        try:
+            server.shutdown(socket.SHUT_RDWR)  # wakes its accept(), which then sees the kill
+        except OSError:
+            pass
+        server.close()
+    waiter.join(5)
+    if getattr(py_db, "reader", None) is not None:
+        _drop_session(py_db)
+
+
+def _drop_session(py_db: Any) -> None:
+    from _pydevd_bundle.pydevd_api import PyDevdAPI
+
+    # What pydevd does when a client replaces another without saying goodbye: suspended
+    # threads stay suspended, for the next client.
+    PyDevdAPI().request_disconnect(py_db, resume_threads=False)
+
+
+def _accept(server: socket.socket, py_db: Any) -> None:
+    while True:
+        try:
+            conn, peer = server.accept()
+        except OSError:
+            return
+        try:
+            allowed = peer_uid(server.getsockname()[1], peer[1]) == os.geteuid()
+        except OSError:
+            allowed = False
+        if not allowed:
+            # Neither pydevd nor the current session ever sees it.
+            print(
+                f"actormesh debugger: refused a connection from port {peer[1]} of another user",
+                file=sys.stderr,
+            )
+            conn.close()
+            continue
+        if getattr(py_db, "reader", None) is not None:
+            _drop_session(py_db)
+        py_db.initialize_network(conn, terminate_on_socket_close=False)
+
+
+def peer_uid(my_port: int, peer_port: int) -> int | None:
+    """The user owning the loopback TCP socket at ``peer_port`` connected to ``my_port`` of this
+    host (``/proc/net/tcp``: the kernel records the creator's uid per socket); ``None`` when
+    there is none."""
+    want_local, want_remote = f":{peer_port:04X}", f":{my_port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[1].endswith(want_local) and fields[2].endswith(want_remote):
+                return int(fields[7])
+    return None
 
 
 def client_connected() -> bool:

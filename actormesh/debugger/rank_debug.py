@@ -63,6 +63,7 @@ class RankDebug:
         self.stops = 0  # stopped events seen so far: steps wait for the next one
         self._generation = 0  # bumped when it runs again: a late answer about a stop is stale
         self.pause_requested = False
+        self._detaching = False  # a close we asked for is not a lost connection
         self.initialized = threading.Event()
         self._attach_lock = threading.Lock()
         self._lock = threading.RLock()
@@ -167,16 +168,43 @@ class RankDebug:
         client = self.client
         if client is None:
             return
+        self._detaching = True
         try:
-            client.request("disconnect", {"terminateDebuggee": False}, timeout=3)
-        except DapError:
-            pass
-        client.close()
-        with self._lock:
-            self.client = None
-            self.status = "running" if self.status != "dead" else "dead"
-            self.frames = []
+            try:
+                client.request("disconnect", {"terminateDebuggee": False}, timeout=3)
+            except DapError:
+                pass
+            client.close()
+            with self._lock:
+                self.client = None
+                self.status = "running" if self.status != "dead" else "dead"
+                self.frames = []
+        finally:
+            self._detaching = False
         self.debugger.changed()
+
+    def _recover(self, was_paused: bool, thread_id: int | None) -> None:
+        """Attach again after the connection was lost (pool thread): the rank's suspended
+        threads stay suspended for the next client, so a paused rank is paused again."""
+        port = self.port
+        if port is None or self.debugger.is_dead(self.mesh_id, self.rank):
+            return
+        try:
+            self.attach(port)
+            frames = self.stack(thread_id) if was_paused and thread_id is not None else []
+        except (DapError, OSError) as exc:
+            log = logger.warning if was_paused else logger.debug  # a stopped mesh: nothing lost
+            log("rank %s lost its debugger connection; attaching again failed: %s", self.rank, exc)
+            return
+        if frames:
+            with self._changed:
+                self.thread_id = thread_id
+                self.frames = frames
+                self.status = "paused"
+                if self.paused_since is None:
+                    self.paused_since = time.monotonic()
+                self._changed.notify_all()
+            self.debugger.changed()
 
     # -- DAP events (reader thread: no requests here) --------------------------------------------
 
@@ -201,6 +229,9 @@ class RankDebug:
             self.debugger.changed()
         elif event in ("_closed", "terminated"):
             with self._changed:
+                # Lost, not ended by us (detach, a failed attach): the rank is still there.
+                lost = event == "_closed" and self.client is not None and not self._detaching
+                was_paused, thread_id = self.status == "paused", self.thread_id
                 self._generation += 1
                 self.client = None
                 if self.status == "paused":
@@ -208,6 +239,8 @@ class RankDebug:
                 self.frames = []
                 self._changed.notify_all()
             self.debugger.changed()
+            if lost:
+                self.debugger.pool.submit(self._recover, was_paused, thread_id)
 
     def _fetch_location(self, thread_id: int | None, generation: int) -> None:
         frames: list[Frame] = []

@@ -21,13 +21,15 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         ``actor_host`` (the actors of one process), ``context``, ``future``.
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
-                        agents), ``value_mesh``, ``collect`` (gathering replies), ``endpoint``
-                        (the adverbs), ``actor_mesh``, ``proc_mesh``, ``ports``.
+                        agents), ``value_mesh``, ``collect`` (gathering replies), ``waits``
+                        (who waits on whom, for timeouts), ``endpoint`` (the adverbs),
+                        ``actor_mesh``, ``proc_mesh``, ``ports``.
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
                         ``host_agent``, ``zygote`` (the fork server), ``osutil``.
- 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``distributed`` (process groups over
-                        meshes), ``spmd`` (``python -m actormesh run``).
+ 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
+                        mappings), ``distributed`` (process groups over meshes), ``spmd``
+                        (``python -m actormesh run``).
 ====  ================  ==========================================================================
 
 The life of a call: ``mesh.step.call(x).get()``

@@ -135,6 +135,16 @@ class Future(Generic[T]):
         return self._value if self._state == _FAILED else None
 
     def _wait(self, timeout: float | None) -> None:
+        # Until it returns or raises (its timeout's message included): a process asked what
+        # its threads wait for answers from this (see blocked_on).
+        ident = threading.get_ident()
+        _blocked[ident] = self
+        try:
+            self._wait_unregistered(timeout)
+        finally:
+            _blocked.pop(ident, None)
+
+    def _wait_unregistered(self, timeout: float | None) -> None:
         if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
             timeout = config.DEFAULT_GET_TIMEOUT
         supervision.raise_pending()
@@ -221,6 +231,15 @@ class Future(Generic[T]):
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _DONE: "done", _FAILED: "failed"}[self._state]
         return f"<actormesh.Future {state}>"
+
+
+_blocked: dict[int, Future[Any]] = {}
+
+
+def blocked_on(thread_ident: int | None) -> list[tuple[str, int]]:
+    """The ``(mesh_id, rank)`` pairs the thread is blocked waiting for in ``Future.get``."""
+    future = _blocked.get(thread_ident) if thread_ident is not None else None
+    return [] if future is None else future.pending_ranks()
 
 
 X = TypeVar("X")

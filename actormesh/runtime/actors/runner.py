@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import sys
 import threading
 import time
@@ -33,17 +34,32 @@ logger = logging.getLogger(__name__)
 def render_failure(
     exc: BaseException, rank: Point | str, actor: str, endpoint: str, skip: int = 0
 ) -> RemoteFailure:
-    """Turn an exception into text on the worker, dropping the runtime's own frames."""
+    """Turn an exception into text on the worker, dropping the runtime's own frames.
+
+    Never raises: an exception whose ``__str__`` (or whose type's name) raises still becomes a
+    failure with what could be rendered, since a failure here would lose the reply."""
     tb = exc.__traceback__
     for _ in range(skip):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
     etype = type(exc)
-    name = etype.__qualname__
-    if etype.__module__ not in ("builtins", "__main__"):
-        name = f"{etype.__module__}.{name}"
-    return RemoteFailure(str(rank), actor, endpoint, name, str(exc), text)
+    name = _safe(lambda: etype.__qualname__, "<unnamed exception type>")
+    module = _safe(lambda: etype.__module__, "")
+    if module not in ("builtins", "__main__", ""):
+        name = f"{module}.{name}"
+    message = _safe(lambda: str(exc), f"<the __str__ of this {name} raised>")
+    text = _safe(
+        lambda: "".join(traceback.format_exception(etype, exc, tb)),
+        f"{name}: {message}\n(its traceback could not be formatted)\n",
+    )
+    return RemoteFailure(str(rank), actor, endpoint, name, message, text)
+
+
+def _safe(render: Any, fallback: Any) -> Any:
+    try:
+        return render()
+    except BaseException:  # a KeyboardInterrupt from a user's __str__ included
+        return fallback
 
 
 class ActorRunner:
@@ -67,6 +83,7 @@ class ActorRunner:
         # sender -> sequence number of its last interrupt: its calls sent before it are cancelled
         self._cancel_before: dict[bytes, int] = {}
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
+        self.pid = os.getpid()  # a child forked by an endpoint sees its parent's
 
     def start(self, spawn_msg: Message) -> None:
         self.inbox.put((SPAWN_ITEM, spawn_msg))
@@ -109,6 +126,10 @@ class ActorRunner:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
                 self._exit_process(exc)
+            except Exception:
+                # A bug in reporting must not end the actor's thread: every later call would
+                # hang while the process looks alive.
+                logger.exception("actor %s could not handle a message", self.name)
         self.inbox.close()
         if self._loop is not None:
             self._loop.close()
@@ -134,8 +155,6 @@ class ActorRunner:
 
     def _exit_process(self, exc: SystemExit) -> None:
         """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
-        import os
-
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
             print(exc.code, file=sys.stderr)
@@ -161,6 +180,7 @@ class ActorRunner:
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
+        _exit_if_forked(self.pid, self.init_failure is not None)
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
             self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
@@ -213,6 +233,7 @@ class ActorRunner:
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
+        _exit_if_forked(self.pid, status == FAILED)
         if reply is not None and index is not None:
             self._reply(reply, index, status, value, caller)
         elif status == FAILED:
@@ -250,14 +271,18 @@ class ActorRunner:
         flush_output()  # what the endpoint printed arrives before its reply
         try:
             payload, buffers = dumps(value)
-        except Exception as exc:
+        except BaseException as exc:
+            # Even a KeyboardInterrupt raised by a __reduce__: the caller must get a reply.
+            if isinstance(exc, SystemExit):
+                raise
             failure = render_failure(exc, self.rank, self.name, "<reply>")
             failure = RemoteFailure(
                 failure.rank,
                 self.name,
                 failure.endpoint,
                 failure.exc_type,
-                f"the result ({type(value).__name__}) could not be pickled: {exc}",
+                f"the result ({type(value).__name__}) could not be pickled: "
+                f"{failure.exc_type}: {failure.message}",
                 failure.traceback,
             )
             status, (payload, buffers) = FAILED, dumps(failure)
@@ -313,6 +338,14 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
     sends that process directly (to a thread's own reply inbox, or through a host agent that
     gathers replies): the reply then says where to wait up to (Node.in_order)."""
     return reply[2] if reply is not None and len(reply) > 2 else None
+
+
+def _exit_if_forked(parent: int, failed: bool) -> None:
+    """A child that ``os.fork()`` made inside an endpoint and that returned into the runtime
+    ends here: it shares its parent's sockets and inboxes, and running the actor loop on them
+    would spin and answer for its parent (it has no other thread to stop it)."""
+    if os.getpid() != parent:
+        os._exit(1 if failed else 0)
 
 
 _tls = threading.local()

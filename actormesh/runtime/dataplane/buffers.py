@@ -5,7 +5,11 @@ between the owner and the holder, never through the controller.
 
 - Same host: the owner's tensor is moved (once, when the buffer is made) into a shared-memory
   file under ``/dev/shm``, and the tensor object keeps working on that memory (its storage is
-  swapped in place). A reader maps the file once and copies with ``memcpy``.
+  swapped in place). The file's space is reserved first: a buffer that does not fit in
+  ``/dev/shm`` is served over the socket instead (with a warning), never a SIGBUS later. A
+  reader maps the file on its first read through a handle and copies with ``memcpy``; the
+  mapping goes when the handle is garbage, when a read finds the buffer dropped, or when the
+  owner dies (a mapping would otherwise keep the memory of a deleted file).
 - Other hosts (or ``transport="socket"`` to force it on one host): the reader asks the owner over
   the direct worker-to-worker ZeroMQ connection; the bytes travel as one zero-copy frame.
 
@@ -15,10 +19,13 @@ buffer, from a dead owner, or into a destination of the wrong size or dtype is a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
 import threading
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshError, MeshUsageError, SupervisionError
@@ -27,15 +34,14 @@ from ..messaging.codec import Message
 from ..messaging.node import current_node
 from ..messaging.protocol import BUF_DONE, BUF_READ, BUF_WRITE
 from ..messaging.transport import Address
+from .shm import SHM_DIR, NoSpace, ShmMapping, mapped, no_space, watch_deaths
 
 if TYPE_CHECKING:
     import torch
 
-_SHM_DIR = "/dev/shm"
 _ids = itertools.count(1)
 _owned: dict[int, _Owned] = {}
 _owned_lock = threading.Lock()
-_maps: dict[str, tuple[mmap.mmap, Any]] = {}  # reader side: file name -> (mapping, uint8 view)
 _maps_lock = threading.Lock()
 
 
@@ -100,7 +106,19 @@ class TensorBuffer:
         if not whole:
             self.transport = "socket"  # reads then see the live view, through its owner
         elif transport != "socket" and self.nbytes > 0:
-            self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+            try:
+                self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+            except NoSpace as exc:
+                if transport == "shm":
+                    raise MeshError(f"TensorBuffer(transport='shm'): {exc}") from None
+                warnings.warn(
+                    f"TensorBuffer: {exc}; serving it over the socket instead (slower on one "
+                    "host; a larger /dev/shm, e.g. docker run --shm-size, avoids this)",
+                    ResourceWarning,
+                    stacklevel=2,
+                )
+                self.transport = "socket"
+        self._map: ShmMapping | None = None
         with _owned_lock:
             _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
         if BUF_READ not in node.handlers:  # this process's first buffer
@@ -112,11 +130,18 @@ class TensorBuffer:
     def _share(self, tensor: torch.Tensor, owner: str) -> tuple[str, mmap.mmap]:
         import torch
 
-        path = os.path.join(_SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
+        path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, self.nbytes)
+            # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
+            # SIGBUS, in the owner now or in a reader later.
+            os.posix_fallocate(fd, 0, self.nbytes)
             mapping = mmap.mmap(fd, self.nbytes)
+        except OSError as exc:
+            os.unlink(path)
+            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise NoSpace(no_space(self.nbytes)) from None
+            raise
         finally:
             os.close(fd)
         shared = torch.frombuffer(mapping, dtype=torch.uint8)
@@ -163,7 +188,7 @@ class TensorBuffer:
         if self.nbytes == 0:
             return Future._completed(None)
         if self._local():
-            _bytes_of(dst).copy_(self._view())
+            self._mapping().copy(_bytes_of(dst), into_buffer=False)
             return Future._completed(None)
         return self._remote(BUF_READ, dst)
 
@@ -173,7 +198,7 @@ class TensorBuffer:
         if self.nbytes == 0:
             return Future._completed(None)
         if self._local():
-            self._view().copy_(_bytes_of(src))
+            self._mapping().copy(_bytes_of(src), into_buffer=True)
             return Future._completed(None)
         return self._remote(BUF_WRITE, src)
 
@@ -186,24 +211,31 @@ class TensorBuffer:
         if owned.path is not None:
             os.unlink(owned.path)
 
-    def _view(self) -> Any:
+    def _mapping(self) -> ShmMapping:
+        """This handle's mapping of the owner's file, made on first use; a dropped buffer (its
+        file gone) is an error, and its mapping is released rather than read stale."""
         assert self.path is not None
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            inode = None
         with _maps_lock:
-            entry = _maps.get(self.path)
-            if entry is None:
-                import torch
-
+            m = self._map
+            if m is not None and m.inode != inode:
+                m.release()
+                m = self._map = None
+            if inode is None:
+                raise MeshError(f"{self!r} was dropped by its owner")
+            if m is None:
                 try:
-                    fd = os.open(self.path, os.O_RDWR)
+                    m = ShmMapping(self.path, self.nbytes, self.owner.mailbox)
                 except FileNotFoundError:
                     raise MeshError(f"{self!r} was dropped by its owner") from None
-                try:
-                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                    mapping = mmap.mmap(fd, self.nbytes, flags=flags)
-                finally:
-                    os.close(fd)
-                entry = _maps[self.path] = (mapping, torch.frombuffer(mapping, dtype=torch.uint8))
-        return entry[1]
+                self._map = m
+                weakref.finalize(self, m.release)
+                mapped.add(m)
+                watch_deaths()
+        return m
 
     def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
         node = current_node()
@@ -283,6 +315,7 @@ def _restore(state: tuple[Any, ...], transport: str) -> TensorBuffer:
     buf = object.__new__(TensorBuffer)
     buf.buffer_id, buf.owner, buf.nbytes, buf.dtype, buf.shape, buf.path = state
     buf.transport = transport
+    buf._map = None
     return buf
 
 

@@ -32,6 +32,26 @@ _BUSY_FOR = re.compile(r" for [0-9.]+ s$", re.M)
 _RUNTIME_THREADS = ("actormesh-io",)
 
 
+STOPPED_HINT = (
+    "the process is stopped (SIGSTOP, a job-control stop or a tracer); it runs nothing and "
+    "answers nothing until SIGCONT resumes it"
+)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` of this host is stopped (state ``T`` or ``t`` in /proc)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the last ")" ends it.
+    fields = stat[stat.rfind(b")") + 2 :].split(b" ", 1)
+    return fields[0] in (b"T", b"t")
+
+
 def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> str:
     """The Python stack of every thread of this process except the runtime's own, as text."""
     by_ident = {r.thread.ident: r for r in runners}

@@ -32,6 +32,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     _class_name: str
     _endpoints: frozenset[str]
     _initialized: Future[Any] | None
+    _spawned: Shape  # the whole mesh, as spawned: ranks are named by their coordinates in it
 
     _not_constructed = "ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)"
 
@@ -45,6 +46,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         class_name: str,
         endpoints: frozenset[str],
         initialized: Future[Any] | None,
+        spawned: Shape | None = None,
     ) -> ActorMesh[A]:
         self = object.__new__(cls)
         self._procs = procs
@@ -54,6 +56,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         self._class_name = class_name
         self._endpoints = endpoints
         self._initialized = initialized
+        self._spawned = shape if spawned is None else spawned
         return self
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
@@ -65,6 +68,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
             self._class_name,
             self._endpoints,
             self._initialized,
+            self._spawned,
         )
 
     @property
@@ -85,7 +89,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
         endpoint: Endpoint[Any, Any] = Endpoint(
-            self._procs, self._shape, self._key, self._name, name
+            self._procs, self._shape, self._key, self._name, name, self._spawned
         )
         self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
         return endpoint
@@ -93,7 +97,15 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _restore,
-            (self._procs, self._shape, self._key, self._name, self._class_name, self._endpoints),
+            (
+                self._procs,
+                self._shape,
+                self._key,
+                self._name,
+                self._class_name,
+                self._endpoints,
+                self._spawned,
+            ),
         )
 
     def __repr__(self) -> str:
@@ -101,9 +113,15 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
 
 
 def _restore(
-    procs: ProcTable, shape: Shape, key: str, name: str, class_name: str, endpoints: frozenset[str]
+    procs: ProcTable,
+    shape: Shape,
+    key: str,
+    name: str,
+    class_name: str,
+    endpoints: frozenset[str],
+    spawned: Shape | None = None,
 ) -> ActorMesh[Any]:
-    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None)
+    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None, spawned)
 
 
 def actor_key(mesh: ActorMesh[Any]) -> str:

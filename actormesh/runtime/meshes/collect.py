@@ -37,23 +37,42 @@ class Collector(Generic[T]):
     # reply inbox, when it has one: see reply_inbox.py) rather than the I/O thread.
     read_by_waiter = False
 
-    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
+    def __init__(
+        self, what: str, procs: ProcTable, shape: Shape, full: Shape | None = None
+    ) -> None:
         self.node: Node = current_node()
         self.what = what
         self.procs = procs
         self.shape = shape
+        # The shape the actors were spawned with: a rank is named by its coordinates there (as
+        # the actor names itself), not by those in the slice that was called.
+        self.full = full
         self.n = len(shape)
         self.values: list[Any] = [MISSING] * self.n
         self.remaining = self.n
         self.lock = threading.Lock()
         self.port: Port | None = None
 
+    def rank_name(self, index: int) -> str:
+        """``{hosts=0, gpus=2}``: the coordinates of the slice's rank ``index``."""
+        point = None
+        if self.full is not None:
+            point = self.full.point_of_global(self.shape.global_rank(index))
+        return str(self.shape.point(index) if point is None else point)
+
     def missing_ranks(self) -> str:
-        missing = [str(self.shape.point(i)) for i, v in enumerate(self.values) if v is MISSING]
+        missing = [self.rank_name(i) for i, v in enumerate(self.values) if v is MISSING]
         shown = ", ".join(missing[:8]) + (
             f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         )
         return f"replies to {self.what} from rank {shown}"
+
+    def describe_timeout(self) -> str:
+        """What a timed-out wait was for, and why nothing answers when the ranks are waiting
+        for each other (waits.py)."""
+        from .waits import describe_wait_chain
+
+        return self.missing_ranks() + describe_wait_chain(self.pending_ranks())
 
     def pending_ranks(self) -> list[tuple[str, int]]:
         """``(mesh_id, rank)`` of the ranks that have not answered yet."""
@@ -70,7 +89,7 @@ class Collector(Generic[T]):
             status, value = (
                 FAILED,
                 RemoteFailure(
-                    str(self.shape.point(index)),
+                    self.rank_name(index),
                     self.what,
                     "",
                     type(exc).__name__,
@@ -81,9 +100,7 @@ class Collector(Generic[T]):
         if status == FAILED and not isinstance(value, RemoteFailure):
             status, value = (
                 FAILED,
-                RemoteFailure(
-                    str(self.shape.point(index)), self.what, "", "Error", repr(value), ""
-                ),
+                RemoteFailure(self.rank_name(index), self.what, "", "Error", repr(value), ""),
             )
         self.deliver(index, status == FAILED, value)
 
@@ -122,13 +139,18 @@ class Gather(Collector[T]):
     read_by_waiter = True  # Future.get reads them
 
     def __init__(
-        self, what: str, procs: ProcTable, shape: Shape, finish: Callable[[list[Any]], T]
+        self,
+        what: str,
+        procs: ProcTable,
+        shape: Shape,
+        finish: Callable[[list[Any]], T],
+        full: Shape | None = None,
     ) -> None:
-        super().__init__(what, procs, shape)
+        super().__init__(what, procs, shape, full)
         self.finish = finish
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
-        self.future: Future[T] = Future(self.missing_ranks, self.pending_ranks)
+        self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)
@@ -152,8 +174,10 @@ class Gather(Collector[T]):
 class Stream(Collector[T], Generic[T]):
     """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
 
-    def __init__(self, what: str, procs: ProcTable, shape: Shape) -> None:
-        super().__init__(what, procs, shape)
+    def __init__(
+        self, what: str, procs: ProcTable, shape: Shape, full: Shape | None = None
+    ) -> None:
+        super().__init__(what, procs, shape, full)
         self._arrived: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
         self._yielded = 0
 

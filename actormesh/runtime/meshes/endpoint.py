@@ -88,11 +88,21 @@ class Endpoint(Generic[P, R]):
     mesh's owner); ``stream`` iterates over futures as replies arrive.
     """
 
-    def __init__(self, procs: ProcTable, shape: Shape, key: str, mesh_name: str, name: str) -> None:
+    def __init__(
+        self,
+        procs: ProcTable,
+        shape: Shape,
+        key: str,
+        mesh_name: str,
+        name: str,
+        full: Shape | None = None,
+    ) -> None:
         # The mesh's fields, not the mesh: an endpoint is made by its ActorMesh (which never
         # changes them) and reads them on every call.
         self._procs = procs
         self._shape = shape
+        # The mesh as spawned: errors name a rank by its coordinates there, not in a slice.
+        self._full = shape if full is None else full
         self._key = key
         self._what = f"{mesh_name}.{name}"
         self._name = name
@@ -109,7 +119,9 @@ class Endpoint(Generic[P, R]):
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
         shape = self._shape
-        gather = Gather(self._what, self._procs, shape, partial(ValueMesh._create, shape))
+        gather = Gather(
+            self._what, self._procs, shape, partial(ValueMesh._create, shape), self._full
+        )
         self.cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -124,7 +136,7 @@ class Endpoint(Generic[P, R]):
                 f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
                 f"e.g. {hint}, or use call() to reach them all"
             )
-        gather: Gather[R] = Gather(self._what, self._procs, shape, _first)
+        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -138,7 +150,7 @@ class Endpoint(Generic[P, R]):
         assert index is not None
         coords = dict(view.point(index))
         shape = view.slice(**coords)
-        gather: Gather[R] = Gather(self._what, self._procs, shape, _first)
+        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -152,7 +164,7 @@ class Endpoint(Generic[P, R]):
         ``for fut in mesh.ep.stream(x): fut.get()`` or ``async for fut in ...``.
         """
         shape = self._shape
-        stream: Stream[R] = Stream(self._what, self._procs, shape)
+        stream: Stream[R] = Stream(self._what, self._procs, shape, self._full)
         self.cast(shape, args, kwargs, stream)
         return stream
 

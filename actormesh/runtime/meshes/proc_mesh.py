@@ -11,6 +11,7 @@ from ... import config
 from ...errors import MeshClosedError, MeshUsageError
 from ..actors.actor import Actor, endpoint_names
 from ..actors.future import Future
+from ..faults.stacks import STOPPED_HINT, stopped
 from ..messaging.codec import payload_digest
 from ..messaging.node import current_node
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
@@ -98,11 +99,12 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             )
         if self._procs.closed:
             raise MeshClosedError("cannot spawn on a stopped proc mesh; spawn new procs")
+        endpoints = frozenset(endpoint_names(cls))
+        _refuse_hidden_endpoints(cls, endpoints)
         payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         shape = self._shape
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
-        endpoints = frozenset(endpoint_names(cls))
         mesh: ActorMesh[A] = ActorMesh._create(
             self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future
         )
@@ -122,12 +124,19 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     # -- supervision ---------------------------------------------------------------------------
 
     def health(self) -> ValueMesh[str]:
-        """Per-rank health, known without sending anything: ``"alive"`` or how the process died."""
+        """Per-rank health, known without sending anything: ``"alive"``, how the process died,
+        or (a rank on this host that SIGSTOP or a tracer stopped) ``"stopped: ..."``."""
         dead = current_node().dead
+        procs = self._procs
         values = []
         for rank in self._shape.ranks():
-            death = dead.get(self._procs.addresses[rank].mailbox)
-            values.append("alive" if death is None else f"dead: {death.describe()}")
+            death = dead.get(procs.addresses[rank].mailbox)
+            if death is not None:
+                values.append(f"dead: {death.describe()}")
+            elif (procs.relays is None or procs.relays[rank] is None) and stopped(procs.pids[rank]):
+                values.append(f"stopped: {STOPPED_HINT}")
+            else:
+                values.append("alive")
         return ValueMesh._create(self._shape, values)
 
     def stacks(self, timeout: float = 1.0) -> Future[ValueMesh[str]]:
@@ -209,6 +218,18 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         if self._record is None:
             raise MeshUsageError("only the process that spawned a proc mesh can stop it")
         return self._record.stop()
+
+
+def _refuse_hidden_endpoints(cls: type, endpoints: frozenset[str]) -> None:
+    """An endpoint named like an attribute of ``ActorMesh`` (``size``, ``slice``, ...) would be
+    unreachable: ``mesh.size`` finds the mesh's method first."""
+    hidden = sorted(n for n in endpoints if hasattr(ActorMesh, n))
+    if hidden:
+        raise MeshUsageError(
+            f"{cls.__qualname__} has endpoint {hidden[0]!r}, the name of an ActorMesh "
+            f"attribute (a mesh method): mesh.{hidden[0]} would reach the mesh, never the "
+            f"endpoint; rename it (taken: {', '.join(hidden)})"
+        )
 
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:

@@ -46,6 +46,7 @@ STOP = "stop"
 STACKS = "stacks"
 INTERRUPT = "interrupt"
 MOVED = "moved"
+WAITS = "waits"
 # To whoever owns a TensorBuffer.
 BUF_READ = "buf_read"
 BUF_WRITE = "buf_write"
@@ -125,6 +126,9 @@ _TABLE = [
     Kind(STACKS, ("shape", "reply"), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",
          "Answer with this process's stacks as text (the I/O thread answers; a busy actor "
          "does not delay it)."),
+    Kind(WAITS, ("reply",), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",
+         "Answer (a REPLY) with the calls this process's actors are blocked on in Future.get: "
+         "(actor, endpoint, [(mesh_id, rank), ...]) each; a timeout looks for a wait cycle."),
     Kind(INTERRUPT, (), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",
          "KeyboardInterrupt in every actor busy in an endpoint."),
     Kind(MOVED, ("mesh_id", "rank", "address", "relay"), (CONTROLLER,), (WORKER,),

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from ... import config
+from ..faults.stacks import STOPPED_HINT, stopped
 from ..messaging.codec import Message, dumps
 from ..messaging.logs import TEE_MARK
 from ..messaging.node import Node, set_node
@@ -228,6 +229,11 @@ class Agent:
             (w for w in self.workers.values() if w.mesh_id == mesh_id and w.rank == rank), None
         )
         if worker is None:
+            return
+        if stopped(worker.pid):  # it cannot run its SIGUSR1 handler: say why there is no dump
+            addr_t, port_id = reply
+            payload, buffers = dumps(f"({STOPPED_HINT})\n")
+            self.node.send(Address(*addr_t), (REPLY, port_id, index, 0), payload, buffers)
             return
         worker.capture = []
         _kill(worker.pid, signal.SIGUSR1)

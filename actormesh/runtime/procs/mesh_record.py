@@ -23,7 +23,8 @@ from ..extent import Extent
 from ..faults import supervision
 from ..meshes.proc_mesh import ActorSpawn, ProcMesh
 from ..meshes.proc_table import ProcTable
-from ..messaging.protocol import DUMP, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
+from ..messaging.codec import new_id
+from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..messaging.transport import Address
 from ..shape import Shape
 from . import rehost
@@ -203,8 +204,8 @@ class MeshRecord:
             self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, request))
 
     def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
-        """Respawn dead ranks at their old addresses (the ranks of a lost host on a spare
-        host: see rehost.py), then re-create their actors."""
+        """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
+        lost host on a spare host: see rehost.py), then re-create their actors."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
         with self.lock:
             if self.stopping:
@@ -225,11 +226,23 @@ class MeshRecord:
             self.started = sum(self._is_ready)
             self.ready = Future(self._describe_missing)
         node = self.ctl.node
+        table = self.table
         for rank in dead:
-            mailbox = self.table.addresses[rank].mailbox
-            node.forget_death(mailbox)
-            self.ctl.logs.forget(mailbox)
-            self.ctl.broadcast_to_workers((REVIVED, mailbox))
+            # A new incarnation gets a new mailbox, the id that every message to it signs as
+            # its destination: frames signed for its previous life (whose replay window the
+            # new process does not have) are then addressed to another process, and dropped.
+            old = table.addresses[rank]
+            table.addresses[rank] = old._replace(mailbox=new_id())
+            node.forget_death(old.mailbox)
+            self.ctl.logs.forget(old.mailbox)
+            relay = table.relays[rank] if table.relays is not None else None
+            # Copies of the table held by workers follow (before the old mailbox is cleared
+            # from their deaths: they never take the old incarnation for alive).
+            self.ctl.broadcast_to_workers(
+                (MOVED, table.mesh_id, rank, table.addresses[rank], relay)
+            )
+            self.ctl.broadcast_to_workers((REVIVED, old.mailbox))
+        table.routes.clear()
         logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
         self.spawn_ranks(dead)
         self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))

@@ -3,9 +3,9 @@
 A rank whose process died on a live host is respawned in place (same agent, same addresses). A
 rank whose *host* is lost (agent gone or silent) cannot be: it moves, with the other ranks of
 that host, to a spare agent — one from ``heal(hosts=...)``, or else one that dialled in and is
-not in any host mesh yet (``Controller.find_spare``). A moved rank keeps its mailbox (so deaths
-and replies keep being matched to it) but gets new addresses; every live worker is told
-(``moved``), so the copies of the proc table that actors hold follow it.
+not in any host mesh yet (``Controller.find_spare``). A moved rank gets new addresses (and, as
+every healed rank, a new mailbox: ``MeshRecord.heal``); every live worker is told (``moved``),
+so the copies of the proc table that actors hold follow it.
 """
 
 from __future__ import annotations

@@ -19,13 +19,24 @@ from typing import Any, NoReturn
 from ... import config
 from ..actors import context as ctxmod
 from ..actors.actor_host import ActorHost
+from ..actors.future import blocked_on
 from ..extent import Extent, Point
 from ..faults.stacks import format_stacks
 from ..messaging.codec import Message, dumps
 from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
 from ..messaging.node import Node, reply_port, set_node
-from ..messaging.protocol import INTERRUPT, MOVED, OK, READY, REPLY, STACKS, STOP, shape_from_state
+from ..messaging.protocol import (
+    INTERRUPT,
+    MOVED,
+    OK,
+    READY,
+    REPLY,
+    STACKS,
+    STOP,
+    WAITS,
+    shape_from_state,
+)
 from ..messaging.transport import Address, Transport
 from . import rehost
 
@@ -85,6 +96,17 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         port = reply_port(reply)
         node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
 
+    def on_waits(msg: Message) -> None:
+        _, reply = msg.envelope
+        waits = []
+        for runner in list(host.actors.values()):
+            on = blocked_on(runner.thread.ident)
+            if on:
+                busy = runner.busy
+                waits.append((runner.name, busy[0] if busy else "?", on))
+        port = reply_port(reply)
+        node.send(port.address, (REPLY, port.port_id, 0, OK), *dumps(waits))
+
     def on_interrupt(msg: Message) -> None:
         for runner in host.actors.values():
             runner.interrupt(msg)
@@ -92,6 +114,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.register(STOP, on_stop)
     node.register(STACKS, on_stacks)
     node.register(INTERRUPT, on_interrupt)
+    node.register(WAITS, on_waits)
     node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank on another host
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
@@ -142,8 +165,11 @@ def _deliver_output_before_exit(node: Node) -> None:
     crashes cannot be intercepted: their stderr still reaches the controller through the agent.
     """
     real_exit = os._exit
+    pid = os.getpid()
 
     def exit_after_output(status: int) -> NoReturn:
+        if os.getpid() != pid:  # a child forked by user code: the sockets are its parent's
+            real_exit(status)
         try:
             flush_output()
             node.transport.close(linger=1.0)
