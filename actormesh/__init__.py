@@ -47,6 +47,7 @@ from .runtime.meshes.ports import Port as Port
 from .runtime.meshes.ports import PortReceiver as PortReceiver
 from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
 from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
+from .runtime.messaging.metrics import log_metrics as log_metrics
 from .runtime.procs.host_mesh import HostMesh as HostMesh
 from .runtime.procs.host_mesh import this_host as this_host
 from .runtime.procs.host_mesh import this_proc as this_proc
@@ -79,6 +80,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "listen_for_hosts",
+    "log_metrics",
     "this_host",
     "this_proc",
     "wait_for_hosts",

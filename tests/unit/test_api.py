@@ -12,7 +12,7 @@ PUBLIC = [
     "MeshClosedError", "MeshError", "MeshTimeoutError", "MeshUsageError", "Point", "Port",
     "PortReceiver", "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context",
     "current_rank", "current_size", "endpoint", "this_host", "this_proc",
-    "SlurmJob", "listen_for_hosts", "wait_for_hosts",
+    "SlurmJob", "listen_for_hosts", "wait_for_hosts", "log_metrics",
 ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from ..actors.actor import Actor, endpoint_names
 from ..actors.future import Future
 from ..faults.stacks import STOPPED_HINT, stopped
 from ..messaging.codec import payload_digest
+from ..messaging.metrics import in_worker, local_log
 from ..messaging.node import current_node
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import MeshShape, NoPublicConstructor, Shape
@@ -209,6 +210,42 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                     collector.on_death(address.mailbox, death)
                 continue
             node.send(address, envelope)
+
+    def metrics(self, *names: str) -> Any:
+        """What this mesh's ranks logged with ``am.log_metrics``, oldest first: one row per
+        value, with ``name``, ``value``, ``step``, ``time``, ``rank`` (the flat rank in this
+        mesh) and one column per mesh dimension. A pandas ``DataFrame`` when pandas is
+        installed, else a list of dicts. ``names`` keeps only those metrics.
+
+        Values an endpoint logged are here once its call returned; a long-running endpoint's
+        arrive every half second. Does not block (nothing is asked of the ranks).
+        """
+        if self._record is not None:
+            log = self._record.metrics
+        elif in_worker():
+            raise MeshUsageError("metrics() is read in the process that spawned the mesh")
+        else:
+            log = local_log()  # this_proc(): what the controller logged itself
+        wanted = set(names)
+        shape = self._shape
+        labels = shape.labels
+        rows = []
+        for rank, name, value, step, t in list(log.rows):
+            if wanted and name not in wanted:
+                continue
+            index = shape.local_index(rank)
+            if index is None:
+                continue
+            row: dict[str, Any] = {"name": name, "value": value, "step": step, "time": t}
+            row["rank"] = index
+            row.update(zip(labels, shape.point(index).values(), strict=True))
+            rows.append(row)
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        columns = ["name", "value", "step", "time", "rank", *labels]
+        return pandas.DataFrame(rows, columns=columns)
 
     # -- lifetime --------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from ... import config
+from .metrics import flush_metrics
 from .protocol import LOG
 
 if TYPE_CHECKING:
@@ -117,8 +118,10 @@ def capture_output(node: Node, label: str) -> None:
 
 
 def flush_output() -> None:
+    """Send what this process printed, and the metrics it logged, that are still here."""
     for s in _streams:
         s.flush()
+    flush_metrics()
 
 
 # -- the controller's side ----------------------------------------------------------------------

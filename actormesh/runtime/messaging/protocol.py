@@ -68,6 +68,7 @@ FDLOG = "fdlog"
 UNHANDLED = "unhandled"
 AGENT_HEARTBEAT = "agent_hb"
 DEBUGGER = "debugger"
+METRICS = "metrics"
 
 
 class Kind(NamedTuple):
@@ -190,6 +191,10 @@ _TABLE = [
     Kind(DEBUGGER, ("event", "mesh_id", "rank", "where"), (WORKER,), (CONTROLLER,),
          "debugger.session:_install_handler",
          "A rank stopped in the debugger (``breakpoint()``, a breakpoint, a pause)."),
+    Kind(METRICS, ("mesh_id", "rank", "records"), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "Training metrics a rank logged (``log_metrics``): records are (name, value, step, "
+         "time), batched on the rank (``metrics.py``)."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -29,7 +29,7 @@ from ..faults import supervision
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
-from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, READY, UNHANDLED
+from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, METRICS, READY, UNHANDLED
 from ..messaging.transport import Address, Transport, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
 
@@ -72,6 +72,7 @@ class Controller:
         register(LOG, self._on_log)
         register(FDLOG, self._on_log)
         register(UNHANDLED, self._on_unhandled)
+        register(METRICS, self._on_metrics)
         if existing is None:
             self.node.start()
         self._closed = False
@@ -243,6 +244,12 @@ class Controller:
         # (through the agent); both carry the worker's mailbox, which keys its stderr tail.
         _, mailbox, label, stream, text = msg.envelope
         self.logs.write(mailbox, label, stream, text)
+
+    def _on_metrics(self, msg: Message) -> None:
+        _, mesh_id, rank, records = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is not None:
+            record.metrics.add(rank, records)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""

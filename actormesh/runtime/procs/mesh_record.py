@@ -24,6 +24,7 @@ from ..faults import supervision
 from ..meshes.proc_mesh import ActorSpawn, ProcMesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.codec import new_id
+from ..messaging.metrics import MetricsLog
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..messaging.transport import Address
 from ..shape import Shape
@@ -117,6 +118,7 @@ class MeshRecord:
         self.actor_spawns: list[ActorSpawn] = []
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
+        self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
 
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]

@@ -25,6 +25,7 @@ from ..faults.stacks import format_stacks
 from ..messaging.codec import Message, dumps
 from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
+from ..messaging.metrics import start_outbox
 from ..messaging.node import Node, reply_port, set_node
 from ..messaging.protocol import (
     INTERRUPT,
@@ -82,6 +83,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     set_node(node)
     node.controller = _address(init["controller"])
     node.mesh_id = spec["mesh_id"]
+    start_outbox(node, spec["rank"])
     host = ActorHost(node, proc_rank=spec["rank"])
     stop = threading.Event()
     main_thread = threading.get_ident()  # only waits for "stop": not worth showing in stacks

@@ -1,0 +1,187 @@
+"""Training metrics: ``am.log_metrics({"loss": loss}, step=i)`` on a rank or the controller.
+
+A training loop calls this every step, so it must cost next to nothing there: a call checks its
+values and appends one tuple per value to this process's outbox, under a lock nobody else holds
+for long. Nothing is sent per call. The outbox travels to the controller as one METRICS message
+(``protocol.py``) when:
+
+- the rank's output is flushed (``logs.flush_output``): before every endpoint reply, so the
+  metrics an endpoint logged are at the controller when its caller has the reply;
+- a short timer fires (``FLUSH_AFTER`` seconds after the first value of a batch): a long
+  endpoint that trains for minutes still shows its curve live;
+- the outbox holds ``FLUSH_AT`` values.
+
+In the controller itself (``log_metrics`` in a notebook cell) the values go straight to a log
+of its own, which ``this_proc().metrics()`` reads.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ...errors import MeshUsageError
+from .protocol import METRICS
+
+if TYPE_CHECKING:
+    from .node import Node
+
+# One recorded value: (name, value, step or None, time.time()).
+Record = tuple[str, float, int | None, float]
+
+FLUSH_AFTER = 0.5  # seconds: how stale a live chart may be while an endpoint keeps training
+FLUSH_AT = 2048  # values: a bound on one message (and on what a crash can lose)
+
+
+class _Outbox:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.records: list[Record] = []
+        self.timer_armed = False
+        self.node: Node | None = None
+        self.rank = 0
+
+
+_outbox = _Outbox()
+
+
+def in_worker() -> bool:
+    return _outbox.node is not None
+
+
+def start_outbox(node: Node, rank: int) -> None:
+    """Send this worker's metrics, as rank ``rank`` of its proc mesh, through ``node`` (called
+    once at worker start)."""
+    _outbox.node = node
+    _outbox.rank = rank
+
+
+def log_metrics(values: Mapping[str, Any], step: int | None = None) -> None:
+    """Record training metrics for the live charts and ``procs.metrics()``.
+
+    Args:
+        values: metric name to value: a Python number, a numpy scalar, or a 0-d tensor (turned
+            into a float here, on the rank). Anything else raises ``MeshUsageError``.
+        step: the training step these values belong to (an ``int``), or None.
+
+    Callable from an endpoint, a ``%%mesh`` cell or the controller, on any thread. Never
+    blocks and sends nothing by itself: values leave the rank in batches (see the module
+    docstring), at the latest with the reply of the endpoint that logged them.
+    """
+    # Exact-type checks first: the ABC checks (Mapping, numbers.Real) cost more than the rest
+    # of a call together, and a training loop passes dicts of floats.
+    if type(values) is not dict and not isinstance(values, Mapping):
+        raise MeshUsageError(
+            f"log_metrics takes a mapping of name to number, got {type(values).__name__}: "
+            'write am.log_metrics({"loss": loss}, step=i)'
+        )
+    if step is not None and type(step) is not int:
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise MeshUsageError(f"log_metrics: step must be an int or None, got {step!r}")
+        step = int(step)
+    now = time.time()
+    records: list[Record] = []
+    for name, value in values.items():
+        if type(name) is not str or not name:
+            _check_name(name)
+        if type(value) is not float:
+            value = _as_float(name, value)
+        records.append((name, value, step, now))
+    node = _outbox.node
+    if node is None or node.controller is None:
+        _local.add(0, records)  # the controller: this_proc().metrics() reads them
+        return
+    box = _outbox
+    with box.lock:
+        box.records.extend(records)
+        full = len(box.records) >= FLUSH_AT
+        arm = not box.timer_armed and not full
+        if arm:
+            box.timer_armed = True
+    if full:
+        flush_metrics()
+    elif arm:
+        transport = node.transport
+        transport.call_soon(lambda: transport.call_later(FLUSH_AFTER, flush_metrics))
+
+
+def flush_metrics() -> None:
+    """Send what this process logged and has not sent yet (any thread; cheap when empty)."""
+    box = _outbox
+    if not box.records:
+        return
+    node = box.node
+    with box.lock:
+        records, box.records = box.records, []
+        box.timer_armed = False
+    if node is None or node.controller is None or not records:
+        return
+    node.send(node.controller, (METRICS, node.mesh_id, box.rank, tuple(records)))
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise MeshUsageError(f"log_metrics: a metric name must be a non-empty str, got {name!r}")
+
+
+def _as_float(name: str, value: object) -> float:
+    if isinstance(value, numbers.Real):  # int, bool, numpy scalars
+        return float(value)
+    numel = getattr(value, "numel", None)
+    if callable(numel) and hasattr(value, "item"):
+        if numel() != 1:
+            shape = tuple(getattr(value, "shape", ()))
+            raise MeshUsageError(
+                f"log_metrics: {name!r} is a tensor of shape {shape}; log a number or a 0-d "
+                "tensor (for example its .mean())"
+            )
+        return float(value.item())
+    raise MeshUsageError(
+        f"log_metrics: {name!r} must be a number or a 0-d tensor, got {type(value).__name__}"
+    )
+
+
+# -- the controller's side ----------------------------------------------------------------------
+
+# How many values one mesh keeps (the oldest go first): a day of 10 metrics on 8 ranks at a step
+# a second is ~7M; charts and procs.metrics() need the recent past, not everything.
+KEEP = 500_000
+
+
+class MetricsLog:
+    """The values the ranks of one proc mesh logged, oldest first: ``(rank, name, value, step,
+    time)``. Appended on the I/O thread, read from any thread (append and a list copy are
+    atomic under the GIL; ``version`` tells readers that something came)."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
+        self.rows: list[tuple[int, str, float, int | None, float]] = []
+        self.version = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    def add(self, rank: int, records: Any) -> None:
+        self.rows.extend((rank, name, value, step, t) for name, value, step, t in records)
+        if len(self.rows) > self.keep:
+            del self.rows[: len(self.rows) - self.keep]
+        self.version += 1
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                pass  # a live view that failed must not stop the others (or the I/O thread)
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` (on the I/O thread) whenever values arrive; returns the undo."""
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+
+
+# What the controller process itself logs (rank 0 of ``this_proc()``).
+_local = MetricsLog()
+
+
+def local_log() -> MetricsLog:
+    return _local
