@@ -22,7 +22,7 @@ from .display import CellInterrupted, CellSyntaxError
 from .selection import SelectionError, resolve_target, select
 from .targets import MeshRegistry, MeshTools, Target
 
-_SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "dbg")
+_SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "plot", "dbg")
 
 
 def _usage(message: str) -> UsageError:
@@ -98,6 +98,7 @@ class MeshMagics(Magics):
         # %mesh dbg commands, and what %mesh stacks adds to each rank's stack.
         self.debug: Any = None
         self.annotate_stacks: Callable[[ValueMesh[str], str], ValueMesh[str]] = _as_they_are
+        self._live_plots: list[Any] = []  # %mesh plot --live figures still redrawing
         self._port_mark = 0  # the node's last port id when the running cell started
 
     @property
@@ -131,6 +132,10 @@ class MeshMagics(Magics):
         %mesh pull TARGET NAME       a ValueMesh of NAME from every rank
         %mesh stacks [TARGET]        Python stacks of every rank, identical ones grouped
         %mesh interrupt [TARGET]     interrupt what the ranks are running (all meshes by default)
+        %mesh plot NAME... [--on TARGET] [--live | --stop]
+                                     metrics the ranks logged (am.log_metrics), a line per
+                                     rank; --live redraws as values come, also while later
+                                     cells train (--stop ends that)
         %mesh on TARGET [options]    run every following cell as %%mesh TARGET [options]
         %mesh off                    back to running cells in the kernel
         %mesh dbg ...                the debugger: list, where, eval, continue, next, step,
@@ -244,6 +249,43 @@ class MeshMagics(Magics):
         _show_table(
             ["rank", "host", "pid", "state", "running", "for", "memory", "gpu memory"], rows
         )
+
+    def _cmd_plot(self, rest: list[str]) -> None:
+        from .plots import LivePlot, show
+
+        names, target, live = [], None, False
+        words = iter(rest)
+        for word in words:
+            if word == "--stop":
+                for plot in self._live_plots:
+                    plot.stop()
+                self._live_plots.clear()
+                return
+            if word == "--live":
+                live = True
+            elif word == "--on":
+                target = next(words, None)
+                if target is None:
+                    raise _usage("%mesh plot --on needs a TARGET")
+            elif word.startswith("-"):
+                raise _usage(
+                    f"%mesh plot: unknown option {word!r}; use --on TARGET, --live, --stop"
+                )
+            else:
+                names.append(word)
+        if not names:
+            raise _usage("%mesh plot NAME...: give the metric names to draw, e.g. %mesh plot loss")
+        meshes, logs = [], []
+        for t in self._targets(target):
+            tools = t if isinstance(t, MeshTools) else t.tools
+            meshes.append((tools.table.mesh_id, t.procs))
+            logs.append(tools.record.metrics)
+        if not live:
+            show(meshes, names)
+            return
+        plot = LivePlot(meshes, names, logs)
+        plot.start()
+        self._live_plots.append(plot)
 
     def _cmd_push(self, rest: list[str]) -> None:
         if len(rest) < 2:
