@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -107,3 +110,42 @@ def test_the_controller_logs_into_this_proc() -> None:
     assert mine and mine[-1]["value"] == 2.5 and mine[-1]["rank"] == 0
     with pytest.raises(am.MeshError, match="must be a number"):
         am.log_metrics({"reward": object()})
+
+
+EXPORT_SCRIPT = """
+import actormesh as am
+
+class Trainer(am.Actor):
+    @am.endpoint
+    def train(self):
+        gpus = am.current_rank()["gpus"]
+        for step in range(3):
+            am.log_metrics({"loss": 10.0 * gpus + step}, step=step)
+        am.log_metrics({"lr": 0.5})
+
+procs = am.this_host().spawn_procs(per_host={"gpus": 2}, name="tb")
+procs.spawn("trainer", Trainer).train.call().get(timeout=60)
+procs.stop().get(timeout=60)
+"""
+
+
+def test_metrics_go_to_tensorboard_when_asked(tmp_path: pathlib.Path) -> None:
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="tensorboard is not installed (pip install tensorboard)",
+    )
+    script = tmp_path / "train.py"
+    script.write_text(EXPORT_SCRIPT)
+    env = {**os.environ, "ACTORMESH_TENSORBOARD_DIR": str(tmp_path / "tb")}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    (run,) = (tmp_path / "tb").iterdir()  # one run for the one mesh
+    events = event_accumulator.EventAccumulator(str(run))
+    events.Reload()
+    tags = sorted(events.Tags()["scalars"])
+    assert tags == ["loss/gpus=0", "loss/gpus=1", "lr/gpus=0", "lr/gpus=1"]
+    loss = [(e.step, e.value) for e in events.Scalars("loss/gpus=1")]
+    assert loss == [(0, 10.0), (1, 11.0), (2, 12.0)]
+    assert [e.step for e in events.Scalars("lr/gpus=0")] == [0]  # no step given: counted

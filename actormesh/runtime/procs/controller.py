@@ -32,6 +32,7 @@ from ..messaging.node import Node, node_if_started, set_node_factory
 from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, METRICS, READY, UNHANDLED
 from ..messaging.transport import Address, Transport, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
+from .tensorboard import TensorBoardExport
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Controller:
         register(FDLOG, self._on_log)
         register(UNHANDLED, self._on_unhandled)
         register(METRICS, self._on_metrics)
+        self.tensorboard = TensorBoardExport.from_environment()
         if existing is None:
             self.node.start()
         self._closed = False
@@ -183,6 +185,10 @@ class Controller:
 
     def register(self, record: MeshRecord) -> None:
         self.meshes[record.table.mesh_id] = record
+        export = self.tensorboard
+        if export is not None:
+            mesh_id = record.table.mesh_id
+            record.stopped.add_done_callback(lambda _: export.close(mesh_id))
 
     def live_record(self, mesh_id: str) -> MeshRecord | None:
         """The record of ``mesh_id`` while it can still be used: ``None`` once its mesh is
@@ -250,6 +256,8 @@ class Controller:
         record = self.meshes.get(mesh_id)
         if record is not None:
             record.metrics.add(rank, records)
+            if self.tensorboard is not None:
+                self.tensorboard.write(mesh_id, record.table.labels[rank], records)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""
