@@ -182,6 +182,7 @@ def _run(
     if init["start_method"] != "spawn":
         agent.start_zygote()
     node.start()
+    agent.sampler.start()
     node.send(controller, (AGENT_READY, init["host_rank"], node.address, name))
     signal.signal(signal.SIGTERM, lambda *_: agent.done.set())
     interval, deadline = float(welcome["heartbeat"]), float(welcome["deadline"])

@@ -149,3 +149,36 @@ def test_metrics_go_to_tensorboard_when_asked(tmp_path: pathlib.Path) -> None:
     loss = [(e.step, e.value) for e in events.Scalars("loss/gpus=1")]
     assert loss == [(0, 10.0), (1, 11.0), (2, 12.0)]
     assert [e.step for e in events.Scalars("lr/gpus=0")] == [0]  # no step given: counted
+
+
+class Spinner(am.Actor):
+    @am.endpoint
+    def spin_until(self, flag: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            pass  # busy on purpose: the sampled CPU use must show it
+
+
+def test_host_agents_sample_each_ranks_cpu_and_memory(
+    shared_procs: am.ProcMesh, tmp_path: pathlib.Path
+) -> None:
+    history = shared_procs._record.resources  # the controller's samples, for the sidebar
+    wait_until(
+        lambda: all(len(history.series(r)) >= 2 for r in range(4)),
+        timeout=15,
+        what="two samples of every rank",
+    )
+    assert all(rss > 10 << 20 for _, (_, _, rss) in history.latest().items())  # a Python + torch
+    flag = tmp_path / "stop"
+    spinning = (
+        shared_procs.spawn("spinner", Spinner).slice(gpus=1).spin_until.call_one(str(flag), 30.0)
+    )
+    try:
+        wait_until(
+            lambda: any(cpu > 20 for _, cpu, _ in history.series(1)[-3:]),
+            timeout=15,
+            what="rank 1's busy loop in its CPU samples",
+        )
+    finally:
+        flag.touch()
+    spinning.get(timeout=30)

@@ -69,6 +69,7 @@ UNHANDLED = "unhandled"
 AGENT_HEARTBEAT = "agent_hb"
 DEBUGGER = "debugger"
 METRICS = "metrics"
+RESOURCES = "resources"
 
 
 class Kind(NamedTuple):
@@ -195,6 +196,10 @@ _TABLE = [
          "runtime.procs.controller:Controller.__init__",
          "Training metrics a rank logged (``log_metrics``): records are (name, value, step, "
          "time), batched on the rank (``metrics.py``)."),
+    Kind(RESOURCES, ("time", "samples"), (AGENT,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "A host agent's once-a-second sample of its workers: samples are (mesh_id, rank, cpu "
+         "%, rss bytes) (``procs/sampling.py``)."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

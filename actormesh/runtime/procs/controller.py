@@ -29,7 +29,17 @@ from ..faults import supervision
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
-from ..messaging.protocol import AGENT_READY, DIED, EXIT, FDLOG, LOG, METRICS, READY, UNHANDLED
+from ..messaging.protocol import (
+    AGENT_READY,
+    DIED,
+    EXIT,
+    FDLOG,
+    LOG,
+    METRICS,
+    READY,
+    RESOURCES,
+    UNHANDLED,
+)
 from ..messaging.transport import Address, Transport, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
 from .tensorboard import TensorBoardExport
@@ -74,6 +84,7 @@ class Controller:
         register(FDLOG, self._on_log)
         register(UNHANDLED, self._on_unhandled)
         register(METRICS, self._on_metrics)
+        register(RESOURCES, self._on_resources)
         self.tensorboard = TensorBoardExport.from_environment()
         if existing is None:
             self.node.start()
@@ -258,6 +269,14 @@ class Controller:
             record.metrics.add(rank, records)
             if self.tensorboard is not None:
                 self.tensorboard.write(mesh_id, record.table.labels[rank], records)
+
+    def _on_resources(self, msg: Message) -> None:
+        _, t, samples = msg.envelope
+        meshes = self.meshes
+        for mesh_id, rank, cpu, rss in samples:
+            record = meshes.get(mesh_id)
+            if record is not None:
+                record.resources.add(rank, t, cpu, rss)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""

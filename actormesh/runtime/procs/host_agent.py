@@ -43,6 +43,7 @@ from ..messaging.protocol import (
 from ..messaging.transport import Address, Transport
 from ..messaging.tunnel import TunnelEnds
 from .osutil import describe_status, die_with_parent
+from .sampling import ResourceSampler
 from .zygote import FD_ENV
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,10 @@ class Agent:
         register(SHUTDOWN, lambda _: self.done.set())
         register(DUMP, self._on_dump)
         TunnelEnds(node)  # the controller's debugger reaches this host's ranks through them
+        self.sampler = ResourceSampler(node, self.controller, self._live_workers)
+
+    def _live_workers(self) -> list[tuple[str, int, int]]:
+        return [(w.mesh_id, w.rank, pid) for pid, w in list(self.workers.items()) if pid]
 
     # -- fork server -----------------------------------------------------------------------------
 
@@ -380,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     if init["start_method"] != "spawn":
         agent.start_zygote()
     node.start()
+    agent.sampler.start()
     hello = (AGENT_READY, init["host_rank"], node.address, socket.gethostname())
     node.send(agent.controller, hello)
     signal.signal(signal.SIGTERM, lambda *_: agent.done.set())

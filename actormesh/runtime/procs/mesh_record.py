@@ -29,6 +29,7 @@ from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_
 from ..messaging.transport import Address
 from ..shape import Shape
 from . import rehost
+from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -119,6 +120,7 @@ class MeshRecord:
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
         self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
+        self.resources = ResourceHistory()  # what its ranks use, sampled by their agents
 
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
