@@ -153,20 +153,18 @@ KEEP = 500_000
 
 class MetricsLog:
     """The values the ranks of one proc mesh logged, oldest first: ``(rank, name, value, step,
-    time)``. Appended on the I/O thread, read from any thread (append and a list copy are
-    atomic under the GIL; ``version`` tells readers that something came)."""
+    time)``. Appended on the I/O thread, read from any thread (extending and copying a list are
+    atomic under the GIL); ``listen`` tells live views that values came."""
 
     def __init__(self, keep: int = KEEP) -> None:
         self.keep = keep
         self.rows: list[tuple[int, str, float, int | None, float]] = []
-        self.version = 0
         self._listeners: list[Callable[[], None]] = []
 
     def add(self, rank: int, records: Any) -> None:
         self.rows.extend((rank, name, value, step, t) for name, value, step, t in records)
         if len(self.rows) > self.keep:
             del self.rows[: len(self.rows) - self.keep]
-        self.version += 1
         for listener in list(self._listeners):
             try:
                 listener()
