@@ -17,7 +17,7 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``protocol`` (every message kind and its fields), ``curve``,
                         ``transport`` (ZeroMQ sockets, the I/O thread), ``node`` (a process's
                         handlers, ports, deaths), ``actor_inbox``, ``reply_inbox``, ``tunnel``,
-                        ``logs`` (rank-labelled output).
+                        ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         ``actor_host`` (the actors of one process), ``context``, ``future``.
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
@@ -26,7 +26,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``actor_mesh``, ``proc_mesh``, ``ports``.
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
-                        ``host_agent``, ``zygote`` (the fork server), ``osutil``.
+                        ``host_agent``, ``zygote`` (the fork server), ``osutil``,
+                        ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).
  6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
                         mappings), ``distributed`` (process groups over meshes), ``spmd``
                         (``python -m actormesh run``).
