@@ -130,15 +130,15 @@ def _check_name(name: object) -> None:
 def _as_float(name: str, value: object) -> float:
     if isinstance(value, numbers.Real):  # int, bool, numpy scalars
         return float(value)
-    numel = getattr(value, "numel", None)
-    if callable(numel) and hasattr(value, "item"):
-        if numel() != 1:
-            shape = tuple(getattr(value, "shape", ()))
+    item = getattr(value, "item", None)
+    if item is not None and hasattr(value, "shape"):  # a tensor or an array: one call if 0-d
+        try:
+            return float(item())
+        except (RuntimeError, ValueError):  # more than one element
             raise MeshUsageError(
-                f"log_metrics: {name!r} is a tensor of shape {shape}; log a number or a 0-d "
-                "tensor (for example its .mean())"
-            )
-        return float(value.item())
+                f"log_metrics: {name!r} is a tensor of shape {tuple(value.shape)}; log a "
+                "number or a 0-d tensor (for example its .mean())"
+            ) from None
     raise MeshUsageError(
         f"log_metrics: {name!r} must be a number or a 0-d tensor, got {type(value).__name__}"
     )
