@@ -5,6 +5,18 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { echo "::step [$((SECONDS))s] $*"; }
+# Said before anything is installed: what this changes outside the checkout.
+if [ "$(id -u)" = 0 ]; then
+  echo "test.sh runs as root, so besides .venv it changes this machine: it apt-installs"
+  echo "  node and Debian's chromium when missing (the sidebar's build and browser tests),"
+  echo "  Slurm and munge (tests/multihost/test_slurm.py; no daemon stays running),"
+  echo "and tests/multihost creates network namespaces, a bridge and veth links (fake hosts,"
+  echo "scripts/fakehosts/), removed when they end. As another user none of that happens:"
+  echo "missing node or chromium is installed with sudo if needed, and those tests skip."
+else
+  echo "test.sh: installs into .venv; node and chromium (when missing) via sudo apt-get;"
+  echo "  the multi-host and Slurm tests need root and skip."
+fi
 step "node and chromium"
 bash scripts/install-browser.sh
 export YARN_ENABLE_IMMUTABLE_INSTALLS=true  # labextension/yarn.lock is the truth
@@ -33,4 +45,4 @@ step "labextension tests"
 step "pytest"
 export ACTORMESH_UI_TESTS=1  # a missing browser fails the UI tests instead of skipping them
 python -m pytest "$@"
-step "done"
+step "done: to open the notebooks, .venv/bin/jupyter lab notebooks/"

@@ -88,9 +88,15 @@ def test_cli_installs_the_same_kernelspec_that_pip_ships(tmp_path: Path) -> None
     assert str(installed.parent) in out.stdout
     shipped = ROOT / "share" / "jupyter" / "kernels" / "actormesh" / "kernel.json"
     spec = json.loads(installed.read_text())
-    assert spec == json.loads(shipped.read_text())
-    assert spec["argv"][:3] == ["python", "-m", "actormesh.kernel"]
+    # This interpreter's absolute path, not "python" (which a Jupyter in another environment
+    # replaces with its own interpreter, where actormesh is missing); the rest as shipped.
+    assert spec["argv"][0] == sys.executable and os.path.isabs(spec["argv"][0])
+    assert spec == {**json.loads(shipped.read_text()), "argv": spec["argv"]}
+    assert spec["argv"][1:3] == ["-m", "actormesh.kernel"]
     assert spec["interrupt_mode"] == "message"
+    for logo in ("logo-32x32.png", "logo-64x64.png"):
+        data = (installed.parent / logo).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n") and data == (shipped.parent / logo).read_bytes()
     # pip installs it through hatch's shared-data.
     pyproject = (ROOT / "pyproject.toml").read_text()
     section = pyproject.split("[tool.hatch.build.targets.wheel.shared-data]", 1)[1]
