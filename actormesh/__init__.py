@@ -38,6 +38,8 @@ from .runtime.actors.context import current_rank as current_rank
 from .runtime.actors.context import current_size as current_size
 from .runtime.actors.future import Future as Future
 from .runtime.dataplane.buffers import TensorBuffer as TensorBuffer
+from .runtime.dataplane.distributed import destroy_process_group as destroy_process_group
+from .runtime.dataplane.distributed import init_process_group as init_process_group
 from .runtime.extent import Extent as Extent
 from .runtime.extent import Point as Point
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
@@ -78,7 +80,9 @@ __all__ = [
     "context",
     "current_rank",
     "current_size",
+    "destroy_process_group",
     "endpoint",
+    "init_process_group",
     "listen_for_hosts",
     "log_metrics",
     "this_host",

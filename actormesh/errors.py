@@ -12,7 +12,8 @@ MeshError                 base of everything actormesh raises on purpose
 │   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/display.py)
 ├── MeshUsageError        an API used in a way that cannot work, a bad slice (also a ValueError)
 │   ├── MeshIndexError    an index out of range (also an IndexError)
-│   └── MeshTypeError     a value of the wrong type (also a TypeError)
+│   ├── MeshTypeError     a value of the wrong type (also a TypeError)
+│   └── UnknownEndpointError  mesh.name with no such endpoint (also an AttributeError)
 ├── CellSyntaxError *     a %%mesh cell does not compile (kernel/display.py)
 ├── RanksPaused *         a notebook wait on ranks all paused in the debugger (debugger/session.py)
 └── DapError *            a debugger request to a rank failed (debugger/dap.py)
@@ -46,6 +47,11 @@ class MeshIndexError(MeshUsageError, IndexError):
 class MeshTypeError(MeshUsageError, TypeError):
     """A value of the wrong type given to a mesh API (``mesh.slice(gpus="0")``). Also a
     ``TypeError``, as such errors are in Python."""
+
+
+class UnknownEndpointError(MeshUsageError, AttributeError):
+    """``mesh.name`` where the actor has no endpoint ``name``. An ``AttributeError`` too, so that
+    ``hasattr``, ``getattr(mesh, name, default)``, ``copy`` and completers work."""
 
 
 class MeshClosedError(MeshError):
@@ -95,10 +101,52 @@ class ProcDeath:
         return f"process of rank {self.rank} (pid {self.pid} on {self.host}) {how}"
 
 
-def _rank_ranges(ranks: Sequence[str]) -> str:
-    if len(ranks) <= 4:
-        return ", ".join(ranks)
-    return f"{ranks[0]}, {ranks[1]}, ... {ranks[-1]} ({len(ranks)} ranks)"
+def _ranges(values: Sequence[int]) -> str:
+    """``0-3``, ``0,2``, ``0-2,5`` (sorted, runs of consecutive values collapsed)."""
+    xs = sorted(set(values))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _compact(names: tuple[str, ...], points: list[tuple[int, ...]]) -> list[str]:
+    # The last dimension as ranges; then rows whose rest reads the same merge on this one.
+    if len(names) == 1:
+        return [f"{names[0]}={_ranges([p[0] for p in points])}"]
+    rows: dict[int, list[tuple[int, ...]]] = {}
+    for p in points:
+        rows.setdefault(p[0], []).append(p[1:])
+    merged: dict[tuple[str, ...], list[int]] = {}
+    for first, rest in sorted(rows.items()):
+        merged.setdefault(tuple(_compact(names[1:], rest)), []).append(first)
+    return [
+        f"{names[0]}={_ranges(firsts)},{tail}" for tails, firsts in merged.items() for tail in tails
+    ]
+
+
+def format_ranks(ranks: Sequence[str]) -> str:
+    """Rank labels (``{gpus=3}``, ``hosts=0,gpus=1``) as one phrase, in order, contiguous
+    coordinates as ranges: ``rank gpus=2``, ``ranks gpus=0-3``, ``ranks hosts=0,gpus=0-1``."""
+    by_dims: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
+    others: list[str] = []
+    for label in dict.fromkeys(ranks):
+        try:
+            pairs = [kv.split("=") for kv in label.strip("{}").replace(" ", "").split(",")]
+            names = tuple(k for k, _ in pairs)
+            by_dims.setdefault(names, []).append(tuple(int(v) for _, v in pairs))
+        except ValueError:  # not coordinates: said as it is
+            others.append(label)
+    parts = [part for names, pts in by_dims.items() for part in _compact(names, pts)]
+    text = "; ".join(parts + sorted(others))
+    n = len(dict.fromkeys(ranks))
+    if len(text) > 100:  # scattered ranks of a large mesh: the first ones and how many
+        text = text[:100].rsplit(",", 1)[0] + f", ... ({n} ranks)"
+    return f"rank {text}" if n == 1 else f"ranks {text}"
 
 
 class ActorError(MeshError):
@@ -138,14 +186,14 @@ class ActorError(MeshError):
     def _summary(self) -> str:
         lines = []
         for ranks, f in self.groups():
-            lines.append(f"[rank {_rank_ranges(ranks)}] {f.where} raised {f.headline()}")
+            lines.append(f"[{format_ranks(ranks)}] {f.where} raised {f.headline()}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         parts = []
         for ranks, f in self.groups():
             parts.append(
-                f"\n[rank {_rank_ranges(ranks)}] {f.where} raised {f.headline()}\n"
+                f"\n[{format_ranks(ranks)}] {f.where} raised {f.headline()}\n"
                 f"Remote traceback:\n{f.traceback.rstrip()}"
             )
         return "".join(parts)
@@ -154,7 +202,7 @@ class ActorError(MeshError):
         # IPython calls this instead of printing the (useless) local traceback.
         out = []
         for ranks, f in self.groups():
-            out.append(f"\x1b[31m[rank {_rank_ranges(ranks)}] {f.where}: {f.headline()}\x1b[0m")
+            out.append(f"\x1b[31m[{format_ranks(ranks)}] {f.where}: {f.headline()}\x1b[0m")
             out.extend(f.traceback.rstrip().splitlines())
         return out
 

@@ -18,7 +18,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import actormesh as am
-from actormesh.runtime.dataplane.distributed import init_process_group
 
 WORLD = 4
 STEPS = 20
@@ -94,7 +93,7 @@ def data_parallel() -> tuple[list[float], list[list[torch.Tensor]]]:
     """The same training on WORLD actors with DDP; per step the mean of the ranks' losses."""
     with am.this_host().spawn_procs(per_host={"gpus": WORLD}) as procs:
         trainers = procs.spawn("trainer", Trainer)
-        init_process_group(trainers).get(timeout=60)
+        am.init_process_group(trainers).get(timeout=60)
         trainers.wrap.call().get(timeout=60)
         losses = []
         for _ in range(STEPS):

@@ -264,6 +264,8 @@ def _failure(exc: BaseException, filename: str) -> CellFailure:
 class MeshExecutor(Actor):
     """Runs ``%%mesh`` cells on one rank. Spawned by the kernel; not used directly."""
 
+    runs_user_code = True  # a tool actor whose stack is the user's cell (faults/stacks.py)
+
     def __init__(self) -> None:
         point = current_rank()
         self.rank = point.rank

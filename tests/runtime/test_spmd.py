@@ -198,7 +198,7 @@ def test_failing_script_exits_1_with_the_ranks_traceback(tmp_path: Path) -> None
     )
     assert result.returncode == 1, result.stdout + result.stderr
     err = result.stderr
-    assert "[rank {hosts=0, procs=1}] spmd.run raised ValueError: rank 1 found a bad batch" in err
+    assert "[rank hosts=0,procs=1] spmd.run raised ValueError: rank 1 found a bad batch" in err
     assert f'File "{script}", line 7, in check' in err
     assert "runpy" not in err  # the script's frames, not the launcher's
     assert "[procs=0] joined" in result.stdout and "[procs=1] joined" in result.stdout

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from ..meshes.value_mesh import ValueMesh
 
 # Actor names that start with this are reserved for tools built on the runtime (a notebook
-# kernel's executor, a debugger's agent): stack dumps leave them out when they are idle or only
-# inside actormesh, since they are not the user's code. User actors should not use it.
+# kernel's executor, a debugger's agent): stack dumps leave them out, since they are not the
+# user's code; a tool actor that runs the user's code (a cell executor) says so with a class
+# attribute ``runs_user_code = True`` and is shown while it does. User actors should not use it.
 TOOL_ACTOR_PREFIX = "_mesh_"
 # The actormesh package itself (runner, %%mesh executor): its frames are not the user's.
 _PACKAGE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + os.sep
@@ -65,6 +66,13 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
             continue
         runner = by_ident.get(ident)
         if runner is not None:
+            if runner.name.startswith(TOOL_ACTOR_PREFIX) and not getattr(
+                runner.instance, "runs_user_code", False
+            ):
+                # A tool's own actor (a sidebar's status poll, a debugger's agent) is never the
+                # user's, whatever code it is in (psutil, debugpy): one caught busy would set
+                # its rank apart from ranks caught a moment later.
+                continue
             busy = runner.busy
             if busy is None:
                 if not runner.name.startswith(TOOL_ACTOR_PREFIX):  # a tool's own: noise
@@ -78,8 +86,7 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
                 if not f.filename.endswith("threading.py") and not f.filename.startswith(_PACKAGE)
             ]
             if not user and runner.name.startswith(TOOL_ACTOR_PREFIX):
-                # A tool's own actor answering a question (e.g. a sidebar's status poll):
-                # noise, and it would set this rank apart from ranks caught a moment later.
+                # A user-code tool (a cell executor) between cells, in actormesh only: noise.
                 continue
             out.append(f"actor {runner.name}: in {busy[0]} for {now - busy[1]:.1f} s\n")
             out.append("".join(traceback.format_list(user or stack)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from ...errors import MeshUsageError
+from ...errors import UnknownEndpointError
 from ..actors.future import Future
 from ..shape import MeshShape, NoPublicConstructor, Shape
 from .endpoint import Endpoint
@@ -84,7 +84,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
             if name.startswith("_"):
                 raise AttributeError(name)
             known = ", ".join(sorted(self._endpoints)) or "(none)"
-            raise MeshUsageError(
+            raise UnknownEndpointError(
                 f"{self._class_name} has no endpoint {name!r}; its endpoints are: {known} "
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
