@@ -129,9 +129,10 @@ def _compact(names: tuple[str, ...], points: list[tuple[int, ...]]) -> list[str]
     ]
 
 
-def format_ranks(ranks: Sequence[str]) -> str:
-    """Rank labels (``{gpus=3}``, ``hosts=0,gpus=1``) as one phrase, in order, contiguous
-    coordinates as ranges: ``rank gpus=2``, ``ranks gpus=0-3``, ``ranks hosts=0,gpus=0-1``."""
+def coordinates(ranks: Sequence[str]) -> str:
+    """Rank labels (``{gpus=3}``, ``hosts=0,gpus=1``) as one text, in order, contiguous
+    coordinates as ranges: ``gpus=0-3``, ``gpus=0,2``, ``hosts=0,gpus=0-1``. Output from ranks is
+    prefixed with it (``[gpus=0-3] hello``)."""
     by_dims: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
     others: list[str] = []
     for label in dict.fromkeys(ranks):
@@ -143,10 +144,14 @@ def format_ranks(ranks: Sequence[str]) -> str:
             others.append(label)
     parts = [part for names, pts in by_dims.items() for part in _compact(names, pts)]
     text = "; ".join(parts + sorted(others))
-    n = len(dict.fromkeys(ranks))
     if len(text) > 100:  # scattered ranks of a large mesh: the first ones and how many
-        text = text[:100].rsplit(",", 1)[0] + f", ... ({n} ranks)"
-    return f"rank {text}" if n == 1 else f"ranks {text}"
+        text = text[:100].rsplit(",", 1)[0] + f", ... ({len(dict.fromkeys(ranks))} ranks)"
+    return text
+
+
+def format_ranks(ranks: Sequence[str]) -> str:
+    """``rank gpus=2``, ``ranks gpus=0-3``: :func:`coordinates` as the subject of a sentence."""
+    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {coordinates(ranks)}"
 
 
 class ActorError(MeshError):

@@ -30,7 +30,7 @@ from ..errors import MeshError
 from ..kernel import cells
 from ..kernel.executor import Repr
 from ..kernel.panel.watch import set_debugger_state
-from ..kernel.selection import SelectionError, select
+from ..kernel.selection import Selection, SelectionError, select, values_of
 from ..runtime.actors import future as future_mod
 from ..runtime.faults.stacks import _BUSY_FOR
 from ..runtime.meshes.value_mesh import ValueMesh
@@ -279,7 +279,9 @@ class DebugMagics:
                 raise _usage(f"%mesh dbg eval: rank {r} is not paused")
             body = rd.evaluate(expression, frame=args.frame)
             values.append(_value(body.get("result", "")))
-        return ValueMesh._create(_shape_of(tools, ranks, args.ranks), values)
+        return values_of(
+            tools.shape, Selection(tuple(ranks), _shape_of(tools, ranks, args.ranks)), values
+        )
 
     def _step(self, args: _Args, command: str) -> None:
         tools = self._mesh(args)

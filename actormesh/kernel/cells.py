@@ -34,10 +34,11 @@ from .display import (
     StatusStrip,
     cell_error,
     interruption_report,
+    output_prefix,
     prefix,
 )
 from .executor import CellFailure
-from .selection import Selection
+from .selection import Selection, values_of
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ class CellRun:
         if self.grouper is not None:
             self.grouper.display(rank, data, metadata)
         else:  # --noblock: nowhere to group it; show its text
-            print(f"{prefix([rank])} {data.get('text/plain', '')}")
+            names = {r: label for label, r in self.target.tools.labels.items()}
+            print(f"{output_prefix([rank], names)} {data.get('text/plain', '')}")
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         return False  # the cell's collector reports deaths
@@ -229,8 +231,7 @@ class CellRun:
         if failures:
             raise cell_error(self.options.filename, failures)
         values = [self.values[r] for r in self.ranks]
-        shape = self.options.selection.shape or Shape.from_extent({"ranks": len(values)})
-        return ValueMesh._create(shape, values)
+        return values_of(self.target.tools.shape, self.options.selection, values)
 
     def wait(self, timeout: float | None) -> None:
         """Block until every rank has its outcome (interruptible; ``MeshTimeoutError``)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ActorError, MeshError, MeshTimeoutError, RemoteFailure
+from ..errors import ActorError, MeshError, MeshTimeoutError, RemoteFailure, coordinates
 from .executor import CellFailure
 from .selection import rank_ranges
 
@@ -50,6 +50,15 @@ def prefix(keys: Sequence[RankKey]) -> str:
     return f"[{', '.join(parts)}]"
 
 
+def output_prefix(keys: Sequence[RankKey], names: Mapping[int, str]) -> str:
+    """What rank output is prefixed with: the ranks' coordinates, as endpoint output is
+    (``[gpus=2]``, ``[gpus=0-3]``); ``names`` gives the cell's ranks' labels."""
+    ours = [names.get(k, f"rank {k}") for k in keys if isinstance(k, int)]
+    parts = [coordinates(ours)] if ours else []
+    parts.extend(k for k in keys if isinstance(k, str))
+    return f"[{', '.join(parts)}]"
+
+
 class OutputGrouper:
     """Rank output queued from the I/O thread, written grouped by the cell's thread.
 
@@ -73,6 +82,7 @@ class OutputGrouper:
         ranks: Sequence[int] = (),
     ) -> None:
         self._labels = labels
+        self._names = {rank: label for label, rank in labels.items()}
         self._write = write
         self._show = show
         self.dedup = dedup
@@ -152,7 +162,8 @@ class OutputGrouper:
                 self._learn(group, behind)
                 held.clear()  # ranks held for these may be able to go now
                 group.sort(key=_rank_order)
-                out.append((head.stream if head.kind == "line" else "display", prefix(group), head))
+                kind = head.stream if head.kind == "line" else "display"
+                out.append((kind, output_prefix(group, self._names), head))
         self._emit(out)
 
     def _behind(self, group: list[RankKey]) -> set[RankKey]:

@@ -19,7 +19,7 @@ from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.node import node_if_started
 from .cells import CellOptions, CellRun, PendingCell
 from .display import CellInterrupted, CellSyntaxError
-from .selection import SelectionError, resolve_target, select
+from .selection import SelectionError, resolve_target, select, values_of
 from .targets import MeshRegistry, MeshTools, Target
 
 _SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "plot", "dbg")
@@ -124,7 +124,7 @@ class MeshMagics(Magics):
             In [2]: %%mesh procs
                ...: print("hello")
                ...: rank * 10
-            [ranks 0-3] hello
+            [gpus=0-3] hello
             Out[2]: ValueMesh({gpus=0: 0, gpus=1: 10, gpus=2: 20, gpus=3: 30})
 
         %mesh status [TARGET]        rank, host, pid, state, what runs and for how long, memory
@@ -310,8 +310,7 @@ class MeshMagics(Magics):
         selection = select(target.shape, None)
         futures = [target.tools.executor(r).pull.call_one(name) for r in selection.ranks]
         values = [fut.get(timeout=60) for fut in futures]
-        assert selection.shape is not None
-        return ValueMesh._create(selection.shape, values)
+        return values_of(target.tools.shape, selection, values)
 
     def _cmd_stacks(self, rest: list[str]) -> None:
         if len(rest) > 1:

@@ -1,4 +1,5 @@
-"""Pure parsing for the magics: the TARGET expression, ``--ranks`` selections, rank ranges.
+"""Pure parsing for the magics: the TARGET expression, ``--ranks`` selections, rank ranges;
+and the values of a selection, labelled with the ranks' own coordinates.
 
 Nothing here does I/O, so it is tested without processes. User text is never ``eval()``-ed: a
 TARGET is parsed with ``ast`` and walked by hand, allowing only a name, attribute access,
@@ -12,10 +13,12 @@ import builtins
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime.extent import Point
+from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.shape import Shape
 
 
@@ -230,3 +233,40 @@ def rank_ranges(ranks: Iterable[int]) -> str:
         parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+class RankValues(ValueMesh[Any]):
+    """The values of some ranks of a mesh, each shown with its rank's own coordinates in the
+    mesh (``-r 2`` shows ``gpus=2``, not ``gpus=0``, its position in the selection). Indexing,
+    ``items()`` and slicing go by the selection's extent, as in any ``ValueMesh``."""
+
+    __slots__ = ("_own",)
+    _own: tuple[str, ...]  # by position in ``_base``, which slices share
+
+    def _render_point(self, point: Point, shown: list[int]) -> str:
+        index = self._base.local_index(self._shape.global_rank(point.rank))
+        assert index is not None
+        return self._own[index]
+
+    def _new_with_shape(self, shape: Shape) -> RankValues:
+        view = RankValues.__new__(RankValues)
+        for name, value in (("_shape", shape), ("_base", self._base), ("_values", self._values)):
+            object.__setattr__(view, name, value)
+        object.__setattr__(view, "_own", self._own)
+        return view
+
+
+def values_of(mesh: Shape, selection: Selection, values: Sequence[Any]) -> ValueMesh[Any]:
+    """One value per selected rank of ``mesh``, labelled with the ranks' own coordinates."""
+    shape = selection.shape or Shape.from_extent({"ranks": len(values)})
+    if tuple(selection.ranks) == tuple(mesh.ranks()):
+        return ValueMesh._create(shape, values)
+    shown = [i for i, size in enumerate(mesh.sizes) if size > 1] or list(range(len(mesh.sizes)))
+    own = []
+    for rank in selection.ranks:
+        point = Point(rank, mesh.extent)
+        text = ", ".join(f"{mesh.labels[i]}={point[mesh.labels[i]]}" for i in shown)
+        own.append(text if len(shown) == 1 else f"({text})")
+    result = RankValues._create(shape, values)
+    object.__setattr__(result, "_own", tuple(own))
+    return result

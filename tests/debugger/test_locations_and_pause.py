@@ -30,6 +30,9 @@ def test_breakpoint_by_location_in_an_actor_class_defined_in_a_cell(dbg4: Kernel
     for rank in (1, 2):
         assert f"rank {rank} {{gpus={rank}}}: running" in text, text
     assert dbg4.ok("v = %mesh dbg eval -r 0,3 y\nv.values()").value == "[14, 14]"
+    # Labelled with the ranks' own coordinates, not their positions in the selection.
+    assert dbg4.ok("v").value == "ValueMesh({gpus=0: 14, gpus=3: 14})"
+    assert dbg4.ok("%mesh dbg eval -r 3 y").value == "ValueMesh({gpus=3: 14})"
     # The source of the cell is shown on the ranks, though its file exists only in the kernel.
     where = dbg4.ok("%mesh dbg where -r 0,3").stream()
     assert "=== ranks 0, 3 ===" in where and "z = y + 1" in where, where

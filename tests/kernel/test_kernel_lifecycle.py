@@ -69,7 +69,7 @@ def test_load_ext_in_a_stock_ipython_kernel() -> None:
         k.ok("%load_ext actormesh")
         k.ok(spawn_code(2))
         r = k.ok("%%mesh procs\nprint('hi')\nrank")
-        assert "[ranks 0-1] hi" in r.stream()
+        assert "[gpus=0-1] hi" in r.stream()
         assert r.value == "ValueMesh({gpus=0: 0, gpus=1: 1})"
         k.ok("procs.stop().get(timeout=20)")
     finally:

@@ -23,9 +23,9 @@ def test_kernel_identifies_itself_and_has_the_magics(kernel4: Kernel) -> None:
 def test_cell_runs_on_every_rank_with_grouped_output_and_values(kernel4: Kernel) -> None:
     r = kernel4.ok("%%mesh procs\nprint('hello')\nprint('I am', rank)\nrank * 10")
     out = r.stream()
-    assert out.count("hello") == 1 and "[ranks 0-3] hello\n" in out
+    assert out.count("hello") == 1 and "[gpus=0-3] hello\n" in out
     for rank in range(4):
-        assert f"[rank {rank}] I am {rank}\n" in out
+        assert f"[gpus={rank}] I am {rank}\n" in out
     assert r.value == "ValueMesh({gpus=0: 0, gpus=1: 10, gpus=2: 20, gpus=3: 30})"
     assert kernel4.ok("_mesh.values()").value == "[0, 10, 20, 30]"
 
@@ -43,12 +43,14 @@ def test_rank_selections(kernel4: Kernel) -> None:
     def ranks(line: str) -> str | None:
         return kernel4.ok(f"%%mesh {line}\nrank").value
 
-    assert ranks("procs --ranks 1:3") == "ValueMesh({gpus=0: 1, gpus=1: 2})"
-    assert ranks("procs --ranks ::2") == "ValueMesh({gpus=0: 0, gpus=1: 2})"
-    assert ranks("procs --ranks 0,1,3") == "ValueMesh({ranks=0: 0, ranks=1: 1, ranks=2: 3})"
-    assert ranks("procs --ranks gpus=2") == "ValueMesh({hosts=0: 2})"
+    # Values are labelled with the ranks' own coordinates, whatever the selection.
+    assert ranks("procs --ranks 1:3") == "ValueMesh({gpus=1: 1, gpus=2: 2})"
+    assert ranks("procs --ranks ::2") == "ValueMesh({gpus=0: 0, gpus=2: 2})"
+    assert ranks("procs --ranks 0,1,3") == "ValueMesh({gpus=0: 0, gpus=1: 1, gpus=3: 3})"
+    assert ranks("procs --ranks gpus=2") == "ValueMesh({gpus=2: 2})"
     assert ranks("procs --ranks hosts=0,gpus=0:2") == "ValueMesh({gpus=0: 0, gpus=1: 1})"
-    assert ranks("procs.slice(gpus=slice(2, 4))") == "ValueMesh({gpus=0: 2, gpus=1: 3})"
+    assert ranks("procs.slice(gpus=slice(2, 4))") == "ValueMesh({gpus=2: 2, gpus=3: 3})"
+    assert kernel4.ok("_mesh.item(gpus=1)").value == "3"  # indexing: by position, as before
 
 
 def test_bad_arguments_are_one_line_usage_errors(kernel4: Kernel) -> None:
@@ -120,9 +122,9 @@ def test_output_complete_and_in_rank_order_on_8_ranks(kernel4: Kernel) -> None:
         assert sorted(per_rank) == list(range(8))
         for lines in per_rank.values():
             assert lines == list(range(1000))
-        assert "[ranks 0-7] all done\n" in r.stream()
+        assert "[gpus=0-7] all done\n" in r.stream()
         r = kernel4.ok("%%mesh big --no-dedup --ranks 0:3\nprint('same')")
-        assert sorted(r.stream().splitlines()) == [f"[rank {i}] same" for i in range(3)]
+        assert sorted(r.stream().splitlines()) == [f"[gpus={i}] same" for i in range(3)]
     finally:
         kernel4.ok("big.stop().get(timeout=20)")
 
@@ -135,7 +137,7 @@ def test_push_pull_status_stacks(kernel4: Kernel) -> None:
     assert kernel4.ok("%mesh pull procs square").value == (
         "ValueMesh({gpus=0: 0, gpus=1: 1, gpus=2: 4, gpus=3: 9})"
     )
-    assert kernel4.ok("%mesh pull procs.slice(gpus=3) square").value == "ValueMesh({hosts=0: 9})"
+    assert kernel4.ok("%mesh pull procs.slice(gpus=3) square").value == "ValueMesh({gpus=3: 9})"
     assert kernel4.execute("%mesh pull procs nothing_here").status == "error"
 
     status = kernel4.ok("%mesh status procs").displays()[0]
@@ -151,9 +153,7 @@ def test_mesh_on_runs_every_cell_on_the_mesh_until_off(kernel4: Kernel) -> None:
     kernel4.ok("%mesh on procs --ranks 0:2")
     try:
         assert kernel4.ok("rank + 100").value == "ValueMesh({gpus=0: 100, gpus=1: 101})"
-        assert (
-            kernel4.ok("%%mesh procs --ranks 3\nrank").value == "ValueMesh({(hosts=0, gpus=0): 3})"
-        )
+        assert kernel4.ok("%%mesh procs --ranks 3\nrank").value == "ValueMesh({gpus=3: 3})"
     finally:
         kernel4.ok("%mesh off")
     assert kernel4.ok("rank = 'local'\nrank").value == "'local'"
@@ -184,7 +184,7 @@ def test_rich_output_from_ranks(kernel4: Kernel) -> None:
     htmls = [d["text/html"] for d in r.displays() if "text/html" in d]
     assert sorted(htmls) == ["<b>rank 0</b>", "<b>rank 1</b>"]
     out = r.stream()
-    assert out.index("before") < out.index("[ranks 0,2]") and "[ranks 1,3]" in out
+    assert out.index("before") < out.index("[gpus=0,2]") and "[gpus=1,3]" in out
 
 
 def _spin(kernel: Kernel, code: str, marker: str, by_signal: bool = False) -> Any:
@@ -296,12 +296,12 @@ def test_a_rank_that_dies_fails_only_itself(kernel4: Kernel) -> None:
             "if rank == 1: os._exit(3)\nrank"
         )
         assert r.status == "error" and r.ename == "MeshCellError"
-        assert "[ranks 0-2] last words" in r.stream()
+        assert "[gpus=0-2] last words" in r.stream()
         assert "[rank 1] SupervisionError: process of rank gpus=1" in r.traceback
         assert "exited with code 3" in r.traceback
         assert "[rank 0]" not in r.traceback and "[rank 2]" not in r.traceback
         r = kernel4.ok("%%mesh spare --ranks 0,2\nrank")  # the others live on
-        assert r.value == "ValueMesh({gpus=0: 0, gpus=1: 2})"
+        assert r.value == "ValueMesh({gpus=0: 0, gpus=2: 2})"  # the ranks' own coordinates
         r = kernel4.execute("%%mesh spare\nrank")  # a dead rank fails at once
         assert r.status == "error" and "[rank 1] SupervisionError" in r.traceback
     finally:
@@ -322,8 +322,8 @@ def test_matplotlib_figures_from_ranks(kernel4: Kernel) -> None:
     labels = r.stream().splitlines()
     assert len(pngs) == len(labels)
     assert sorted(labels) in (
-        ["[rank 0]", "[rank 1]", "[ranks 0-1]"],
-        ["[rank 0]", "[rank 0]", "[rank 1]", "[rank 1]"],
+        ["[gpus=0-1]", "[gpus=0]", "[gpus=1]"],
+        ["[gpus=0]", "[gpus=0]", "[gpus=1]", "[gpus=1]"],
     )
     assert "Warning" not in r.stream("stderr")
 

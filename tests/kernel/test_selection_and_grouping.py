@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from actormesh.kernel.display import OutputGrouper, prefix, render_strip
+from actormesh.kernel.display import OutputGrouper, output_prefix, prefix, render_strip
 from actormesh.kernel.magics import CellArgs
-from actormesh.kernel.selection import SelectionError, rank_ranges, resolve_target, select
+from actormesh.kernel.selection import (
+    SelectionError,
+    rank_ranges,
+    resolve_target,
+    select,
+    values_of,
+)
 from actormesh.runtime.shape import Shape
 
 SHAPE = Shape.from_extent({"hosts": 2, "gpus": 4})
@@ -120,6 +126,33 @@ def test_rank_ranges_and_prefixes() -> None:
     assert prefix([1, "gpus=0"]) == "[rank 1, gpus=0]"
 
 
+def test_output_is_prefixed_with_coordinates_as_endpoint_output_is() -> None:
+    names = {r: f"gpus={r}" for r in range(4)}
+    assert output_prefix([2], names) == "[gpus=2]"
+    assert output_prefix([3, 0, 1, 2], names) == "[gpus=0-3]"
+    assert output_prefix([0, 2, 3], names) == "[gpus=0,2-3]"
+    assert output_prefix([1, "gpus=0"], names) == "[gpus=1, gpus=0]"  # another mesh's, as is
+    grid = {r: f"hosts={r // 2},gpus={r % 2}" for r in range(4)}
+    assert output_prefix([0, 1, 2, 3], grid) == "[hosts=0-1,gpus=0-1]"
+
+
+def test_values_of_a_selection_are_labelled_with_the_ranks_own_coordinates() -> None:
+    one_dim = Shape.from_extent({"gpus": 4})
+    values = values_of(one_dim, select(one_dim, "0,3"), [10, 13])
+    assert repr(values) == "ValueMesh({gpus=0: 10, gpus=3: 13})"
+    assert values.values() == [10, 13] and values.item(gpus=1) == 13  # by position, as before
+    assert repr(values.slice(gpus=1)) == "ValueMesh({gpus=3: 13})"
+    assert repr(values_of(one_dim, select(one_dim, "2"), [12])) == "ValueMesh({gpus=2: 12})"
+    irregular = values_of(one_dim, select(one_dim, "0,1,3"), [0, 1, 3])
+    assert repr(irregular) == "ValueMesh({gpus=0: 0, gpus=1: 1, gpus=3: 3})"
+    assert "<td>gpus=3</td>" in irregular._repr_html_()
+    assert repr(values_of(SHAPE, select(SHAPE, "gpus=1"), [1, 5])) == (
+        "ValueMesh({(hosts=0, gpus=1): 1, (hosts=1, gpus=1): 5})"
+    )
+    everything = values_of(one_dim, select(one_dim, None), [0, 1, 2, 3])
+    assert type(everything).__name__ == "ValueMesh"
+
+
 class Sink:
     def __init__(self, ranks: range, window: float = 0.05, max_hold: float = 0.5) -> None:
         self.out: list[tuple[str, str]] = []
@@ -144,12 +177,12 @@ def test_identical_lines_are_grouped_and_rank_order_is_kept() -> None:
         s.g.finished(r)
     s.g.flush(final=True)
     assert s.lines() == [
-        "[ranks 0-3] epoch 1",
-        "[rank 0] rank 0 loss",
-        "[rank 1] rank 1 loss",
-        "[rank 2] rank 2 loss",
-        "[rank 3] rank 3 loss",
-        "[ranks 0-3] epoch 2",
+        "[gpus=0-3] epoch 1",
+        "[gpus=0] rank 0 loss",
+        "[gpus=1] rank 1 loss",
+        "[gpus=2] rank 2 loss",
+        "[gpus=3] rank 3 loss",
+        "[gpus=0-3] epoch 2",
     ]
 
 
@@ -162,8 +195,8 @@ def test_no_dedup_and_streams() -> None:
     s.g.writer("other-mesh", "stdout", "x\n")
     s.g.flush(final=True)
     assert s.out == [
-        ("stderr", "[rank 0] oops\n[rank 1] oops\n"),
-        ("stdout", "[other-mesh] x\n[rank 1] partial line\n"),  # by position, then arrival
+        ("stderr", "[gpus=0] oops\n[gpus=1] oops\n"),
+        ("stdout", "[other-mesh] x\n[gpus=1] partial line\n"),  # by position, then arrival
     ]
 
 
@@ -178,7 +211,7 @@ def test_a_line_waits_for_slow_peers_but_not_forever() -> None:
     s.g.writer("gpus=2", "stdout", "hello\n")
     time.sleep(0.05)
     s.g.flush()
-    assert s.lines() == ["[ranks 0-2] hello"]
+    assert s.lines() == ["[gpus=0-2] hello"]
     # Rank 0 alone: held at most max_hold, then its silent peers stop being waited for.
     s.g.writer("gpus=0", "stdout", "only rank 0\n")
     s.g.flush()
@@ -187,11 +220,11 @@ def test_a_line_waits_for_slow_peers_but_not_forever() -> None:
     while len(s.lines()) == 1 and time.monotonic() < deadline:
         time.sleep(0.02)
         s.g.flush()
-    assert s.lines()[-1] == "[rank 0] only rank 0"
+    assert s.lines()[-1] == "[gpus=0] only rank 0"
     s.g.writer("gpus=0", "stdout", "again\n")
     time.sleep(0.05)
     s.g.flush()
-    assert s.lines()[-1] == "[rank 0] again"  # no long wait this time
+    assert s.lines()[-1] == "[gpus=0] again"  # no long wait this time
 
 
 def test_displays_keep_their_place_and_group() -> None:
@@ -202,7 +235,7 @@ def test_displays_keep_their_place_and_group() -> None:
         s.g.writer(f"gpus={r}", "stdout", "after\n")
         s.g.finished(r)
     s.g.flush(final=True)
-    assert s.lines() == ["[ranks 0-1] before", "[ranks 0-1]", "[ranks 0-1] after"]
+    assert s.lines() == ["[gpus=0-1] before", "[gpus=0-1]", "[gpus=0-1] after"]
     assert s.shown == [{"text/html": "<b>x</b>", "text/plain": "x"}]
 
 
