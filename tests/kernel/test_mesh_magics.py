@@ -115,7 +115,7 @@ def test_output_complete_and_in_rank_order_on_8_ranks(kernel4: Kernel) -> None:
         )
         per_rank: dict[int, list[int]] = {}
         for line in r.stream().splitlines():
-            m = re.fullmatch(r"\[rank (\d)\] r(\d) line (\d+)", line)
+            m = re.fullmatch(r"\[gpus=(\d)\] r(\d) line (\d+)", line)
             if m:
                 assert m.group(1) == m.group(2)
                 per_rank.setdefault(int(m.group(1)), []).append(int(m.group(3)))

@@ -4,6 +4,7 @@ it, and factories that start host agents "on" fake hosts and stop them afterward
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 
@@ -12,6 +13,7 @@ from fakehosts import FakeNet, require_fake_hosts
 from support import wait_until
 
 import actormesh as am
+from actormesh.runtime.messaging.transport import sweep_run_dirs
 
 N_HOSTS = 4  # h0 runs Slurm's controller in the Slurm test; agents use h1..h3
 
@@ -55,7 +57,10 @@ class Agents:
 
     def stop_all(self) -> None:
         mine = {p.pid for _, p in self.procs}
+        run_dirs = {}  # agent pid -> its socket directory, which must not outlive it
         for agent in self.listener.agents:  # type: ignore[attr-defined]
+            if agent.info["pid"] in mine:
+                run_dirs[agent.info["pid"]] = agent.info["run_dir"]
             if agent.info["pid"] in mine and not agent.dead:
                 agent.close()
         for _, proc in self.procs:
@@ -66,6 +71,13 @@ class Agents:
                 proc.wait(5)
         for host in {h for h, _ in self.procs}:
             wait_until(lambda h=host: not self.net.pids(h), 10, f"no process left on host {host}")
+        # An agent that exited removed its directory; one killed outright (its host "died")
+        # could not: the next actormesh process on the host removes it (make_run_dir sweeps).
+        killed = {p.pid for _, p in self.procs if p.returncode == -signal.SIGKILL}
+        left = [d for pid, d in run_dirs.items() if pid not in killed and os.path.exists(d)]
+        sweep_run_dirs()
+        left += [d for pid, d in run_dirs.items() if pid in killed and os.path.exists(d)]
+        assert not left, f"host agents left their socket directories behind: {left}"
 
 
 @pytest.fixture
