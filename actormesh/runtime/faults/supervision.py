@@ -8,12 +8,16 @@ the mesh's owner: an actor that spawned the mesh may handle them in ``__supervis
 
 The default hook prints the failure plainly. In a script it also fails fast: the failure is
 raised in the main thread at its next wait on a future or call to a mesh, and if the script ends
-first, it exits with status 1. In an interactive session (IPython, Jupyter) it is only shown.
+first, it exits with status 1 (after the script's own ``atexit`` handlers ran, as long as they
+were registered after ``import actormesh``). In an interactive session (IPython, Jupyter) it is
+only shown.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -111,6 +115,21 @@ def remove_main_waiter(event: Waker) -> None:
 def exit_status_override() -> int | None:
     """1 if an unhandled failure happened in a script (checked at exit)."""
     return 1 if _exit_with_failure else None
+
+
+def _exit_with_status() -> None:
+    # Registered when actormesh is imported, so it is among the first atexit handlers and runs
+    # among the last (they run in reverse): the user's own handlers, registered after the
+    # import, and the controller's shutdown have run by now. Only os._exit can still change
+    # the exit status at this point.
+    status = exit_status_override()
+    if status is not None and threading.current_thread() is threading.main_thread():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+atexit.register(_exit_with_status)
 
 
 def failure_of_broadcast(failure: object) -> MeshError:

@@ -311,12 +311,8 @@ class Controller:
         if self.node.role == "controller":
             self.node.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        status = supervision.exit_status_override()
-        if status is not None and threading.current_thread() is threading.main_thread():
-            # A script with an unhandled failure must not exit 0 (this runs at interpreter exit).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+        # A script with an unhandled failure still exits 1: supervision's own atexit handler
+        # sees to that after the script's handlers ran (not here: this runs before them).
 
 
 def job_key() -> bytes:

@@ -107,6 +107,7 @@ def _child(request: dict[str, Any], fds: list[int], zygote_pid: int, init: dict[
 
         worker.run(request["spec"], bytes.fromhex(init["key"]), init)
         code = 0
+        worker.run_exit_handlers()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
