@@ -20,11 +20,17 @@ procs.stop().get()
 
 from __future__ import annotations
 
+import copyreg as _copyreg
+import importlib as _importlib
 import logging as _logging
+import sys as _sys
+import types as _types
+from collections.abc import Callable as _Callable
 
 from .errors import ActorError as ActorError
 from .errors import MeshClosedError as MeshClosedError
 from .errors import MeshError as MeshError
+from .errors import MeshFailure as MeshFailure
 from .errors import MeshTimeoutError as MeshTimeoutError
 from .errors import MeshUsageError as MeshUsageError
 from .errors import SupervisionError as SupervisionError
@@ -34,6 +40,7 @@ from .hosts import wait_for_hosts as wait_for_hosts
 from .runtime.actors.actor import Actor as Actor
 from .runtime.actors.actor import endpoint as endpoint
 from .runtime.actors.context import context as context
+from .runtime.actors.context import current_actor_name as current_actor_name
 from .runtime.actors.context import current_rank as current_rank
 from .runtime.actors.context import current_size as current_size
 from .runtime.actors.future import Future as Future
@@ -42,6 +49,7 @@ from .runtime.dataplane.distributed import destroy_process_group as destroy_proc
 from .runtime.dataplane.distributed import init_process_group as init_process_group
 from .runtime.extent import Extent as Extent
 from .runtime.extent import Point as Point
+from .runtime.faults import supervision as _supervision
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
 from .runtime.meshes.ports import Accumulator as Accumulator
 from .runtime.meshes.ports import Channel as Channel
@@ -67,6 +75,7 @@ __all__ = [
     "HostMesh",
     "MeshClosedError",
     "MeshError",
+    "MeshFailure",
     "MeshTimeoutError",
     "MeshUsageError",
     "Point",
@@ -78,6 +87,7 @@ __all__ = [
     "TensorBuffer",
     "ValueMesh",
     "context",
+    "current_actor_name",
     "current_rank",
     "current_size",
     "destroy_process_group",
@@ -87,10 +97,39 @@ __all__ = [
     "log_metrics",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
     "wait_for_hosts",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+
+class _Package(_types.ModuleType):
+    """This package, with ``unhandled_fault_hook`` as Monarch has it: a module attribute that
+    code replaces (``actormesh.unhandled_fault_hook = fn``). Reading it gives the hook in use;
+    assigning it installs ``fn`` for every failure that no caller and no ``__supervise__``
+    handled (``None`` or ``del`` restores the default)."""
+
+    @property
+    def unhandled_fault_hook(self) -> _supervision.FaultHook:
+        return _supervision.current_fault_hook()
+
+    @unhandled_fault_hook.setter
+    def unhandled_fault_hook(self, hook: _supervision.FaultHook | None) -> None:
+        _supervision.set_fault_hook(hook)
+
+    @unhandled_fault_hook.deleter
+    def unhandled_fault_hook(self) -> None:
+        _supervision.set_fault_hook(None)
+
+
+def _by_name(module: _Package) -> tuple[_Callable[[str], _Package], tuple[str]]:
+    return (_importlib.import_module, (module.__name__,))  # type: ignore[return-value]
+
+
+_sys.modules[__name__].__class__ = _Package
+# Pickled by name as any module is (cloudpickle looks modules up by exact type).
+_copyreg.pickle(_Package, _by_name)
 
 
 def load_ipython_extension(ipython: object) -> None:

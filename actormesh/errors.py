@@ -7,7 +7,7 @@ MeshError                 base of everything actormesh raises on purpose
 ├── ActorError            user code raised remotely (rank, actor, endpoint, remote traceback)
 │   └── MeshCellError *   a %%mesh cell raised on some ranks (kernel/display.py)
 ├── SupervisionError      a worker died or stopped answering (rank, pid, exit code/signal, stderr)
-├── MeshClosedError       the mesh was stopped, then used
+│   └── MeshClosedError   the mesh was stopped, then used (also a RuntimeError)
 ├── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
 │   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/display.py)
 ├── MeshUsageError        an API used in a way that cannot work, a bad slice (also a ValueError)
@@ -20,6 +20,9 @@ MeshError                 base of everything actormesh raises on purpose
 CellInterrupted *         a %%mesh cell interrupted: a KeyboardInterrupt (kernel/display.py)
 ```
 
+``ActorError`` and ``SupervisionError`` are also ``MeshFailure`` objects: what a mesh's owner
+(``__supervise__``) and the fault hook receive, named as in Monarch.
+
 Remote failures travel as text (type name, message, traceback), never as pickled exception
 objects, so the controller never depends on unpickling a user's exception class.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class MeshError(Exception):
@@ -52,10 +56,6 @@ class MeshTypeError(MeshUsageError, TypeError):
 class UnknownEndpointError(MeshUsageError, AttributeError):
     """``mesh.name`` where the actor has no endpoint ``name``. An ``AttributeError`` too, so that
     ``hasattr``, ``getattr(mesh, name, default)``, ``copy`` and completers work."""
-
-
-class MeshClosedError(MeshError):
-    """The mesh (or the runtime) was stopped, and then used."""
 
 
 class MeshTimeoutError(MeshError, TimeoutError):
@@ -154,7 +154,30 @@ def format_ranks(ranks: Sequence[str]) -> str:
     return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {coordinates(ranks)}"
 
 
-class ActorError(MeshError):
+class MeshFailure:
+    """A failure that reached a mesh's owner: its ``__supervise__(failure)``, else the fault hook
+    (Monarch's name). Every failure the owner receives is an ``ActorError`` or a
+    ``SupervisionError`` and keeps all of their attributes; this adds Monarch's.
+
+    ``mesh_name`` names the mesh that failed (the actor mesh's name for a failure of an actor
+    mesh, the proc mesh's id for a lost process); ``mesh`` is the ``ProcMesh`` it ran on, where
+    known. Both are ``None`` on a failure a caller received directly.
+    """
+
+    mesh_name: str | None = None
+    mesh: object | None = None
+
+    def report(self) -> str:
+        """The failure as text for a person: where, what, and the remote traceback or stderr."""
+        where = f"mesh {self.mesh_name!r}: " if self.mesh_name else ""
+        return where + str(self).lstrip("\n")
+
+    def _failure_state(self) -> dict[str, object]:
+        # Kept across pickling: an owner actor escalates what it did not handle to its own owner.
+        return {"mesh_name": self.mesh_name, "mesh": self.mesh}
+
+
+class ActorError(MeshError, MeshFailure):
     """User code raised inside an endpoint (or an actor's ``__init__``) on one or more ranks.
 
     The actor survives and keeps serving. ``failures`` holds one :class:`RemoteFailure` per
@@ -165,8 +188,8 @@ class ActorError(MeshError):
         self.failures: tuple[RemoteFailure, ...] = tuple(failures)
         super().__init__(self._summary())
 
-    def __reduce__(self) -> tuple[type[ActorError], tuple[tuple[RemoteFailure, ...]]]:
-        return (type(self), (self.failures,))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures,), self._failure_state())
 
     @property
     def rank(self) -> str:
@@ -212,11 +235,11 @@ class ActorError(MeshError):
         return out
 
 
-class SupervisionError(MeshError):
+class SupervisionError(MeshError, RuntimeError, MeshFailure):
     """A worker process died (or its host was lost) while a call to it was pending or made.
 
     ``deaths`` says for each lost process its rank, pid, exit code or signal and the last lines
-    it wrote to stderr.
+    it wrote to stderr. Also a ``RuntimeError``, as Monarch's is.
     """
 
     def __init__(self, deaths: Sequence[ProcDeath], context: str = ""):
@@ -224,8 +247,8 @@ class SupervisionError(MeshError):
         self.context = context
         super().__init__(self._summary())
 
-    def __reduce__(self) -> tuple[type[SupervisionError], tuple[tuple[ProcDeath, ...], str]]:
-        return (type(self), (self.deaths, self.context))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.deaths, self.context), self._failure_state())
 
     @property
     def rank(self) -> str:
@@ -259,3 +282,20 @@ class SupervisionError(MeshError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[31mSupervisionError\x1b[0m: {self}"]
+
+
+class MeshClosedError(SupervisionError):
+    """The mesh (or the runtime) was stopped, and then used.
+
+    A ``SupervisionError`` (with no deaths) because Monarch raises that for a call on a stopped
+    mesh, so code written for Monarch that catches it keeps working.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__((), message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.context,), self._failure_state())
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31mMeshClosedError\x1b[0m: {self}"]

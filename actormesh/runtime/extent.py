@@ -170,6 +170,11 @@ class Extent(Mapping[str, int]):
         """Number of points (the product of the sizes; 1 for an extent with no dimensions)."""
         return math.prod(self._sizes)
 
+    @property
+    def nelements(self) -> int:
+        """``nelem`` by Monarch's name (a property there too)."""
+        return math.prod(self._sizes)
+
     def __getitem__(self, label: str) -> int:
         try:
             return self._sizes[self._labels.index(label)]
@@ -262,6 +267,14 @@ class Point(Mapping[str, int]):
     @property
     def extent(self) -> Extent:
         return self._extent
+
+    def size(self, label: str) -> int:
+        """The size of dimension ``label`` of this point's extent (Monarch's ``Point.size``).
+
+        Raises:
+            KeyError: the extent has no such dimension (as ``point[label]`` does).
+        """
+        return self._extent[label]
 
     def __getitem__(self, label: str) -> int:
         try:

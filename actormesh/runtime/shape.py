@@ -26,6 +26,7 @@ from .extent import (
     as_int,
     check_known,
     check_label,
+    check_labels,
     no_such_dims,
     normalize_index,
     render_extent,
@@ -353,6 +354,50 @@ class Shape:
             )
         return Shape._unchecked(labels, self._offset, self._sizes, self._strides)
 
+    def split(self, **spec: Sequence[str] | int) -> Shape:
+        """Dimensions split into several, as Monarch's ``split``: ``split(hosts=("dp", "pp"),
+        pp=4)`` makes ``hosts`` of size 8 into ``dp`` (2) and ``pp`` (4), same rank order. A
+        keyword naming an existing dimension gives its new names; any other gives the size of a
+        new one. One new dimension per split may be left without a size: it takes what is left.
+        """
+        splits: dict[str, tuple[str, ...]] = {}
+        given: dict[str, int] = {}
+        for key, value in spec.items():
+            if key in self._labels:
+                if isinstance(value, str) or not isinstance(value, Sequence):
+                    raise MeshTypeError(
+                        f"split({key}=...) takes a sequence of new dimension names, got {value!r}"
+                    )
+                splits[key] = tuple(check_label(v, "new dimension name") for v in value)
+            else:
+                given[check_label(key, "new dimension name")] = as_int(value, f"size of {key!r}")
+        labels: list[str] = []
+        sizes: list[int] = []
+        strides: list[int] = []
+        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
+            names = splits.get(label, (label,))
+            unknown = [n for n in names if n not in given]
+            known = math.prod(given[n] for n in names if n in given)
+            if len(unknown) > 1 or known < 1 or size % known or (not unknown and known != size):
+                shown = {n: given.get(n, "?") for n in names}
+                raise MeshUsageError(
+                    f"cannot split dimension {label!r} of size {size} into {shown}: give the "
+                    f"size of all but at most one new dimension, whose sizes multiply to {size}"
+                )
+            new_sizes = [given.pop(n) if n in given else size // known for n in names]
+            inner = stride
+            new_strides = []
+            for n in reversed(new_sizes):
+                new_strides.append(inner)
+                inner *= n
+            labels += names
+            sizes += new_sizes
+            strides += reversed(new_strides)
+        if given:
+            raise MeshUsageError(f"split: sizes given for no split dimension: {sorted(given)}")
+        check_labels(labels)
+        return Shape._unchecked(tuple(labels), self._offset, tuple(sizes), tuple(strides))
+
     # -- value semantics -------------------------------------------------------------------------
 
     def _key(self) -> tuple[Any, ...]:
@@ -461,6 +506,11 @@ class MeshShape(ABC):
         """The one-actor (one-process) view of this mesh's ``index``-th rank, in a dimension
         ``rank`` of size 1; no message is sent."""
         return self._new_with_shape(self._shape.rank_view(index))
+
+    def split(self: _MeshT, **spec: Sequence[str] | int) -> _MeshT:
+        """This mesh with dimensions split, as Monarch's ``split``: ``mesh.split(gpus=("dp",
+        "tp"), tp=2)``; no message is sent. See ``Shape.split``."""
+        return self._new_with_shape(self._shape.split(**spec))
 
     def rename(self: _MeshT, **old_to_new: str) -> _MeshT:
         """This mesh with dimensions renamed, e.g. ``rename(gpus="ranks")``; no message is sent."""

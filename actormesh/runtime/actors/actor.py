@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from ...errors import MeshTypeError
+
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,6 +28,14 @@ class Actor:
     An actor lives in one worker process, built there with the arguments given to
     ``ProcMesh.spawn``; ``__init__`` runs before the first message is handled.
     """
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class, at level DEBUG (Monarch's ``Actor.logger``);
+        what it writes reaches the controller labelled with the rank, as all output does."""
+        named = logging.getLogger(type(self).__name__)
+        named.setLevel(logging.DEBUG)
+        return named
 
 
 # How endpoints are typed. ``P`` is what a caller passes (the method's parameters without
@@ -46,10 +56,13 @@ class EndpointProperty(Generic[P, R]):
     ``ActorMesh`` it becomes an :class:`~actormesh.runtime.meshes.endpoint.Endpoint` with the
     adverbs."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], explicit_response_port: bool = False) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
+        # The endpoint takes a port as its first argument and answers through it (Monarch's
+        # ``explicit_response_port``); what it returns is ignored.
+        self.explicit_response_port = explicit_response_port
         # Copies __doc__, __name__, __wrapped__...: help() and inspect see the method. typeshed
         # types update_wrapper's first argument as a function, which this descriptor is not.
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -102,18 +115,32 @@ def endpoint(fn: None = None, **options: Any) -> _EndpointDecorator: ...
 def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Mark an actor method (``def`` or ``async def``) as callable through meshes.
 
-    Usable bare (``@endpoint``) or called (``@endpoint()``); keyword options are accepted for
-    Monarch compatibility and ignored.
+    Usable bare (``@endpoint``) or called (``@endpoint(...)``) with Monarch's options:
+    ``explicit_response_port=True`` (the method gets a ``Port`` first and answers with
+    ``port.send(value)`` or ``port.exception(exc)``); ``propagate`` and ``instrument`` are
+    accepted and have no effect (they serve Monarch's tensor engine and tracing). Any other
+    option is refused here, where the endpoint is defined.
     """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise MeshTypeError(
+            f"@endpoint got unknown option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; its options are "
+            f"{', '.join(map(repr, sorted(_OPTIONS)))}"
+        )
+    explicit = bool(options.get("explicit_response_port", False))
     if fn is None:
-        return _make_property
-    return _make_property(fn)
+        return lambda f: _make_property(f, explicit)
+    return _make_property(fn, explicit)
 
 
-def _make_property(fn: Callable[..., Any]) -> EndpointProperty[..., Any]:
+_OPTIONS = frozenset({"explicit_response_port", "propagate", "instrument"})
+
+
+def _make_property(fn: Callable[..., Any], explicit: bool = False) -> EndpointProperty[..., Any]:
     if inspect.iscoroutinefunction(fn):
-        return AsyncEndpointProperty(fn)
-    return EndpointProperty(fn)
+        return AsyncEndpointProperty(fn, explicit)
+    return EndpointProperty(fn, explicit)
 
 
 def endpoint_names(cls: type) -> list[str]:
@@ -123,3 +150,15 @@ def endpoint_names(cls: type) -> list[str]:
         for name, value in vars(klass).items()
         if isinstance(value, EndpointProperty)
     )
+
+
+def explicit_port_endpoints(cls: type) -> frozenset[str]:
+    """The endpoints of ``cls`` declared with ``explicit_response_port=True``."""
+    found = set()
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, EndpointProperty) and value.explicit_response_port:
+                found.add(name)
+            elif name in found:
+                found.discard(name)  # overridden by a plain method or endpoint
+    return frozenset(found)

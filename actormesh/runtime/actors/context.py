@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from ..extent import Extent, Point
+from ..messaging import node as _node
 from ..shape import Shape
 
 
@@ -81,6 +82,23 @@ def context() -> Context:
 def current_rank() -> Point:
     """The rank of the current actor in its mesh, e.g. ``{hosts=0, gpus=3}``."""
     return context().actor_instance.rank
+
+
+def current_actor_name() -> str:
+    """A name unique to the current actor: its mesh's name and key, and its rank, e.g.
+    ``counter-1f2e3d4c5b6a{hosts=0, gpus=3}``; ``"controller"`` outside any actor."""
+    instance = context().actor_instance
+    if instance is _CONTROLLER.actor_instance:
+        return "controller"
+    return f"{instance.actor_id}{instance.rank}"
+
+
+def _sender_rank() -> int | None:
+    ctx: Context | None = getattr(_tls, "context", None)
+    return None if ctx is None else ctx.message_rank.rank
+
+
+_node.sender_rank[0] = _sender_rank
 
 
 def current_size() -> dict[str, int]:

@@ -228,6 +228,37 @@ class Future(Generic[T]):
             yield from waiter.__await__()
         return self.get()
 
+    def as_asyncio(self) -> asyncio.Future[T]:
+        """An ``asyncio.Future`` of the running event loop that completes as this one does
+        (Monarch's ``Future.as_asyncio``): for ``asyncio.wait``, ``gather`` with timeouts, etc.
+        Each call gives a new one; this future stays usable with ``get()`` and ``await``.
+
+        Raises:
+            RuntimeError: no event loop is running in this thread.
+        """
+        loop = asyncio.get_running_loop()
+        mirror: asyncio.Future[T] = loop.create_future()
+
+        def copy(done: Future[T]) -> None:
+            if not mirror.done():
+                exc = done.exception()
+                if exc is None:
+                    mirror.set_result(done.get())
+                else:  # asyncio refuses StopIteration as an exception (PEP 479)
+                    bad = isinstance(exc, StopIteration)
+                    mirror.set_exception(RuntimeError(str(exc)) if bad else exc)
+
+        def on_done(done: Future[T]) -> None:
+            if loop.is_closed():
+                return  # nobody can await the mirror any more
+            try:
+                loop.call_soon_threadsafe(copy, done)
+            except RuntimeError:
+                pass  # the loop closed since the check
+
+        self.add_done_callback(on_done)
+        return mirror
+
     def __repr__(self) -> str:
         state = {_PENDING: "pending", _DONE: "done", _FAILED: "failed"}[self._state]
         return f"<actormesh.Future {state}>"

@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from ...errors import RemoteFailure
+from ...errors import MeshUsageError, RemoteFailure
 from ..faults.stacks import raise_in_thread
 from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, SUPERVISE_ITEM, ActorInbox
 from ..messaging.codec import SIMPLE_TYPES, Message, dumps
@@ -22,6 +22,7 @@ from ..messaging.node import reply_port
 from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
 from ..messaging.transport import actor_address
 from . import context as ctxmod
+from .actor import explicit_port_endpoints
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -73,6 +74,7 @@ class ActorRunner:
         self.proc_rank = proc_rank
         self.instance: Any = None
         self.init_failure: RemoteFailure | None = None
+        self.explicit_ports: frozenset[str] = frozenset()
         self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.actor_instance = ctxmod.ActorInstance(name, rank, key)
@@ -169,6 +171,7 @@ class ActorRunner:
         _tls.runner = self
         try:
             (cls, *args), kwargs = msg.value()
+            self.explicit_ports = explicit_port_endpoints(cls)
             instance = cls.__new__(cls)
             self.instance = instance
             result = instance.__init__(*args, **kwargs)
@@ -213,6 +216,7 @@ class ActorRunner:
         ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
         status, value = OK, None
+        answer: ResponsePort | None = None
         try:
             if self.init_failure is not None:
                 status, value = FAILED, self._unconstructed(endpoint_name)
@@ -220,6 +224,10 @@ class ActorRunner:
                 self.busy = (endpoint_name, time.monotonic())
                 try:
                     args, kwargs = msg.value()
+                    if endpoint_name in self.explicit_ports:
+                        answer = ResponsePort(self, reply, index, caller)
+                        args = (answer, *args)
+                        reply = None  # the endpoint answers through its port, or fails below
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
                     if type(value) not in _PLAIN and inspect.isawaitable(value):
                         value = self._run_coroutine(value)
@@ -234,7 +242,10 @@ class ActorRunner:
             ctxmod.set_current(None)
             _tls.runner = None
         _exit_if_forked(self.pid, status == FAILED)
-        if reply is not None and index is not None:
+        if answer is not None:
+            if status == FAILED and not answer.answer(status, value):
+                self._report_unhandled(value)  # it raised after answering: nobody waits
+        elif reply is not None and index is not None:
             self._reply(reply, index, status, value, caller)
         elif status == FAILED:
             self._report_unhandled(value)
@@ -331,6 +342,48 @@ class ActorRunner:
                 _tls.runner = None
         if not handled:
             self._escalate(failure)
+
+
+class ResponsePort:
+    """The port an ``@endpoint(explicit_response_port=True)`` method gets first: it answers
+    the call once, with ``send(value)`` or ``exception(exc)``, from any thread of the actor's
+    process (its answer reaches the caller as a returned value or a raised exception would)."""
+
+    def __init__(self, runner: ActorRunner, reply: Port | None, index: int | None, caller: Any):
+        self._runner = runner
+        self._reply = reply
+        self._index = index
+        self._caller = caller
+        self._answered = False
+        self._lock = threading.Lock()
+
+    def send(self, value: Any) -> None:
+        if not self.answer(OK, value):
+            raise MeshUsageError("this response port already answered its call")
+
+    def exception(self, exc: BaseException) -> None:
+        runner = self._runner
+        failure = render_failure(exc, runner.rank, runner.name, "<response port>")
+        if not self.answer(FAILED, failure):
+            raise MeshUsageError("this response port already answered its call")
+
+    def answer(self, status: int, value: Any) -> bool:
+        """Send the answer unless one was sent; whether this one was."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+        if self._reply is not None and self._index is not None:
+            self._runner._reply(self._reply, self._index, status, value, self._caller)  # noqa: SLF001
+        elif status == FAILED:
+            self._runner._report_unhandled(value)  # noqa: SLF001  a broadcast: nobody waits
+        return True
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a response port answers from the actor's own process; send the value back to it "
+            "instead of passing the port on"
+        )
 
 
 def _caller(reply: tuple[Any, ...] | None) -> bytes | None:

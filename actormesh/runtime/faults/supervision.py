@@ -71,13 +71,19 @@ _hook: list[FaultHook] = [default_fault_hook]
 def unhandled_fault_hook(failure: MeshError) -> None:
     """Called with every failure that no caller and no ``__supervise__`` handled.
 
-    Replace it with ``actormesh.set_fault_hook(fn)``; ``fn`` receives an ``ActorError`` (a
-    broadcast raised) or a ``SupervisionError`` (a process died while nothing waited on it).
+    Replace it with ``actormesh.unhandled_fault_hook = fn`` (as in Monarch) or
+    ``set_fault_hook(fn)``; ``fn`` receives a ``MeshFailure``: an ``ActorError`` (a broadcast
+    raised) or a ``SupervisionError`` (a process died while nothing waited on it).
     """
     try:
         _hook[0](failure)
     except Exception:
         logger.exception("the fault hook raised while handling %r", failure)
+
+
+def current_fault_hook() -> FaultHook:
+    """The hook installed now (``actormesh.unhandled_fault_hook`` reads it)."""
+    return _hook[0]
 
 
 def set_fault_hook(hook: FaultHook | None) -> FaultHook:

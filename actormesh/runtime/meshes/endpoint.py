@@ -42,7 +42,9 @@ T = TypeVar("T")
 def pickle_arguments(
     args: tuple[Any, ...], kwargs: dict[str, Any], what: str
 ) -> tuple[bytes, list[Any]]:
-    """Pickle call arguments, or say exactly which argument cannot be pickled (nothing is sent)."""
+    """Pickle call arguments, or raise what pickling raised, with a note (PEP 678) that says
+    which argument cannot be pickled (nothing is sent). The exception keeps its type, as
+    Monarch's does: code that catches pickle's ``TypeError`` keeps catching it."""
     try:
         return dumps((args, kwargs), simple=_all_simple(args, kwargs))
     except Exception as exc:
@@ -52,11 +54,26 @@ def pickle_arguments(
             try:
                 dumps(value)
             except Exception as inner:
-                raise MeshUsageError(
+                add_note(
+                    inner,
                     f"{label} of {what} ({type(value).__module__}.{type(value).__qualname__}) "
-                    f"cannot be pickled, so it cannot be sent to an actor: {inner}"
-                ) from inner
-        raise MeshUsageError(f"the arguments of {what} cannot be pickled: {exc}") from exc
+                    f"cannot be pickled, so it cannot be sent to an actor",
+                )
+                raise inner from None  # the failure of the whole tuple says the same again
+        add_note(exc, f"the arguments of {what} cannot be pickled")
+        raise
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678), also on Python 3.10, which has only the attribute."""
+    notes = getattr(exc, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except AttributeError:
+            return  # an exception type that refuses attributes keeps its message alone
+    notes.append(note)
 
 
 def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

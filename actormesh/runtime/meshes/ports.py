@@ -7,10 +7,10 @@ import queue
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ...errors import ProcDeath
+from ...errors import ActorError, MeshUsageError, ProcDeath, RemoteFailure
 from ..actors.future import Future
 from ..messaging.codec import Message
-from ..messaging.node import Port, current_node
+from ..messaging.node import FAILED_VALUE, OK_VALUE, Port, current_node
 from ..shape import NoPublicConstructor
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
@@ -25,53 +25,73 @@ class PortReceiver(Generic[T], metaclass=NoPublicConstructor):
     """The receiving end of a channel, in the process that opened it.
 
     ``recv()`` returns a :class:`Future` of the next value sent to the port (values arrive per
-    sender in order). Not constructed by users: use ``Channel.open()``.
+    sender in order); a value sent with ``port.exception(exc)`` fails it with an ``ActorError``.
+    ``ranked()`` gives a receiver of the same port whose values come as ``(rank, value)``.
+    Not constructed by users: use ``Channel.open()``.
     """
 
-    _values: queue.SimpleQueue[Any]
-    _waiters: queue.SimpleQueue[Future[T]]
+    _values: queue.SimpleQueue[tuple[int | None, int, Any]]
+    _waiters: queue.SimpleQueue[tuple[Future[Any], bool]]
     _port: Port | None
+    _once: bool
+    _ranked: bool
 
     _not_constructed = "PortReceiver is not constructed directly; use Channel.open()"
 
     @classmethod
-    def _create(cls) -> PortReceiver[T]:
+    def _create(cls, once: bool = False) -> PortReceiver[T]:
         self = object.__new__(cls)
         self._values = queue.SimpleQueue()
         self._waiters = queue.SimpleQueue()
         self._port = None
+        self._once = once
+        self._ranked = False
         return self
 
     # PortHandler protocol (I/O thread)
     def on_message(self, msg: Message) -> None:
-        self._deliver(msg.value())
+        env = msg.envelope
+        rank = env[2] if len(env) > 2 else None
+        status = env[3] if len(env) > 3 else OK_VALUE
+        if self._once:
+            self.close()  # a once port takes one value; later ones are dropped
+        self._deliver((rank, status, msg.value()))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         return False  # a port does not know its senders; a dead sender simply sends no more
+
+    def ranked(self) -> PortReceiver[tuple[int | None, T]]:
+        """A receiver of the same port whose ``recv()`` gives ``(rank, value)``: the rank of the
+        sender in the slice that messaged it (``None`` when sent from outside an endpoint).
+        Both receivers take from the same values."""
+        other: PortReceiver[tuple[int | None, T]] = object.__new__(PortReceiver)
+        other.__dict__.update(self.__dict__)
+        other._ranked = True
+        return other
 
     def recv(self) -> Future[T]:
         """A future of the next value to arrive on this port."""
         fut: Future[T] = Future(lambda: "a value on the port")
         try:
-            fut._set_result(self._values.get_nowait())
+            _settle(fut, self._ranked, self._values.get_nowait())
         except queue.Empty:
-            self._waiters.put(fut)
+            self._waiters.put((fut, self._ranked))
             # A value may have arrived between the two steps: hand it over.
             try:
-                value = self._values.get_nowait()
+                entry = self._values.get_nowait()
             except queue.Empty:
                 return fut
-            self._deliver(value)
+            self._deliver(entry)
         return fut
 
-    def _deliver(self, value: Any) -> None:
+    def _deliver(self, entry: tuple[int | None, int, Any]) -> None:
         while True:
             try:
-                waiter = self._waiters.get_nowait()
+                waiter, ranked = self._waiters.get_nowait()
             except queue.Empty:
-                self._values.put(value)
+                self._values.put(entry)
                 return
-            if waiter._set_result(value):
+            if _settle(waiter, ranked, entry):
                 return
 
     def close(self) -> None:
@@ -79,17 +99,34 @@ class PortReceiver(Generic[T], metaclass=NoPublicConstructor):
             current_node().close_port(self._port)
 
 
+def _settle(fut: Future[Any], ranked: bool, entry: tuple[int | None, int, Any]) -> bool:
+    rank, status, value = entry
+    if status == FAILED_VALUE:
+        failure = value if isinstance(value, RemoteFailure) else None
+        if failure is None:
+            return fut._set_exception(MeshUsageError(f"a port received a bad failure {value!r}"))
+        return fut._set_exception(ActorError([failure]))
+    return fut._set_result((rank, value) if ranked else value)
+
+
 class Channel(Generic[T]):
     """Factory of ports: ``port, receiver = Channel.open()``."""
 
     @staticmethod
-    def open() -> tuple[Port, PortReceiver[Any]]:
+    def open(once: bool = False) -> tuple[Port, PortReceiver[Any]]:
         """Open a port in this process. The ``Port`` is picklable and can be sent to actors,
-        which ``port.send(value)`` to it; the ``PortReceiver`` stays here."""
-        receiver: PortReceiver[Any] = PortReceiver._create()
+        which ``port.send(value)`` to it; the ``PortReceiver`` stays here. A ``once`` port
+        takes one value and then closes (later values are dropped)."""
+        receiver: PortReceiver[Any] = PortReceiver._create(once)
         port = current_node().open_port(receiver)
         receiver._port = port  # noqa: SLF001  same module: the port exists only once routed to it
         return port, receiver
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port, PortReceiver[tuple[int | None, Any]]]:
+        """``Channel.open()`` with a receiver whose values come as ``(rank, value)``."""
+        port, receiver = Channel.open(once)
+        return port, receiver.ranked()
 
 
 class Accumulator(Generic[T, U]):

@@ -6,6 +6,7 @@ import html
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from ...errors import MeshIndexError, MeshTypeError
 from ..extent import Point
 from ..shape import MeshShape, NoPublicConstructor, Shape
 
@@ -112,6 +113,22 @@ class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
             IndexError: a coordinate out of range.
         """
         return self._value_at(self._shape.index_of_coords(coords))
+
+    def get(self, rank: int) -> T:
+        """The value of the ``rank``-th point of this mesh, in row-major order of its extent
+        (Monarch's ``ValueMesh.get``: ``vm.get(i) == vm.values()[i]``).
+
+        Raises:
+            IndexError: ``rank`` is not in ``range(len(self))``.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise MeshTypeError(f"ValueMesh.get takes an int rank, got {rank!r}")
+        if not 0 <= rank < len(self._shape):
+            raise MeshIndexError(
+                f"rank {rank} is out of range for a ValueMesh of {len(self._shape)} values "
+                f"(extent {self._shape.extent})"
+            )
+        return self._value_at(rank)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ValueMesh is immutable; cannot set {name!r}")

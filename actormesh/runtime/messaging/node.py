@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, overload
 
@@ -33,21 +34,48 @@ logger = logging.getLogger(__name__)
 
 
 class Port(NamedTuple):
-    """Where a value can be sent: a process and one of its open ports. Picklable."""
+    """Where a value can be sent: a process and one of its open ports. Picklable.
+
+    What is sent carries the sender's rank (its position in the slice that messaged it, when
+    sent from an endpoint), which ``PortReceiver.ranked()`` gives with each value.
+    """
 
     address: Address
     port_id: int
 
     def send(self, value: Any) -> None:
         """Send ``value`` to the receiver of this port (non-blocking, from any thread)."""
+        self._send(value, OK_VALUE)
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver's pending (or next) ``recv()`` fail with ``exc``, as an
+        ``ActorError`` naming its type, message and traceback (failures travel as text)."""
+        from ...errors import RemoteFailure
+
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        etype = type(exc)
+        name = etype.__qualname__
+        if etype.__module__ not in ("builtins", "__main__"):
+            name = f"{etype.__module__}.{name}"
+        rank = sender_rank[0]()
+        where = "" if rank is None else str(rank)
+        self._send(RemoteFailure(where, "port", "exception", name, str(exc), text), FAILED_VALUE)
+
+    def _send(self, value: Any, status: int) -> None:
         from .codec import dumps
 
         payload, buffers = dumps(value)
         transport = current_node().transport
+        envelope = (PORT, self.port_id, sender_rank[0](), status)
         if buffers:
-            transport.send(self.address, (PORT, self.port_id), payload, buffers)
+            transport.send(self.address, envelope, payload, buffers)
         else:
-            transport.send_one_way(self.address, (PORT, self.port_id), payload)
+            transport.send_one_way(self.address, envelope, payload)
+
+
+OK_VALUE, FAILED_VALUE = 0, 1  # the status of a PORT message
+# Who is sending, as a rank: set by the actors layer (which knows the running endpoint).
+sender_rank: list[Callable[[], int | None]] = [lambda: None]
 
 
 _addresses: dict[tuple[Any, ...], Address] = {}

@@ -102,8 +102,10 @@ _TABLE = [
     Kind(REPLIES, ("items",), (AGENT,), EVERY_ROLE, _NODE,
          "Several REPLY of one host, gathered by its agent's relay: items are (port_id, sender, "
          "index, status, after, payload size, buffer count); payloads follow, concatenated."),
-    Kind(PORT, ("port_id",), EVERY_ROLE, EVERY_ROLE, _NODE,
-         "A value sent to an open port (Port.send, tunnel data back to the controller)."),
+    Kind(PORT, ("port_id", "rank?", "status?"), EVERY_ROLE, EVERY_ROLE, _NODE,
+         "A value sent to an open port (Port.send, tunnel data back to the controller); "
+         "``rank``: the sender's rank in the slice that messaged it, or None; ``status`` 1: "
+         "the payload is a rendered failure (Port.exception)."),
     Kind(DIED, ("mailbox", "death"), (CONTROLLER,), EVERY_ROLE, _NODE,
          "A process died: fail what waits on it (ports, calls in flight)."),
     Kind(REVIVED, ("mailbox",), (CONTROLLER,), EVERY_ROLE, _NODE,

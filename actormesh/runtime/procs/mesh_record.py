@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ... import config
 from ...errors import (
+    ActorError,
     MeshClosedError,
     MeshError,
+    MeshFailure,
     ProcDeath,
     SupervisionError,
 )
@@ -179,6 +181,11 @@ class MeshRecord:
 
     def report_unhandled(self, failure: MeshError) -> None:
         """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
+        if isinstance(failure, MeshFailure) and failure.mesh_name is None and self.registered:
+            # The actor mesh whose endpoint raised, else the proc mesh that lost a process.
+            actor = failure.failures[0].actor if isinstance(failure, ActorError) else None
+            failure.mesh_name = actor or self.table.mesh_id
+            failure.mesh = self.proc_mesh()
         if self.owner is not None:
             self.owner.supervise(failure)
         else:
