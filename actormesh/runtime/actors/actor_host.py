@@ -8,14 +8,39 @@ calls wait here until the spawn arrives.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
-from ..messaging.codec import Message
-from ..messaging.node import Node
-from ..messaging.protocol import CALL, SPAWN_ACTOR
+from ..faults.stacks import TOOL_ACTOR_PREFIX
+from ..messaging.codec import Message, dumps
+from ..messaging.node import Node, reply_port
+from ..messaging.protocol import CALL, OK, REPLY, SPAWN_ACTOR, STOP_ACTOR, shape_from_state
 from ..shape import Shape
+from .actor import Actor
 from .runner import ActorRunner
+
+# The actor a proc mesh's ``bootstrap`` runs in, first on every process (see Bootstrap).
+BOOTSTRAP_NAME = f"{TOOL_ACTOR_PREFIX}bootstrap"
+
+
+class Bootstrap(Actor):
+    """Runs ``spawn_procs(bootstrap=fn)``'s ``fn`` (sync or async) in its ``__init__``. The
+    actors spawned on the process after it are built once it is done, and fail with its
+    failure if it raised (ActorRunner._build)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        result = fn()
+        if inspect.isawaitable(result):
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(result)
+            finally:
+                loop.close()
+
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +55,8 @@ class ActorHost:
         self._early: defaultdict[str, list[Message]] = defaultdict(list)
         node.register(SPAWN_ACTOR, self._on_spawn)
         node.register(CALL, self._on_call)
+        node.register(STOP_ACTOR, self._on_stop_actor)
+        self.bootstrap: ActorRunner | None = None
         global _process_host
         _process_host = self
 
@@ -41,6 +68,10 @@ class ActorHost:
             logger.warning("ignored a spawn of %s not meant for this process", name)
             return
         runner = ActorRunner(self.node, key, name, point, self.proc_rank)
+        if name == BOOTSTRAP_NAME:
+            self.bootstrap = runner
+        else:
+            runner.after = self.bootstrap
         self.actors[key] = runner
         runner.start(msg)
         for early in self._early.pop(key, ()):
@@ -53,6 +84,18 @@ class ActorHost:
             self._early[key].append(msg)
             return
         runner.post(msg)
+
+    def _on_stop_actor(self, msg: Message) -> None:
+        _, key, state, reply = msg.envelope
+        runner = self.actors.get(key)
+        if runner is not None:
+            runner.post_stop(msg)
+            return
+        # Never spawned here (or not yet: a stop overtook its spawn): nothing to clean up.
+        index = shape_from_state(state).local_index(self.proc_rank)
+        port = reply_port(reply)
+        if port is not None and index is not None:
+            self.node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(None))
 
     def stop_all(self, timeout: float) -> None:
         for runner in self.actors.values():

@@ -13,9 +13,9 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from ...errors import MeshUsageError, RemoteFailure
+from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, SUPERVISE_ITEM, ActorInbox
+from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, STOP_ITEM, SUPERVISE_ITEM, ActorInbox
 from ..messaging.codec import SIMPLE_TYPES, Message, dumps
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
@@ -23,6 +23,7 @@ from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
 from ..messaging.transport import actor_address
 from . import context as ctxmod
 from .actor import explicit_port_endpoints
+from .response_port import ResponsePort
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -75,6 +76,11 @@ class ActorRunner:
         self.instance: Any = None
         self.init_failure: RemoteFailure | None = None
         self.explicit_ports: frozenset[str] = frozenset()
+        # The proc mesh's bootstrap actor, when it has one: this actor is built after it.
+        self.after: ActorRunner | None = None
+        self.constructed = threading.Event()
+        self.stopped = False  # by ActorMesh.stop: it answers every later call with a failure
+        self._cleaned = False
         self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.actor_instance = ctxmod.ActorInstance(name, rank, key)
@@ -95,6 +101,14 @@ class ActorRunner:
         """Hand over a call that came through the process inbox (any thread)."""
         self.inbox.put((CALL_ITEM, msg))
 
+    def failure_of(self, exc: BaseException, endpoint: str) -> RemoteFailure:
+        """``exc`` rendered as a failure of this actor (for its response ports)."""
+        return render_failure(exc, self.rank, self.name, endpoint)
+
+    def post_stop(self, msg: Message) -> None:
+        """ActorMesh.stop reached this actor (any thread)."""
+        self.inbox.put((STOP_ITEM, msg))
+
     def stop(self) -> None:
         self.inbox.put(None)
 
@@ -113,9 +127,14 @@ class ActorRunner:
             try:
                 item = get()
                 if item is None:
+                    if not self.stopped:  # the proc mesh stops gracefully: clean up first
+                        self.stopped = True
+                        self._cleanup(None)
                     break
                 kind, msg = item
-                if kind == CALL_ITEM:
+                if kind == STOP_ITEM:
+                    self._stop_actor(msg)
+                elif kind == CALL_ITEM:
                     if cancel_before and msg.seq < cancel_before.get(msg.sender, 0):
                         self._cancel(msg)
                     else:
@@ -166,7 +185,30 @@ class ActorRunner:
         os._exit(code)
 
     def _construct(self, msg: Message) -> None:
+        try:
+            self._build(msg)
+        finally:
+            self.constructed.set()
+
+    def _build(self, msg: Message) -> None:
         _, _key, _name, shape, reply = msg.envelope
+        if self.after is not None:
+            self.after.constructed.wait()
+            failed = self.after.init_failure
+            if failed is not None:
+                self.init_failure = RemoteFailure(
+                    failed.rank,
+                    self.name,
+                    "__init__",
+                    failed.exc_type,
+                    f"the bootstrap of this proc mesh failed, so no actor runs on it: "
+                    f"{failed.message}",
+                    failed.traceback,
+                )
+                index = shape.local_index(self.proc_rank)
+                if reply is not None and index is not None:
+                    self._reply(reply, index, FAILED, self.init_failure)
+                return
         ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
         _tls.runner = self
         try:
@@ -220,6 +262,8 @@ class ActorRunner:
         try:
             if self.init_failure is not None:
                 status, value = FAILED, self._unconstructed(endpoint_name)
+            elif self.stopped:
+                status, value = FAILED, self._stopped_failure(endpoint_name)
             else:
                 self.busy = (endpoint_name, time.monotonic())
                 try:
@@ -262,6 +306,48 @@ class ActorRunner:
             f"{endpoint_name!r}: {failure.message}",
             failure.traceback,
         )
+
+    def _stopped_failure(self, endpoint_name: str) -> RemoteFailure:
+        text = f"actor {self.name!r} was stopped, so it cannot run {endpoint_name!r}"
+        return RemoteFailure(
+            str(self.rank), self.name, endpoint_name, "ActorStopped", text, text + "\n"
+        )
+
+    def _stop_actor(self, msg: Message) -> None:
+        """ActorMesh.stop: handle the calls sent before the stop, clean up, then refuse calls."""
+        _, _key, state, reply = msg.envelope
+        if not self.stopped:
+            for _kind, call in self.inbox.pending_calls():
+                self._handle_call(call)
+            self.stopped = True
+        failure = self._cleanup(None)
+        self.instance = None  # what the actor held is released; its thread stays to refuse calls
+        index = shape_from_state(state).local_index(self.proc_rank)
+        port = reply_port(reply)
+        if port is not None and index is not None:
+            self._reply(port, index, FAILED if failure else OK, failure)
+
+    def _cleanup(self, exc: BaseException | None) -> RemoteFailure | None:
+        """Run the actor's ``__cleanup__(exc)`` once (sync or async), if it has one and was
+        built; its failure, if it raised."""
+        instance = self.instance
+        cleanup = getattr(instance, "__cleanup__", None) if instance is not None else None
+        if cleanup is None or self.init_failure is not None or self._cleaned:
+            return None
+        self._cleaned = True
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+        _tls.runner = self
+        try:
+            result = cleanup(exc)
+            if inspect.isawaitable(result):
+                self._run_coroutine(result)
+        except BaseException as failure:
+            logger.warning("__cleanup__ of %s raised %r", self.name, failure)
+            return render_failure(failure, self.rank, self.name, "__cleanup__", 1)
+        finally:
+            ctxmod.set_current(None)
+            _tls.runner = None
+        return None
 
     def _run_coroutine(self, coro: Any) -> Any:
         if self._loop is None:
@@ -342,48 +428,6 @@ class ActorRunner:
                 _tls.runner = None
         if not handled:
             self._escalate(failure)
-
-
-class ResponsePort:
-    """The port an ``@endpoint(explicit_response_port=True)`` method gets first: it answers
-    the call once, with ``send(value)`` or ``exception(exc)``, from any thread of the actor's
-    process (its answer reaches the caller as a returned value or a raised exception would)."""
-
-    def __init__(self, runner: ActorRunner, reply: Port | None, index: int | None, caller: Any):
-        self._runner = runner
-        self._reply = reply
-        self._index = index
-        self._caller = caller
-        self._answered = False
-        self._lock = threading.Lock()
-
-    def send(self, value: Any) -> None:
-        if not self.answer(OK, value):
-            raise MeshUsageError("this response port already answered its call")
-
-    def exception(self, exc: BaseException) -> None:
-        runner = self._runner
-        failure = render_failure(exc, runner.rank, runner.name, "<response port>")
-        if not self.answer(FAILED, failure):
-            raise MeshUsageError("this response port already answered its call")
-
-    def answer(self, status: int, value: Any) -> bool:
-        """Send the answer unless one was sent; whether this one was."""
-        with self._lock:
-            if self._answered:
-                return False
-            self._answered = True
-        if self._reply is not None and self._index is not None:
-            self._runner._reply(self._reply, self._index, status, value, self._caller)  # noqa: SLF001
-        elif status == FAILED:
-            self._runner._report_unhandled(value)  # noqa: SLF001  a broadcast: nobody waits
-        return True
-
-    def __reduce__(self) -> Any:
-        raise TypeError(
-            "a response port answers from the actor's own process; send the value back to it "
-            "instead of passing the port on"
-        )
 
 
 def _caller(reply: tuple[Any, ...] | None) -> bytes | None:

@@ -6,8 +6,12 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import UnknownEndpointError
 from ..actors.future import Future
+from ..messaging.node import current_node
+from ..messaging.protocol import STOP_ACTOR, shape_state
 from ..shape import MeshShape, NoPublicConstructor, Shape
-from .endpoint import Endpoint
+from . import relay
+from .collect import Gather
+from .endpoint import Endpoint, no_values
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
 
@@ -76,6 +80,29 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         if self._initialized is None:
             return Future._completed(ValueMesh._create(self._shape, [None] * len(self._shape)))
         return self._initialized
+
+    def stop(self) -> Future[None]:
+        """Stop the actors of this mesh (or slice), leaving their processes running; the
+        future completes when each has run its ``__cleanup__(None)`` (sync or async), or fails
+        with the ``ActorError`` of those whose ``__cleanup__`` raised. Calls sent before the
+        stop are handled first; calls after it raise ``MeshClosedError`` here (elsewhere, an
+        ``ActorError`` from the stopped actor). Stopping twice is harmless."""
+        procs, shape = self._procs, self._shape
+        stopped = procs.stopped_actors.setdefault(self._key, set())
+        ranks = [r for r in shape.ranks() if r not in stopped]
+        if not ranks:
+            return Future._completed(None)
+        stopped.update(ranks)
+        gather: Gather[None] = Gather(f"{self._name}.stop", procs, shape, no_values)
+        for index, rank in enumerate(shape.ranks()):
+            if rank not in ranks:
+                gather.deliver(index, False, None)  # stopped by an earlier stop()
+        node = current_node()
+        port = gather.port = node.open_port(gather)
+        envelope = (STOP_ACTOR, self._key, shape_state(shape), (tuple(port.address), port.port_id))
+        # The route calls take (relay.py), so the stop arrives after the calls sent before it.
+        relay.send(node, procs, shape, shape_state(shape), envelope, collector=gather)
+        return gather.future
 
     # Endpoint[Any, Any] to a type checker; with the mypy plugin actormesh.mypy_plugin it is
     # Endpoint[P, R] of A's @endpoint method ``name`` (why not Monarch's way: actors/actor.py).

@@ -203,6 +203,9 @@ class Endpoint(Generic[P, R]):
             raise MeshClosedError(
                 f"cannot call {self._what}: its proc mesh was stopped; spawn a new one"
             )
+        stopped = procs.stopped_actors.get(self._key) if procs.stopped_actors else None
+        if stopped and not stopped.isdisjoint(shape.ranks()):
+            raise MeshClosedError(f"cannot call {self._what}: its actor mesh was stopped")
         payload, buffers = pickle_arguments(args, kwargs, self._what)
         node = current_node()
         transport = node.transport

@@ -80,6 +80,30 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     def __exit__(self, *exc: object) -> None:
         self.stop().get(timeout=30)
 
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes with ``True`` once every process has started and run the ``bootstrap``
+        given to ``spawn_procs`` (Monarch's ``ProcMesh.initialized``); fails with the
+        ``ActorError`` of the ranks whose bootstrap raised. Processes have started by the time
+        ``spawn_procs`` returns, so without a bootstrap it is complete at once."""
+        record = self._record
+        if record is None or record.initialized is None:
+            return Future._completed(True)
+        return record.initialized
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        """The host mesh these processes were spawned on (all of its hosts, also for a slice)."""
+        if self._record is None or self._record.host_mesh is None:
+            raise MeshUsageError("only the process that spawned a proc mesh knows its host mesh")
+        return self._record.host_mesh
+
     # -- actors ----------------------------------------------------------------------------------
 
     def spawn(

@@ -36,6 +36,8 @@ class ProcTable:
         self.routes: dict[tuple[tuple[Any, ...], str], Plan] = {}
         self.pids: list[int] = [0] * len(addresses)
         self.closed = False
+        # Actor-mesh key -> the global ranks whose actor ActorMesh.stop stopped (in this process).
+        self.stopped_actors: dict[str, set[int]] = {}
         with _live_lock:
             _live[mesh_id] = self
 

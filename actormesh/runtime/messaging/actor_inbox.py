@@ -46,10 +46,12 @@ def actor_context() -> zmq.Context[Any]:
 
 # What an actor's thread takes from its inbox: ``(CALL_ITEM, message)``, ``(SPAWN_ITEM,
 # message)`` (its construction, first) or ``(SUPERVISE_ITEM, failure)`` (a mesh it owns failed);
-# ``None`` stops it. Local tags, not wire kinds.
+# ``(STOP_ITEM, message)`` (ActorMesh.stop) ends its actor; ``None`` ends its thread. Local tags,
+# not wire kinds.
 CALL_ITEM = "call"
 SPAWN_ITEM = "spawn"
 SUPERVISE_ITEM = "supervise"
+STOP_ITEM = "stop"
 
 
 class ActorInbox:
@@ -133,6 +135,15 @@ class ActorInbox:
                 logger.warning("an actor inbox got a %r message; dropped", kind)
         self._armed = True
         return got
+
+    def pending_calls(self) -> list[Any]:
+        """The calls already read or readable from the socket, taken out of the inbox (actor's
+        thread): what was sent before a stop that travelled by the other route."""
+        if not self._closed:
+            self._receive(False)
+        items = list(self._ready)
+        self._ready.clear()
+        return items
 
     def close(self) -> None:
         """Close the socket and the pipe (actor's thread, when it ends)."""

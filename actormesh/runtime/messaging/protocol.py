@@ -43,6 +43,7 @@ BUF_DONE = "buf_done"
 SPAWN_ACTOR = "spawn_actor"
 CALL = "call"
 STOP = "stop"
+STOP_ACTOR = "stop_actor"
 STACKS = "stacks"
 INTERRUPT = "interrupt"
 MOVED = "moved"
@@ -125,6 +126,10 @@ _TABLE = [
          "Call an endpoint of actor mesh ``key``; the payload is (args, kwargs). ``shape`` (as "
          "shape_state) says which ranks the cast reaches, ``reply`` where the REPLY goes (None: "
          "a broadcast). Calls on the same host usually go straight to the actor's own socket."),
+    Kind(STOP_ACTOR, ("key", "shape", "reply"), (CONTROLLER, WORKER), (CONTROLLER, WORKER),
+         "runtime.actors.actor_host:ActorHost.__init__",
+         "Stop the actor of mesh ``key`` here (ActorMesh.stop): it runs ``__cleanup__(None)`` "
+         "and then fails every call; a REPLY goes to ``reply`` once it has."),
     Kind(STOP, (), (CONTROLLER,), (WORKER,), "runtime.procs.worker:run",
          "Stop the actors (each gets the stop grace period) and exit."),
     Kind(STACKS, ("shape", "reply"), (CONTROLLER, WORKER), (WORKER,), "runtime.procs.worker:run",

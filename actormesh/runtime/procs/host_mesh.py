@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ... import config
-from ...errors import MeshUsageError, SupervisionError
+from ...errors import MeshTypeError, MeshUsageError, SupervisionError
+from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
+from ..actors.future import Future, settle, when_all
 from ..extent import Extent
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
@@ -29,19 +31,27 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
 
     _ctl: Controller
     _agents: list[AgentHandle]
+    _spawned: list[MeshRecord]  # shared by the slices of one host mesh (for shutdown)
 
     _not_constructed = "HostMesh is not constructed directly; use actormesh.this_host()"
 
     @classmethod
-    def _create(cls, ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:
+    def _create(
+        cls,
+        ctl: Controller,
+        agents: list[AgentHandle],
+        shape: Shape,
+        spawned: list[MeshRecord] | None = None,
+    ) -> HostMesh:
         self = object.__new__(cls)
         self._ctl = ctl
         self._agents = agents
         self._shape = shape
+        self._spawned = [] if spawned is None else spawned
         return self
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh._create(self._ctl, self._agents, shape)
+        return HostMesh._create(self._ctl, self._agents, shape, self._spawned)
 
     def agent_handles(self) -> list[AgentHandle]:
         """The host agents of this view's hosts, in rank order."""
@@ -50,11 +60,34 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.extent}>"
 
+    def shutdown(self) -> Future[None]:
+        """Stop every proc mesh spawned through this host mesh (or a slice of it); the future
+        completes when their processes have exited. Other host meshes over the same hosts
+        (another ``this_host()``, say) keep theirs: the host agents are shared by them all,
+        and stay."""
+        stops = [record.stop() for record in self._spawned]
+        done: Future[None] = Future(lambda: "the proc meshes of the host mesh to stop")
+        when_all(stops).add_done_callback(lambda f: settle(f, done, None))
+        return done
+
+    def __enter__(self) -> HostMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown().get(timeout=30)
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         name: str = "procs",
+        bootstrap: Callable[[], object] | None = None,
     ) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the extent of procs on each host.
 
@@ -63,7 +96,15 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
         on the host, a ``gpus`` dimension gives each process its own device
         (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
+
+        ``bootstrap`` (Monarch's): a picklable callable, sync or async, that every process runs
+        before any actor is built on it (to set environment variables before CUDA starts, say).
+        ``spawn_procs`` does not wait for it: ``initialized`` completes once it ran everywhere
+        and fails with its ``ActorError`` if it raised; actors spawned on the mesh then fail
+        their ``__init__`` with that failure.
         """
+        if bootstrap is not None and not callable(bootstrap):
+            raise MeshTypeError(f"bootstrap must be a callable, got {bootstrap!r}")
         per_host = dict(per_host or {})
         for dim in per_host:
             if dim in self._shape.labels:
@@ -116,7 +157,16 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         except BaseException:
             record.stop()
             raise
-        return ProcMesh._create(table, shape, record)
+        record.host_mesh = self
+        self._spawned.append(record)
+        procs = ProcMesh._create(table, shape, record)
+        if bootstrap is not None:
+            # The first actor of every process: the ones spawned after it wait for it there.
+            booted = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap).initialized
+            initialized: Future[bool] = Future(lambda: f"the bootstrap of {mesh_id} to run")
+            booted.add_done_callback(lambda f: settle(f, initialized, True))
+            record.initialized = initialized
+        return procs
 
 
 def this_host() -> HostMesh:

@@ -35,6 +35,7 @@ from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
     from .controller import Controller
+    from .host_mesh import HostMesh
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,9 @@ class MeshRecord:
         self.actor_spawns: list[ActorSpawn] = []
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
-        self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
-        self.resources = ResourceHistory()  # what its ranks use, sampled by their agents
+        self.host_mesh: HostMesh | None = None  # where it was spawned (ProcMesh.host_mesh)
+        # ProcMesh.initialized when spawned with a bootstrap: True once it ran on every rank.
+        self.initialized: Future[bool] | None = None
 
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
