@@ -239,7 +239,9 @@ def test_this_proc_runs_actors_in_the_controller() -> None:
     assert result["pid"] == os.getpid()
 
 
-def test_init_failure_surfaces_at_first_call_and_initialized(shared_procs) -> None:
+def test_init_failure_surfaces_at_first_call_and_initialized(
+    shared_procs, unhandled_failures
+) -> None:
     class Broken(am.Actor):
         def __init__(self) -> None:
             raise RuntimeError("bad config")
@@ -254,6 +256,9 @@ def test_init_failure_surfaces_at_first_call_and_initialized(shared_procs) -> No
     assert "__init__" in str(info.value)
     with pytest.raises(am.ActorError, match=r"failed in __init__.*bad config"):
         b.ping.call().get(timeout=10)
+    # Each rank's failed __init__ is also a supervision event (test_monarch_behaviour.py).
+    wait_until(lambda: len(unhandled_failures) == 4, 10, "the four __init__ failures")
+    unhandled_failures.clear()
 
 
 def test_endpoint_exception_keeps_actor_alive(shared_procs) -> None:

@@ -9,6 +9,7 @@ import pathlib
 import threading
 
 import pytest
+from support import wait_until
 
 import actormesh as am
 
@@ -145,15 +146,21 @@ def test_bootstrap_runs_on_every_proc_before_any_actor(spawn_procs) -> None:
     assert async_procs.spawn("env_async", Env).env.call_one("BOOTED").get(timeout=30) == "async"
 
 
-def test_a_failed_bootstrap_surfaces_on_initialized(spawn_procs) -> None:
+def test_a_failed_bootstrap_surfaces_on_initialized(spawn_procs, unhandled_failures) -> None:
     procs = spawn_procs(per_host={"gpus": 2}, bootstrap=failing_bootstrap)
     with pytest.raises(am.ActorError, match="no GPU driver here"):
         procs.initialized.get(timeout=30)
+    # Each rank's failure is a supervision event too (a failed __init__ is); the actors that
+    # then fail because of it add none.
+    wait_until(lambda: len(unhandled_failures) >= 2, 10, "the bootstrap failures")
     env = procs.spawn("env_failed", Env)
     with pytest.raises(am.ActorError, match="bootstrap of this proc mesh failed"):
         env.initialized.get(timeout=30)
     with pytest.raises(am.ActorError, match="bootstrap of this proc mesh failed"):
         env.env.call("HOME").get(timeout=30)
+    assert len(unhandled_failures) == 2
+    assert all("no GPU driver here" in str(f) for f in unhandled_failures)
+    unhandled_failures.clear()
 
 
 def test_host_mesh_shutdown_stops_what_it_spawned(shared_procs) -> None:

@@ -175,7 +175,8 @@ class ActorRunner:
             self._interrupted = False
 
     def _exit_process(self, exc: SystemExit) -> None:
-        """``sys.exit()`` in an endpoint ends the worker, as it would a script."""
+        """End the worker: the actor's inbox could not open, or ``sys.exit()`` ran outside an
+        endpoint (in ``__supervise__``). In an endpoint it ends only the actor (``_end``)."""
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
             print(exc.code, file=sys.stderr)
@@ -229,6 +230,9 @@ class ActorRunner:
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
             self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
+        if self.init_failure is not None:
+            # A supervision event too, as in Monarch: a spawn nobody calls must not fail unseen.
+            self._escalate(self.init_failure)
 
     def _cancel(self, msg: Message) -> None:
         """A call that an interrupt caught before it started: it fails without running."""
@@ -259,6 +263,8 @@ class ActorRunner:
         _tls.runner = self
         status, value = OK, None
         answer: ResponsePort | None = None
+        fatal: BaseException | None = None
+        fatal_reported = False
         try:
             if self.init_failure is not None:
                 status, value = FAILED, self._unconstructed(endpoint_name)
@@ -277,15 +283,17 @@ class ActorRunner:
                         value = self._run_coroutine(value)
                 finally:
                     self._set_idle()  # from here on no interrupt lands in this call
-        except SystemExit:
-            raise
         except BaseException as exc:
             # Also an interrupt that landed as the endpoint returned: the reply still goes out.
             status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
+            if not isinstance(exc, (Exception, KeyboardInterrupt)):
+                fatal = exc  # SystemExit, a bare BaseException: this actor ends (below)
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
         _exit_if_forked(self.pid, status == FAILED)
+        if fatal is not None:
+            self._end(fatal)  # before the reply: whoever hears of the failure sees it ended
         if answer is not None:
             if status == FAILED and not answer.answer(status, value):
                 self._report_unhandled(value)  # it raised after answering: nobody waits
@@ -293,6 +301,30 @@ class ActorRunner:
             self._reply(reply, index, status, value, caller)
         elif status == FAILED:
             self._report_unhandled(value)
+            fatal_reported = True
+        if fatal is not None and not fatal_reported:
+            self._report_ended(value)
+
+    def _end(self, exc: BaseException) -> None:
+        """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...) ends the actor,
+        as in Monarch: it cleans up with ``__cleanup__(exc)``, then refuses every call."""
+        self.stopped = True
+        self._cleanup(exc)
+        self.instance = None
+
+    def _report_ended(self, failure: RemoteFailure) -> None:
+        """The owner hears that the actor ended (a supervision event), also when a caller got
+        the failure that ended it."""
+        self._escalate(
+            RemoteFailure(
+                failure.rank,
+                failure.actor,
+                failure.endpoint,
+                failure.exc_type,
+                f"the actor stopped: {failure.message or failure.exc_type}",
+                failure.traceback,
+            )
+        )
 
     def _unconstructed(self, endpoint_name: str) -> RemoteFailure:
         failure = self.init_failure

@@ -112,8 +112,10 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         """Create one ``cls(*args, **kwargs)`` actor on every rank of this mesh; don't wait.
 
         ``__init__`` runs in each worker before the first message it handles; if it raises,
-        the first call (and ``mesh.initialized``) fails with its ``ActorError``. Classes from
-        ``__main__`` or a notebook cell are sent by value; others are imported by the workers.
+        the first call (and ``mesh.initialized``) fails with its ``ActorError``, which also
+        goes to the mesh's owner (``__supervise__``, else the fault hook), as in Monarch.
+        Classes from ``__main__`` or a notebook cell are sent by value; others are imported by
+        the workers.
         """
         if not isinstance(name, str) or not name:
             raise MeshUsageError(f"an actor mesh needs a non-empty name, got {name!r}")
