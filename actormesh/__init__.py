@@ -39,6 +39,7 @@ from .hosts import listen_for_hosts as listen_for_hosts
 from .hosts import wait_for_hosts as wait_for_hosts
 from .runtime.actors.actor import Actor as Actor
 from .runtime.actors.actor import endpoint as endpoint
+from .runtime.actors.context import Context as Context
 from .runtime.actors.context import context as context
 from .runtime.actors.context import current_actor_name as current_actor_name
 from .runtime.actors.context import current_rank as current_rank
@@ -51,6 +52,7 @@ from .runtime.extent import Extent as Extent
 from .runtime.extent import Point as Point
 from .runtime.faults import supervision as _supervision
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
+from .runtime.meshes.endpoint import Endpoint as Endpoint
 from .runtime.meshes.ports import Accumulator as Accumulator
 from .runtime.meshes.ports import Channel as Channel
 from .runtime.meshes.ports import Port as Port
@@ -70,6 +72,8 @@ __all__ = [
     "ActorError",
     "ActorMesh",
     "Channel",
+    "Context",
+    "Endpoint",
     "Extent",
     "Future",
     "HostMesh",
