@@ -6,12 +6,14 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ... import config
 from ...errors import MeshTypeError, MeshUsageError, SupervisionError
 from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
 from ..actors.future import Future, settle, when_all
 from ..extent import Extent
+from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.codec import new_id
@@ -162,7 +164,8 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         procs = ProcMesh._create(table, shape, record)
         if bootstrap is not None:
             # The first actor of every process: the ones spawned after it wait for it there.
-            booted = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap).initialized
+            boot: ActorMesh[Any] = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap)
+            booted = boot.initialized
             initialized: Future[bool] = Future(lambda: f"the bootstrap of {mesh_id} to run")
             booted.add_done_callback(lambda f: settle(f, initialized, True))
             record.initialized = initialized

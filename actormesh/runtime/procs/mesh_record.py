@@ -122,6 +122,8 @@ class MeshRecord:
         self.actor_spawns: list[ActorSpawn] = []
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
+        self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
+        self.resources = ResourceHistory()  # what its ranks use, sampled by their agents
         self.host_mesh: HostMesh | None = None  # where it was spawned (ProcMesh.host_mesh)
         # ProcMesh.initialized when spawned with a bootstrap: True once it ran on every rank.
         self.initialized: Future[bool] | None = None
@@ -183,7 +185,7 @@ class MeshRecord:
 
     def report_unhandled(self, failure: MeshError) -> None:
         """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
-        if isinstance(failure, MeshFailure) and failure.mesh_name is None and self.registered:
+        if isinstance(failure, MeshFailure) and failure.mesh_name is None:
             # The actor mesh whose endpoint raised, else the proc mesh that lost a process.
             actor = failure.failures[0].actor if isinstance(failure, ActorError) else None
             failure.mesh_name = actor or self.table.mesh_id
