@@ -46,7 +46,7 @@ def test_a_script_that_fails_still_runs_its_atexit_handlers(tmp_path: Path) -> N
 
 class WritesAtExit(am.Actor):
     @am.endpoint
-    def register(self, path: str) -> None:
+    def register_handler(self, path: str) -> None:
         import atexit
 
         def write() -> None:
@@ -61,7 +61,9 @@ def test_an_actors_atexit_handlers_run_when_its_mesh_stops(tmp_path: Path) -> No
     try:
         actors = procs.spawn("writes", WritesAtExit)
         for rank in range(2):
-            actors.slice(gpus=rank).register.call_one(str(tmp_path / f"rank{rank}")).get(timeout=30)
+            actors.slice(gpus=rank).register_handler.call_one(str(tmp_path / f"rank{rank}")).get(
+                timeout=30
+            )
     finally:
         procs.stop().get(timeout=30)
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["0", "1"]
