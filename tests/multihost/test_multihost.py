@@ -375,3 +375,20 @@ def test_no_process_left_after_stop(three_hosts: am.HostMesh, fake_net: FakeNet)
     mesh.stop().get(timeout=30)
     for h in (1, 2, 3):
         wait_until(lambda h=h: len(fake_net.pids(h)) == before[h] - 1, 10, f"host {h} reaped")
+
+
+def test_actor_mesh_stop_and_ranked_ports_across_hosts(procs: Any) -> None:
+    """ActorMesh.stop takes the casts' route through the agents; values sent to a ranked port
+    from other hosts carry their sender's rank (issue 20)."""
+    port, ranked = am.Channel.open_ranked()
+    probes = procs.spawn("stopping", Probe)
+    probes.send_to.call(port).get(timeout=WAIT)
+    got = sorted((rank, where) for rank, (where, _) in (ranked.recv().get(WAIT) for _ in range(6)))
+    assert [rank for rank, _ in got] == list(range(6))
+    assert [where for _, where in got] == [str(p) for p, _ in probes.where.call().get(WAIT)]
+    pending = probes.nap.call(0.2)  # sent before the stop: it completes
+    probes.stop().get(timeout=WAIT)
+    pending.get(timeout=WAIT)
+    with pytest.raises(am.MeshClosedError):
+        probes.where.call()
+    assert len(procs.spawn("after_stop", Probe).where.call().get(timeout=WAIT).values()) == 6
