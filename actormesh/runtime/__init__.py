@@ -19,8 +19,9 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         handlers, ports, deaths), ``actor_inbox``, ``reply_inbox``, ``tunnel``,
                         ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
-                        ``response_port`` (explicit response ports), ``actor_host`` (the actors
-                        of one process, a proc mesh's bootstrap), ``context``, ``future``.
+                        ``failures`` (failures as text), ``response_port`` (explicit response
+                        ports), ``actor_host`` (the actors of one process, a proc mesh's
+                        bootstrap), ``context``, ``future``.
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``collect`` (gathering replies), ``waits``
                         (who waits on whom, for timeouts), ``endpoint`` (the adverbs),

@@ -10,7 +10,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RemoteFailure
@@ -23,6 +22,7 @@ from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
 from ..messaging.transport import actor_address
 from . import context as ctxmod
 from .actor import explicit_port_endpoints
+from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed
 from .response_port import ResponsePort
 
 if TYPE_CHECKING:
@@ -31,37 +31,6 @@ if TYPE_CHECKING:
     from ..shape import Shape
 
 logger = logging.getLogger(__name__)
-
-
-def render_failure(
-    exc: BaseException, rank: Point | str, actor: str, endpoint: str, skip: int = 0
-) -> RemoteFailure:
-    """Turn an exception into text on the worker, dropping the runtime's own frames.
-
-    Never raises: an exception whose ``__str__`` (or whose type's name) raises still becomes a
-    failure with what could be rendered, since a failure here would lose the reply."""
-    tb = exc.__traceback__
-    for _ in range(skip):
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-    etype = type(exc)
-    name = _safe(lambda: etype.__qualname__, "<unnamed exception type>")
-    module = _safe(lambda: etype.__module__, "")
-    if module not in ("builtins", "__main__", ""):
-        name = f"{module}.{name}"
-    message = _safe(lambda: str(exc), f"<the __str__ of this {name} raised>")
-    text = _safe(
-        lambda: "".join(traceback.format_exception(etype, exc, tb)),
-        f"{name}: {message}\n(its traceback could not be formatted)\n",
-    )
-    return RemoteFailure(str(rank), actor, endpoint, name, message, text)
-
-
-def _safe(render: Any, fallback: Any) -> Any:
-    try:
-        return render()
-    except BaseException:  # a KeyboardInterrupt from a user's __str__ included
-        return fallback
 
 
 class ActorRunner:
@@ -197,15 +166,7 @@ class ActorRunner:
             self.after.constructed.wait()
             failed = self.after.init_failure
             if failed is not None:
-                self.init_failure = RemoteFailure(
-                    failed.rank,
-                    self.name,
-                    "__init__",
-                    failed.exc_type,
-                    f"the bootstrap of this proc mesh failed, so no actor runs on it: "
-                    f"{failed.message}",
-                    failed.traceback,
-                )
+                self.init_failure = bootstrap_failed(failed, self.name)
                 index = shape.local_index(self.proc_rank)
                 if reply is not None and index is not None:
                     self._reply(reply, index, FAILED, self.init_failure)
@@ -267,9 +228,9 @@ class ActorRunner:
         fatal_reported = False
         try:
             if self.init_failure is not None:
-                status, value = FAILED, self._unconstructed(endpoint_name)
+                status, value = FAILED, unconstructed(self.init_failure, self.name, endpoint_name)
             elif self.stopped:
-                status, value = FAILED, self._stopped_failure(endpoint_name)
+                status, value = FAILED, stopped(self.rank, self.name, endpoint_name)
             else:
                 self.busy = (endpoint_name, time.monotonic())
                 try:
@@ -303,7 +264,7 @@ class ActorRunner:
             self._report_unhandled(value)
             fatal_reported = True
         if fatal is not None and not fatal_reported:
-            self._report_ended(value)
+            self._escalate(ended(value))
 
     def _end(self, exc: BaseException) -> None:
         """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...) ends the actor,
@@ -311,39 +272,6 @@ class ActorRunner:
         self.stopped = True
         self._cleanup(exc)
         self.instance = None
-
-    def _report_ended(self, failure: RemoteFailure) -> None:
-        """The owner hears that the actor ended (a supervision event), also when a caller got
-        the failure that ended it."""
-        self._escalate(
-            RemoteFailure(
-                failure.rank,
-                failure.actor,
-                failure.endpoint,
-                failure.exc_type,
-                f"the actor stopped: {failure.message or failure.exc_type}",
-                failure.traceback,
-            )
-        )
-
-    def _unconstructed(self, endpoint_name: str) -> RemoteFailure:
-        failure = self.init_failure
-        assert failure is not None
-        return RemoteFailure(
-            failure.rank,
-            failure.actor,
-            endpoint_name,
-            failure.exc_type,
-            f"actor {self.name!r} failed in __init__, so it cannot run "
-            f"{endpoint_name!r}: {failure.message}",
-            failure.traceback,
-        )
-
-    def _stopped_failure(self, endpoint_name: str) -> RemoteFailure:
-        text = f"actor {self.name!r} was stopped, so it cannot run {endpoint_name!r}"
-        return RemoteFailure(
-            str(self.rank), self.name, endpoint_name, "ActorStopped", text, text + "\n"
-        )
 
     def _stop_actor(self, msg: Message) -> None:
         """ActorMesh.stop: handle the calls sent before the stop, clean up, then refuse calls."""
