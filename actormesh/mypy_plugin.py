@@ -54,6 +54,8 @@ def _endpoint_type(ctx: AttributeContext) -> Type:
     if not isinstance(ctx.context, MemberExpr):
         return ctx.default_attr_type
     name = ctx.context.name
+    if any(name in info.names for info in mesh.type.mro if info.fullname != "builtins.object"):
+        return ctx.default_attr_type  # ActorMesh's own (initialized, stop): not an endpoint
     for info in actor.type.mro:
         node = info.names.get(name)
         if node is None:

@@ -64,5 +64,5 @@ def test_endpoint_calls_are_checked_against_the_actor_class(
         assert found, f"unexpected mypy output: {line}"
         got.add((int(found.group(1)), found.group(2)))
     expected = expected_errors()
-    assert len(expected) == 9
+    assert len(expected) == 10
     assert got == expected, stdout

@@ -31,6 +31,10 @@ class Trainer(am.Actor):
     def helper(self) -> None:
         pass
 
+    @am.endpoint(explicit_response_port=True)
+    def answer(self, port: am.Port, x: int) -> None:
+        port.send(x)
+
 
 def correct(mesh: ActorMesh[Trainer]) -> None:
     losses: Future[ValueMesh[int]] = mesh.step.call(lr=0.1)
@@ -40,7 +44,10 @@ def correct(mesh: ActorMesh[Trainer]) -> None:
     replies: Stream[int] = mesh.step.stream(lr=0.2)
     text: Future[str] = mesh.evaluate.call_one(3)  # an async endpoint gives what it returns
     mesh.anything.call_one("x")
-    del losses, one, chosen, replies, text
+    ready: Future[ValueMesh[None]] = mesh.initialized  # the mesh's own, not endpoints
+    stopped: Future[None] = mesh.stop()
+    mesh.answer.call_one(1)  # the port is the runtime's to pass
+    del losses, one, chosen, replies, text, ready, stopped
 
 
 def wrong(mesh: ActorMesh[Trainer]) -> None:
@@ -52,6 +59,7 @@ def wrong(mesh: ActorMesh[Trainer]) -> None:
     mesh.helper.call()  # E: attr-defined
     mesh.stepp.call(0.1)  # E: attr-defined
     mesh.anything.call_one(1)  # E: arg-type
+    mesh.answer.call_one("1")  # E: arg-type
     del not_int
 
 

@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ...errors import MeshTypeError
 
@@ -104,12 +104,36 @@ class _EndpointDecorator(Protocol):
     def __call__(self, fn: Callable[Concatenate[Any, P], R_co]) -> EndpointProperty[P, R_co]: ...
 
 
+class _PortedEndpointDecorator(Protocol):
+    """``endpoint(explicit_response_port=True)``: callers pass what follows the port, and get
+    what the method sends to it (not typed: whatever ``port.send`` is given)."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[Any, Any, P], Coroutine[Any, Any, object]]
+    ) -> AsyncEndpointProperty[P, Any]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[Any, Any, P], object]
+    ) -> EndpointProperty[P, Any]: ...
+
+
 @overload
 def endpoint(
     fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
 ) -> AsyncEndpointProperty[P, R]: ...
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def endpoint(
+    fn: None = None,
+    *,
+    explicit_response_port: Literal[True],
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _PortedEndpointDecorator: ...
 @overload
 def endpoint(fn: None = None, **options: Any) -> _EndpointDecorator: ...
 def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
