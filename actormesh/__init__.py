@@ -53,6 +53,7 @@ from .runtime.extent import Point as Point
 from .runtime.faults import supervision as _supervision
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
 from .runtime.meshes.endpoint import Endpoint as Endpoint
+from .runtime.meshes.endpoint import send as send
 from .runtime.meshes.ports import Accumulator as Accumulator
 from .runtime.meshes.ports import Channel as Channel
 from .runtime.meshes.ports import Port as Port
@@ -99,6 +100,7 @@ __all__ = [
     "init_process_group",
     "listen_for_hosts",
     "log_metrics",
+    "send",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

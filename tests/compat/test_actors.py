@@ -12,6 +12,7 @@ from support import wait_until
 from actormesh import (
     Accumulator,
     Actor,
+    Channel,
     Context,
     Endpoint,
     MeshFailure,
@@ -21,6 +22,7 @@ from actormesh import (
     current_rank,
     current_size,
     endpoint,
+    send,
     this_host,
 )
 
@@ -185,3 +187,10 @@ def test_context_and_current_rank_size_name(procs) -> None:
     names = {name for _, _, _, name in got}
     assert len(names) == 2 and all(name.startswith("reporter") for name in names)
     assert os.getpid() > 0 and current_actor_name() == "controller"
+
+
+def test_send(procs) -> None:
+    counter = procs.spawn("counter_send", Counter, 2)
+    port, receiver = Channel.open_ranked()
+    send(counter.get_value, (), {}, port=port)
+    assert sorted(receiver.recv().get() for _ in range(2)) == [(0, 2), (1, 2)]

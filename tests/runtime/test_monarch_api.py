@@ -237,3 +237,18 @@ def test_supervise_gets_a_mesh_failure(spawn_procs) -> None:
     [(_, mesh_is_procs, mesh_name, report)] = owner.seen.call_one().get(timeout=10)
     assert mesh_is_procs and mesh_name is not None and mesh_name.startswith("owned-")
     assert "SIGKILL" in report
+
+
+def test_send_answers_to_a_port_with_ranks(shared_procs) -> None:
+    probes = shared_procs.spawn("probe_send", Probe)
+    port, ranked = am.Channel.open_ranked()
+    am.send(probes.rank, (), {}, port=port)
+    assert sorted(ranked.recv().get(timeout=10) for _ in range(4)) == [(i, i) for i in range(4)]
+    am.send(probes.slice(gpus=slice(2, 4)).rank, (), {}, port=port, selection="choose")
+    index, value = ranked.recv().get(timeout=10)
+    assert index == 0 and value in (2, 3)  # the chosen actor is the whole of its call
+    am.send(probes.slice(gpus=1).fail, (), {}, port=port)
+    with pytest.raises(am.ActorError, match="broadcast went wrong"):
+        ranked.recv().get(timeout=10)
+    with pytest.raises(am.MeshUsageError, match="selection"):
+        am.send(probes.rank, (), {}, port=port, selection="some")

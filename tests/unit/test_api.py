@@ -12,7 +12,7 @@ PUBLIC = [
     "MeshClosedError", "MeshError", "MeshTimeoutError", "MeshUsageError", "Point", "Port",
     "PortReceiver", "ProcMesh", "SupervisionError", "TensorBuffer", "ValueMesh", "context",
     "current_rank", "current_size", "endpoint", "this_host", "this_proc", "MeshFailure",
-    "current_actor_name", "unhandled_fault_hook", "Context", "Endpoint",
+    "current_actor_name", "unhandled_fault_hook", "Context", "Endpoint", "send",
     "SlurmJob", "listen_for_hosts", "wait_for_hosts", "log_metrics",
     "init_process_group", "destroy_process_group",
 ]  # fmt: skip

@@ -17,12 +17,14 @@ from ... import config
 from ...errors import (
     MeshClosedError,
     MeshUsageError,
+    ProcDeath,
+    RemoteFailure,
     SupervisionError,
 )
 from ..actors.future import Future
 from ..faults import supervision
 from ..messaging.codec import SIMPLE_TYPES, dumps, payload_digest
-from ..messaging.node import current_node
+from ..messaging.node import Port, current_node
 from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
 from . import relay
@@ -159,17 +161,37 @@ class Endpoint(Generic[P, R]):
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, chosen at random among live ones."""
+        shape = self._chosen()
+        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
+        self.cast(shape, args, kwargs, gather)
+        return gather.future
+
+    def _chosen(self) -> Shape:
+        """The one-actor view of a live actor of the mesh, chosen at random."""
         node = current_node()
         view = self._shape
         ranks = view.ranks()
         live = [r for r in ranks if self._procs.addresses[r].mailbox not in node.dead] or ranks
         index = view.local_index(random.choice(live))
         assert index is not None
-        coords = dict(view.point(index))
-        shape = view.slice(**coords)
-        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
-        self.cast(shape, args, kwargs, gather)
-        return gather.future
+        return view.slice(**dict(view.point(index)))
+
+    def send_to(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        port: Port | None = None,
+        selection: str = "all",
+    ) -> None:
+        """Monarch's ``send(endpoint, args, kwargs, port=, selection=)`` (use that name): call
+        every actor (``selection="all"``) or one live one (``"choose"``) without waiting; each
+        answer goes to ``port`` as its rank's value (``Channel.open_ranked`` gives the ranks),
+        a failure as a failed value. Without a port it is ``broadcast``."""
+        if selection not in ("all", "choose"):
+            raise MeshUsageError(f'selection must be "all" or "choose", got {selection!r}')
+        shape = self._shape if selection == "all" else self._chosen()
+        forward = None if port is None else Forward(self._what, self._procs, shape, port)
+        self.cast(shape, args, kwargs, forward)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor of the mesh without waiting for anything (fire and forget)."""
@@ -251,3 +273,33 @@ class Endpoint(Generic[P, R]):
                 transport.send_one_way(dest, envelope, payload)
         elif dests:
             transport.send_many(dests, envelope, payload, buffers, digest)
+
+
+def send(
+    endpoint: Endpoint[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Port | None = None,
+    selection: str = "all",
+) -> None:
+    """Monarch's ``send``: ``endpoint`` called with ``args`` and ``kwargs`` on every actor
+    (``selection="all"``) or one (``"choose"``), each answer sent to ``port`` (none: fire and
+    forget, as ``broadcast``). See ``Endpoint.send_to``."""
+    endpoint.send_to(args, kwargs, port, selection)
+
+
+class Forward(Collector[Any]):
+    """Sends each rank's answer on to a user's port, with the rank's index in the call (what
+    ``PortReceiver.ranked()`` gives); a failure, or a death, fails that value."""
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape, port: Port) -> None:
+        super().__init__(what, procs, shape)
+        self.target = port
+
+    def deliver(self, index: int, failed: bool, value: Any) -> None:
+        if self.record(index, value) is None:
+            return
+        if isinstance(value, ProcDeath):
+            text = value.describe()
+            value = RemoteFailure(value.rank, self.what, "", "SupervisionError", text, text)
+        self.target.forward(value, index, failed)

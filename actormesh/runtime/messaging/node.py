@@ -61,12 +61,18 @@ class Port(NamedTuple):
         where = "" if rank is None else str(rank)
         self._send(RemoteFailure(where, "port", "exception", name, str(exc), text), FAILED_VALUE)
 
-    def _send(self, value: Any, status: int) -> None:
+    def forward(self, value: Any, rank: int | None, failed: bool = False) -> None:
+        """Send ``value`` as rank ``rank``'s (a rendered failure when ``failed``): how the
+        runtime hands a port the answers of a ``send`` (meshes/endpoint.py)."""
+        self._send(value, FAILED_VALUE if failed else OK_VALUE, rank)
+
+    def _send(self, value: Any, status: int, rank: int | None = None) -> None:
         from .codec import dumps
 
         payload, buffers = dumps(value)
         transport = current_node().transport
-        envelope = (PORT, self.port_id, sender_rank[0](), status)
+        rank = sender_rank[0]() if rank is None else rank
+        envelope = (PORT, self.port_id, rank, status)
         if buffers:
             transport.send(self.address, envelope, payload, buffers)
         else:
