@@ -1,0 +1,274 @@
+"""Edge paths with real processes (issue 26): what a grandchild, a short-lived thread, a
+killed controller, too few file descriptors, an oversized frame or a dead host agent or fork
+server must not do to the runtime.
+
+Most of these run a script as its own controller: what they break (the host agent, the
+controller itself) must not be this test session's.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from support import wait_until
+
+import actormesh as am
+
+
+def run_script(tmp_path: Path, text: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def value_after(out: str, tag: str) -> str:
+    for line in out.splitlines():
+        if line.startswith(tag + " "):
+            return line[len(tag) + 1 :]
+    raise AssertionError(f"no {tag!r} line in:\n{out}")
+
+
+# -- 1: a grandchild holding a worker's stdout/stderr --------------------------------------------
+
+GRANDCHILD_SCRIPT = """
+import os, signal, subprocess, time
+import psutil
+import actormesh as am
+from actormesh.runtime.procs.controller import get_controller
+
+class Spawner(am.Actor):
+    @am.endpoint
+    def start_child(self):
+        return subprocess.Popen(["sleep", "30"]).pid  # inherits the worker's stdout/stderr
+    @am.endpoint
+    def pid(self):
+        return os.getpid()
+    @am.endpoint
+    def hang(self):
+        time.sleep(60)
+
+a = am.this_host().spawn_procs(per_host={"gpus": 1})
+b = am.this_host().spawn_procs(per_host={"gpus": 1})
+sa, sb = a.spawn("sa", Spawner), b.spawn("sb", Spawner)
+print("CHILD", sa.start_child.call_one().get(timeout=30), flush=True)
+victim = sb.pid.call_one().get(timeout=30)
+pending = sb.hang.call_one()
+agent = psutil.Process(get_controller().local_agent().proc.pid)
+start = time.monotonic()
+stopping = a.stop()
+os.kill(victim, signal.SIGKILL)
+try:
+    pending.get(timeout=15)
+except am.SupervisionError:
+    print("DEATH", f"{time.monotonic() - start:.2f}", flush=True)
+except am.MeshTimeoutError:
+    print("DEATH never", flush=True)
+try:
+    stopping.get(timeout=15)
+    print("STOPPED", f"{time.monotonic() - start:.2f}", flush=True)
+except am.MeshTimeoutError:
+    print("STOPPED never", flush=True)
+cpu = sum(agent.cpu_times()[:2])
+time.sleep(1.0)  # a measuring window, not synchronisation: how busy is the idle agent?
+print("AGENT_CPU", f"{sum(agent.cpu_times()[:2]) - cpu:.2f}", flush=True)
+b.stop().get(timeout=15)
+"""
+
+
+def test_a_grandchild_holding_the_worker_output_wedges_nothing(tmp_path: Path) -> None:
+    result = run_script(tmp_path, GRANDCHILD_SCRIPT)
+    out = result.stdout
+    try:
+        assert value_after(out, "DEATH") != "never", out + result.stderr
+        assert float(value_after(out, "DEATH")) < 3, out
+        assert value_after(out, "STOPPED") != "never", out + result.stderr
+        assert float(value_after(out, "STOPPED")) < 5, out
+        assert float(value_after(out, "AGENT_CPU")) < 0.3, out  # not spinning on the pipe
+    finally:
+        try:
+            os.kill(int(value_after(out, "CHILD")), signal.SIGKILL)
+        except (AssertionError, ProcessLookupError, ValueError):
+            pass
+
+
+# -- 2: the first mesh started from a thread that then exits -------------------------------------
+
+THREAD_SCRIPT = """
+import threading
+import actormesh as am
+
+class One(am.Actor):
+    @am.endpoint
+    def one(self):
+        return 1
+
+box = []
+start = lambda: box.append(am.this_host().spawn_procs(per_host={"gpus": 2}))
+helper = threading.Thread(target=start)
+helper.start()
+helper.join(60)
+procs = box[0]
+try:
+    print("VALUES", procs.spawn("one", One).one.call().get(timeout=30).values(), flush=True)
+except am.MeshError as exc:
+    print("VALUES failed:", str(exc).splitlines()[0], flush=True)
+print("HEALTH", procs.health().values(), flush=True)
+procs.stop().get(timeout=30)
+"""
+
+
+def test_the_agent_outlives_the_thread_that_started_it(tmp_path: Path) -> None:
+    result = run_script(tmp_path, THREAD_SCRIPT)
+    out = result.stdout
+    assert value_after(out, "VALUES") == "[1, 1]", out + result.stderr
+    assert value_after(out, "HEALTH") == "['alive', 'alive']", out
+
+
+# -- 8: a controller killed by a signal leaves no files ------------------------------------------
+
+KILLED_SCRIPT = """
+import os, sys, threading
+import actormesh as am
+import torch
+from actormesh.runtime.procs.controller import get_controller
+
+class Owner(am.Actor):
+    @am.endpoint
+    def make(self):
+        self.buf = am.TensorBuffer(torch.ones(1024))
+        return os.getpid()
+
+def start():  # from a thread that ends: the agent must still outlive it, and clean up
+    procs = am.this_host().spawn_procs(per_host={"gpus": 2})
+    box.append(procs.spawn("owner", Owner).make.call().get(timeout=30).values())
+
+box = []
+helper = threading.Thread(target=start)
+helper.start()
+helper.join(60)
+ctl = get_controller()
+print("RUN_DIR", ctl.run_dir, flush=True)
+print("AGENT", ctl.local_agent().proc.pid, flush=True)
+print("WORKERS", " ".join(map(str, box[0])), flush=True)
+sys.stdin.readline()  # killed while waiting here
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_controller_killed_by_a_signal_leaves_no_files(tmp_path: Path, signum: int) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_SCRIPT)
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        lines: dict[str, str] = {}
+        while len(lines) < 3:
+            line = proc.stdout.readline()
+            assert line, f"the script ended early: {lines}"
+            tag, _, rest = line.strip().partition(" ")
+            lines[tag] = rest
+        run_dir, agent = lines["RUN_DIR"], int(lines["AGENT"])
+        workers = [int(p) for p in lines["WORKERS"].split()]
+        segments = [p for w in workers for p in glob.glob(f"/dev/shm/actormesh-*-{w}-*")]
+        assert len(segments) == 2 and os.path.isdir(run_dir)
+        proc.send_signal(signum)
+        proc.wait(10)
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_until(lambda: all(gone(p) for p in [agent, *workers]), 10, "the agent and workers to exit")
+    wait_until(lambda: not any(os.path.exists(p) for p in segments), 5, "the segments to go")
+    wait_until(lambda: not os.path.exists(run_dir), 5, f"{run_dir} to be removed")
+
+
+class Echo(am.Actor):
+    @am.endpoint
+    def echo(self, x: int) -> int:
+        return x
+
+
+def test_a_spawn_call_stop_cycle_leaves_no_files_in_the_run_directory(spawn_procs) -> None:
+    from actormesh.runtime.procs.controller import get_controller
+
+    run_dir = get_controller().run_dir
+
+    def cycle() -> None:
+        procs = spawn_procs(per_host={"gpus": 2})
+        assert procs.spawn("echo", Echo).echo.call(3).get(timeout=30).values() == [3, 3]
+        procs.stop().get(timeout=30)
+
+    cycle()  # the controller's own sockets are made on first use
+    before = sorted(os.listdir(run_dir))
+    for _ in range(3):
+        cycle()
+    assert sorted(os.listdir(run_dir)) == before
+
+
+# -- 12: heal after the local host agent or fork server died ------------------------------------
+
+HEAL_SCRIPT = """
+import os, signal, sys, time
+import psutil
+import actormesh as am
+from actormesh.runtime.faults import supervision
+from actormesh.runtime.procs.controller import get_controller
+
+class Echo(am.Actor):
+    @am.endpoint
+    def pid(self):
+        return os.getpid()
+
+what = sys.argv[1]
+supervision.set_fault_hook(lambda failure: None)  # the deaths are expected
+procs = am.this_host().spawn_procs(per_host={"gpus": 2})
+echo = procs.spawn("echo", Echo)
+before = echo.pid.call().get(timeout=30).values()
+agent = get_controller().local_agent().proc
+if what == "agent":
+    victim = agent.pid
+else:
+    victim = next(p.pid for p in psutil.Process(agent.pid).children()
+                  if "zygote" in " ".join(p.cmdline()))
+os.kill(victim, signal.SIGKILL)
+deadline = time.monotonic() + 15
+while "alive" in procs.health().values() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("FAILED", " | ".join(procs.health().values()), flush=True)
+try:
+    procs.heal().get(timeout=60)
+    after = echo.pid.call().get(timeout=30).values()
+    print("HEALED", len(after), not set(after) & set(before), flush=True)
+except am.MeshError as exc:
+    print("HEALED failed:", str(exc).replace(chr(10), " | "), flush=True)
+procs.stop().get(timeout=30)
+"""
+
+
+@pytest.mark.parametrize("what", ["agent", "fork server"])
+def test_heal_restarts_a_dead_local_agent_or_fork_server(tmp_path: Path, what: str) -> None:
+    script = tmp_path / "heal.py"
+    script.write_text(HEAL_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), what.split()[0]], capture_output=True, text=True, timeout=120
+    )
+    out = result.stdout
+    failed = value_after(out, "FAILED")
+    if what == "agent":
+        assert "its host agent died" in failed, out
+    else:
+        assert "its fork server died" in failed and "host agent" not in failed, out
+    assert value_after(out, "HEALED") == "2 True", out + result.stderr
