@@ -218,6 +218,60 @@ def test_a_spawn_call_stop_cycle_leaves_no_files_in_the_run_directory(spawn_proc
     assert sorted(os.listdir(run_dir)) == before
 
 
+# -- 3: running out of file descriptors -----------------------------------------------------------
+
+FDS_SCRIPT = """
+import gc, resource
+import actormesh as am
+
+class Echo(am.Actor):
+    @am.endpoint
+    def echo(self, x):
+        return x
+
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+procs = am.this_host().spawn_procs(per_host={"gpus": 4})
+print("RAISED", resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard, flush=True)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # from here on, a small hard limit
+try:
+    for i in range(150):  # 2 descriptors per rank per actor mesh would need 1,200
+        assert procs.spawn(f"dropped{i}", Echo).echo.call(i).get(timeout=30).values() == [i] * 4
+    print("DROPPED ok", flush=True)
+except Exception as exc:
+    print("DROPPED failed at", i, repr(exc)[:300], flush=True)
+kept = []
+try:
+    for i in range(150):
+        kept.append(procs.spawn(f"kept{i}", Echo))
+        kept[-1].echo.call(i).get(timeout=30)
+    print("KEPT all", flush=True)
+except ConnectionError as exc:
+    print("KEPT refused", len(kept), str(exc)[:300], flush=True)
+except Exception as exc:
+    print("KEPT failed", len(kept), repr(exc)[:300], flush=True)
+kept.clear()
+gc.collect()
+fresh = procs.spawn("fresh", Echo)
+try:
+    print("AFTER", fresh.echo.call(7).get(timeout=30).values(), flush=True)
+except Exception as exc:
+    print("AFTER failed", repr(exc)[:300], flush=True)
+procs.stop().get(timeout=30)
+"""
+
+
+def test_file_descriptors_are_raised_freed_and_never_run_out(tmp_path: Path) -> None:
+    result = run_script(tmp_path, FDS_SCRIPT, timeout=110)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr  # not SIGABRT (-6) from libzmq
+    assert value_after(out, "RAISED") == "True", out
+    assert value_after(out, "DROPPED") == "ok", out + result.stderr
+    kept = value_after(out, "KEPT")
+    assert kept.startswith("refused") and "ulimit -n" in kept, out
+    assert value_after(out, "AFTER") == "[7, 7, 7, 7]", out + result.stderr
+
+
 # -- 12: heal after the local host agent or fork server died ------------------------------------
 
 HEAL_SCRIPT = """

@@ -162,6 +162,25 @@ def make_run_dir() -> str:
     return tempfile.mkdtemp(prefix="am-", dir=config.RUN_DIR)
 
 
+def _files_short() -> tuple[int, int] | None:
+    """``(open, limit)`` when this process is close to its limit on open files, else None.
+
+    At the limit, libzmq aborts the process when its ipc:// listener cannot accept (an
+    assertion on EMFILE), and other sockets fail half-made: a new connection is refused
+    while there is still room for the ones others make to us.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError):
+        return None  # not Linux: no cheap count
+    return (in_use, soft) if in_use + max(64, soft // 16) > soft else None
+
+
 class Transport:
     """The inbox, the outboxes and the I/O thread of one process."""
 
@@ -210,6 +229,7 @@ class Transport:
         self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
         self._outbox_lock = threading.Lock()
         self._actor_routes: dict[tuple[Address, str], Address] = {}
+        self._released: deque[tuple[Sequence[Address], str]] = deque()  # see release_actor
         # Work handed to the I/O thread from other threads, and its wake-up fd.
         self._calls: deque[Callable[[], None]] = deque()
         self._wake = WakePipe()
@@ -402,6 +422,32 @@ class Transport:
             route = self._actor_routes[(proc, key)] = direct or proc
         return route
 
+    def release_actor(self, procs: Sequence[Address], key: str) -> None:
+        """No handle on actor mesh ``key`` is left here: close the outboxes straight to its
+        actors in ``procs``. Any thread, even one in the middle of a send (the garbage
+        collector calls it): the I/O thread does it, or the next connection short of files."""
+        self._released.append((procs, key))
+        self.call_soon(self._forget_released)
+
+    def _forget_released(self) -> None:
+        while self._released:
+            procs, key = self._released.popleft()
+            self._forget_actor(procs, key)
+
+    def _forget_actor(self, procs: Sequence[Address], key: str) -> None:
+        # Unlike ``forget``, what was sent still goes: the socket lingers.
+        for proc in procs:
+            route = self._actor_routes.pop((proc, key), None)
+            if route is None or route is proc:
+                continue
+            endpoint = route.endpoint_from(self.host_id)
+            with self._outbox_lock, self._send_lock:
+                sock = self._outboxes.pop(endpoint, None)
+                if sock is not None:
+                    if endpoint in self._batches:
+                        self._send_batch(sock, endpoint)
+                    sock.close()
+
     def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
         endpoint = dest.endpoint_from(self.host_id)
         sock = self._outboxes.get(endpoint)
@@ -410,6 +456,8 @@ class Transport:
         return endpoint, sock
 
     def _connect(self, endpoint: str) -> zmq.Socket[Any]:
+        if endpoint not in self._outboxes and _files_short() is not None:
+            self._make_room(endpoint)
         with self._outbox_lock:
             existing = self._outboxes.get(endpoint)
             if existing is None:
@@ -429,6 +477,23 @@ class Transport:
                 sock.connect(endpoint)
                 self._outboxes[endpoint] = existing = sock
             return existing
+
+    def _make_room(self, endpoint: str) -> None:
+        """Close the sockets of actor meshes nobody holds (a handle and its cached endpoints
+        form a cycle: only a full collection finds it), then refuse if that was not enough."""
+        import gc
+
+        gc.collect()
+        self._forget_released()
+        deadline = time.monotonic() + 1.0  # ZeroMQ closes their files in the background
+        while (short := _files_short()) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if short is not None:
+            raise ConnectionError(
+                f"not connecting to {endpoint}: this process has {short[0]} files open of its "
+                f"limit of {short[1]} (ulimit -n); stop the meshes you no longer use (an actor "
+                "mesh's are freed once no handle on it is left), or raise the limit"
+            )
 
     def forget(self, dest: Address) -> None:
         """Close the outboxes to a process that is gone and to its actors (queued messages are
