@@ -98,6 +98,12 @@ class HostListener:
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
+        # Anyone who can reach this port can send before any signature is checked: ZeroMQ
+        # drops the connection of a frame larger than a hello, before allocating it. (The
+        # tcp:// inboxes cannot be bounded so: a signed message carries tensors of any size as
+        # frames. Curve keeps peers without the key from sending them anything; without
+        # Curve, ACTORMESH_CURVE=0, one who can connect can make a process allocate a frame.)
+        self._router.setsockopt(zmq.MAXMSGSIZE, handshake.MAX_FRAME)
         where = "*" if is_wildcard(host) else host
         if port:
             self._router.bind(f"tcp://{where}:{port}")

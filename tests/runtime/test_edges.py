@@ -133,6 +133,58 @@ def test_the_agent_outlives_the_thread_that_started_it(tmp_path: Path) -> None:
     assert value_after(out, "HEALTH") == "['alive', 'alive']", out
 
 
+# -- 4: an oversized frame to the host listener ----------------------------------------------------
+
+LISTENER_SCRIPT = """
+import resource, sys
+import psutil
+import actormesh as am
+
+listener = am.listen_for_hosts("127.0.0.1:0")
+print("ADDRESS", listener.address, flush=True)
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, flush=True)
+sys.stdin.readline()  # the test sent its frame and saw it answered or dropped
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, flush=True)
+"""
+
+
+def test_the_host_listener_drops_an_oversized_frame_before_reading_it(tmp_path: Path) -> None:
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    script = tmp_path / "listener.py"
+    script.write_text(LISTENER_SCRIPT)
+    ctx = zmq.Context()
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        address = proc.stdout.readline().split()[1]
+        before = int(proc.stdout.readline().split()[1])
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        dealer.connect(address)
+        dealer.send(bytes(200 << 20))  # from someone without the key: no signature at all
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        events = dict(poller.poll(60_000))
+        assert events, "the listener neither answered nor dropped the connection"
+        answered = dealer in events  # the old listener read it whole, then refused it
+        if monitor in events:
+            assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        after = int(proc.stdout.readline().split()[1])
+        dealer.disable_monitor()
+        monitor.close()
+        dealer.close()
+    ctx.term()
+    grew = after - before
+    assert grew < 50 and not answered, f"peak RSS {before} -> {after} MB; answered: {answered}"
+
+
 # -- 8: a controller killed by a signal leaves no files ------------------------------------------
 
 KILLED_SCRIPT = """

@@ -252,6 +252,11 @@ class Transport:
     def _bind_tcp(self, host: str, port: int) -> str:
         # Socket options are copied when a bind happens, so the ipc:// bind made before stays
         # plain while this one requires Curve.
+        # No ZMQ_MAXMSGSIZE: tensors travel as frames of any size in signed messages, and the
+        # signature is checked only once the whole message is in. With Curve, a peer without
+        # the key fails the handshake before it can send a byte; without it
+        # (ACTORMESH_CURVE=0), whoever can connect can make this process allocate a frame as
+        # large as it sends: use that only on a network nobody else reaches.
         if self._curve is not None:
             self._inbox.setsockopt(zmq.CURVE_SERVER, 1)
             self._inbox.setsockopt(zmq.CURVE_SECRETKEY, self._curve.server_secret)
