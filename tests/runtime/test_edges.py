@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -378,3 +379,80 @@ def test_heal_restarts_a_dead_local_agent_or_fork_server(tmp_path: Path, what: s
     else:
         assert "its fork server died" in failed and "host agent" not in failed, out
     assert value_after(out, "HEALED") == "2 True", out + result.stderr
+
+
+# -- the soak: what a long notebook does -----------------------------------------------------------
+
+
+def _footprint(run_dir: str) -> dict[str, int]:
+    import gc
+    import threading
+
+    gc.collect()  # unheld actor meshes are cycles (handle <-> cached endpoints)
+    me = psutil.Process()
+    return {
+        "fds": me.num_fds(),
+        "threads": threading.active_count(),
+        "rss_mb": me.memory_info().rss >> 20,
+        "run_dir_files": len(os.listdir(run_dir)),
+    }
+
+
+def _growth(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What grew beyond its bound (RSS: generous, allocators keep what they freed)."""
+    bounds = {"fds": 6, "threads": 2, "rss_mb": 64, "run_dir_files": 0}
+    return {k: after[k] - before[k] for k in after if after[k] - before[k] > bounds[k]}
+
+
+def _settled(run_dir: str, before: dict[str, int], skip: str = "") -> dict[str, int]:
+    """The footprint once the sockets of unheld meshes are closed (the I/O thread closes
+    them, and ZeroMQ frees their files in the background): polled, with a deadline."""
+    after: dict[str, int] = {}
+
+    def flat() -> bool:
+        after.clear()
+        after.update((k, v) for k, v in _footprint(run_dir).items() if k != skip)
+        return not _growth(before, after)
+
+    try:
+        wait_until(flat, 5, "a flat footprint")
+    except AssertionError:
+        pass  # the caller says what grew
+    return after
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_hundred_cycles_and_a_hundred_actor_meshes_leave_the_controller_flat() -> None:
+    from actormesh.runtime.procs.controller import get_controller
+
+    run_dir = get_controller().run_dir
+
+    def cycle(i: int) -> None:
+        procs = am.this_host().spawn_procs(per_host={"gpus": 1})
+        assert procs.spawn("echo", Echo).echo.call_one(i).get(timeout=30) == i
+        procs.stop().get(timeout=30)
+
+    for i in range(5):  # what the controller makes once (sockets, threads, caches)
+        cycle(i)
+    before = _footprint(run_dir)
+    start = time.monotonic()
+    for i in range(100):
+        cycle(i)
+    cycles_s = time.monotonic() - start
+    cycles = (before, _settled(run_dir, before))
+
+    with am.this_host().spawn_procs(per_host={"gpus": 4}) as procs:
+        for i in range(5):
+            procs.spawn(f"warm{i}", Echo).echo.call(i).get(timeout=30)
+        before = _footprint(run_dir)
+        start = time.monotonic()
+        for i in range(100):
+            assert procs.spawn(f"echo{i}", Echo).echo.call(i).get(timeout=30).values() == [i] * 4
+        meshes_s = time.monotonic() - start
+        # Each actor's own inbox file stays while its proc mesh lives (an actor mesh has no
+        # stop: other actors may hold handles on it), so the run directory is not compared.
+        meshes = (before, _settled(run_dir, before, skip="run_dir_files"))
+    print(f"100 cycles: {cycles_s:.1f} s {cycles}; 100 actor meshes: {meshes_s:.1f} s {meshes}")
+    assert not _growth(*cycles), f"100 spawn/call/stop cycles: {_growth(*cycles)}, {cycles}"
+    assert not _growth(*meshes), f"100 actor meshes: {_growth(*meshes)}, {meshes}"
