@@ -186,6 +186,68 @@ def test_the_host_listener_drops_an_oversized_frame_before_reading_it(tmp_path: 
     assert grew < 50 and not answered, f"peak RSS {before} -> {after} MB; answered: {answered}"
 
 
+IDLE_SCRIPT = """
+import os, resource, sys
+import actormesh as am
+
+class Echo(am.Actor):
+    @am.endpoint
+    def echo(self, x):
+        return x
+
+listener = am.listen_for_hosts("127.0.0.1:0")
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+print("ADDRESS", listener.address, flush=True)
+sys.stdin.readline()  # the test holds its idle connections now
+try:
+    procs = am.this_host().spawn_procs(per_host={"gpus": 2})
+    print("CALL", procs.spawn("echo", Echo).echo.call(5).get(timeout=30).values(), flush=True)
+    procs.stop().get(timeout=30)
+except Exception as exc:
+    print("CALL failed", repr(exc)[:300], flush=True)
+print("FDS", len(os.listdir("/proc/self/fd")), flush=True)
+"""
+
+
+def test_idle_connections_to_the_host_listener_cannot_use_up_the_files(tmp_path: Path) -> None:
+    import socket
+
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_SCRIPT)
+    held: list[socket.socket] = []
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        host, port = proc.stdout.readline().split()[1].removeprefix("tcp://").split(":")
+        me = psutil.Process(proc.pid)
+        base = me.num_fds()
+        try:
+            for _ in range(400):  # no key, not even a ZeroMQ greeting
+                try:
+                    held.append(socket.create_connection((host, int(port)), timeout=5))
+                except OSError:
+                    pass  # refused while the listener sheds: what we want
+
+            counts: list[int] = []
+
+            def settled() -> bool:
+                counts.append(me.num_fds())
+                return len(counts) > 10 and counts[-1] == counts[-10]
+
+            wait_until(settled, 20, "the controller to accept what it will")
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            out = proc.stdout.read()
+        finally:
+            for sock in held:
+                sock.close()
+    assert proc.returncode == 0, f"exit {proc.returncode}: {out}"  # not 134 (SIGABRT)
+    assert value_after(out, "CALL") == "[5, 5]", out
+    # The listener sheds its connections at 64 (MAX_PEERS), well before the 256 files.
+    assert counts[-1] - base < 80, f"{base} files open before, {counts[-1]} with idle peers"
+
+
 # -- 8: a controller killed by a signal leaves no files ------------------------------------------
 
 KILLED_SCRIPT = """

@@ -3,7 +3,9 @@ signals, and kills every worker when the controller goes away.
 
 On the controller's machine the agent is a child of the controller, which hands it the job key
 through a *lifeline* pipe; when that pipe closes (the controller exited, or was SIGKILLed) the
-agent kills its workers and exits. Workers are forked by the agent's fork server (``zygote``).
+agent kills its workers and exits, and when it closed without a goodbye (the controller was
+killed) it first removes what the controller would have: shared memory and the run directory.
+Workers are forked by the agent's fork server (``zygote``), restarted if it dies.
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class Agent:
         self.node.transport.remove_reader(self.zygote_sock.fileno())
         self.zygote_sock.close()
         self.zygote_ready = False
+        self.zygote.kill()  # it closed its end: it is gone, or going
         self.zygote.wait()
         if self.done.is_set():
             return  # we are stopping: it was killed on purpose
