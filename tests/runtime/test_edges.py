@@ -484,7 +484,7 @@ def _settled(run_dir: str, before: dict[str, int], skip: str = "") -> dict[str, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)  # 34 s to 140 s measured on a loaded, shared 2-core machine
 def test_a_hundred_cycles_and_a_hundred_actor_meshes_leave_the_controller_flat() -> None:
     from actormesh.runtime.procs.controller import get_controller
 
