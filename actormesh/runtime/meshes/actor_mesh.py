@@ -94,7 +94,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
         endpoint: Endpoint[Any, Any] = Endpoint(
-            self._procs, self._shape, self._key, self._name, name, self._spawned
+            self._procs, self._shape, self._key, self._name, name, self._spawned, self._routes
         )
         self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
         return endpoint

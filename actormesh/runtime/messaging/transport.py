@@ -313,13 +313,17 @@ class Transport:
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
         if protocol.CHECK:
             protocol.check_envelope(envelope)
-        endpoint, sock = self._outbox(dest)
-        with self._send_lock:
-            if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
-                self._send_batch(sock, endpoint)
-            frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-            self._send_frames(sock, frames)
-            self._last_seq[dest.mailbox] = self._signer.last_seq
+        while True:
+            endpoint, sock = self._outbox(dest)
+            with self._send_lock:
+                if sock.closed:
+                    continue  # closed since: see the note after send_one_way
+                if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
+                    self._send_batch(sock, endpoint)
+                frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
+                self._send_frames(sock, frames)
+                self._last_seq[dest.mailbox] = self._signer.last_seq
+                return
 
     def send_many(
         self,
@@ -335,18 +339,22 @@ class Transport:
         if len(dests) == 1:
             self.send(dests[0], envelope, payload, buffers, digest)
             return
-        outboxes = [self._outbox(dest) for dest in dests]
-        with self._send_lock:
-            for endpoint, sock in outboxes:
-                if endpoint in self._batches:
-                    self._send_batch(sock, endpoint)
-            mailboxes = [dest.mailbox for dest in dests]
-            frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
-            for _, sock in outboxes:
-                self._send_frames(sock, frames)
-            seq = self._signer.last_seq
-            for mailbox in mailboxes:
-                self._last_seq[mailbox] = seq
+        while True:
+            outboxes = [self._outbox(dest) for dest in dests]
+            with self._send_lock:
+                if any(sock.closed for _, sock in outboxes):
+                    continue  # closed since: see the note after send_one_way
+                for endpoint, sock in outboxes:
+                    if endpoint in self._batches:
+                        self._send_batch(sock, endpoint)
+                mailboxes = [dest.mailbox for dest in dests]
+                frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
+                for _, sock in outboxes:
+                    self._send_frames(sock, frames)
+                seq = self._signer.last_seq
+                for mailbox in mailboxes:
+                    self._last_seq[mailbox] = seq
+                return
 
     def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
         """Send a message nobody answers (a broadcast), possibly batched with the next ones.
@@ -357,16 +365,24 @@ class Transport:
         """
         if protocol.CHECK:
             protocol.check_envelope(envelope)
-        endpoint, sock = self._outbox(dest)
-        with self._send_lock:
-            pending = self._batches.get(endpoint)
-            if pending is not None:
-                pending[1].append((envelope, payload))
-                if len(pending[1]) >= _MAX_BATCH:
-                    self._send_batch(sock, endpoint)
-                return
-            self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+        while True:
+            endpoint, sock = self._outbox(dest)
+            with self._send_lock:
+                if sock.closed:
+                    continue  # closed since: see the note after send_one_way
+                pending = self._batches.get(endpoint)
+                if pending is not None:
+                    pending[1].append((envelope, payload))
+                    if len(pending[1]) >= _MAX_BATCH:
+                        self._send_batch(sock, endpoint)
+                    return
+                self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+                break
         self.call_soon(lambda: self._flush(endpoint))
+
+    # An outbox is taken before the send lock, and may be closed in between (its
+    # process died, or no handle on its actor mesh is left here): the send starts again, with
+    # a new one. Closing happens under the send lock, so what is checked under it holds.
 
     def _flush(self, endpoint: str) -> None:
         with self._send_lock:
@@ -484,8 +500,8 @@ class Transport:
             return existing
 
     def _make_room(self, endpoint: str) -> None:
-        """Close the sockets of actor meshes nobody holds (a handle and its cached endpoints
-        form a cycle: only a full collection finds it), then refuse if that was not enough."""
+        """Close the sockets of actor meshes nobody holds (one held in a reference cycle
+        waits for a full collection), then refuse if that was not enough."""
         import gc
 
         gc.collect()
