@@ -62,11 +62,11 @@ class RemoteAgent(Agent):
             self.relayer.add(mesh_id, p["rank"], address)
         super()._on_spawn(msg)
 
-    def _on_worker_exit(self, pid: int, status: int) -> None:
+    def _on_worker_exit(self, pid: int, status: int, reason: str = "") -> None:
         worker = self.workers.get(pid)
         if worker is not None:
             self.relayer.remove(worker.mesh_id, worker.rank)
-        super()._on_worker_exit(pid, status)
+        super()._on_worker_exit(pid, status, reason)
 
     def _on_heartbeat(self, _: Message) -> None:
         self.last_heartbeat = time.monotonic()

@@ -21,6 +21,8 @@ REFUSED = b"AMREG1-REFUSED"
 _HELLO = b"actormesh register\0"
 _WELCOME = b"actormesh welcome\0"
 MAX_CLOCK_SKEW = 300.0
+# The most a frame of a hello may weigh (a hello is a few hundred bytes of JSON).
+MAX_FRAME = 64 << 10
 
 
 class HandshakeError(Exception):

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq import EVENT_ACCEPTED, EVENT_DISCONNECTED
+from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
@@ -37,6 +39,9 @@ from . import handshake
 from .netif import is_wildcard, split_host_port
 
 logger = logging.getLogger(__name__)
+
+# Connections to the listener at once before it sheds them all (registrations are brief).
+MAX_PEERS = 64
 
 
 class RemoteAgentHandle(AgentHandle):
@@ -98,12 +103,21 @@ class HostListener:
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
+        # Anyone who can reach this port can send before any signature is checked: ZeroMQ
+        # drops the connection of a frame larger than a hello, before allocating it. (The
+        # tcp:// inboxes cannot be bounded so: a signed message carries tensors of any size as
+        # frames. Curve keeps peers without the key from sending them anything; without
+        # Curve, ACTORMESH_CURVE=0, one who can connect can make a process allocate a frame.)
+        self._router.setsockopt(zmq.MAXMSGSIZE, handshake.MAX_FRAME)
         where = "*" if is_wildcard(host) else host
         if port:
             self._router.bind(f"tcp://{where}:{port}")
         else:
             port = self._router.bind_to_random_port(f"tcp://{where}")
         self.address = f"tcp://{advertise}:{port}"
+        self._endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._peers = 0
+        self._monitor = self._router.get_monitor_socket(EVENT_ACCEPTED | EVENT_DISCONNECTED)
         self.agents: list[RemoteAgentHandle] = []
         self._seen_nonces: set[str] = set()
         self._changed = threading.Condition()
@@ -199,9 +213,13 @@ class HostListener:
         router = self._router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._closed:
             try:
-                if not poller.poll(200):
+                events = dict(poller.poll(200))
+                if self._monitor in events:
+                    self._count_peers()
+                if router not in events:
                     continue
                 frames = router.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -227,6 +245,22 @@ class HostListener:
                 "worker_sched": config.WORKER_SCHED,
             }
             router.send_multipart([ident, *handshake.welcome(self.ctl.key, info["nonce"], answer)])
+
+    def _count_peers(self) -> None:
+        """Shed every connection when too many are open: agents register on short ones, so
+        many means someone without the key holds them, and each costs this process a file.
+        Rebinding ends the connections the listener accepted (ZeroMQ owns them through it)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            self._peers = self._peers + 1 if event == EVENT_ACCEPTED else max(0, self._peers - 1)
+        if self._peers >= MAX_PEERS:
+            logger.warning(
+                "%d connections to the host listener and no registration: dropping them all",
+                self._peers,
+            )
+            self._router.unbind(self._endpoint)
+            self._router.bind(self._endpoint)
+            self._peers = 0
 
     def _register(self, info: dict[str, Any]) -> RemoteAgentHandle:
         agent = self.ctl.add_agent(
@@ -287,6 +321,8 @@ class HostListener:
         for agent in self.agents:
             agent.close()
         self._thread.join(timeout=2)
+        self._router.disable_monitor()
+        self._monitor.close(linger=0)
         self._router.close(linger=0)
         self._ctx.term()
 

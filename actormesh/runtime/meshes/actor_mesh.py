@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Generic, TypeVar
 
 from ...errors import UnknownEndpointError
 from ..actors.future import Future
-from ..messaging.node import current_node
+from ..messaging.node import current_node, node_if_started
 from ..messaging.protocol import STOP_ACTOR, shape_state
 from ..shape import MeshShape, NoPublicConstructor, Shape
 from . import relay
@@ -37,6 +39,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     _endpoints: frozenset[str]
     _initialized: Future[Any] | None
     _spawned: Shape  # the whole mesh, as spawned: ranks are named by their coordinates in it
+    _routes: _Routes
 
     _not_constructed = "ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)"
 
@@ -61,6 +64,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         self._endpoints = endpoints
         self._initialized = initialized
         self._spawned = shape if spawned is None else spawned
+        self._routes = _routes_of(procs, key)
         return self
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
@@ -116,7 +120,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
         endpoint: Endpoint[Any, Any] = Endpoint(
-            self._procs, self._shape, self._key, self._name, name, self._spawned
+            self._procs, self._shape, self._key, self._name, name, self._spawned, self._routes
         )
         self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
         return endpoint
@@ -155,3 +159,30 @@ def actor_key(mesh: ActorMesh[Any]) -> str:
     """The key the actors of ``mesh`` are known by in their processes (a function: an attribute
     on the mesh would hide an endpoint of the same name)."""
     return mesh._key  # noqa: SLF001  read for tools (the kernel binds a rank's actor by it)
+
+
+class _Routes:
+    """Held by every handle on one actor mesh in this process (slices and copies too): when
+    the last goes, the sockets straight to its actors are closed, two descriptors per rank
+    that a notebook re-running a spawning cell would otherwise pile up until none is left."""
+
+    __slots__ = ("__weakref__",)
+
+
+_routes: weakref.WeakValueDictionary[str, _Routes] = weakref.WeakValueDictionary()
+_routes_lock = threading.Lock()
+
+
+def _routes_of(procs: ProcTable, key: str) -> _Routes:
+    with _routes_lock:
+        routes = _routes.get(key)
+        if routes is None:
+            routes = _routes[key] = _Routes()
+            weakref.finalize(routes, _release, procs, key)
+        return routes
+
+
+def _release(procs: ProcTable, key: str) -> None:
+    node = node_if_started()
+    if node is not None:
+        node.transport.release_actor(list(procs.addresses), key)

@@ -115,9 +115,13 @@ class Endpoint(Generic[P, R]):
         mesh_name: str,
         name: str,
         full: Shape | None = None,
+        routes: object = None,
     ) -> None:
         # The mesh's fields, not the mesh: an endpoint is made by its ActorMesh (which never
         # changes them) and reads them on every call.
+        # ``routes``: held so the sockets to the actors stay open while the endpoint can send
+        # (an endpoint outlives the handle it came from: ``procs.spawn(...).step.call()``).
+        self._routes = routes
         self._procs = procs
         self._shape = shape
         # The mesh as spawned: errors name a rank by its coordinates there, not in a slice.

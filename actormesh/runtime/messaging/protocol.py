@@ -180,9 +180,10 @@ _TABLE = [
     Kind(READY, ("mesh_id", "rank", "pid", "tcp_port?"), (WORKER,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__",
          "A worker is up (``tcp_port``: the port it bound, when it listens on TCP)."),
-    Kind(EXIT, ("mesh_id", "rank", "pid", "exitcode", "signal", "stderr_tail"), (AGENT,),
-         (CONTROLLER,), "runtime.procs.controller:Controller.__init__",
-         "A worker ended; its agent says how, with the last lines of its stderr."),
+    Kind(EXIT, ("mesh_id", "rank", "pid", "exitcode", "signal", "stderr_tail", "reason?"),
+         (AGENT,), (CONTROLLER,), "runtime.procs.controller:Controller.__init__",
+         "A worker ended; its agent says how, with the last lines of its stderr (and why, when "
+         "it knows: ``reason``, e.g. its fork server died)."),
     Kind(LOG, ("mailbox", "label", "stream", "text"), (WORKER,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__",
          "Output a rank printed (sys.stdout/sys.stderr), labelled by rank."),

@@ -210,6 +210,25 @@ def sweep_run_dirs(root: str | None = None) -> list[str]:
     return removed
 
 
+def _files_short() -> tuple[int, int] | None:
+    """``(open, limit)`` when this process is close to its limit on open files, else None.
+
+    At the limit, libzmq aborts the process when its ipc:// listener cannot accept (an
+    assertion on EMFILE), and other sockets fail half-made: a new connection is refused
+    while there is still room for the ones others make to us.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError):
+        return None  # not Linux: no cheap count
+    return (in_use, soft) if in_use + max(64, soft // 16) > soft else None
+
+
 class Transport:
     """The inbox, the outboxes and the I/O thread of one process."""
 
@@ -258,6 +277,7 @@ class Transport:
         self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
         self._outbox_lock = threading.Lock()
         self._actor_routes: dict[tuple[Address, str], Address] = {}
+        self._released: deque[tuple[Sequence[Address], str]] = deque()  # see release_actor
         # Work handed to the I/O thread from other threads, and its wake-up fd.
         self._calls: deque[Callable[[], None]] = deque()
         self._wake = WakePipe()
@@ -280,6 +300,11 @@ class Transport:
     def _bind_tcp(self, host: str, port: int) -> str:
         # Socket options are copied when a bind happens, so the ipc:// bind made before stays
         # plain while this one requires Curve.
+        # No ZMQ_MAXMSGSIZE: tensors travel as frames of any size in signed messages, and the
+        # signature is checked only once the whole message is in. With Curve, a peer without
+        # the key fails the handshake before it can send a byte; without it
+        # (ACTORMESH_CURVE=0), whoever can connect can make this process allocate a frame as
+        # large as it sends: use that only on a network nobody else reaches.
         if self._curve is not None:
             self._inbox.setsockopt(zmq.CURVE_SERVER, 1)
             self._inbox.setsockopt(zmq.CURVE_SECRETKEY, self._curve.server_secret)
@@ -336,13 +361,17 @@ class Transport:
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
         if protocol.CHECK:
             protocol.check_envelope(envelope)
-        endpoint, sock = self._outbox(dest)
-        with self._send_lock:
-            if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
-                self._send_batch(sock, endpoint)
-            frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-            self._send_frames(sock, frames)
-            self._last_seq[dest.mailbox] = self._signer.last_seq
+        while True:
+            endpoint, sock = self._outbox(dest)
+            with self._send_lock:
+                if sock.closed:
+                    continue  # closed since: see the note after send_one_way
+                if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
+                    self._send_batch(sock, endpoint)
+                frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
+                self._send_frames(sock, frames)
+                self._last_seq[dest.mailbox] = self._signer.last_seq
+                return
 
     def send_many(
         self,
@@ -358,18 +387,22 @@ class Transport:
         if len(dests) == 1:
             self.send(dests[0], envelope, payload, buffers, digest)
             return
-        outboxes = [self._outbox(dest) for dest in dests]
-        with self._send_lock:
-            for endpoint, sock in outboxes:
-                if endpoint in self._batches:
-                    self._send_batch(sock, endpoint)
-            mailboxes = [dest.mailbox for dest in dests]
-            frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
-            for _, sock in outboxes:
-                self._send_frames(sock, frames)
-            seq = self._signer.last_seq
-            for mailbox in mailboxes:
-                self._last_seq[mailbox] = seq
+        while True:
+            outboxes = [self._outbox(dest) for dest in dests]
+            with self._send_lock:
+                if any(sock.closed for _, sock in outboxes):
+                    continue  # closed since: see the note after send_one_way
+                for endpoint, sock in outboxes:
+                    if endpoint in self._batches:
+                        self._send_batch(sock, endpoint)
+                mailboxes = [dest.mailbox for dest in dests]
+                frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
+                for _, sock in outboxes:
+                    self._send_frames(sock, frames)
+                seq = self._signer.last_seq
+                for mailbox in mailboxes:
+                    self._last_seq[mailbox] = seq
+                return
 
     def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
         """Send a message nobody answers (a broadcast), possibly batched with the next ones.
@@ -380,16 +413,24 @@ class Transport:
         """
         if protocol.CHECK:
             protocol.check_envelope(envelope)
-        endpoint, sock = self._outbox(dest)
-        with self._send_lock:
-            pending = self._batches.get(endpoint)
-            if pending is not None:
-                pending[1].append((envelope, payload))
-                if len(pending[1]) >= _MAX_BATCH:
-                    self._send_batch(sock, endpoint)
-                return
-            self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+        while True:
+            endpoint, sock = self._outbox(dest)
+            with self._send_lock:
+                if sock.closed:
+                    continue  # closed since: see the note after send_one_way
+                pending = self._batches.get(endpoint)
+                if pending is not None:
+                    pending[1].append((envelope, payload))
+                    if len(pending[1]) >= _MAX_BATCH:
+                        self._send_batch(sock, endpoint)
+                    return
+                self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
+                break
         self.call_soon(lambda: self._flush(endpoint))
+
+    # An outbox is taken before the send lock, and may be closed in between (its
+    # process died, or no handle on its actor mesh is left here): the send starts again, with
+    # a new one. Closing happens under the send lock, so what is checked under it holds.
 
     def _flush(self, endpoint: str) -> None:
         with self._send_lock:
@@ -450,6 +491,32 @@ class Transport:
             route = self._actor_routes[(proc, key)] = direct or proc
         return route
 
+    def release_actor(self, procs: Sequence[Address], key: str) -> None:
+        """No handle on actor mesh ``key`` is left here: close the outboxes straight to its
+        actors in ``procs``. Any thread, even one in the middle of a send (the garbage
+        collector calls it): the I/O thread does it, or the next connection short of files."""
+        self._released.append((procs, key))
+        self.call_soon(self._forget_released)
+
+    def _forget_released(self) -> None:
+        while self._released:
+            procs, key = self._released.popleft()
+            self._forget_actor(procs, key)
+
+    def _forget_actor(self, procs: Sequence[Address], key: str) -> None:
+        # Unlike ``forget``, what was sent still goes: the socket lingers.
+        for proc in procs:
+            route = self._actor_routes.pop((proc, key), None)
+            if route is None or route is proc:
+                continue
+            endpoint = route.endpoint_from(self.host_id)
+            with self._outbox_lock, self._send_lock:
+                sock = self._outboxes.pop(endpoint, None)
+                if sock is not None:
+                    if endpoint in self._batches:
+                        self._send_batch(sock, endpoint)
+                    sock.close()
+
     def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
         endpoint = dest.endpoint_from(self.host_id)
         sock = self._outboxes.get(endpoint)
@@ -458,6 +525,8 @@ class Transport:
         return endpoint, sock
 
     def _connect(self, endpoint: str) -> zmq.Socket[Any]:
+        if endpoint not in self._outboxes and _files_short() is not None:
+            self._make_room(endpoint)
         with self._outbox_lock:
             existing = self._outboxes.get(endpoint)
             if existing is None:
@@ -477,6 +546,23 @@ class Transport:
                 sock.connect(endpoint)
                 self._outboxes[endpoint] = existing = sock
             return existing
+
+    def _make_room(self, endpoint: str) -> None:
+        """Close the sockets of actor meshes nobody holds (one held in a reference cycle
+        waits for a full collection), then refuse if that was not enough."""
+        import gc
+
+        gc.collect()
+        self._forget_released()
+        deadline = time.monotonic() + 1.0  # ZeroMQ closes their files in the background
+        while (short := _files_short()) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if short is not None:
+            raise ConnectionError(
+                f"not connecting to {endpoint}: this process has {short[0]} files open of its "
+                f"limit of {short[1]} (ulimit -n); stop the meshes you no longer use (an actor "
+                "mesh's are freed once no handle on it is left), or raise the limit"
+            )
 
     def forget(self, dest: Address) -> None:
         """Close the outboxes to a process that is gone and to its actors (queued messages are

@@ -42,6 +42,7 @@ from ..messaging.protocol import (
 )
 from ..messaging.transport import Address, Transport, make_run_dir
 from .mesh_record import AgentHandle, MeshRecord
+from .osutil import raise_fd_limit
 from .tensorboard import TensorBoardExport
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Controller:
             self.run_dir = existing.run_dir
             self.node = existing
         else:
+            raise_fd_limit()
             self.key = job_key()
             self.run_dir = make_run_dir()
             self.node = Node(Transport(self.key, self.run_dir, "ctl"), role="controller")
@@ -138,6 +140,8 @@ class Controller:
             "start_method": config.START_METHOD,
             "worker_sched": config.WORKER_SCHED,
             "controller_pid": os.getpid(),
+            # Removed by the agent if we are killed; not when we only borrow a worker's.
+            "owns_run_dir": self.node.role == "controller",
         }
         os.write(w, (json.dumps(init) + "\n").encode())
         return handle
@@ -224,7 +228,7 @@ class Controller:
             record.on_ready(rank, pid)
 
     def _on_exit(self, msg: Message) -> None:
-        _, mesh_id, rank, pid, exitcode, signame, tail = msg.envelope
+        _, mesh_id, rank, pid, exitcode, signame, tail, *why = msg.envelope
         record = self.meshes.get(mesh_id)
         if record is None:
             return
@@ -236,7 +240,7 @@ class Controller:
             exitcode=exitcode,
             signal=signame,
             stderr_tail=tuple(tail) or self.logs.stderr_tail(address.mailbox),
-            reason="mesh stopped" if record.stopping else "",
+            reason="mesh stopped" if record.stopping else (why[0] if why else ""),
         )
         record.on_exit(rank, death)
 

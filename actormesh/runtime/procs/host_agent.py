@@ -3,7 +3,9 @@ signals, and kills every worker when the controller goes away.
 
 On the controller's machine the agent is a child of the controller, which hands it the job key
 through a *lifeline* pipe; when that pipe closes (the controller exited, or was SIGKILLed) the
-agent kills its workers and exits. Workers are forked by the agent's fork server (``zygote``).
+agent kills its workers and exits, and when it closed without a goodbye (the controller was
+killed) it first removes what the controller would have: shared memory and the run directory.
+Workers are forked by the agent's fork server (``zygote``), restarted if it dies.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import glob
 import json
 import logging
 import os
+import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +46,7 @@ from ..messaging.protocol import (
 )
 from ..messaging.transport import Address, Transport
 from ..messaging.tunnel import TunnelEnds
-from .osutil import describe_status, die_with_parent
+from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit
 from .sampling import ResourceSampler
 from .zygote import FD_ENV
 
@@ -55,6 +59,7 @@ class Worker:
     rank: int
     label: str
     mailbox: bytes
+    ipc: str = ""  # the path of its inbox
     pid: int = 0
     popen: subprocess.Popen[bytes] | None = None
     pipes: dict[int, str] = field(default_factory=dict)  # read fd -> "stdout" / "stderr"
@@ -119,10 +124,7 @@ class Agent:
         except OSError:
             data = b""  # reset by a fork server that died: the same as end-of-file
         if not data:
-            if not self.done.is_set():
-                logger.error("the fork server exited unexpectedly; stopping this host agent")
-            self.node.transport.remove_reader(self.zygote_sock.fileno())
-            self.done.set()
+            self._lost_zygote()
             return
         msg = json.loads(data)
         op = msg["op"]
@@ -137,6 +139,32 @@ class Agent:
             self.workers[worker.pid] = worker
         elif op == "exit":
             self._on_worker_exit(msg["pid"], msg["status"])
+
+    def _lost_zygote(self) -> None:
+        """The fork server died, and its workers with it (their parent-death signal): report
+        them and start another, so heal() and new meshes work again on this host."""
+        assert self.zygote_sock is not None and self.zygote is not None
+        self.node.transport.remove_reader(self.zygote_sock.fileno())
+        self.zygote_sock.close()
+        self.zygote_ready = False
+        self.zygote.kill()  # it closed its end: it is gone, or going
+        self.zygote.wait()
+        if self.done.is_set():
+            return  # we are stopping: it was killed on purpose
+        logger.error(
+            "the fork server exited unexpectedly (%s); restarting it", self.zygote.returncode
+        )
+        sigkill = int(signal.SIGKILL)  # a wait status: what their parent-death signal is
+        for w in [w for w in self.workers.values() if w.popen is None]:
+            _kill(w.pid, signal.SIGKILL)
+            self._on_worker_exit(w.pid, sigkill, "its fork server died")
+        for fork_id, w in list(self.by_fork_id.items()):  # forks it never answered
+            del self.by_fork_id[fork_id]
+            for fd in list(w.pipes):
+                self._close_pipe(w, fd)
+            self.workers[-1 - fork_id] = w
+            self._on_worker_exit(-1 - fork_id, sigkill, "its fork server died")
+        self.start_zygote()
 
     def _fork(self, request: dict[str, Any], worker: Worker) -> None:
         assert self.zygote_sock is not None
@@ -167,7 +195,8 @@ class Agent:
         for p in procs:
             spec = dict(request, mesh_id=mesh_id, **p)
             spec["env"] = dict(request["env"], **self._device_env(spec))
-            worker = Worker(mesh_id, p["rank"], p["label"], bytes.fromhex(p["mailbox"]))
+            ipc = p["ipc"].removeprefix("ipc://") if p.get("ipc") else ""
+            worker = Worker(mesh_id, p["rank"], p["label"], bytes.fromhex(p["mailbox"]), ipc)
             if self.init["start_method"] == "spawn":
                 self._popen(spec, worker)
             elif self.zygote_ready:
@@ -258,15 +287,19 @@ class Agent:
     # -- worker output and exits -----------------------------------------------------------------
 
     def _on_output(self, worker: Worker, fd: int) -> None:
+        self._read_output(worker, fd)
+
+    def _read_output(self, worker: Worker, fd: int) -> bool:
+        """Forward what ``fd`` has now; returns whether more may come without waiting."""
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self._close_pipe(worker, fd)
-            return
+            return False
         text = worker.partial.pop(fd, b"") + data
         cut = text.rfind(b"\n") + 1
         if cut < len(text):
@@ -276,6 +309,7 @@ class Agent:
                 worker.capture.append(text[:cut])
             else:
                 self._forward(worker, worker.pipes[fd], text[:cut])
+        return True
 
     def _forward(self, worker: Worker, stream: str, data: bytes) -> None:
         lines = data.decode("utf-8", "replace").splitlines(keepends=True)
@@ -294,23 +328,50 @@ class Agent:
         worker.pipes.pop(fd, None)
         os.close(fd)
 
-    def _on_worker_exit(self, pid: int, status: int) -> None:
+    def _on_worker_exit(self, pid: int, status: int, reason: str = "") -> None:
         worker = self.workers.get(pid)
         if worker is None:
             return
         worker.exit_status = status
         # Drain what it wrote before dying, so its last words arrive before the exit report.
+        # Only what is there now: a child it started (a DataLoader worker, a shell) may hold
+        # the write end for as long as it lives, and waiting for end-of-file would wedge this
+        # agent. Such a pipe stays watched and is closed at end-of-file like any other.
         for fd in list(worker.pipes):
-            while fd in worker.pipes:
-                self._on_output(worker, fd)
-        # Shared-memory files of its TensorBuffers die with it (see buffers.py for the name).
-        for name in glob.glob(f"/dev/shm/actormesh-{worker.mailbox.hex()}-{pid}-*"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            while self._read_output(worker, fd):
+                pass
+        # What it leaves behind dies with it: its TensorBuffers' shared memory, and its
+        # sockets' files (its inbox and its actors' own, named after it: see actor_address),
+        # which ZeroMQ leaves when a process ends without closing them.
+        _remove_segments(worker.mailbox.hex(), pid)
+        if worker.ipc:
+            for name in (worker.ipc, *glob.glob(glob.escape(worker.ipc) + ".*")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
         exitcode, signame = describe_status(status)
-        report = (EXIT, worker.mesh_id, worker.rank, pid, exitcode, signame, tuple(worker.tail))
+        report: tuple[Any, ...] = (
+            EXIT,
+            worker.mesh_id,
+            worker.rank,
+            max(pid, 0),
+            exitcode,
+            signame,
+            tuple(worker.tail),
+        )
+        if reason:
+            report += (reason,)
         self.node.send(self.controller, report)
         del self.workers[pid]
+
+    def clean_up_after_controller(self) -> None:
+        """The controller was killed (it said no goodbye): remove what it cannot any more,
+        the shared memory of every process of this host and, when it made it, the run
+        directory."""
+        for w in [*self.workers.values(), *self.by_fork_id.values()]:
+            _remove_segments(w.mailbox.hex())
+        _remove_segments(self.controller.mailbox.hex(), self.init["controller_pid"])
+        if self.init.get("owns_run_dir"):
+            shutil.rmtree(self.init["run_dir"], ignore_errors=True)
 
     def kill_all(self) -> None:
         for w in list(self.workers.values()):
@@ -321,6 +382,14 @@ class Agent:
         if self.zygote is not None and self.zygote.poll() is None:
             self.zygote.kill()
             self.zygote.wait(5)
+
+
+def _remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
+    """The shared-memory files of a process's TensorBuffers (see buffers.py for the name)."""
+    pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
+    for name in glob.glob(pattern):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -352,14 +421,16 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _read_init(fd: int) -> dict[str, Any]:
+def _read_init(fd: int) -> tuple[dict[str, Any], bytes]:
+    """The start-up message, and what followed it already (a goodbye from a quick exit)."""
     data = b""
-    while not data.endswith(b"\n"):
+    while b"\n" not in data:
         chunk = os.read(fd, 65536)
         if not chunk:
             raise SystemExit("actormesh agent: the controller closed the lifeline before start-up")
         data += chunk
-    return dict(json.loads(data))
+    line, _, rest = data.partition(b"\n")
+    return dict(json.loads(line)), rest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -368,20 +439,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="actormesh agent: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the controller
-    init = _read_init(args.lifeline_fd)
-    die_with_parent(init["controller_pid"])
+    raise_fd_limit()
+    init, early = _read_init(args.lifeline_fd)
+    # No parent-death signal: it would fire when the controller's *thread* that started us
+    # exits (a notebook helper thread), and it would kill us before we can clean up after a
+    # controller killed by a signal. The lifeline ends us instead, watched by this thread,
+    # which nothing else can keep busy.
+    exit_if_orphaned(init["controller_pid"])
     name = f"agent{init['host_rank']}"
     node = Node(Transport(bytes.fromhex(init["key"]), init["run_dir"], name), "agent")
     set_node(node)
     agent = Agent(node, init)
-    lifeline = args.lifeline_fd
-
-    def on_lifeline() -> None:
-        if not os.read(lifeline, 4096):
-            node.transport.remove_reader(lifeline)
-            agent.done.set()
-
-    node.transport.add_reader(lifeline, on_lifeline)
     if init["start_method"] != "spawn":
         agent.start_zygote()
     node.start()
@@ -389,11 +457,29 @@ def main(argv: list[str] | None = None) -> None:
     hello = (AGENT_READY, init["host_rank"], node.address, socket.gethostname())
     node.send(agent.controller, hello)
     signal.signal(signal.SIGTERM, lambda *_: agent.done.set())
-    while not agent.done.wait(1.0):
-        pass
+    controller_died = _watch_lifeline(args.lifeline_fd, agent.done, GOODBYE in early)
+    agent.done.set()  # what dies from now on is killed on purpose
     agent.kill_all()
+    if controller_died:
+        agent.clean_up_after_controller()
     node.transport.close(linger=0.5)
     os._exit(0)
+
+
+def _watch_lifeline(fd: int, done: threading.Event, goodbye: bool) -> bool:
+    """Wait for the end: returns whether the controller died (end-of-file with no goodbye)."""
+    while not done.is_set():
+        try:
+            readable, _, _ = select.select([fd], [], [], 0.2)
+        except InterruptedError:
+            continue
+        if not readable:
+            continue
+        data = os.read(fd, 4096)
+        if not data:
+            return not goodbye
+        goodbye = goodbye or GOODBYE in data
+    return False
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_
 from ..messaging.transport import Address
 from ..shape import Shape
 from . import rehost
+from .osutil import GOODBYE
 from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
@@ -82,7 +83,12 @@ class AgentHandle:
 
     def close(self, timeout: float = 3.0) -> None:
         if self.lifeline is not None:
-            # Closing the lifeline tells the agent to kill its workers and exit.
+            # Closing the lifeline tells the agent to kill its workers and exit; the goodbye
+            # tells it that we clean up ourselves (it does when we die without one).
+            try:
+                os.write(self.lifeline, GOODBYE)
+            except OSError:
+                pass  # the agent is gone already
             os.close(self.lifeline)
             self.lifeline = None
         if self.proc is not None:
@@ -222,6 +228,11 @@ class MeshRecord:
         """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
         lost host on a spare host: see rehost.py), then re-create their actors."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
+        try:
+            self._restart_local_agent()
+        except MeshError as exc:
+            healed._set_exception(exc)
+            return healed
         with self.lock:
             if self.stopping:
                 healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
@@ -262,6 +273,17 @@ class MeshRecord:
         self.spawn_ranks(dead)
         self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
         return healed
+
+    def _restart_local_agent(self) -> None:
+        """This host's agent died: its ranks heal in place under a new one (started here, as
+        ``this_host()`` would), rather than waiting for a spare host to dial in."""
+        lost = [i for i, a in enumerate(self.agents) if a.dead and a.proc is not None]
+        if not lost:
+            return
+        agent = self.ctl.local_agent()
+        agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+        for i in lost:
+            self.agents[i] = agent
 
     def _respawn_actors(
         self, ready: Future[None], ranks: list[int], healed: Future[None], moved: list[int]

@@ -1,4 +1,5 @@
-"""Small Linux process helpers: parent-death signals and exit-status decoding."""
+"""Small Linux process helpers: parent-death signals, the open-files limit and exit-status
+decoding."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import signal
 
 _PR_SET_PDEATHSIG = 1
 
+# Written on a host agent's lifeline before it is closed on purpose: end-of-file without it
+# means the controller died, and the agent cleans up what it left.
+GOODBYE = b"bye"
+
 
 def die_with_parent(expected_parent: int) -> None:
     """Get SIGKILLed when the parent (thread) that started us goes away; exit if it already has."""
@@ -16,8 +21,28 @@ def die_with_parent(expected_parent: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: heartbeats and lifelines still end us
+    exit_if_orphaned(expected_parent)
+
+
+def exit_if_orphaned(expected_parent: int) -> None:
+    """Exit at once when the parent is not ``expected_parent`` (it died before we started)."""
     if os.getppid() != expected_parent:
         os._exit(1)
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one (as Jupyter and Ray do): every
+    process and actor this process talks to costs it descriptors, and 1,024 is soon used up."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20  # what Linux accepts (fs.nr_open's default)
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # not Unix, or not allowed: the transport refuses connections before the limit
 
 
 def describe_status(status: int) -> tuple[int | None, str | None]:
