@@ -1,0 +1,38 @@
+"""Distributed tensors driven from the controller (issue 19).
+
+```python
+import torch, actormesh as am
+
+procs = am.this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+x = torch.randn(8, 8)
+dt = am.distribute(x, procs, sharding_spec=["dp", None])   # a MeshTensor
+r = dt @ dt.T                     # recorded and streamed; returns at once
+print(r.shape, am.inspect(r))     # metadata is local; inspect is a sync point
+```
+
+Modules: ``proxy`` (MeshTensor, recording), ``stream`` (ids, batches), ``engine`` and
+``handlers`` (the workers), ``fetch`` (sync points), ``module`` (``module_to_mesh``),
+``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's tensor engine style).
+"""
+
+from __future__ import annotations
+
+from .errors import RemoteTensorError as RemoteTensorError
+from .fetch import fetch as fetch
+from .fetch import inspect as inspect
+from .fetch import live as live
+from .mesh import device_mesh as device_mesh
+from .proxy import MeshTensor as MeshTensor
+from .stream import flush_all as flush_all
+from .tensor_api import distribute as distribute
+
+__all__ = [
+    "MeshTensor",
+    "RemoteTensorError",
+    "device_mesh",
+    "distribute",
+    "fetch",
+    "flush_all",
+    "inspect",
+    "live",
+]

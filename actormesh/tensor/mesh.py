@@ -1,0 +1,185 @@
+"""A proc mesh's tensor engine, as the controller sees it: labels, sizes, engine, op stream.
+
+The first tensor use of a mesh forms a ``torch.distributed`` group over its processes
+(``init_process_group``), spawns the hidden ``_TensorEngine`` actor on exactly those processes,
+and each engine builds the ``DeviceMesh`` (row-major actormesh rank = DeviceMesh rank). One
+set of processes has one engine: a slice or ``rename`` of an engine's mesh that covers the same
+processes in the same shape reuses it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import actormesh as am
+
+from . import compat
+from .engine import _TensorEngine
+from .stream import Stream
+
+SETUP_TIMEOUT = 120.0
+
+_meshes: dict[Any, TensorMesh] = {}
+_lock = threading.Lock()
+
+
+class TensorMesh:
+    """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
+
+    def __init__(self, procs: am.ProcMesh) -> None:
+        self.procs = procs
+        self.labels, self.sizes = compat.mesh_shape(procs)
+        self.key = uuid.uuid4().hex
+        compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT)
+        self.engine = compat.helper_mesh_with_args(
+            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes
+        )
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        self.stream = Stream(self.engine)
+        import torch
+
+        # What MeshTensors report as their device: the workers' kind of device.
+        self.device = torch.device("cpu")
+        self._install_cell_hook()
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
+        return "{" + dims + "}"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.labels)
+
+    def index_of(self, coords: dict[str, int], what: str) -> int:
+        """Row-major rank of ``coords`` (omitted dimensions mean 0)."""
+        unknown = [k for k in coords if k not in self.labels]
+        if unknown:
+            raise compat.MeshUsageError(
+                f"{what}: unknown mesh dimension(s) {unknown}; this mesh has {self!r}"
+            )
+        index = 0
+        for label, size in zip(self.labels, self.sizes, strict=True):
+            c = coords.get(label, 0)
+            if not isinstance(c, int) or not -size <= c < size:
+                raise compat.MeshUsageError(
+                    f"{what}: coordinate {label}={c!r} is outside 0..{size - 1}"
+                )
+            index = index * size + (c % size)
+        return index
+
+    def coords_of(self, index: int) -> str:
+        return str(am.Point(index, am.Extent(list(self.labels), list(self.sizes))))
+
+    def check_dims(self, dims: Sequence[str], what: str) -> tuple[str, ...]:
+        dims = (dims,) if isinstance(dims, str) else tuple(dims)
+        for d in dims:
+            if d not in self.labels:
+                raise compat.MeshUsageError(
+                    f"{what}: unknown mesh dimension {d!r}; this mesh has {self!r}"
+                )
+        return dims
+
+    def placements(
+        self, ndim: int, sharding_spec: Sequence[Any] | None, placements: Sequence[Any] | None
+    ) -> tuple[Any, ...]:
+        """DTensor placements (one per mesh dim) from a sharding spec (one entry per tensor dim:
+        a mesh dimension name, a tuple of names, or None)."""
+        from torch.distributed.tensor import Placement, Replicate, Shard
+
+        if sharding_spec is not None and placements is not None:
+            raise compat.MeshUsageError("pass sharding_spec or placements, not both")
+        if placements is not None:
+            placements = tuple(placements)
+            if len(placements) != self.ndim or not all(
+                isinstance(p, Placement) for p in placements
+            ):
+                raise compat.MeshUsageError(
+                    f"placements needs one torch.distributed.tensor Placement per mesh "
+                    f"dimension ({self.ndim} for {self!r}), got {placements!r}"
+                )
+            return placements
+        out: list[Any] = [Replicate()] * self.ndim
+        if sharding_spec is None:
+            return tuple(out)
+        spec = list(sharding_spec)
+        if len(spec) != ndim:
+            raise compat.MeshUsageError(
+                f"sharding_spec has {len(spec)} entries but the tensor has {ndim} dimensions; "
+                "give one entry per tensor dimension (a mesh dimension name, a tuple of "
+                "names, or None)"
+            )
+        for tdim, entry in enumerate(spec):
+            if entry is None:
+                continue
+            names = (entry,) if isinstance(entry, str) else tuple(entry)
+            positions = []
+            for name in names:
+                if name not in self.labels:
+                    raise compat.MeshUsageError(
+                        f"sharding_spec entry {entry!r} (tensor dim {tdim}) names an unknown "
+                        f"mesh dimension {name!r}; this mesh has {self!r}"
+                    )
+                pos = self.labels.index(name)
+                if not isinstance(out[pos], Replicate):
+                    raise compat.MeshUsageError(
+                        f"mesh dimension {name!r} appears twice in sharding_spec {spec!r}; "
+                        "each mesh dimension shards at most one tensor dimension"
+                    )
+                out[pos] = Shard(tdim)
+                positions.append(pos)
+            if positions != sorted(positions):
+                raise compat.MeshUsageError(
+                    f"sharding_spec entry {entry!r}: list the mesh dimensions in mesh order "
+                    f"({', '.join(n for n in self.labels if n in names)})"
+                )
+        return tuple(out)
+
+    def _install_cell_hook(self) -> None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        ip = get_ipython()
+        if ip is None or getattr(ip, "_actormesh_tensor_hook", False):
+            return
+        from .stream import flush_all
+
+        ip.events.register("post_run_cell", flush_all)
+        ip._actormesh_tensor_hook = True
+
+
+def _normalize(mesh: Any) -> am.ProcMesh:
+    if not isinstance(mesh, am.ProcMesh):
+        raise compat.MeshUsageError(
+            f"expected a ProcMesh (or a slice of one), got {type(mesh).__name__}; "
+            "pass the mesh from this_host().spawn_procs(...)"
+        )
+    sizes = mesh.sizes
+    if "hosts" in sizes and sizes["hosts"] == 1 and len(sizes) > 1:
+        mesh = mesh.slice(hosts=0)  # the size-1 hosts dimension is not a tensor dimension
+    return mesh
+
+
+def tensor_mesh(mesh: Any) -> TensorMesh:
+    """The engine of ``mesh``'s processes, started on first use (blocks while it starts)."""
+    procs = _normalize(mesh)
+    ident = compat.mesh_id(procs)
+    with _lock:
+        tm = _meshes.get(ident)
+        if tm is None:
+            tm = TensorMesh(procs)
+            _meshes[ident] = tm
+    if compat.mesh_shape(procs) != (tm.labels, tm.sizes):
+        raise compat.MeshUsageError(
+            f"these processes already run a tensor engine over {tm!r}; use that mesh "
+            "(tensor meshes of other shapes over the same processes are not supported)"
+        )
+    return tm
+
+
+def device_mesh(mesh: Any) -> TensorMesh:
+    """The tensor engine of a proc mesh (its ``labels`` and ``sizes``), started if needed."""
+    return tensor_mesh(mesh)

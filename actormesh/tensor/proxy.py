@@ -1,0 +1,356 @@
+"""``MeshTensor``: one object on the controller for a tensor that lives on a mesh.
+
+A ``torch.Tensor`` wrapper subclass (no storage here): shape, dtype and strides are answered
+locally, and every aten op that reaches ``__torch_dispatch__`` is recorded into the mesh's op
+stream and returns new MeshTensors at once. Autograd runs on the controller, above dispatch, so
+``loss.backward()`` and ``torch.optim`` record ordinary aten ops too.
+
+Shapes without a round trip: the op runs on meta tensors of the global shapes (DTensor has
+single-device semantics, so placements do not change the global shape), and the result is
+cached by the op and its inputs' shapes, strides, dtypes and non-float scalars. A shape error
+therefore raises here, at the user's line, and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import compat
+from .mesh import TensorMesh
+from .records import Ref, issue_site
+
+_CACHE_SIZE = 4096
+_cache: dict[Any, Any] = {}
+
+# Ops whose value is needed on the controller: each is a sync point.
+_SYNC: dict[Any, Callable[..., Any]] = {}
+
+_RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
+           "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
+
+
+class MeshTensor(torch.Tensor):
+    """A tensor on a mesh: a DTensor over the mesh (from ``distribute``, ``module_to_mesh``) or
+    one tensor per rank (from factories under ``ProcMesh.activate()``).
+
+    Not constructed directly: use ``actormesh.distribute(...)`` and friends. Metadata is local;
+    ops are recorded and sent in batches, so they return at once. Sync points (they block until
+    the workers ran everything before them): ``get()``, ``item()``, ``tolist()``, ``numpy()``,
+    ``bool(t)``, ``float(t)``, ``int(t)``, ``actormesh.fetch``/``inspect``. A failure on a rank
+    raises ``RemoteTensorError`` at the first sync point that touches the value. ``repr`` never
+    fetches.
+    """
+
+    _id: int
+    _tm: TensorMesh
+    _per_rank: bool
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> MeshTensor:
+        raise TypeError(
+            "MeshTensor is not constructed directly; use actormesh.distribute(tensor, mesh, "
+            "sharding_spec=...), or factories inside `with procs.activate():`"
+        )
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        return dispatch(func, args, kwargs or {})
+
+    # -- never fetches -------------------------------------------------------------------------
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        kind = ", per_rank=True" if self._per_rank else ""
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"MeshTensor(shape={tuple(self.shape)}, dtype={dtype}{grad}{kind}, mesh={self._tm!r})"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.__repr__() if not spec else format(self.item(), spec)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Passed to an endpoint: the worker's actor gets this rank's local value, after the
+        # ops issued before the call (it waits for the engine to run batch ``seq``).
+        from .engine import local_value
+
+        stream = self._tm.stream
+        stream.flush()
+        return (local_value, (self._tm.key, self._id, stream.batches))
+
+    def __deepcopy__(self, memo: Any) -> MeshTensor:
+        out = torch.ops.aten.clone.default(self)
+        out.requires_grad_(self.requires_grad)
+        return out
+
+    # -- sync points -------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> torch.Tensor:
+        """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
+        from .fetch import fetch
+
+        return fetch(self).get(timeout=timeout)  # type: ignore[no-any-return]
+
+    def item(self) -> Any:  # type: ignore[override]
+        return self.get().item()
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        return self.get().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+        return self.get().numpy()
+
+    def __bool__(self) -> bool:
+        return bool(self.get())
+
+    def __float__(self) -> float:
+        return float(self.get())
+
+    def __int__(self) -> int:
+        return int(self.get())
+
+    def __index__(self) -> int:
+        return int(self.get())
+
+    # -- mesh operations -----------------------------------------------------------------------
+
+    def placements(self) -> compat.Future[Any]:  # type: ignore[name-defined]
+        """A Future of the DTensor placements this tensor has on the workers."""
+        from .fetch import fetch_value
+
+        out = record(self._tm, "placements", Ref(self._id), (self._id,), per_rank=False, meta=(None,))
+        return fetch_value(out, self._tm, 0)
+
+    def redistribute(
+        self, sharding_spec: Any = None, *, placements: Any = None
+    ) -> MeshTensor:
+        """The same global tensor with other placements (DTensor's redistribute)."""
+        if self._per_rank:
+            raise compat.MeshUsageError(
+                "redistribute applies to global MeshTensors; a per-rank one combines its ranks "
+                "with reduce(dims, ...)"
+            )
+        new = self._tm.placements(self.dim(), sharding_spec, placements)
+        out = new_mesh_tensor(self._tm, self.shape, self.dtype, per_rank=False)
+        self._tm.stream.record(
+            ("redistribute", (out._id,), (self._id,), ((tuple(self.shape), self.dtype, False),),
+             (Ref(self._id), new), issue_site())
+        )  # fmt: skip
+        return out
+
+    def reduce(
+        self, dims: str | tuple[str, ...], reduction: str = "sum", scatter: bool = False
+    ) -> MeshTensor:
+        """Combine a per-rank tensor over mesh dimension(s): ``"sum"``, ``"avg"``, ``"max"``,
+        ``"min"``, ``"product"`` or ``"stack"`` (a new leading dim); ``scatter=True`` leaves
+        each rank one chunk of dim 0. Every rank gets the result (Monarch's ``reduce``)."""
+        from .activate import reduce
+
+        return reduce(self, dims, reduction, scatter)
+
+
+def new_mesh_tensor(
+    tm: TensorMesh,
+    shape: Any,
+    dtype: torch.dtype,
+    *,
+    per_rank: bool,
+    stride: Any = None,
+    requires_grad: bool = False,
+) -> MeshTensor:
+    if stride is None:
+        stride = _contiguous(shape)
+    t = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        MeshTensor, shape, strides=stride, dtype=dtype, device=tm.device,
+        requires_grad=requires_grad,
+    )  # fmt: skip
+    stream = tm.stream
+    t._id = stream.new_id()
+    t._tm = tm
+    t._per_rank = per_rank
+    weakref.finalize(t, stream.dead.append, t._id)
+    return t  # type: ignore[no-any-return]
+
+
+def record(
+    tm: TensorMesh,
+    kind: str,
+    payload: Any,
+    ins: tuple[int, ...],
+    *,
+    per_rank: bool,
+    meta: tuple[Any, ...],
+) -> Any:
+    """Record an op with one output id and no tensor metadata (placements, opaque values)."""
+    out_id = tm.stream.new_id()
+    tm.stream.record((kind, (out_id,), ins, meta, payload, issue_site()))
+    return OpaqueRef(tm, out_id, per_rank)
+
+
+class OpaqueRef:
+    """A non-tensor value on the workers (a remote function's ``"inspect"`` result); fetch it
+    with ``actormesh.fetch(value, **coords)``."""
+
+    def __init__(self, tm: TensorMesh, id: int, per_rank: bool = True) -> None:
+        self._tm = tm
+        self._id = id
+        self._per_rank = per_rank
+        weakref.finalize(self, tm.stream.dead.append, id)
+
+    def __repr__(self) -> str:
+        return f"<remote value on {self._tm!r}>"
+
+
+def _contiguous(shape: Any) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+
+def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int]) -> Any:
+    t = type(x)
+    if t is MeshTensor:
+        found.append(x)
+        ins.append(x._id)
+        sig.append((0, x.shape, x.stride(), x.dtype))
+        return Ref(x._id)
+    if isinstance(x, torch.Tensor):
+        found.append(x)  # a controller tensor: sent with the op, as a constant
+        sig.append((1, x.shape, x.stride(), x.dtype))
+        return x
+    if t is list or t is tuple:
+        sig.append((t, len(x)))
+        return t(_encode(e, found, sig, ins) for e in x)
+    if t is float:
+        sig.append(float)  # a float never changes an output's shape
+        return x
+    sig.append(x)
+    return x
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if type(x) is list or type(x) is tuple:
+        return type(x)(_to_meta(e) for e in x)
+    return x
+
+
+def _propagate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``func`` on meta tensors; describe each output leaf as new (shape, stride, dtype),
+    an alias of the n-th tensor input (in-place ops), or a plain value."""
+    margs = _to_meta(args)
+    mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
+    out = func(*margs, **mkwargs)
+    leaves, spec = tree_flatten(out)
+    entries = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            alias = next((j for j, m in enumerate(inputs) if m is leaf), None)
+            if alias is not None:
+                entries.append(("alias", alias))
+            else:
+                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype))
+        else:
+            entries.append(("value", leaf))
+    return spec, entries
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    sync = _SYNC.get(func)
+    if sync is not None:
+        return sync(*args, **kwargs)
+    found: list[Any] = []
+    sig: list[Any] = []
+    ins: list[int] = []
+    eargs = tuple(_encode(a, found, sig, ins) for a in args)
+    ekwargs = {k: _encode(v, found, sig, ins) for k, v in kwargs.items()}
+    tm = None
+    per_rank = False
+    for x in found:
+        if type(x) is MeshTensor:
+            if tm is None:
+                tm, per_rank = x._tm, x._per_rank
+            elif x._tm is not tm:
+                raise compat.MeshUsageError(
+                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x._tm!r}) in one "
+                    "op; move one to the other's mesh first"
+                )
+            elif x._per_rank != per_rank:
+                raise compat.MeshUsageError(
+                    f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
+                    "make the global one per-rank or combine the per-rank one with reduce()"
+                )
+    assert tm is not None
+    key = (func, tuple(sig), tuple(kwargs))
+    entry = _cache.get(key)
+    if entry is None:
+        entry = _propagate(func, args, kwargs)  # raises here, at the user's line: nothing sent
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = entry
+    spec, entries = entry
+    out_ids = []
+    meta = []
+    leaves = []
+    for e in entries:
+        if e[0] == "new":
+            t = new_mesh_tensor(tm, e[1], e[3], per_rank=per_rank, stride=e[2])
+            out_ids.append(t._id)
+            meta.append((tuple(e[1]), e[3], per_rank))
+            leaves.append(t)
+        elif e[0] == "alias":
+            t = [x for x in found if isinstance(x, torch.Tensor)][e[1]]
+            if type(t) is not MeshTensor:
+                raise compat.MeshUsageError(
+                    f"{func} would write into a controller tensor from a MeshTensor; fetch the "
+                    "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
+                )
+            out_ids.append(t._id)
+            meta.append((tuple(t.shape), t.dtype, per_rank))
+            leaves.append(t)
+        else:
+            leaves.append(e[1])
+    name = str(func)
+    seed = None
+    if name in _RANDOM:
+        # One seed from the controller's generator: every rank draws the same global tensor.
+        seed = int(torch.randint(0, 2**62, ()).item())
+    tm.stream.record(
+        ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
+         issue_site())
+    )  # fmt: skip
+    return tree_unflatten(leaves, spec)
+
+
+def _sync_scalar(t: Any, *rest: Any, **kw: Any) -> Any:
+    return t.get().item()
+
+
+def _sync_bool(t: Any) -> bool:
+    return bool(t.get())
+
+
+def _sync_equal(a: Any, b: Any) -> bool:
+    from .fetch import inspect
+
+    return bool(torch.equal(*inspect((a, b))))
+
+
+_SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar
+_SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
+_SYNC[torch.ops.aten.equal.default] = _sync_equal

@@ -1,0 +1,141 @@
+"""The controller's op stream for one mesh: ids, the buffer, and when it is sent.
+
+Ids are allocated here and never reused, so naming a result never waits for a worker. Ops are
+appended to a buffer that goes out as *one* ``engine.run.broadcast(ops, drops)``: one pickle,
+one message per process, and per-sender FIFO keeps the order. The buffer is sent at a sync
+point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the controller has been
+idle for ``IDLE_FLUSH`` seconds (a timer thread, so that the workers start on the ops while the
+controller computes the next step). Ids of garbage-collected MeshTensors are sent as ``drops``
+in the same message, *after* its ops: an op already buffered may still read them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from .records import Op
+
+logger = logging.getLogger(__name__)
+
+BATCH_OPS = 256
+IDLE_FLUSH = 0.002  # seconds
+
+_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+class Stream:
+    """One mesh's op buffer. Any thread may record or flush; batches keep their order."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine  # the ActorMesh of _TensorEngine
+        self.ops: list[Op] = []
+        self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
+        self.error: BaseException | None = None  # a failed send from the timer thread
+        self.closed = False
+        self._last = 0.0
+        self._armed = False
+        self._wake = threading.Event()
+        self._timer: threading.Thread | None = None
+        _streams.add(self)
+
+    def new_id(self) -> int:
+        return next(self._ids)  # itertools.count is atomic under the GIL
+
+    def record(self, op: Op) -> None:
+        with self.lock:
+            self.ops.append(op)
+            full = len(self.ops) >= BATCH_OPS
+            self._last = time.monotonic()
+            if not self._armed and not full:
+                self._armed = True
+                self._start_timer()
+                self._wake.set()
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered (and the drops) now; raise what a background send hit."""
+        self._send()
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def _send(self) -> None:
+        with self.lock:
+            ops, self.ops = self.ops, []
+            dead = self.dead
+            self.dead = []
+            if not ops and not dead:
+                return
+            if self.closed:
+                return
+            try:
+                # Under the lock: two threads flushing must not reorder their batches.
+                self.engine.run.broadcast(ops, dead)
+                self.batches += 1
+            except BaseException as exc:
+                if not ops:
+                    return  # only drops: the values died with their processes
+                raise exc
+
+    # -- the idle timer ------------------------------------------------------------------------
+
+    def _start_timer(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Thread(
+                target=_idle_loop, args=(weakref.ref(self),), name="tensor-stream", daemon=True
+            )
+            self._timer.start()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+
+def _idle_loop(ref: weakref.ref[Stream]) -> None:
+    """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
+    while it sleeps, so a dropped mesh's stream can go)."""
+    while True:
+        stream = ref()
+        if stream is None or stream.closed:
+            return
+        wake = stream._wake
+        del stream
+        wake.wait(1.0)
+        stream = ref()
+        if stream is None or stream.closed:
+            return
+        if not wake.is_set():
+            continue
+        while True:
+            delay = stream._last + IDLE_FLUSH - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # a timer, not synchronisation: the next check decides
+                continue
+            with stream.lock:
+                if not stream.ops:
+                    stream._armed = False
+                    wake.clear()
+                    break
+            try:
+                stream._send()
+            except BaseException as exc:
+                stream.error = exc  # raised by the next sync point on the user's thread
+        del stream
+
+
+def flush_all(*_: Any) -> None:
+    """Send every mesh's buffered ops (the kernel calls this after each cell)."""
+    for stream in list(_streams):
+        try:
+            stream.flush()
+        except Exception:
+            logger.exception("flushing the tensor op stream failed")
