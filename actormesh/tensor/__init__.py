@@ -17,22 +17,36 @@ Modules: ``proxy`` (MeshTensor, recording), ``stream`` (ids, batches), ``engine`
 
 from __future__ import annotations
 
+from .activate import activate as activate
+from .activate import no_mesh as no_mesh
+from .activate import rank as rank
 from .errors import RemoteTensorError as RemoteTensorError
 from .fetch import fetch as fetch
 from .fetch import inspect as inspect
 from .fetch import live as live
 from .mesh import device_mesh as device_mesh
 from .proxy import MeshTensor as MeshTensor
+from .remote import call_on_shard_and_fetch as call_on_shard_and_fetch
+from .remote import remote as remote
 from .stream import flush_all as flush_all
 from .tensor_api import distribute as distribute
+from .tensor_api import rand as rand
+from .tensor_api import randn as randn
 
 __all__ = [
     "MeshTensor",
     "RemoteTensorError",
+    "activate",
+    "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",
     "fetch",
     "flush_all",
     "inspect",
     "live",
+    "no_mesh",
+    "rand",
+    "randn",
+    "rank",
+    "remote",
 ]

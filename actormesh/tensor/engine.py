@@ -277,6 +277,35 @@ class _TensorEngine(am.Actor):
         return ("piece", v.to_local(), tuple(offset), tuple(v.shape))
 
     @am.endpoint
+    def describe(self, id: int) -> tuple[Any, list[Any]]:
+        """The structure and tensor metadata (global shapes) of a remote function's result."""
+        root = self.poison.get(id)
+        if root is not None:
+            raise RuntimeError(
+                f"the remote function failed on {root.rank}: {root.exc_type}: {root.message} "
+                f"(issued at {root.site})\n{root.traceback}"
+            )
+        return _describe_value(self.value(id))
+
+    @am.endpoint
+    def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
+        """Run a remote function now (``fn.call``); tensors go back as local tensors."""
+        import torch
+        from torch.distributed.tensor import DTensor
+        from torch.utils._pytree import tree_flatten, tree_map
+
+        for leaf in tree_flatten((args, kwargs))[0]:
+            root = self.poison.get(leaf.id) if type(leaf) is Ref else None
+            if root is not None:
+                raise RuntimeError(
+                    f"an argument failed on {root.rank}: {root.exc_type}: {root.message} "
+                    f"(op {root.op} issued at {root.site})"
+                )
+        with torch.no_grad():
+            result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
+        return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
+
+    @am.endpoint
     def live(self) -> int:
         """How many remote values this rank holds (tests check it goes back to a baseline)."""
         return len(self.env)
@@ -344,3 +373,15 @@ def local_value(key: str, id: int, seq: int) -> Any:
 
 def engine_in_this_process(key: str) -> _TensorEngine | None:
     return _REGISTRY.get(key)
+
+
+def _describe_value(v: Any) -> tuple[Any, list[Any]]:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(v)
+    entries = [
+        ("new", tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else ("value", x)
+        for x in leaves
+    ]
+    return spec, entries

@@ -248,3 +248,8 @@ def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
     if not structured:  # "inspect": the whole result is one opaque value
         return [result]
     return tensor_leaves(result)
+
+
+@handler("unpack")
+def run_unpack(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    return tensor_leaves(engine.resolve(payload))

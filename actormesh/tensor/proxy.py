@@ -176,7 +176,7 @@ def new_mesh_tensor(
     t._id = stream.new_id()
     t._tm = tm
     t._per_rank = per_rank
-    weakref.finalize(t, stream.dead.append, t._id)
+    weakref.finalize(t, stream.died, t._id)
     return t  # type: ignore[no-any-return]
 
 
@@ -203,7 +203,7 @@ class OpaqueRef:
         self._tm = tm
         self._id = id
         self._per_rank = per_rank
-        weakref.finalize(self, tm.stream.dead.append, id)
+        weakref.finalize(self, tm.stream.died, id)
 
     def __repr__(self) -> str:
         return f"<remote value on {self._tm!r}>"

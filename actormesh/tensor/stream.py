@@ -7,12 +7,19 @@ point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the control
 idle for ``IDLE_FLUSH`` seconds (a timer thread, so that the workers start on the ops while the
 controller computes the next step). Ids of garbage-collected MeshTensors are sent as ``drops``
 in the same message, *after* its ops: an op already buffered may still read them.
+
+"Idle" means the user's thread did not *want* to run: on a loaded machine (the workers busy
+with the last batch on the same cores) it is often descheduled for tens of milliseconds in the
+middle of a loop of ops, and flushing then would split one burst into many messages. So before
+an idle flush the timer checks, where Linux says so (``/proc/self/task/<tid>/schedstat``),
+whether that thread spent the quiet window waiting for a CPU; if it did, it is not idle.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -23,7 +30,10 @@ from .records import Op
 logger = logging.getLogger(__name__)
 
 BATCH_OPS = 256
-IDLE_FLUSH = 0.002  # seconds
+# Seconds without a recorded op before the buffer goes out by itself. The design said 2 ms; on
+# a loaded 2-core host a loop of ops has GIL and scheduling gaps of 2-40 ms, and at 2 ms (even
+# with the starvation check below) 500 ops took up to 5 messages; at 10 ms they took 1-2.
+IDLE_FLUSH = 0.01
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
@@ -44,7 +54,13 @@ class Stream:
         self._armed = False
         self._wake = threading.Event()
         self._timer: threading.Thread | None = None
+        self._tid = 0  # native id of the thread that recorded last
         _streams.add(self)
+
+    def died(self, id: int) -> None:
+        """A MeshTensor was collected (any thread, any time: a finalizer). Looks the list up on
+        each call: a bound ``self.dead.append`` would keep appending to a list already sent."""
+        self.dead.append(id)
 
     def new_id(self) -> int:
         return next(self._ids)  # itertools.count is atomic under the GIL
@@ -54,6 +70,7 @@ class Stream:
             self.ops.append(op)
             full = len(self.ops) >= BATCH_OPS
             self._last = time.monotonic()
+            self._tid = _native_id()
             if not self._armed and not full:
                 self._armed = True
                 self._start_timer()
@@ -125,11 +142,48 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
                     stream._armed = False
                     wake.clear()
                     break
+            if _starved(stream):
+                continue
             try:
                 stream._send()
             except BaseException as exc:
                 stream.error = exc  # raised by the next sync point on the user's thread
         del stream
+
+
+_tls = threading.local()
+
+
+def _native_id() -> int:
+    tid: int | None = getattr(_tls, "tid", None)
+    if tid is None:
+        tid = _tls.tid = threading.get_native_id()
+    return tid
+
+
+def _runqueue_wait(tid: int) -> float | None:
+    """Seconds thread ``tid`` of this process has spent runnable but waiting for a CPU."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _starved(stream: Stream) -> bool:
+    """Watch the recording thread for one more idle window: True if it recorded meanwhile or
+    spent most of the window waiting for a CPU (then it is busy, not idle)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    before = _runqueue_wait(stream._tid)
+    if before is None:
+        return False
+    start = time.monotonic()
+    time.sleep(IDLE_FLUSH)
+    if stream._last > start:
+        return True
+    after = _runqueue_wait(stream._tid)
+    return after is not None and after - before > (time.monotonic() - start) / 2
 
 
 def flush_all(*_: Any) -> None:
