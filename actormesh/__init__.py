@@ -56,6 +56,13 @@ from .runtime.procs.host_mesh import this_proc as this_proc
 
 __version__ = "0.1.0"
 
+# The tensor layer imports torch (a second or more), which most actor programs never need: its
+# names resolve on first use (PEP 562), so ``import actormesh`` stays light.
+_TENSOR_NAMES = frozenset(
+    {"MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect",
+     "module_to_mesh", "no_mesh", "remote"}
+)  # fmt: skip
+
 __all__ = [
     "Accumulator",
     "Actor",
@@ -65,6 +72,7 @@ __all__ = [
     "Extent",
     "Future",
     "HostMesh",
+    "MeshTensor",
     "MeshClosedError",
     "MeshError",
     "MeshTimeoutError",
@@ -77,20 +85,37 @@ __all__ = [
     "SupervisionError",
     "TensorBuffer",
     "ValueMesh",
+    "call_on_shard_and_fetch",
     "context",
     "current_rank",
     "current_size",
     "destroy_process_group",
+    "distribute",
     "endpoint",
+    "fetch",
     "init_process_group",
+    "inspect",
     "listen_for_hosts",
     "log_metrics",
+    "module_to_mesh",
+    "no_mesh",
+    "remote",
     "this_host",
     "this_proc",
     "wait_for_hosts",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+
+def __getattr__(name: str) -> object:
+    if name in _TENSOR_NAMES:
+        from . import tensor
+
+        value = getattr(tensor, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'actormesh' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: object) -> None:

@@ -52,7 +52,9 @@ def handler(kind: str) -> Callable[[Handler], Handler]:
 class _TensorEngine(am.Actor):
     """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
 
-    def __init__(self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...]) -> None:
+    def __init__(
+        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int
+    ) -> None:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -70,6 +72,9 @@ class _TensorEngine(am.Actor):
         self.index = dist.get_rank()
         point = am.Point(self.index, am.Extent(list(self.labels), list(self.sizes)))
         self.coords: dict[str, int] = dict(point)
+        # Every process starts torch's generator from the same default seed (and forked ones
+        # from the same state): per-rank factories under activate() must draw differently.
+        torch.manual_seed(seed + self.index)
         self.rank_str = str(point)
         self.env: dict[int, Any] = {}
         self.poison: dict[int, FailureInfo] = {}
@@ -377,11 +382,12 @@ def engine_in_this_process(key: str) -> _TensorEngine | None:
 
 def _describe_value(v: Any) -> tuple[Any, list[Any]]:
     import torch
-    from torch.utils._pytree import tree_flatten
+    from torch.utils._pytree import tree_flatten, treespec_dumps
 
     leaves, spec = tree_flatten(v)
     entries = [
         ("new", tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else ("value", x)
         for x in leaves
     ]
-    return spec, entries
+    # As text: unpickling a TreeSpec object warns (a deprecated isinstance check in torch).
+    return treespec_dumps(spec), entries

@@ -33,14 +33,16 @@ class TensorMesh:
         self.procs = procs
         self.labels, self.sizes = compat.mesh_shape(procs)
         self.key = uuid.uuid4().hex
+        import torch
+
         compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
         self.engine = compat.helper_mesh_with_args(
-            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes
+            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
         self.stream = Stream(self.engine)
-        import torch
-
         # What MeshTensors report as their device: the workers' kind of device.
         self.device = torch.device("cpu")
         self._install_cell_hook()

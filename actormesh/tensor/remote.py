@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec_loads
 
 from . import compat
 from .mesh import TensorMesh
@@ -123,9 +123,9 @@ class RemoteFunction:
         whole = tm.stream.new_id()
         tm.stream.record(("call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site))
         tm.stream.flush()
-        spec, entries = tm.engine.slice(**dict.fromkeys(tm.labels, 0)).describe.call_one(whole).get(
-            timeout=300
-        )
+        first = tm.engine.slice(**dict.fromkeys(tm.labels, 0))
+        text, entries = first.describe.call_one(whole).get(timeout=300)
+        spec = treespec_loads(text)
         self._cache[shape_of] = (spec, entries)
         leaves, out_ids, meta = _outputs(tm, entries, per_rank)
         tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), Ref(whole), site))

@@ -1,4 +1,4 @@
-"""One 4-rank mesh {dp: 2, tp: 2} per test module: forming a process group and spawning the
+"""One 4-rank mesh {dp: 2, tp: 2} for the whole package: forming a process group and spawning the
 engine takes seconds, and the tests leave the mesh usable (that is part of what they check)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def mesh() -> Iterator[Any]:
     import actormesh as am
 
