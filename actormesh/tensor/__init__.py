@@ -25,6 +25,8 @@ from .fetch import fetch as fetch
 from .fetch import inspect as inspect
 from .fetch import live as live
 from .mesh import device_mesh as device_mesh
+from .module import MeshModule as MeshModule
+from .module import module_to_mesh as module_to_mesh
 from .proxy import MeshTensor as MeshTensor
 from .remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .remote import remote as remote
@@ -34,6 +36,7 @@ from .tensor_api import rand as rand
 from .tensor_api import randn as randn
 
 __all__ = [
+    "MeshModule",
     "MeshTensor",
     "RemoteTensorError",
     "activate",
@@ -44,6 +47,7 @@ __all__ = [
     "flush_all",
     "inspect",
     "live",
+    "module_to_mesh",
     "no_mesh",
     "rand",
     "randn",

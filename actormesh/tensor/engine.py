@@ -59,7 +59,7 @@ class _TensorEngine(am.Actor):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from . import handlers  # noqa: F401  (it registers its handlers)
+        from . import handlers, module_worker  # noqa: F401  (they register their handlers)
 
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.

@@ -17,6 +17,14 @@ logger = logging.getLogger(__name__)
 _ops: dict[str, Any] = {}
 _decompose: set[Any] = set()  # ops DTensor has no sharding rule for: run their decomposition
 
+# Ops whose DTensor sharding rule gives wrong values (torch 2.13, gloo, CPU; measured on a
+# {dp: 2, tp: 2} mesh, input [Shard(0), Replicate()], target replicated): mse_loss was off by
+# 0.29, smooth_l1/huber by 0.08, mse_loss_backward by up to 1.27; [Shard(0), Shard(1)] and
+# replicated inputs were right. Their decompositions (elementwise ops and a mean) are exact.
+_DECOMPOSE_FIRST = {"aten.mse_loss.default", "aten.mse_loss_backward.default",
+                    "aten.smooth_l1_loss.default", "aten.smooth_l1_loss_backward.default",
+                    "aten.huber_loss.default", "aten.huber_loss_backward.default"}  # fmt: skip
+
 # Random ops on a CPU DTensor: DTensor's RNG needs CUDA, so every rank draws the *global*
 # tensor from the op's one seed and keeps its slice (the same values for every placement).
 _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
@@ -76,7 +84,7 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
     args, kwargs = lift_constants(engine, engine.resolve(args), engine.resolve(kwargs))
     if seed is not None and name in _RANDOM and engine.device == "cpu":
         return [seeded_random(name, args, kwargs, seed)]
-    if func in _decompose:
+    if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
     try:
         return tensor_leaves(func(*args, **kwargs))

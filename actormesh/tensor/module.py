@@ -1,0 +1,257 @@
+"""``module_to_mesh``: an ``nn.Module`` whose parameters are MeshTensors.
+
+The controller keeps a *mirror* of the module: the same submodules, with every parameter and
+buffer replaced by a MeshTensor, so ``parameters()``, ``state_dict()``, ``torch.optim`` and
+``clip_grad_norm_`` work unchanged. Calling it is one op each way (a custom autograd Function):
+forward runs the real module on the workers (module_worker.py), backward runs its backward
+there and returns the parameters' gradients as MeshTensors, which the controller's autograd
+accumulates into ``p.grad`` like any gradient. The output's shape comes from running a meta
+copy of the module on the controller, cached per input shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import compat
+from .mesh import TensorMesh, tensor_mesh
+from .proxy import MeshTensor, new_mesh_tensor
+from .records import Ref, issue_site
+
+DATA_DIM_NAMES = ("data_parallel", "dp", "data")
+
+
+class _Owned:
+    """A worker value owned by a controller object: dropped when that object is collected."""
+
+    def __init__(self, tm: TensorMesh, id: int) -> None:
+        self.id = id
+        weakref.finalize(self, tm.stream.died, id)
+
+
+class _ModuleCall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, call: MeshModule, grad_on: bool, x: Any, *params: Any) -> Any:  # type: ignore[override]
+        tm = call._tm
+        shape, dtype = call._out_meta(x)
+        out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
+        graph = _Owned(tm, tm.stream.new_id())
+        is_mesh = isinstance(x, MeshTensor)
+        input_grad = bool(grad_on and is_mesh and x.requires_grad)
+        ins = (call._state.id, x._id) if is_mesh else (call._state.id,)
+        arg = Ref(x._id) if is_mesh else x.detach()
+        payload = (Ref(call._state.id), arg, tuple(shape), grad_on, input_grad)
+        meta = ((tuple(shape), dtype, False), None)
+        tm.stream.record(("module_forward", (out._id, graph.id), ins, meta, payload, issue_site()))
+        ctx.call, ctx.graph, ctx.x_meta = call, graph, (tuple(x.shape), x.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any) -> Any:  # type: ignore[override]
+        call: MeshModule = ctx.call
+        tm = call._tm
+        wanted = tuple(bool(w) for w in ctx.needs_input_grad[3:])
+        input_grad = bool(ctx.needs_input_grad[2])
+        grads: list[Any] = []
+        out_ids, meta = [], []
+        for p, want in zip(call._plist, wanted, strict=True):
+            g = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False) if want else None
+            grads.append(g)
+            if g is not None:
+                out_ids.append(g._id)
+                meta.append((tuple(p.shape), p.dtype, False))
+        gx = None
+        if input_grad:
+            gx = new_mesh_tensor(tm, ctx.x_meta[0], ctx.x_meta[1], per_rank=False)
+            out_ids.append(gx._id)
+            meta.append((ctx.x_meta[0], ctx.x_meta[1], False))
+        if isinstance(grad_out, MeshTensor):
+            ins, garg = (call._state.id, ctx.graph.id, grad_out._id), Ref(grad_out._id)
+        else:
+            ins, garg = (call._state.id, ctx.graph.id), grad_out.detach()
+        payload = (Ref(call._state.id), Ref(ctx.graph.id), garg, wanted, input_grad)
+        tm.stream.record(
+            ("module_backward", tuple(out_ids), ins, tuple(meta), payload, issue_site())
+        )
+        return (None, None, gx, *grads)
+
+
+class MeshModule(nn.Module):
+    """A module living on a mesh (made by ``module_to_mesh``). Its parameters and buffers are
+    MeshTensors; calling it records one op (and its backward one more). ``train()``/``eval()``
+    reach the workers' module; ``fetch_module()`` gives a local copy with the current weights."""
+
+    _tm: TensorMesh
+    _plist: list[MeshTensor]
+
+    def __init__(self, tm: TensorMesh, meta: nn.Module, mirror: nn.Module, state: _Owned) -> None:
+        super().__init__()
+        for name, child in mirror.named_children():
+            self.add_module(name, child)
+        for name, p in mirror._parameters.items():
+            self._parameters[name] = p
+        for name, b in mirror._buffers.items():
+            self._buffers[name] = b
+        # Plain attributes, not submodules: nn.Module.__setattr__ would register the meta copy.
+        object.__setattr__(self, "_tm", tm)
+        object.__setattr__(self, "_meta", meta)
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_plist", list(self.parameters()))
+        object.__setattr__(self, "_shapes", {})
+        object.__setattr__(self, "_inner_name", type(meta).__name__)
+
+    def __repr__(self) -> str:
+        return f"MeshModule({self._inner_name}, mesh={self._tm!r})"
+
+    def _out_meta(self, x: Any) -> tuple[torch.Size, torch.dtype]:
+        key = (tuple(x.shape), x.dtype)
+        found = self._shapes.get(key)
+        if found is None:
+            with torch.no_grad():
+                y = self._meta(torch.empty(x.shape, dtype=x.dtype, device="meta"))
+            if not isinstance(y, torch.Tensor):
+                raise compat.MeshUsageError(
+                    f"module_to_mesh supports modules that return one tensor; "
+                    f"{self._inner_name} returned {type(y).__name__}"
+                )
+            found = self._shapes[key] = (y.shape, y.dtype)
+        return found  # type: ignore[no-any-return]
+
+    def forward(self, x: Any) -> MeshTensor:
+        if not isinstance(x, torch.Tensor):
+            raise compat.MeshUsageError(
+                f"a MeshModule takes one tensor (a controller tensor or a MeshTensor), got "
+                f"{type(x).__name__}"
+            )
+        if isinstance(x, MeshTensor) and (x._tm is not self._tm or x._per_rank):
+            raise compat.MeshUsageError(
+                "the input MeshTensor must be a global MeshTensor on the module's mesh"
+            )
+        grad_on = torch.is_grad_enabled()
+        return _ModuleCall.apply(self, grad_on, x, *self._plist)  # type: ignore[no-any-return]
+
+    def train(self, mode: bool = True) -> MeshModule:
+        super().train(mode)
+        if "_state" in self.__dict__:
+            state = self._state
+            self._tm.stream.record(
+                ("module_mode", (), (state.id,), (), (Ref(state.id), mode), issue_site())
+            )
+        return self
+
+    def fetch_module(self) -> nn.Module:
+        """A local copy of the module with the current parameters and buffers (a sync point)."""
+        from .fetch import inspect
+
+        local = copy.deepcopy(self._meta).to_empty(device="cpu")
+        local.load_state_dict(inspect(dict(self.state_dict())))
+        return local
+
+
+def module_to_mesh(
+    module_or_factory: nn.Module | Callable[[], nn.Module],
+    mesh: Any,
+    *,
+    data_dim: str | None = None,
+    fsdp: bool = False,
+    tp_plan: Mapping[str, Any] | None = None,
+    tp_dim: str | None = None,
+) -> MeshModule:
+    """Put a module on a mesh; its parameters become MeshTensors (see ``MeshModule``).
+
+    Without options the parameters are replicated, inputs are split along ``data_dim`` (default:
+    the first of ``data_parallel``/``dp``/``data``, else the mesh's first dimension) and the
+    gradients are summed over it in backward (bucketed). ``fsdp=True`` shards the parameters
+    over ``data_dim`` with FSDP2 (``fully_shard``); ``tp_plan`` (``{"fc1": ColwiseParallel(),
+    ...}``) applies ``parallelize_module`` over ``tp_dim`` (default: the first other dimension);
+    both give 2-D parallelism. A factory (``lambda: Model()``) builds the module on the workers
+    under one seed, for models too large to ship; a module instance is sent as it is.
+
+    Blocks only while a new mesh's engine starts. Optimise with ``torch.optim`` as usual.
+    """
+    tm = tensor_mesh(mesh)
+    is_factory = not isinstance(module_or_factory, nn.Module)
+    if is_factory:
+        if not callable(module_or_factory):
+            raise compat.MeshUsageError(
+                "module_to_mesh takes an nn.Module or a function that returns one, got "
+                f"{type(module_or_factory).__name__}"
+            )
+        with torch.device("meta"):
+            meta = module_or_factory()
+        if not isinstance(meta, nn.Module):
+            raise compat.MeshUsageError(
+                f"the factory given to module_to_mesh returned {type(meta).__name__}, not an "
+                "nn.Module"
+            )
+    else:
+        meta = copy.deepcopy(module_or_factory).to("meta")
+    data_dim, tp_dim = _dims(tm, data_dim, fsdp, tp_plan, tp_dim)
+    names = dict(meta.named_parameters())
+    buffers = dict(meta.named_buffers())
+    mts: dict[int, MeshTensor] = {}  # id(meta tensor) -> its MeshTensor (tied weights share)
+    out_ids, out_meta = [], []
+    for p in names.values():
+        t = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False, requires_grad=p.requires_grad)
+        t._is_param = True  # type: ignore[attr-defined]  (isinstance(t, nn.Parameter))
+        mts[id(p)] = t
+        out_ids.append(t._id)
+        out_meta.append((tuple(p.shape), p.dtype, False))
+    for b in buffers.values():
+        t = new_mesh_tensor(tm, b.shape, b.dtype, per_rank=False)
+        mts[id(b)] = t
+        out_ids.append(t._id)
+        out_meta.append((tuple(b.shape), b.dtype, False))
+    state = _Owned(tm, tm.stream.new_id())
+    seed = int(torch.randint(0, 2**62, ()).item())
+    source = module_or_factory if is_factory else module_or_factory
+    payload = (source, is_factory, seed, data_dim, fsdp, dict(tp_plan or {}), tp_dim)
+    tm.stream.record(
+        ("module_build", (*out_ids, state.id), (), (*out_meta, None), payload, issue_site())
+    )
+    mirror = copy.deepcopy(meta)
+    originals = {id(p): p for p in [*meta.parameters(), *meta.buffers()]}
+    by_position = {id(m): mts[id(o)] for m, o in zip(
+        [*mirror.parameters(), *mirror.buffers()], originals.values(), strict=True)}  # fmt: skip
+    for sub in mirror.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                sub._parameters[name] = by_position[id(p)]
+        for name, b in list(sub._buffers.items()):
+            if b is not None:
+                sub._buffers[name] = by_position[id(b)]
+    return MeshModule(tm, meta, mirror, state)
+
+
+def _dims(
+    tm: TensorMesh, data_dim: str | None, fsdp: bool, tp_plan: Any, tp_dim: str | None
+) -> tuple[str | None, str | None]:
+    labels = tm.labels
+    if data_dim is not None:
+        tm.check_dims([data_dim], "module_to_mesh data_dim")
+    if tp_dim is not None:
+        tm.check_dims([tp_dim], "module_to_mesh tp_dim")
+    if tp_plan and tp_dim is None:
+        others = [d for d in labels if d != data_dim] if data_dim else list(labels)
+        if data_dim is None and len(labels) > 1:
+            data_dim = next((d for d in DATA_DIM_NAMES if d in labels), labels[0])
+            others = [d for d in labels if d != data_dim]
+        tp_dim = others[0] if others else None
+    if data_dim is None and not (tp_plan and len(labels) == 1):
+        data_dim = next((d for d in DATA_DIM_NAMES if d in labels), labels[0])
+    if tp_plan and tp_dim is None:
+        raise compat.MeshUsageError("tp_plan needs a mesh dimension for tensor parallelism")
+    if tp_plan and tp_dim == data_dim:
+        raise compat.MeshUsageError(
+            f"tp_dim and data_dim are both {tp_dim!r}; tensor parallelism needs its own "
+            "mesh dimension"
+        )
+    if fsdp and data_dim is None:
+        raise compat.MeshUsageError("fsdp=True needs a data dimension to shard over")
+    return data_dim, tp_dim
