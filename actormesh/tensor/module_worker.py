@@ -58,8 +58,11 @@ def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequ
 
     source, is_factory, seed, data_dim, fsdp, tp_plan, tp_dim = payload
     if is_factory:
-        torch.manual_seed(seed)  # the same initial weights on every rank
-        module = source()
+        # The same initial weights on every rank, without resetting the ranks' own generators
+        # (per-rank factories under activate() must keep drawing differently).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = source()
     else:
         module = source
     module = module.to(engine.device)
