@@ -37,7 +37,7 @@ def _stack() -> list[TensorMesh | None]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
-    return stack  # type: ignore[no-any-return]
+    return stack
 
 
 def active_mesh() -> TensorMesh | None:

@@ -18,12 +18,12 @@ from ..runtime.value_mesh import ValueMesh
 T = TypeVar("T")
 
 __all__ = [
+    "Future",
     "MeshUsageError",
     "RemoteFailure",
+    "ValueMesh",
     "completed",
     "failed",
-    "Future",
-    "ValueMesh",
     "helper_mesh_with_args",
     "init_process_group",
     "mesh_id",

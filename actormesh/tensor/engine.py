@@ -188,7 +188,8 @@ class _TensorEngine(am.Actor):
         try:
             if per_rank:
                 return torch.zeros(shape, dtype=dtype, device=self.device)
-            mesh, placements = self.mesh, [Replicate()] * self.mesh.ndim
+            mesh = self.mesh
+            placements: list[Any] = [Replicate()] * self.mesh.ndim
             for i in ins:  # the placements of an input of the same shape: the usual case
                 v = self.env.get(i)
                 if isinstance(v, DTensor) and tuple(v.shape) == tuple(shape):

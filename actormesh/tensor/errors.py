@@ -21,7 +21,7 @@ class RemoteTensorError(ActorError):
         self.site = site
         super().__init__(failures)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (type(self), (self.failures, self.op, self.site))
 
     @property

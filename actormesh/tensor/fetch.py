@@ -10,6 +10,8 @@ shards with their global offsets and is assembled here. Failures that no fetch e
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from .proxy import MeshTensor, OpaqueRef
 from .records import FailureInfo
 
 
-def fetch(obj: Any, **coords: int) -> compat.Future[Any]:  # type: ignore[name-defined]
+def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
     """A Future of ``obj`` (a pytree: tensor, list, dict, ... of MeshTensors) on the controller.
 
     Without ``coords``, each global MeshTensor becomes its full tensor; with ``coords``
@@ -52,9 +54,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:  # type: ignore[name-d
             requests.append((leaf._id, want))
         tm.stream.flush()
         reply = tm.engine.fetch.call(requests)
-        parts.append(
-            compat.then(reply, lambda vm, tm=tm, req=requests: compat.completed(_assemble(tm, req, vm)))
-        )
+        parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
     def combine(results: list[dict[int, Any]]) -> Any:
         values = {}
@@ -69,21 +69,25 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:  # type: ignore[name-d
     return compat.then(compat.when_all(parts), combine)
 
 
+def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
+    return compat.completed(_assemble(tm, requests, vm))
+
+
 def inspect(obj: Any, **coords: int) -> Any:
     """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
     return fetch(obj, **coords).get()
 
 
-def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:  # type: ignore[name-defined]
+def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
     tm.stream.flush()
     requests = [(ref._id, index)]
     reply = tm.engine.fetch.call(requests)
-    return compat.then(
-        reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref._id])
-    )
+    return compat.then(reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref._id]))
 
 
-def _assemble(tm: TensorMesh, requests: list[tuple[int, int | None]], vm: Any) -> dict[int, Any]:
+def _assemble(
+    tm: TensorMesh, requests: Sequence[tuple[int, int | None]], vm: Any
+) -> dict[int, Any]:
     replies = vm.values()
     orphans: dict[tuple[int, int], FailureInfo] = {}
     for index, reply in enumerate(replies):
@@ -106,8 +110,8 @@ def _assemble(tm: TensorMesh, requests: list[tuple[int, int | None]], vm: Any) -
         _, first, _, shape = pieces[0]
         full = torch.empty(shape, dtype=first.dtype)
         for _, local, offset, _ in pieces:
-            index = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
-            full[index] = local.cpu()
+            where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
+            full[where] = local.cpu()
         out[id] = full
     return out
 
@@ -127,7 +131,7 @@ def _error(infos: list[FailureInfo]) -> RemoteTensorError:
     return RemoteTensorError(failures, infos[0].op, infos[0].site)
 
 
-def live(mesh: Any) -> compat.ValueMesh:  # type: ignore[name-defined]
+def live(mesh: Any) -> compat.ValueMesh:
     """How many remote values each rank holds (after sending the buffered ops and drops)."""
     from .mesh import tensor_mesh
 

@@ -71,7 +71,9 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
 
     def lift(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
-            return DTensor.from_local(x.to(device), mesh, [Replicate()] * mesh.ndim, run_check=False)
+            return DTensor.from_local(
+                x.to(device), mesh, [Replicate()] * mesh.ndim, run_check=False
+            )
         return x
 
     return tree_map(lift, args), tree_map(lift, kwargs)
@@ -126,7 +128,9 @@ def seeded_random(name: str, args: Any, kwargs: dict[str, Any], seed: int) -> An
         full = torch.empty(shape, dtype=dtype).normal_(*args[1:], generator=gen)
     else:
         full = torch.empty(shape, dtype=dtype).bernoulli_(*args[1:], generator=gen)
-    mine = distribute_tensor(full, target.device_mesh, _plain(target.placements), src_data_rank=None)
+    mine = distribute_tensor(
+        full, target.device_mesh, _plain(target.placements), src_data_rank=None
+    )
     if name.endswith("_.default") or name.endswith("_.float"):
         target.to_local().copy_(mine.to_local())
         return target

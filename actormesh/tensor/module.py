@@ -37,14 +37,14 @@ class _Owned:
 
 class _ModuleCall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, call: MeshModule, grad_on: bool, x: Any, *params: Any) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, call: MeshModule, grad_on: bool, x: Any, *params: Any) -> Any:
         tm = call._tm
         shape, dtype = call._out_meta(x)
         out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
         graph = _Owned(tm, tm.stream.new_id())
         is_mesh = isinstance(x, MeshTensor)
         input_grad = bool(grad_on and is_mesh and x.requires_grad)
-        ins = (call._state.id, x._id) if is_mesh else (call._state.id,)
+        ins: tuple[int, ...] = (call._state.id, x._id) if is_mesh else (call._state.id,)
         arg = Ref(x._id) if is_mesh else x.detach()
         payload = (Ref(call._state.id), arg, tuple(shape), grad_on, input_grad)
         meta = ((tuple(shape), dtype, False), None)
@@ -53,7 +53,7 @@ class _ModuleCall(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Any) -> Any:
         call: MeshModule = ctx.call
         tm = call._tm
         wanted = tuple(bool(w) for w in ctx.needs_input_grad[3:])
@@ -71,6 +71,7 @@ class _ModuleCall(torch.autograd.Function):
             gx = new_mesh_tensor(tm, ctx.x_meta[0], ctx.x_meta[1], per_rank=False)
             out_ids.append(gx._id)
             meta.append((ctx.x_meta[0], ctx.x_meta[1], False))
+        ins: tuple[int, ...]
         if isinstance(grad_out, MeshTensor):
             ins, garg = (call._state.id, ctx.graph.id, grad_out._id), Ref(grad_out._id)
         else:
@@ -89,6 +90,10 @@ class MeshModule(nn.Module):
 
     _tm: TensorMesh
     _plist: list[MeshTensor]
+    _state: _Owned
+    _meta: nn.Module
+    _shapes: dict[Any, tuple[torch.Size, torch.dtype]]
+    _inner_name: str
 
     def __init__(self, tm: TensorMesh, meta: nn.Module, mirror: nn.Module, state: _Owned) -> None:
         super().__init__()
@@ -121,7 +126,7 @@ class MeshModule(nn.Module):
                     f"{self._inner_name} returned {type(y).__name__}"
                 )
             found = self._shapes[key] = (y.shape, y.dtype)
-        return found  # type: ignore[no-any-return]
+        return found
 
     def forward(self, x: Any) -> MeshTensor:
         if not isinstance(x, torch.Tensor):
@@ -134,7 +139,7 @@ class MeshModule(nn.Module):
                 "the input MeshTensor must be a global MeshTensor on the module's mesh"
             )
         grad_on = torch.is_grad_enabled()
-        return _ModuleCall.apply(self, grad_on, x, *self._plist)  # type: ignore[no-any-return]
+        return _ModuleCall.apply(self, grad_on, x, *self._plist)
 
     def train(self, mode: bool = True) -> MeshModule:
         super().train(mode)
@@ -191,6 +196,7 @@ def module_to_mesh(
                 "nn.Module"
             )
     else:
+        assert isinstance(module_or_factory, nn.Module)
         meta = copy.deepcopy(module_or_factory).to("meta")
     data_dim, tp_dim = _dims(tm, data_dim, fsdp, tp_plan, tp_dim)
     names = dict(meta.named_parameters())
@@ -199,7 +205,7 @@ def module_to_mesh(
     out_ids, out_meta = [], []
     for p in names.values():
         t = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False, requires_grad=p.requires_grad)
-        t._is_param = True  # type: ignore[attr-defined]  (isinstance(t, nn.Parameter))
+        t._is_param = True  # isinstance(t, nn.Parameter) holds
         mts[id(p)] = t
         out_ids.append(t._id)
         out_meta.append((tuple(p.shape), p.dtype, False))
@@ -210,8 +216,7 @@ def module_to_mesh(
         out_meta.append((tuple(b.shape), b.dtype, False))
     state = _Owned(tm, tm.stream.new_id())
     seed = int(torch.randint(0, 2**62, ()).item())
-    source = module_or_factory if is_factory else module_or_factory
-    payload = (source, is_factory, seed, data_dim, fsdp, dict(tp_plan or {}), tp_dim)
+    payload = (module_or_factory, is_factory, seed, data_dim, fsdp, dict(tp_plan or {}), tp_dim)
     tm.stream.record(
         ("module_build", (*out_ids, state.id), (), (*out_meta, None), payload, issue_site())
     )
@@ -220,12 +225,14 @@ def module_to_mesh(
     by_position = {id(m): mts[id(o)] for m, o in zip(
         [*mirror.parameters(), *mirror.buffers()], originals.values(), strict=True)}  # fmt: skip
     for sub in mirror.modules():
-        for name, p in list(sub._parameters.items()):
-            if p is not None:
-                sub._parameters[name] = by_position[id(p)]
-        for name, b in list(sub._buffers.items()):
-            if b is not None:
-                sub._buffers[name] = by_position[id(b)]
+        params: dict[str, Any] = sub._parameters
+        for name, value in list(params.items()):
+            if value is not None:
+                params[name] = by_position[id(value)]
+        bufs: dict[str, Any] = sub._buffers
+        for name, value in list(bufs.items()):
+            if value is not None:
+                bufs[name] = by_position[id(value)]
     return MeshModule(tm, meta, mirror, state)
 
 

@@ -50,7 +50,8 @@ class MeshTensor(torch.Tensor):
     _tm: TensorMesh
     _per_rank: bool
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # Straight to __torch_dispatch__: below autograd, so the controller's autograd records.
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MeshTensor:
         raise TypeError(
@@ -59,18 +60,20 @@ class MeshTensor(torch.Tensor):
         )
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]  # torch types it as the disabled impl
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         return dispatch(func, args, kwargs or {})
 
     # -- never fetches -------------------------------------------------------------------------
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         kind = ", per_rank=True" if self._per_rank else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
         dtype = str(self.dtype).replace("torch.", "")
-        return f"MeshTensor(shape={tuple(self.shape)}, dtype={dtype}{grad}{kind}, mesh={self._tm!r})"
+        return (
+            f"MeshTensor(shape={tuple(self.shape)}, dtype={dtype}{grad}{kind}, mesh={self._tm!r})"
+        )
 
     __str__ = __repr__
 
@@ -97,15 +100,15 @@ class MeshTensor(torch.Tensor):
         """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
         from .fetch import fetch
 
-        return fetch(self).get(timeout=timeout)  # type: ignore[no-any-return]
+        return fetch(self).get(timeout=timeout)
 
-    def item(self) -> Any:  # type: ignore[override]
+    def item(self) -> Any:
         return self.get().item()
 
-    def tolist(self) -> Any:  # type: ignore[override]
+    def tolist(self) -> Any:
         return self.get().tolist()
 
-    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+    def numpy(self, *, force: bool = False) -> Any:
         return self.get().numpy()
 
     def __bool__(self) -> bool:
@@ -122,16 +125,16 @@ class MeshTensor(torch.Tensor):
 
     # -- mesh operations -----------------------------------------------------------------------
 
-    def placements(self) -> compat.Future[Any]:  # type: ignore[name-defined]
+    def placements(self) -> compat.Future[Any]:
         """A Future of the DTensor placements this tensor has on the workers."""
         from .fetch import fetch_value
 
-        out = record(self._tm, "placements", Ref(self._id), (self._id,), per_rank=False, meta=(None,))
+        out = record(
+            self._tm, "placements", Ref(self._id), (self._id,), per_rank=False, meta=(None,)
+        )
         return fetch_value(out, self._tm, 0)
 
-    def redistribute(
-        self, sharding_spec: Any = None, *, placements: Any = None
-    ) -> MeshTensor:
+    def redistribute(self, sharding_spec: Any = None, *, placements: Any = None) -> MeshTensor:
         """The same global tensor with other placements (DTensor's redistribute)."""
         if self._per_rank:
             raise compat.MeshUsageError(
@@ -168,7 +171,7 @@ def new_mesh_tensor(
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
-    t = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+    t = torch.Tensor._make_wrapper_subclass(
         MeshTensor, shape, strides=stride, dtype=dtype, device=tm.device,
         requires_grad=requires_grad,
     )  # fmt: skip
@@ -177,7 +180,7 @@ def new_mesh_tensor(
     t._tm = tm
     t._per_rank = per_rank
     weakref.finalize(t, stream.died, t._id)
-    return t  # type: ignore[no-any-return]
+    return t
 
 
 def record(
@@ -257,7 +260,7 @@ def _propagate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
     out = func(*margs, **mkwargs)
     leaves, spec = tree_flatten(out)
-    entries = []
+    entries: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             alias = next((j for j, m in enumerate(inputs) if m is leaf), None)

@@ -47,7 +47,7 @@ class RemoteFunction:
         self.name = getattr(fn, "__qualname__", repr(fn))
         self._defined: dict[str, int] = {}  # engine key -> this function's id there
         self._cache: dict[Any, Any] = {}
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
         return f"<remote function {self.name}>"
@@ -90,7 +90,9 @@ class RemoteFunction:
         if described is None:
             described = self._describe(args, kwargs)
             if described is None:
-                return self._call_and_describe(tm, fid, ins, eargs, ekwargs, per_rank, shape_of, site)
+                return self._call_and_describe(
+                    tm, fid, ins, eargs, ekwargs, per_rank, shape_of, site
+                )
             self._cache[shape_of] = described
         spec, entries = described
         leaves, out_ids, meta = _outputs(tm, entries, per_rank)
@@ -121,7 +123,9 @@ class RemoteFunction:
         shape_of: Any, site: str,
     ) -> Any:  # fmt: skip
         whole = tm.stream.new_id()
-        tm.stream.record(("call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site))
+        tm.stream.record(
+            ("call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site)
+        )
         tm.stream.flush()
         first = tm.engine.slice(**dict.fromkeys(tm.labels, 0))
         text, entries = first.describe.call_one(whole).get(timeout=300)
@@ -132,15 +136,13 @@ class RemoteFunction:
         tm.stream.died(whole)
         return tree_unflatten(leaves, spec)
 
-    def call(self, *args: Any, **kwargs: Any) -> compat.Future[Any]:  # type: ignore[name-defined]
+    def call(self, *args: Any, **kwargs: Any) -> compat.Future[Any]:
         """Run on every rank now; a Future of a ``ValueMesh`` of the results (tensors come back
         as each rank's local tensor). Runs after the ops issued before it."""
         tm, _ = self._mesh(args, kwargs)
         fid = self._fn_id(tm)
         tm.stream.flush()
-        result: compat.Future[Any] = tm.engine.call_fn.call(  # type: ignore[name-defined]
-            fid, _encode(args), _encode(kwargs)
-        )
+        result: compat.Future[Any] = tm.engine.call_fn.call(fid, _encode(args), _encode(kwargs))
         return result
 
 
@@ -156,7 +158,7 @@ def _meta(x: Any) -> Any:
 
 def _signature(args: Any, kwargs: Any) -> Any:
     leaves = tree_flatten((args, kwargs))[0]
-    sig = []
+    sig: list[Any] = []
     for x in leaves:
         if isinstance(x, torch.Tensor):
             sig.append((tuple(x.shape), x.dtype))
@@ -167,7 +169,9 @@ def _signature(args: Any, kwargs: Any) -> Any:
     return tuple(sig)
 
 
-def _outputs(tm: TensorMesh, entries: Any, per_rank: bool) -> tuple[list[Any], list[int], list[Any]]:
+def _outputs(
+    tm: TensorMesh, entries: Any, per_rank: bool
+) -> tuple[list[Any], list[int], list[Any]]:
     leaves, out_ids, meta = [], [], []
     for e in entries:
         if e[0] == "new":
@@ -195,7 +199,7 @@ def remote(fn: Callable[..., Any] | None = None, *, propagate: Any = None) -> An
     return RemoteFunction(fn, propagate)
 
 
-def call_on_shard_and_fetch(fn: Any, *args: Any, **coords: int) -> compat.Future[Any]:  # type: ignore[name-defined]
+def call_on_shard_and_fetch(fn: Any, *args: Any, **coords: int) -> compat.Future[Any]:
     """Run ``fn`` (a remote function or a plain one) on the mesh and fetch the result of the
     rank at ``coords`` (omitted dimensions mean 0). Every rank runs it, so functions that use
     collectives do not hang; only the chosen rank's value is returned."""

@@ -67,7 +67,9 @@ def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, place
     seed = int(torch.randint(0, 2**62, ()).item())
     out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
     meta = ((shape, dtype, False),)
-    tm.stream.record(("random", (out._id,), (), meta, (fn, shape, dtype, seed, places), issue_site()))
+    tm.stream.record(
+        ("random", (out._id,), (), meta, (fn, shape, dtype, seed, places), issue_site())
+    )
     return out
 
 

@@ -1,4 +1,5 @@
-"""distribute / MeshTensor / fetch on 4 real ranks (gloo, CPU): TENSORS.md §8 tests 1, 3, 6, 10, 12."""
+"""distribute, MeshTensor and fetch on 4 real ranks (gloo, CPU): TENSORS.md §8 tests 1, 3, 6,
+10 and 12."""
 
 from __future__ import annotations
 

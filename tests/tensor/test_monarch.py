@@ -44,7 +44,7 @@ def test_monarch_semantics(mesh: Any) -> None:
     assert len({v.sum().item() for v in values.values()}) == 4  # a different draw on every rank
     assert torch.equal(fetch(t).get(timeout=WAIT), values[(0, 0)])  # omitted coords mean 0
     order = [values[(d, p)] for d in range(2) for p in range(2)]
-    for (d, p), got in per_rank(s).items():
+    for (d, _), got in per_rank(s).items():
         assert torch.allclose(got, values[(d, 0)] + values[(d, 1)])
     for got in per_rank(both).values():
         assert torch.allclose(got, sum(order) / 4)
@@ -55,7 +55,10 @@ def test_monarch_semantics(mesh: Any) -> None:
     for key, got in per_rank(square).items():
         assert torch.allclose(got, values[key] @ values[key].T)
     assert {k: v.item() for k, v in per_rank(coords).items()} == {
-        (0, 0): 0, (0, 1): 0, (1, 0): 1, (1, 1): 1
+        (0, 0): 0,
+        (0, 1): 0,
+        (1, 0): 1,
+        (1, 1): 1,
     }
     assert [fetch(flat, dp=d, tp=p).get(timeout=WAIT).item() for d in (0, 1) for p in (0, 1)] == [
         0, 1, 2, 3
