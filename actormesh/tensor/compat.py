@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
-from ..runtime.distributed import init_process_group
+from ..runtime.distributed import destroy_process_group, init_process_group
 from ..runtime.future import Future, then, when_all
 from ..runtime.supervision import unhandled_fault_hook
 from ..runtime.value_mesh import ValueMesh
@@ -23,6 +23,7 @@ __all__ = [
     "RemoteFailure",
     "ValueMesh",
     "completed",
+    "destroy_process_group",
     "failed",
     "helper_mesh_with_args",
     "init_process_group",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..errors import SupervisionError
 from . import compat
 from .errors import RemoteTensorError
 from .mesh import TensorMesh
@@ -53,7 +54,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
             want = index if index is not None else (0 if leaf._per_rank else None)
             requests.append((leaf._id, want))
         tm.stream.flush()
-        reply = tm.engine.fetch.call(requests)
+        reply = _watch(tm, tm.engine.fetch.call(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
     def combine(results: list[dict[int, Any]]) -> Any:
@@ -69,6 +70,18 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
     return compat.then(compat.when_all(parts), combine)
 
 
+def _watch(tm: TensorMesh, reply: Any) -> Any:
+    """A rank death seen by a fetch closes the mesh's values (see Stream.lose)."""
+
+    def seen(done: Any) -> None:
+        exc = done.exception()
+        if isinstance(exc, SupervisionError):
+            tm.stream.lose(exc)
+
+    reply.add_done_callback(seen)
+    return reply
+
+
 def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
     return compat.completed(_assemble(tm, requests, vm))
 
@@ -81,7 +94,7 @@ def inspect(obj: Any, **coords: int) -> Any:
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
     tm.stream.flush()
     requests = [(ref._id, index)]
-    reply = tm.engine.fetch.call(requests)
+    reply = _watch(tm, tm.engine.fetch.call(requests))
     return compat.then(reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref._id]))
 
 

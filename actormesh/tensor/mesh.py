@@ -171,6 +171,12 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
     ident = compat.mesh_id(procs)
     with _lock:
         tm = _meshes.get(ident)
+        if tm is not None and tm.stream.lost is not None:
+            # A rank died (and was perhaps healed): the survivors still hold the old group.
+            # Leave it everywhere, then start over with a new group and engine.
+            tm.stream.close()
+            compat.destroy_process_group(procs).get(timeout=SETUP_TIMEOUT)
+            tm = None
         if tm is None:
             tm = TensorMesh(procs)
             _meshes[ident] = tm

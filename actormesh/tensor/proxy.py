@@ -299,6 +299,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                     "make the global one per-rank or combine the per-rank one with reduce()"
                 )
     assert tm is not None
+    if tm.stream.lost is not None:
+        tm.stream.check()
     key = (func, tuple(sig), tuple(kwargs))
     entry = _cache.get(key)
     if entry is None:

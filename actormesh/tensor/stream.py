@@ -25,6 +25,7 @@ import time
 import weakref
 from typing import Any
 
+from ..errors import MeshClosedError, SupervisionError
 from .records import Op
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Stream:
         self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
         self.error: BaseException | None = None  # a failed send from the timer thread
         self.closed = False
+        self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
         self._last = 0.0
         self._armed = False
         self._wake = threading.Event()
@@ -65,7 +67,17 @@ class Stream:
     def new_id(self) -> int:
         return next(self._ids)  # itertools.count is atomic under the GIL
 
+    def check(self) -> None:
+        if self.lost is not None:
+            raise MeshClosedError(
+                "this MeshTensor's mesh lost a rank, and with it the tensor values of every "
+                "rank; after procs.heal(), distribute (or module_to_mesh) again: "
+                f"{self.lost}"
+            ) from self.lost
+
     def record(self, op: Op) -> None:
+        if self.lost is not None:
+            self.check()
         with self.lock:
             self.ops.append(op)
             full = len(self.ops) >= BATCH_OPS
@@ -80,10 +92,23 @@ class Stream:
 
     def flush(self) -> None:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
-        self._send()
+        self.check()
+        try:
+            self._send()
+        except SupervisionError as exc:
+            self.lose(exc)
+            raise
         error, self.error = self.error, None
         if error is not None:
+            if isinstance(error, SupervisionError):
+                self.lose(error)
             raise error
+
+    def lose(self, error: BaseException) -> None:
+        """A rank of the mesh died: its values (and the group's collectives) are gone."""
+        if self.lost is None:
+            self.lost = error
+            self.ops.clear()
 
     def _send(self) -> None:
         with self.lock:
