@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import compat
 from .mesh import TensorMesh, tensor_mesh
-from .proxy import MeshTensor, new_mesh_tensor
+from .proxy import MeshTensor, hooks, new_mesh_tensor
 from .records import issue_site
 
 _FACTORIES = {
@@ -161,3 +161,6 @@ def _ref(t: MeshTensor) -> Any:
     from .records import Ref
 
     return Ref(t._id)
+
+
+hooks["reduce"] = reduce

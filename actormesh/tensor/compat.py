@@ -1,8 +1,9 @@
-"""The one place the tensor layer reaches below actormesh's public API.
+"""The one place the tensor layer imports the runtime.
 
-Everything else in ``actormesh.tensor`` imports the runtime through this module (or through
-``import actormesh``), so when the runtime's internals move, only these imports change. Each
-name says why the public API is not enough.
+Everything else in ``actormesh.tensor`` gets the runtime through this module, so when the
+runtime's modules move, only these imports change. The first group are public names (the tensor
+layer sits below the ``actormesh`` namespace, so it imports them from where they live); the
+helpers below them are the few places where the public API is not enough, each saying why.
 """
 
 from __future__ import annotations
@@ -10,25 +11,32 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
-from ..runtime.distributed import destroy_process_group, init_process_group
-from ..runtime.future import Future, then, when_all
-from ..runtime.supervision import unhandled_fault_hook
-from ..runtime.value_mesh import ValueMesh
+from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.actors.future import Future, then, when_all
+from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
+from ..runtime.extent import Extent, Point
+from ..runtime.faults.supervision import unhandled_fault_hook
+from ..runtime.meshes.proc_mesh import ProcMesh
+from ..runtime.meshes.value_mesh import ValueMesh
 
 T = TypeVar("T")
 
 __all__ = [
+    "Actor",
+    "Extent",
     "Future",
     "MeshUsageError",
+    "Point",
+    "ProcMesh",
     "RemoteFailure",
     "ValueMesh",
     "completed",
     "destroy_process_group",
+    "endpoint",
     "failed",
     "helper_mesh_with_args",
     "init_process_group",
     "mesh_id",
-    "mesh_shape",
     "report_unhandled",
     "then",
     "value_mesh",
@@ -50,13 +58,6 @@ def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
     return ValueMesh._create(like._shape, values)
 
 
-def mesh_shape(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(labels, sizes) of a mesh or slice: ``sizes`` of the public API loses nothing, but the
-    global ranks (below) need the shape object."""
-    shape = mesh._shape
-    return tuple(shape.labels), tuple(shape.sizes)
-
-
 def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
@@ -71,6 +72,4 @@ def report_unhandled(error: Exception) -> None:
 def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
-    from ..runtime.proc_mesh import ProcMesh
-
     return ProcMesh._create(procs._procs, procs._shape, None).spawn(name, cls, *args)

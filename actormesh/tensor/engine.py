@@ -19,37 +19,24 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import actormesh as am
-
+from .compat import Actor, Extent, Point, endpoint
 from .records import FailureInfo, Op, Ref, op_name
+from .registry import HANDLERS
 
 logger = logging.getLogger(__name__)
 
 # How long an actor that received a MeshTensor waits for the engine to run the ops before it.
 LOCAL_VALUE_WAIT = 300.0
 
-Handler = Callable[["_TensorEngine", Any, tuple[int, ...]], Sequence[Any]]
-HANDLERS: dict[str, Handler] = {}
-
 # This process's engines by key, for actors and %%mesh cells that are handed MeshTensors.
 _REGISTRY: dict[str, _TensorEngine] = {}
 _MISSING: Any = object()
 
 
-def handler(kind: str) -> Callable[[Handler], Handler]:
-    """Register the worker's code for one kind of op (each returns one value per output id)."""
-
-    def register(fn: Handler) -> Handler:
-        HANDLERS[kind] = fn
-        return fn
-
-    return register
-
-
-class _TensorEngine(am.Actor):
+class _TensorEngine(Actor):
     """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
 
     def __init__(
@@ -70,7 +57,7 @@ class _TensorEngine(am.Actor):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
         self.index = dist.get_rank()
-        point = am.Point(self.index, am.Extent(list(self.labels), list(self.sizes)))
+        point = Point(self.index, Extent(list(self.labels), list(self.sizes)))
         self.coords: dict[str, int] = dict(point)
         # Every process starts torch's generator from the same default seed (and forked ones
         # from the same state): per-rank factories under activate() must draw differently.
@@ -91,7 +78,7 @@ class _TensorEngine(am.Actor):
 
     # -- the stream --------------------------------------------------------------------------
 
-    @am.endpoint
+    @endpoint
     def run(self, ops: list[Op], drops: list[int]) -> None:
         import torch
 
@@ -233,7 +220,7 @@ class _TensorEngine(am.Actor):
 
     # -- sync points -------------------------------------------------------------------------
 
-    @am.endpoint
+    @endpoint
     def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
         """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
 
@@ -282,7 +269,7 @@ class _TensorEngine(am.Actor):
         _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
         return ("piece", v.to_local(), tuple(offset), tuple(v.shape))
 
-    @am.endpoint
+    @endpoint
     def describe(self, id: int) -> tuple[Any, list[Any]]:
         """The structure and tensor metadata (global shapes) of a remote function's result."""
         root = self.poison.get(id)
@@ -293,7 +280,7 @@ class _TensorEngine(am.Actor):
             )
         return _describe_value(self.value(id))
 
-    @am.endpoint
+    @endpoint
     def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
         """Run a remote function now (``fn.call``); tensors go back as local tensors."""
         import torch
@@ -311,12 +298,12 @@ class _TensorEngine(am.Actor):
             result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
         return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
 
-    @am.endpoint
+    @endpoint
     def live(self) -> int:
         """How many remote values this rank holds (tests check it goes back to a baseline)."""
         return len(self.env)
 
-    @am.endpoint
+    @endpoint
     def stats(self) -> dict[str, int]:
         """Messages this engine handled, by endpoint (tests count them)."""
         return {**self.counts, "done": self.done}

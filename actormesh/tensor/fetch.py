@@ -21,7 +21,7 @@ from ..errors import SupervisionError
 from . import compat
 from .errors import RemoteTensorError
 from .mesh import TensorMesh
-from .proxy import MeshTensor, OpaqueRef
+from .proxy import MeshTensor, OpaqueRef, hooks
 from .records import FailureInfo
 
 
@@ -151,3 +151,7 @@ def live(mesh: Any) -> compat.ValueMesh:
     tm = tensor_mesh(mesh)
     tm.stream.flush()
     return tm.engine.live.call().get(timeout=60)
+
+
+hooks["fetch"] = fetch
+hooks["fetch_value"] = fetch_value

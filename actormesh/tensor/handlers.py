@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .engine import _TensorEngine, handler
+from .registry import handler
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +256,7 @@ def run_define(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seq
     return []
 
 
-@handler("call")
+@handler("remote_call")
 def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     fn_id, _name, args, kwargs, structured = payload
     result = engine.fns[fn_id](*engine.resolve(args), **engine.resolve(kwargs))

@@ -14,8 +14,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import actormesh as am
-
 from . import compat
 from .engine import _TensorEngine
 from .stream import Stream
@@ -29,9 +27,10 @@ _lock = threading.Lock()
 class TensorMesh:
     """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
 
-    def __init__(self, procs: am.ProcMesh) -> None:
+    def __init__(self, procs: compat.ProcMesh) -> None:
         self.procs = procs
-        self.labels, self.sizes = compat.mesh_shape(procs)
+        self.labels = tuple(procs.sizes)
+        self.sizes = tuple(procs.sizes.values())
         self.key = uuid.uuid4().hex
         import torch
 
@@ -73,7 +72,7 @@ class TensorMesh:
         return index
 
     def coords_of(self, index: int) -> str:
-        return str(am.Point(index, am.Extent(list(self.labels), list(self.sizes))))
+        return str(compat.Point(index, compat.Extent(list(self.labels), list(self.sizes))))
 
     def check_dims(self, dims: Sequence[str], what: str) -> tuple[str, ...]:
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
@@ -153,8 +152,8 @@ class TensorMesh:
         ip._actormesh_tensor_hook = True
 
 
-def _normalize(mesh: Any) -> am.ProcMesh:
-    if not isinstance(mesh, am.ProcMesh):
+def _normalize(mesh: Any) -> compat.ProcMesh:
+    if not isinstance(mesh, compat.ProcMesh):
         raise compat.MeshUsageError(
             f"expected a ProcMesh (or a slice of one), got {type(mesh).__name__}; "
             "pass the mesh from this_host().spawn_procs(...)"
@@ -180,7 +179,7 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
         if tm is None:
             tm = TensorMesh(procs)
             _meshes[ident] = tm
-    if compat.mesh_shape(procs) != (tm.labels, tm.sizes):
+    if (tuple(procs.sizes), tuple(procs.sizes.values())) != (tm.labels, tm.sizes):
         raise compat.MeshUsageError(
             f"these processes already run a tensor engine over {tm!r}; use that mesh "
             "(tensor meshes of other shapes over the same processes are not supported)"

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .engine import _TensorEngine, handler
+from .registry import handler
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
 
 BUCKET_BYTES = 25 * 2**20
 

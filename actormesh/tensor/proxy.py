@@ -30,6 +30,10 @@ _cache: dict[Any, Any] = {}
 # Ops whose value is needed on the controller: each is a sync point.
 _SYNC: dict[Any, Callable[..., Any]] = {}
 
+# Set by fetch.py and activate.py as they are imported (the package imports both): they build on
+# MeshTensor, so MeshTensor's methods reach them through here rather than importing them.
+hooks: dict[str, Callable[..., Any]] = {}
+
 _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
            "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
 
@@ -98,9 +102,7 @@ class MeshTensor(torch.Tensor):
 
     def get(self, timeout: float | None = None) -> torch.Tensor:
         """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
-        from .fetch import fetch
-
-        return fetch(self).get(timeout=timeout)
+        return hooks["fetch"](self).get(timeout=timeout)
 
     def item(self) -> Any:
         return self.get().item()
@@ -127,12 +129,10 @@ class MeshTensor(torch.Tensor):
 
     def placements(self) -> compat.Future[Any]:
         """A Future of the DTensor placements this tensor has on the workers."""
-        from .fetch import fetch_value
-
         out = record(
             self._tm, "placements", Ref(self._id), (self._id,), per_rank=False, meta=(None,)
         )
-        return fetch_value(out, self._tm, 0)
+        return hooks["fetch_value"](out, self._tm, 0)
 
     def redistribute(self, sharding_spec: Any = None, *, placements: Any = None) -> MeshTensor:
         """The same global tensor with other placements (DTensor's redistribute)."""
@@ -155,9 +155,7 @@ class MeshTensor(torch.Tensor):
         """Combine a per-rank tensor over mesh dimension(s): ``"sum"``, ``"avg"``, ``"max"``,
         ``"min"``, ``"product"`` or ``"stack"`` (a new leading dim); ``scatter=True`` leaves
         each rank one chunk of dim 0. Every rank gets the result (Monarch's ``reduce``)."""
-        from .activate import reduce
-
-        return reduce(self, dims, reduction, scatter)
+        return hooks["reduce"](self, dims, reduction, scatter)
 
 
 def new_mesh_tensor(
@@ -351,9 +349,7 @@ def _sync_bool(t: Any) -> bool:
 
 
 def _sync_equal(a: Any, b: Any) -> bool:
-    from .fetch import inspect
-
-    return bool(torch.equal(*inspect((a, b))))
+    return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
 
 
 _SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar

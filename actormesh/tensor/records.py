@@ -2,7 +2,7 @@
 
 An op is a plain tuple ``(kind, out, ins, meta, payload, site)``:
 
-- ``kind`` names the worker's handler (``"aten"``, ``"distribute"``, ``"call"``, ...);
+- ``kind`` names the worker's handler (``"aten"``, ``"distribute"``, ``"remote_call"``, ...);
 - ``out`` the ids the controller allocated for its results (an in-place op names its input);
 - ``ins`` the ids it reads, so a worker sees at once whether an input is poisoned;
 - ``meta`` one ``(shape, dtype, per_rank)`` per output: what a failed rank's stand-in must look
@@ -56,7 +56,7 @@ def op_name(op: Op) -> str:
     kind, payload = op[0], op[4]
     if kind == "aten":
         return str(payload[0])
-    if kind == "call":
+    if kind == "remote_call":
         return f"remote function {payload[1]}"
     return kind
 

@@ -82,7 +82,14 @@ class RemoteFunction:
         if self.propagate == "inspect":
             out = OpaqueRef(tm, tm.stream.new_id(), per_rank=True)
             tm.stream.record(
-                ("call", (out._id,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site)
+                (
+                    "remote_call",
+                    (out._id,),
+                    ins,
+                    (None,),
+                    (fid, self.name, eargs, ekwargs, False),
+                    site,
+                )
             )
             return out
         shape_of = _signature(args, kwargs)
@@ -97,7 +104,14 @@ class RemoteFunction:
         spec, entries = described
         leaves, out_ids, meta = _outputs(tm, entries, per_rank)
         tm.stream.record(
-            ("call", tuple(out_ids), ins, tuple(meta), (fid, self.name, eargs, ekwargs, True), site)
+            (
+                "remote_call",
+                tuple(out_ids),
+                ins,
+                tuple(meta),
+                (fid, self.name, eargs, ekwargs, True),
+                site,
+            )
         )
         return tree_unflatten(leaves, spec)
 
@@ -124,7 +138,7 @@ class RemoteFunction:
     ) -> Any:  # fmt: skip
         whole = tm.stream.new_id()
         tm.stream.record(
-            ("call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site)
+            ("remote_call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site)
         )
         tm.stream.flush()
         first = tm.engine.slice(**dict.fromkeys(tm.labels, 0))
