@@ -294,7 +294,8 @@ class _TensorEngine(Actor):
                     f"an argument failed on {root.rank}: {root.exc_type}: {root.message} "
                     f"(op {root.op} issued at {root.site})"
                 )
-        with torch.no_grad():
+        # User code: torch's default grad mode, as in a local call (a remote function may train).
+        with torch.enable_grad():
             result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
         return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
 

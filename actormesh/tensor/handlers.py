@@ -258,8 +258,11 @@ def run_define(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seq
 
 @handler("remote_call")
 def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+
     fn_id, _name, args, kwargs, structured = payload
-    result = engine.fns[fn_id](*engine.resolve(args), **engine.resolve(kwargs))
+    with torch.enable_grad():  # user code: torch's default grad mode, as in a local call
+        result = engine.fns[fn_id](*engine.resolve(args), **engine.resolve(kwargs))
     if not structured:  # "inspect": the whole result is one opaque value
         return [result]
     return tensor_leaves(result)
