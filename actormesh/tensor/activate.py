@@ -51,13 +51,15 @@ class _FactoryMode(TorchFunctionMode):
         kwargs = kwargs or {}
         name = _FACTORIES.get(func)
         tm = active_mesh()
-        if name is None or tm is None or kwargs.get("device") is not None:
+        if name is None or tm is None or kwargs.get("device") == "meta":
             return func(*args, **kwargs)
         return factory(tm, name, func, args, kwargs)
 
 
 def factory(tm: TensorMesh, name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> MeshTensor:
-    """A per-rank MeshTensor: every rank runs ``torch.<name>(*args, **kwargs)`` itself."""
+    """A per-rank MeshTensor: every rank runs ``torch.<name>(*args, **kwargs)`` itself, on its
+    own device (its GPU, else the CPU): a ``device=`` argument names the mesh's devices, as in
+    Monarch, so a program written for GPUs (``device="cuda"``) also runs on a CPU mesh."""
     if any(isinstance(a, MeshTensor) for a in args):
         raise compat.MeshUsageError(f"torch.{name} under activate() takes controller values")
     if kwargs.get("generator") is not None:
@@ -65,7 +67,8 @@ def factory(tm: TensorMesh, name: str, func: Any, args: Any, kwargs: dict[str, A
             f"torch.{name}(generator=...) under activate(): a controller generator cannot be "
             "used on the ranks; seed them with a remote function instead"
         )
-    meta = func(*args, **{**kwargs, "device": "meta"})  # the shape and dtype, here
+    kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    meta = func(*args, **kwargs, device="meta")  # the shape and dtype, here
     out = new_mesh_tensor(tm, meta.shape, meta.dtype, per_rank=True)
     tm.stream.record(
         ("factory", (out._id,), (), ((tuple(meta.shape), meta.dtype, True),), (name, args, kwargs),

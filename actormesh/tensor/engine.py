@@ -305,6 +305,11 @@ class _TensorEngine(Actor):
         return len(self.env)
 
     @endpoint
+    def device_kind(self) -> str:
+        """``"cuda"`` or ``"cpu"``: what this rank's tensors live on."""
+        return str(self.device)
+
+    @endpoint
     def stats(self) -> dict[str, int]:
         """Messages this engine handled, by endpoint (tests count them)."""
         return {**self.counts, "done": self.done}

@@ -188,8 +188,7 @@ def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     import torch
 
     name, args, kwargs = payload
-    kwargs = dict(kwargs)
-    kwargs.setdefault("device", engine.device)
+    kwargs = dict(kwargs, device=engine.device)
     return tensor_leaves(getattr(torch, name)(*engine.resolve(args), **engine.resolve(kwargs)))
 
 

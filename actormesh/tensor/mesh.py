@@ -42,8 +42,9 @@ class TensorMesh:
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
         self.stream = Stream(self.engine)
-        # What MeshTensors report as their device: the workers' kind of device.
-        self.device = torch.device("cpu")
+        # What MeshTensors report as their device: the workers' kind (cuda where they see one).
+        first = self.engine.slice(**dict.fromkeys(self.labels, 0))
+        self.device = torch.device(first.device_kind.call_one().get(timeout=SETUP_TIMEOUT))
         self._install_cell_hook()
 
     def __repr__(self) -> str:

@@ -120,3 +120,13 @@ def test_remote_functions(mesh: Any) -> None:
     pos = positives(ramp)  # learnt from rank 0 (one round trip), then cached
     assert pos.shape == (2,)
     assert torch.equal(inspect(pos * 10), torch.tensor([10.0, 20.0]))
+
+
+def test_a_gpu_program_runs_on_the_cpu_mesh(mesh: Any) -> None:
+    # Monarch's guide writes factories with device="cuda": under activate() the device names the
+    # mesh's devices, so the same code runs where the ranks have only CPUs.
+    with activate(mesh):
+        t = torch.ones(2, 3, device="cuda")
+        total = (t @ t.T).reduce(("dp", "tp"), "sum")
+    assert t.device == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert torch.equal(fetch(total, dp=1, tp=1).get(timeout=WAIT), torch.full((2, 2), 12.0))
