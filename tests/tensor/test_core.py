@@ -195,3 +195,31 @@ def test_cpu_random_one_seed_every_spec(mesh: Any) -> None:
     torch.manual_seed(7)
     b = inspect(torch.rand_like(distribute(torch.zeros(8, 6), mesh)))
     assert torch.equal(a, b) and len(a.unique()) == 48
+
+
+def test_redistribute(mesh: Any) -> None:
+    x = torch.arange(48.0).reshape(8, 6)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    moved = dt.redistribute(["tp", "dp"])
+    assert moved.shape == (8, 6)
+    assert [type(p).__name__ for p in moved.placements().get(timeout=WAIT)] == ["Shard", "Shard"]
+    assert torch.equal(inspect(moved), x)
+    assert torch.equal(fetch(moved, dp=1, tp=0).get(timeout=WAIT), x[:4, 3:])
+    replicated = moved.redistribute()
+    assert torch.equal(fetch(replicated, dp=1, tp=1).get(timeout=WAIT), x)
+    with pytest.raises(ValueError, match="unknown mesh dimension"):
+        dt.redistribute(["gpus", None])
+
+
+def torch_env(t: Any) -> dict[str, str]:
+    import os
+
+    return {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+
+def test_ranks_see_torch_distributed_environment(mesh: Any) -> None:
+    from actormesh.tensor import call_on_shard_and_fetch
+
+    dt = distribute(torch.ones(4), mesh)
+    env = call_on_shard_and_fetch(torch_env, dt, dp=1, tp=0).get(timeout=WAIT)
+    assert env == {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2"}
