@@ -21,6 +21,7 @@ procs.stop().get()
 from __future__ import annotations
 
 import logging as _logging
+from collections.abc import Callable as _Callable
 
 from .errors import ActorError as ActorError
 from .errors import MeshClosedError as MeshClosedError
@@ -48,6 +49,7 @@ from .runtime.meshes.ports import Channel as Channel
 from .runtime.meshes.ports import Port as Port
 from .runtime.meshes.ports import PortReceiver as PortReceiver
 from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
+from .runtime.meshes.proc_mesh import mesh_extensions as _mesh_extensions
 from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
 from .runtime.messaging.metrics import log_metrics as log_metrics
 from .runtime.procs.host_mesh import HostMesh as HostMesh
@@ -106,6 +108,19 @@ __all__ = [
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+
+def _tensor_function(name: str) -> _Callable[..., object]:
+    def call(*args: object, **kwargs: object) -> object:
+        from . import tensor
+
+        return getattr(tensor, name)(*args, **kwargs)
+
+    return call
+
+
+# ProcMesh.activate() and ProcMesh.rank(dims) are the tensor layer's (imported on first use).
+_mesh_extensions.update(activate=_tensor_function("activate"), rank=_tensor_function("rank"))
 
 
 def __getattr__(name: str) -> object:

@@ -27,7 +27,7 @@ def per_rank(t: Any) -> dict[tuple[int, int], torch.Tensor]:
 
 
 def test_monarch_semantics(mesh: Any) -> None:
-    with activate(mesh):
+    with mesh.activate():  # ProcMesh methods, as in Monarch
         t = torch.rand(3, 4)
         assert isinstance(t, MeshTensor) and t.shape == (3, 4)
         s = t.reduce("tp", "sum")
@@ -35,7 +35,7 @@ def test_monarch_semantics(mesh: Any) -> None:
         stacked = t.reduce(("dp", "tp"), "stack")
         biggest = t.reduce("dp", "max")
         square = t @ t.T
-        coords = rank(mesh, "dp")
+        coords = mesh.rank("dp")
         flat = rank(mesh, ("dp", "tp"))
         with no_mesh.activate():
             plain = torch.zeros(2)
