@@ -7,7 +7,7 @@ output id. They run under ``torch.no_grad()``: autograd lives on the controller.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .registry import handler
@@ -54,16 +54,25 @@ def tensor_leaves(result: Any) -> list[Any]:
     return [x for x in tree_leaves(result) if isinstance(x, torch.Tensor)]
 
 
+def _flat(args: Any, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """The arguments of an aten op, one list level deep (Tensor[] arguments): no pytree calls,
+    which cost more than many ops themselves."""
+    for x in (*args, *kwargs.values()):
+        if type(x) is list or type(x) is tuple:
+            yield from x
+        else:
+            yield x
+
+
 def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """Controller tensors in an op with DTensors become Replicate DTensors (DTensor rejects
     mixed Tensor/DTensor arguments); on the DTensor arguments' mesh."""
     import torch
     from torch.distributed.tensor import DTensor, Replicate
-    from torch.utils._pytree import tree_leaves, tree_map
 
     mesh = None
     plain = False
-    for x in tree_leaves((args, kwargs)):
+    for x in _flat(args, kwargs):
         if isinstance(x, DTensor):
             mesh = mesh or x.device_mesh
         elif isinstance(x, torch.Tensor):
@@ -71,15 +80,16 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
     if mesh is None or not plain:
         return args, kwargs
     device = engine.device
+    placements = [Replicate()] * mesh.ndim
 
     def lift(x: Any) -> Any:
+        if type(x) is list or type(x) is tuple:
+            return type(x)(lift(e) for e in x)
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
-            return DTensor.from_local(
-                x.to(device), mesh, [Replicate()] * mesh.ndim, run_check=False
-            )
+            return DTensor.from_local(x.to(device), mesh, placements, run_check=False)
         return x
 
-    return tree_map(lift, args), tree_map(lift, kwargs)
+    return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
 
 
 @handler("aten")

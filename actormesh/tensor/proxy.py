@@ -26,6 +26,7 @@ from .records import Ref, issue_site
 
 _CACHE_SIZE = 4096
 _cache: dict[Any, Any] = {}
+_names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
 
 # Ops whose value is needed on the controller: each is a sync point.
 _SYNC: dict[Any, Callable[..., Any]] = {}
@@ -265,10 +266,12 @@ def _propagate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if alias is not None:
                 entries.append(("alias", alias))
             else:
-                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype))
+                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype, tuple(leaf.shape)))
         else:
             entries.append(("value", leaf))
-    return spec, entries
+    # One tensor out (most ops): no pytree rebuild per op.
+    single = isinstance(out, torch.Tensor)
+    return spec, entries, single
 
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -306,7 +309,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(_cache) >= _CACHE_SIZE:
             _cache.pop(next(iter(_cache)))
         _cache[key] = entry
-    spec, entries = entry
+    spec, entries, single = entry
     out_ids = []
     meta = []
     leaves = []
@@ -314,10 +317,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if e[0] == "new":
             t = new_mesh_tensor(tm, e[1], e[3], per_rank=per_rank, stride=e[2])
             out_ids.append(t._id)
-            meta.append((tuple(e[1]), e[3], per_rank))
+            meta.append((e[4], e[3], per_rank))
             leaves.append(t)
         elif e[0] == "alias":
-            t = [x for x in found if isinstance(x, torch.Tensor)][e[1]]
+            t = found[e[1]]
             if type(t) is not MeshTensor:
                 raise compat.MeshUsageError(
                     f"{func} would write into a controller tensor from a MeshTensor; fetch the "
@@ -328,7 +331,9 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             leaves.append(t)
         else:
             leaves.append(e[1])
-    name = str(func)
+    name = _names.get(func)
+    if name is None:
+        name = _names[func] = str(func)
     seed = None
     if name in _RANDOM:
         # One seed from the controller's generator: every rank draws the same global tensor.
@@ -337,7 +342,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
          issue_site())
     )  # fmt: skip
-    return tree_unflatten(leaves, spec)
+    return leaves[0] if single else tree_unflatten(leaves, spec)
 
 
 def _sync_scalar(t: Any, *rest: Any, **kw: Any) -> Any:
