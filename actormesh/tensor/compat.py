@@ -18,6 +18,7 @@ from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.meshes.proc_mesh import ProcMesh
 from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.messaging.codec import loads
 
 T = TypeVar("T")
 
@@ -36,6 +37,7 @@ __all__ = [
     "failed",
     "helper_mesh_with_args",
     "init_process_group",
+    "loads",
     "mesh_id",
     "report_unhandled",
     "then",

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .compat import Actor, Extent, Point, endpoint
+from .compat import Actor, Extent, Point, endpoint, loads
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS
 
@@ -79,13 +79,16 @@ class _TensorEngine(Actor):
     # -- the stream --------------------------------------------------------------------------
 
     @endpoint
-    def run(self, ops: list[Op], drops: list[int]) -> None:
+    def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
         import torch
 
         self.counts["run"] += 1
+        # A batch the controller pickled itself (stream._pack) arrived inside a signed message;
+        # the runtime's codec unpickles it, as it does every payload.
+        batch: list[Op] = loads(ops) if isinstance(ops, bytes) else ops
         try:
             with torch.no_grad():
-                for op in ops:
+                for op in batch:
                     self._execute(op)
             for i in drops:
                 self._drop(i)
