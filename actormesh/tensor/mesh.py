@@ -9,6 +9,7 @@ processes in the same shape reuses it.
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections.abc import Sequence
@@ -45,7 +46,6 @@ class TensorMesh:
         # What MeshTensors report as their device: the workers' kind (cuda where they see one).
         first = self.engine.slice(**dict.fromkeys(self.labels, 0))
         self.device = torch.device(first.device_kind.call_one().get(timeout=SETUP_TIMEOUT))
-        self._install_cell_hook()
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
@@ -139,12 +139,13 @@ class TensorMesh:
                 )
         return tuple(out)
 
-    def _install_cell_hook(self) -> None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
+    @staticmethod
+    def install_cell_hook() -> None:
+        """In IPython (a notebook), send every mesh's buffered ops at the end of each cell."""
+        ipython = sys.modules.get("IPython")  # not imported: no shell runs in this process
+        if ipython is None:
             return
-        ip = get_ipython()
+        ip = ipython.get_ipython()
         if ip is None or getattr(ip, "_actormesh_tensor_hook", False):
             return
         from .stream import flush_all
@@ -180,6 +181,7 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
         if tm is None:
             tm = TensorMesh(procs)
             _meshes[ident] = tm
+    TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
     if (tuple(procs.sizes), tuple(procs.sizes.values())) != (tm.labels, tm.sizes):
         raise compat.MeshUsageError(
             f"these processes already run a tensor engine over {tm!r}; use that mesh "

@@ -161,7 +161,9 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         while True:
             delay = stream._last + IDLE_FLUSH - time.monotonic()
             if delay > 0:
-                time.sleep(delay)  # a timer, not synchronisation: the next check decides
+                # A timer, not synchronisation: the next check decides (in short slices, so a
+                # changed IDLE_FLUSH or a closed stream is seen soon).
+                time.sleep(min(delay, 0.05))
                 continue
             with stream.lock:
                 if not stream.ops:

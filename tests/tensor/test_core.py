@@ -223,3 +223,25 @@ def test_ranks_see_torch_distributed_environment(mesh: Any) -> None:
     dt = distribute(torch.ones(4), mesh)
     env = call_on_shard_and_fetch(torch_env, dt, dp=1, tp=0).get(timeout=WAIT)
     assert env == {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2"}
+
+
+def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from actormesh.tensor import stream
+    from actormesh.tensor.mesh import tensor_mesh
+
+    monkeypatch.setattr(stream, "IDLE_FLUSH", 3600.0)  # so only the end of the cell sends
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns.update(distribute=distribute, mesh=mesh, torch=torch)
+        shell.run_cell("dt = distribute(torch.ones(4, 4), mesh)")  # the hook goes in on first use
+        s = tensor_mesh(mesh).stream
+        s.flush()
+        sent = s.batches
+        result = shell.run_cell("r = dt * 3")
+        assert result.success
+        assert not s.ops and s.batches == sent + 1
+        assert torch.equal(inspect(shell.user_ns["r"]), torch.full((4, 4), 3.0))
+    finally:
+        InteractiveShell.clear_instance()
