@@ -140,14 +140,16 @@ class RemoteFunction:
         tm.stream.record(
             ("remote_call", (whole,), ins, (None,), (fid, self.name, eargs, ekwargs, False), site)
         )
-        tm.stream.flush()
-        first = tm.engine.slice(**dict.fromkeys(tm.labels, 0))
-        text, entries = first.describe.call_one(whole).get(timeout=300)
-        spec = treespec_loads(text)
-        self._cache[shape_of] = (spec, entries)
-        leaves, out_ids, meta = _outputs(tm, entries, per_rank)
-        tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), Ref(whole), site))
-        tm.stream.died(whole)
+        try:
+            tm.stream.flush()
+            first = tm.engine.slice(**dict.fromkeys(tm.labels, 0))
+            text, entries = first.describe.call_one(whole).get(timeout=300)
+            spec = treespec_loads(text)
+            self._cache[shape_of] = (spec, entries)
+            leaves, out_ids, meta = _outputs(tm, entries, per_rank)
+            tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), Ref(whole), site))
+        finally:
+            tm.stream.died(whole)  # the whole result is not needed once unpacked
         return tree_unflatten(leaves, spec)
 
     def call(self, *args: Any, **kwargs: Any) -> compat.Future[Any]:
