@@ -70,10 +70,8 @@ def factory(tm: TensorMesh, name: str, func: Any, args: Any, kwargs: dict[str, A
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
     meta = func(*args, **kwargs, device="meta")  # the shape and dtype, here
     out = new_mesh_tensor(tm, meta.shape, meta.dtype, per_rank=True)
-    tm.stream.record(
-        ("factory", (out._id,), (), ((tuple(meta.shape), meta.dtype, True),), (name, args, kwargs),
-         issue_site())
-    )  # fmt: skip
+    meta_out = ((tuple(meta.shape), meta.dtype, True),)
+    tm.stream.record(("factory", (out.value_id,), (), meta_out, (name, args, kwargs), issue_site()))
     return out
 
 
@@ -122,13 +120,13 @@ def rank(mesh: Any, dims: str | tuple[str, ...]) -> MeshTensor:
     tm = tensor_mesh(mesh)
     dims = tm.check_dims(dims, "rank")
     out = new_mesh_tensor(tm, (), torch.int64, per_rank=True)
-    tm.stream.record(("rank", (out._id,), (), (((), torch.int64, True),), dims, issue_site()))
+    tm.stream.record(("rank", (out.value_id,), (), (((), torch.int64, True),), dims, issue_site()))
     return out
 
 
 def reduce(t: MeshTensor, dims: Any, reduction: str = "sum", scatter: bool = False) -> MeshTensor:
-    tm = t._tm
-    if not t._per_rank:
+    tm = t.mesh
+    if not t.per_rank:
         raise compat.MeshUsageError(
             "reduce() combines the values of a per-rank MeshTensor (from activate()); a global "
             "MeshTensor is already one value: use redistribute(...) to change its placements"
@@ -154,7 +152,7 @@ def reduce(t: MeshTensor, dims: Any, reduction: str = "sum", scatter: bool = Fal
     dtype = t.dtype if reduction != "avg" or t.dtype.is_floating_point else torch.float32
     out = new_mesh_tensor(tm, tuple(shape), dtype, per_rank=True)
     tm.stream.record(
-        ("reduce", (out._id,), (t._id,), ((tuple(shape), dtype, True),),
+        ("reduce", (out.value_id,), (t.value_id,), ((tuple(shape), dtype, True),),
          (_ref(t), dims, reduction, scatter), issue_site())
     )  # fmt: skip
     return out
@@ -163,7 +161,7 @@ def reduce(t: MeshTensor, dims: Any, reduction: str = "sum", scatter: bool = Fal
 def _ref(t: MeshTensor) -> Any:
     from .records import Ref
 
-    return Ref(t._id)
+    return Ref(t.value_id)
 
 
 hooks["reduce"] = reduce

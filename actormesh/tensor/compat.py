@@ -16,9 +16,10 @@ from ..runtime.actors.future import Future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
-from ..runtime.meshes.proc_mesh import ProcMesh
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
+from ..runtime.shape import view_shape
 
 T = TypeVar("T")
 
@@ -57,13 +58,13 @@ def failed(exc: BaseException) -> Future[Any]:
 
 def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
     """A ValueMesh over the shape of mesh ``like`` (``remote_fn.call`` builds its own)."""
-    return ValueMesh._create(like._shape, values)
+    return ValueMesh._create(view_shape(like), values)
 
 
 def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
-    return mesh._procs.mesh_id, tuple(mesh._shape.ranks())
+    return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
 
 
 def report_unhandled(error: Exception) -> None:
@@ -74,4 +75,4 @@ def report_unhandled(error: Exception) -> None:
 def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
-    return ProcMesh._create(procs._procs, procs._shape, None).spawn(name, cls, *args)
+    return ProcMesh._create(proc_table(procs), view_shape(procs), None).spawn(name, cls, *args)

@@ -42,7 +42,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
     by_mesh: dict[TensorMesh, list[int]] = defaultdict(list)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, (MeshTensor, OpaqueRef)):
-            by_mesh[leaf._tm].append(i)
+            by_mesh[leaf.mesh].append(i)
     if not by_mesh:
         return compat.completed(obj)
     parts = []
@@ -51,8 +51,8 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
         requests = []
         for i in positions:
             leaf = leaves[i]
-            want = index if index is not None else (0 if leaf._per_rank else None)
-            requests.append((leaf._id, want))
+            want = index if index is not None else (0 if leaf.per_rank else None)
+            requests.append((leaf.value_id, want))
         tm.stream.flush()
         reply = _watch(tm, tm.engine.fetch.call(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
@@ -64,7 +64,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
         out = list(leaves)
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, (MeshTensor, OpaqueRef)):
-                out[i] = values[leaf._id]
+                out[i] = values[leaf.value_id]
         return compat.completed(tree_unflatten(out, spec))
 
     return compat.then(compat.when_all(parts), combine)
@@ -93,9 +93,11 @@ def inspect(obj: Any, **coords: int) -> Any:
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
     tm.stream.flush()
-    requests = [(ref._id, index)]
+    requests = [(ref.value_id, index)]
     reply = _watch(tm, tm.engine.fetch.call(requests))
-    return compat.then(reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref._id]))
+    return compat.then(
+        reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref.value_id])
+    )
 
 
 def _assemble(

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import compat
 from .engine import _TensorEngine
-from .stream import Stream
+from .stream import Stream, flush_all
 
 SETUP_TIMEOUT = 120.0
 
@@ -146,12 +146,9 @@ class TensorMesh:
         if ipython is None:
             return
         ip = ipython.get_ipython()
-        if ip is None or getattr(ip, "_actormesh_tensor_hook", False):
+        if ip is None or flush_all in ip.events.callbacks.get("post_run_cell", ()):
             return
-        from .stream import flush_all
-
         ip.events.register("post_run_cell", flush_all)
-        ip._actormesh_tensor_hook = True
 
 
 def _normalize(mesh: Any) -> compat.ProcMesh:

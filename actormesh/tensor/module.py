@@ -38,45 +38,52 @@ class _Owned:
 class _ModuleCall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, call: MeshModule, grad_on: bool, x: Any, *params: Any) -> Any:
-        tm = call._tm
-        shape, dtype = call._out_meta(x)
+        tm = call.mesh
+        shape, dtype = call.output_meta(x)
         out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
         graph = _Owned(tm, tm.stream.new_id())
         is_mesh = isinstance(x, MeshTensor)
         input_grad = bool(grad_on and is_mesh and x.requires_grad)
-        ins: tuple[int, ...] = (call._state.id, x._id) if is_mesh else (call._state.id,)
-        arg = Ref(x._id) if is_mesh else x.detach()
-        payload = (Ref(call._state.id), arg, tuple(shape), grad_on, input_grad)
+        ins: tuple[int, ...] = (
+            (call.remote_state.id, x.value_id) if is_mesh else (call.remote_state.id,)
+        )
+        arg = Ref(x.value_id) if is_mesh else x.detach()
+        payload = (Ref(call.remote_state.id), arg, tuple(shape), grad_on, input_grad)
         meta = ((tuple(shape), dtype, False), None)
-        tm.stream.record(("module_forward", (out._id, graph.id), ins, meta, payload, issue_site()))
+        tm.stream.record(
+            ("module_forward", (out.value_id, graph.id), ins, meta, payload, issue_site())
+        )
         ctx.call, ctx.graph, ctx.x_meta = call, graph, (tuple(x.shape), x.dtype)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Any) -> Any:
         call: MeshModule = ctx.call
-        tm = call._tm
+        tm = call.mesh
         wanted = tuple(bool(w) for w in ctx.needs_input_grad[3:])
         input_grad = bool(ctx.needs_input_grad[2])
         grads: list[Any] = []
         out_ids, meta = [], []
-        for p, want in zip(call._plist, wanted, strict=True):
+        for p, want in zip(call.param_list, wanted, strict=True):
             g = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False) if want else None
             grads.append(g)
             if g is not None:
-                out_ids.append(g._id)
+                out_ids.append(g.value_id)
                 meta.append((tuple(p.shape), p.dtype, False))
         gx = None
         if input_grad:
             gx = new_mesh_tensor(tm, ctx.x_meta[0], ctx.x_meta[1], per_rank=False)
-            out_ids.append(gx._id)
+            out_ids.append(gx.value_id)
             meta.append((ctx.x_meta[0], ctx.x_meta[1], False))
         ins: tuple[int, ...]
         if isinstance(grad_out, MeshTensor):
-            ins, garg = (call._state.id, ctx.graph.id, grad_out._id), Ref(grad_out._id)
+            ins, garg = (
+                (call.remote_state.id, ctx.graph.id, grad_out.value_id),
+                Ref(grad_out.value_id),
+            )
         else:
-            ins, garg = (call._state.id, ctx.graph.id), grad_out.detach()
-        payload = (Ref(call._state.id), Ref(ctx.graph.id), garg, wanted, input_grad)
+            ins, garg = (call.remote_state.id, ctx.graph.id), grad_out.detach()
+        payload = (Ref(call.remote_state.id), Ref(ctx.graph.id), garg, wanted, input_grad)
         tm.stream.record(
             ("module_backward", tuple(out_ids), ins, tuple(meta), payload, issue_site())
         )
@@ -88,44 +95,44 @@ class MeshModule(nn.Module):
     MeshTensors; calling it records one op (and its backward one more). ``train()``/``eval()``
     reach the workers' module; ``fetch_module()`` gives a local copy with the current weights."""
 
-    _tm: TensorMesh
-    _plist: list[MeshTensor]
-    _state: _Owned
-    _meta: nn.Module
-    _shapes: dict[Any, tuple[torch.Size, torch.dtype]]
-    _inner_name: str
+    mesh: TensorMesh
+    param_list: list[MeshTensor]
+    remote_state: _Owned
+    meta_module: nn.Module
+    shapes: dict[Any, tuple[torch.Size, torch.dtype]]
+    inner_name: str
 
     def __init__(self, tm: TensorMesh, meta: nn.Module, mirror: nn.Module, state: _Owned) -> None:
         super().__init__()
         for name, child in mirror.named_children():
             self.add_module(name, child)
-        for name, p in mirror._parameters.items():
-            self._parameters[name] = p
-        for name, b in mirror._buffers.items():
-            self._buffers[name] = b
+        for name, p in mirror.named_parameters(recurse=False):
+            self.register_parameter(name, p)
+        for name, b in mirror.named_buffers(recurse=False):
+            self.register_buffer(name, b)
         # Plain attributes, not submodules: nn.Module.__setattr__ would register the meta copy.
-        object.__setattr__(self, "_tm", tm)
-        object.__setattr__(self, "_meta", meta)
-        object.__setattr__(self, "_state", state)
-        object.__setattr__(self, "_plist", list(self.parameters()))
-        object.__setattr__(self, "_shapes", {})
-        object.__setattr__(self, "_inner_name", type(meta).__name__)
+        object.__setattr__(self, "mesh", tm)
+        object.__setattr__(self, "meta_module", meta)
+        object.__setattr__(self, "remote_state", state)
+        object.__setattr__(self, "param_list", list(self.parameters()))
+        object.__setattr__(self, "shapes", {})
+        object.__setattr__(self, "inner_name", type(meta).__name__)
 
     def __repr__(self) -> str:
-        return f"MeshModule({self._inner_name}, mesh={self._tm!r})"
+        return f"MeshModule({self.inner_name}, mesh={self.mesh!r})"
 
-    def _out_meta(self, x: Any) -> tuple[torch.Size, torch.dtype]:
+    def output_meta(self, x: Any) -> tuple[torch.Size, torch.dtype]:
         key = (tuple(x.shape), x.dtype)
-        found = self._shapes.get(key)
+        found = self.shapes.get(key)
         if found is None:
             with torch.no_grad():
-                y = self._meta(torch.empty(x.shape, dtype=x.dtype, device="meta"))
+                y = self.meta_module(torch.empty(x.shape, dtype=x.dtype, device="meta"))
             if not isinstance(y, torch.Tensor):
                 raise compat.MeshUsageError(
                     f"module_to_mesh supports modules that return one tensor; "
-                    f"{self._inner_name} returned {type(y).__name__}"
+                    f"{self.inner_name} returned {type(y).__name__}"
                 )
-            found = self._shapes[key] = (y.shape, y.dtype)
+            found = self.shapes[key] = (y.shape, y.dtype)
         return found
 
     def forward(self, x: Any) -> MeshTensor:
@@ -134,18 +141,18 @@ class MeshModule(nn.Module):
                 f"a MeshModule takes one tensor (a controller tensor or a MeshTensor), got "
                 f"{type(x).__name__}"
             )
-        if isinstance(x, MeshTensor) and (x._tm is not self._tm or x._per_rank):
+        if isinstance(x, MeshTensor) and (x.mesh is not self.mesh or x.per_rank):
             raise compat.MeshUsageError(
                 "the input MeshTensor must be a global MeshTensor on the module's mesh"
             )
         grad_on = torch.is_grad_enabled()
-        return _ModuleCall.apply(self, grad_on, x, *self._plist)
+        return _ModuleCall.apply(self, grad_on, x, *self.param_list)
 
     def train(self, mode: bool = True) -> MeshModule:
         super().train(mode)
-        if "_state" in self.__dict__:
-            state = self._state
-            self._tm.stream.record(
+        if "remote_state" in self.__dict__:
+            state = self.remote_state
+            self.mesh.stream.record(
                 ("module_mode", (), (state.id,), (), (Ref(state.id), mode), issue_site())
             )
         return self
@@ -154,7 +161,7 @@ class MeshModule(nn.Module):
         """A local copy of the module with the current parameters and buffers (a sync point)."""
         from .fetch import inspect
 
-        local = copy.deepcopy(self._meta).to_empty(device="cpu")
+        local = copy.deepcopy(self.meta_module).to_empty(device="cpu")
         local.load_state_dict(inspect(dict(self.state_dict())))
         return local
 
@@ -205,14 +212,16 @@ def module_to_mesh(
     out_ids, out_meta = [], []
     for p in names.values():
         t = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False, requires_grad=p.requires_grad)
-        t._is_param = True  # isinstance(t, nn.Parameter) holds
+        # torch's mark for a tensor subclass that acts as a Parameter (isinstance holds, and
+        # register_parameter accepts it): what nn.Parameter(t) itself sets on subclasses.
+        t._is_param = True  # noqa: SLF001
         mts[id(p)] = t
-        out_ids.append(t._id)
+        out_ids.append(t.value_id)
         out_meta.append((tuple(p.shape), p.dtype, False))
     for b in buffers.values():
         t = new_mesh_tensor(tm, b.shape, b.dtype, per_rank=False)
         mts[id(b)] = t
-        out_ids.append(t._id)
+        out_ids.append(t.value_id)
         out_meta.append((tuple(b.shape), b.dtype, False))
     state = _Owned(tm, tm.stream.new_id())
     seed = int(torch.randint(0, 2**62, ()).item())
@@ -222,17 +231,14 @@ def module_to_mesh(
     )
     mirror = copy.deepcopy(meta)
     originals = {id(p): p for p in [*meta.parameters(), *meta.buffers()]}
-    by_position = {id(m): mts[id(o)] for m, o in zip(
+    # MeshTensors marked _is_param pass register_parameter's isinstance check; typed as Any.
+    by_position: dict[int, Any] = {id(m): mts[id(o)] for m, o in zip(
         [*mirror.parameters(), *mirror.buffers()], originals.values(), strict=True)}  # fmt: skip
     for sub in mirror.modules():
-        params: dict[str, Any] = sub._parameters
-        for name, value in list(params.items()):
-            if value is not None:
-                params[name] = by_position[id(value)]
-        bufs: dict[str, Any] = sub._buffers
-        for name, value in list(bufs.items()):
-            if value is not None:
-                bufs[name] = by_position[id(value)]
+        for name, value in list(sub.named_parameters(recurse=False, remove_duplicate=False)):
+            sub.register_parameter(name, by_position[id(value)])
+        for name, buf in list(sub.named_buffers(recurse=False, remove_duplicate=False)):
+            sub.register_buffer(name, by_position[id(buf)])
     return MeshModule(tm, meta, mirror, state)
 
 

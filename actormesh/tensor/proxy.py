@@ -51,12 +51,13 @@ class MeshTensor(torch.Tensor):
     fetches.
     """
 
-    _id: int
-    _tm: TensorMesh
-    _per_rank: bool
+    value_id: int
+    mesh: TensorMesh
+    per_rank: bool
 
     # Straight to __torch_dispatch__: below autograd, so the controller's autograd records.
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    # (torch's documented way for a __torch_dispatch__ subclass to skip __torch_function__)
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # noqa: SLF001
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MeshTensor:
         raise TypeError(
@@ -73,11 +74,11 @@ class MeshTensor(torch.Tensor):
     # -- never fetches -------------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        kind = ", per_rank=True" if self._per_rank else ""
+        kind = ", per_rank=True" if self.per_rank else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
         dtype = str(self.dtype).replace("torch.", "")
         return (
-            f"MeshTensor(shape={tuple(self.shape)}, dtype={dtype}{grad}{kind}, mesh={self._tm!r})"
+            f"MeshTensor(shape={tuple(self.shape)}, dtype={dtype}{grad}{kind}, mesh={self.mesh!r})"
         )
 
     __str__ = __repr__
@@ -90,9 +91,9 @@ class MeshTensor(torch.Tensor):
         # ops issued before the call (it waits for the engine to run batch ``seq``).
         from .engine import local_value
 
-        stream = self._tm.stream
+        stream = self.mesh.stream
         stream.flush()
-        return (local_value, (self._tm.key, self._id, stream.batches))
+        return (local_value, (self.mesh.key, self.value_id, stream.batches))
 
     def __deepcopy__(self, memo: Any) -> MeshTensor:
         out = torch.ops.aten.clone.default(self)
@@ -131,23 +132,29 @@ class MeshTensor(torch.Tensor):
     def placements(self) -> compat.Future[Any]:
         """A Future of the DTensor placements this tensor has on the workers."""
         out = record(
-            self._tm, "placements", Ref(self._id), (self._id,), per_rank=False, meta=(None,)
+            self.mesh,
+            "placements",
+            Ref(self.value_id),
+            (self.value_id,),
+            per_rank=False,
+            meta=(None,),
         )
-        return hooks["fetch_value"](out, self._tm, 0)
+        return hooks["fetch_value"](out, self.mesh, 0)
 
     def redistribute(self, sharding_spec: Any = None, *, placements: Any = None) -> MeshTensor:
         """The same global tensor with other placements (DTensor's redistribute)."""
-        if self._per_rank:
+        if self.per_rank:
             raise compat.MeshUsageError(
                 "redistribute applies to global MeshTensors; a per-rank one combines its ranks "
                 "with reduce(dims, ...)"
             )
-        new = self._tm.placements(self.dim(), sharding_spec, placements)
-        out = new_mesh_tensor(self._tm, self.shape, self.dtype, per_rank=False)
-        self._tm.stream.record(
-            ("redistribute", (out._id,), (self._id,), ((tuple(self.shape), self.dtype, False),),
-             (Ref(self._id), new), issue_site())
-        )  # fmt: skip
+        new = self.mesh.placements(self.dim(), sharding_spec, placements)
+        out = new_mesh_tensor(self.mesh, self.shape, self.dtype, per_rank=False)
+        meta = ((tuple(self.shape), self.dtype, False),)
+        payload = (Ref(self.value_id), new)
+        self.mesh.stream.record(
+            ("redistribute", (out.value_id,), (self.value_id,), meta, payload, issue_site())
+        )
         return out
 
     def reduce(
@@ -170,15 +177,16 @@ def new_mesh_tensor(
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
-    t = torch.Tensor._make_wrapper_subclass(
+    # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
+    t = torch.Tensor._make_wrapper_subclass(  # noqa: SLF001
         MeshTensor, shape, strides=stride, dtype=dtype, device=tm.device,
         requires_grad=requires_grad,
     )  # fmt: skip
     stream = tm.stream
-    t._id = stream.new_id()
-    t._tm = tm
-    t._per_rank = per_rank
-    weakref.finalize(t, stream.died, t._id)
+    t.value_id = stream.new_id()
+    t.mesh = tm
+    t.per_rank = per_rank
+    weakref.finalize(t, stream.died, t.value_id)
     return t
 
 
@@ -202,13 +210,13 @@ class OpaqueRef:
     with ``actormesh.fetch(value, **coords)``."""
 
     def __init__(self, tm: TensorMesh, id: int, per_rank: bool = True) -> None:
-        self._tm = tm
-        self._id = id
-        self._per_rank = per_rank
+        self.mesh = tm
+        self.value_id = id
+        self.per_rank = per_rank
         weakref.finalize(self, tm.stream.died, id)
 
     def __repr__(self) -> str:
-        return f"<remote value on {self._tm!r}>"
+        return f"<remote value on {self.mesh!r}>"
 
 
 def _contiguous(shape: Any) -> tuple[int, ...]:
@@ -226,9 +234,9 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int]) -> Any:
     t = type(x)
     if t is MeshTensor:
         found.append(x)
-        ins.append(x._id)
+        ins.append(x.value_id)
         sig.append((0, x.shape, x.stride(), x.dtype))
-        return Ref(x._id)
+        return Ref(x.value_id)
     if isinstance(x, torch.Tensor):
         found.append(x)  # a controller tensor: sent with the op, as a constant
         sig.append((1, x.shape, x.stride(), x.dtype))
@@ -288,13 +296,13 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for x in found:
         if type(x) is MeshTensor:
             if tm is None:
-                tm, per_rank = x._tm, x._per_rank
-            elif x._tm is not tm:
+                tm, per_rank = x.mesh, x.per_rank
+            elif x.mesh is not tm:
                 raise compat.MeshUsageError(
-                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x._tm!r}) in one "
+                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
                     "op; move one to the other's mesh first"
                 )
-            elif x._per_rank != per_rank:
+            elif x.per_rank != per_rank:
                 raise compat.MeshUsageError(
                     f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
                     "make the global one per-rank or combine the per-rank one with reduce()"
@@ -316,7 +324,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for e in entries:
         if e[0] == "new":
             t = new_mesh_tensor(tm, e[1], e[3], per_rank=per_rank, stride=e[2])
-            out_ids.append(t._id)
+            out_ids.append(t.value_id)
             meta.append((e[4], e[3], per_rank))
             leaves.append(t)
         elif e[0] == "alias":
@@ -326,7 +334,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                     f"{func} would write into a controller tensor from a MeshTensor; fetch the "
                     "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
                 )
-            out_ids.append(t._id)
+            out_ids.append(t.value_id)
             meta.append((tuple(t.shape), t.dtype, per_rank))
             leaves.append(t)
         else:
@@ -357,6 +365,6 @@ def _sync_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
 
 
-_SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar
+_SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar  # noqa: SLF001  (an op's name)
 _SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
 _SYNC[torch.ops.aten.equal.default] = _sync_equal

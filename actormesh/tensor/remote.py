@@ -52,12 +52,12 @@ class RemoteFunction:
     def __repr__(self) -> str:
         return f"<remote function {self.name}>"
 
-    def _mesh(self, args: Any, kwargs: Any) -> tuple[TensorMesh, bool]:
+    def mesh_of(self, args: Any, kwargs: Any) -> tuple[TensorMesh, bool]:
         from .activate import active_mesh
 
         for leaf in tree_flatten((args, kwargs))[0]:
             if isinstance(leaf, MeshTensor):
-                return leaf._tm, leaf._per_rank
+                return leaf.mesh, leaf.per_rank
         tm = active_mesh()
         if tm is None:
             raise compat.MeshUsageError(
@@ -74,9 +74,11 @@ class RemoteFunction:
         return fid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tm, per_rank = self._mesh(args, kwargs)
+        tm, per_rank = self.mesh_of(args, kwargs)
         fid = self._fn_id(tm)
-        ins = tuple(x._id for x in tree_flatten((args, kwargs))[0] if isinstance(x, MeshTensor))
+        ins = tuple(
+            x.value_id for x in tree_flatten((args, kwargs))[0] if isinstance(x, MeshTensor)
+        )
         eargs, ekwargs = _encode(args), _encode(kwargs)
         site = issue_site()
         if self.propagate == "inspect":
@@ -84,7 +86,7 @@ class RemoteFunction:
             tm.stream.record(
                 (
                     "remote_call",
-                    (out._id,),
+                    (out.value_id,),
                     ins,
                     (None,),
                     (fid, self.name, eargs, ekwargs, False),
@@ -155,7 +157,7 @@ class RemoteFunction:
     def call(self, *args: Any, **kwargs: Any) -> compat.Future[Any]:
         """Run on every rank now; a Future of a ``ValueMesh`` of the results (tensors come back
         as each rank's local tensor). Runs after the ops issued before it."""
-        tm, _ = self._mesh(args, kwargs)
+        tm, _ = self.mesh_of(args, kwargs)
         fid = self._fn_id(tm)
         tm.stream.flush()
         result: compat.Future[Any] = tm.engine.call_fn.call(fid, _encode(args), _encode(kwargs))
@@ -163,7 +165,7 @@ class RemoteFunction:
 
 
 def _encode(x: Any) -> Any:
-    return tree_map(lambda v: Ref(v._id) if isinstance(v, MeshTensor) else v, x)
+    return tree_map(lambda v: Ref(v.value_id) if isinstance(v, MeshTensor) else v, x)
 
 
 def _meta(x: Any) -> Any:
@@ -193,7 +195,7 @@ def _outputs(
         if e[0] == "new":
             t = new_mesh_tensor(tm, e[1], e[2], per_rank=per_rank)
             leaves.append(t)
-            out_ids.append(t._id)
+            out_ids.append(t.value_id)
             meta.append((tuple(e[1]), e[2], per_rank))
         else:
             leaves.append(e[1])
@@ -220,6 +222,6 @@ def call_on_shard_and_fetch(fn: Any, *args: Any, **coords: int) -> compat.Future
     rank at ``coords`` (omitted dimensions mean 0). Every rank runs it, so functions that use
     collectives do not hang; only the chosen rank's value is returned."""
     rf = fn if isinstance(fn, RemoteFunction) else RemoteFunction(fn, "inspect")
-    tm, _ = rf._mesh(args, {})
+    tm, _ = rf.mesh_of(args, {})
     index = tm.index_of(coords, "call_on_shard_and_fetch")
     return compat.then(rf.call(*args), lambda vm: compat.completed(vm.values()[index]))

@@ -53,11 +53,11 @@ class Stream:
         self.error: BaseException | None = None  # a failed send from the timer thread
         self.closed = False
         self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
-        self._last = 0.0
-        self._armed = False
-        self._wake = threading.Event()
+        self.last_record = 0.0
+        self.armed = False
+        self.wake_event = threading.Event()
         self._timer: threading.Thread | None = None
-        self._tid = 0  # native id of the thread that recorded last
+        self.recorder_tid = 0  # native id of the thread that recorded last
         _streams.add(self)
 
     def died(self, id: int) -> None:
@@ -82,12 +82,12 @@ class Stream:
         with self.lock:
             self.ops.append(op)
             full = len(self.ops) >= BATCH_OPS
-            self._last = time.monotonic()
-            self._tid = _native_id()
-            if not self._armed and not full:
-                self._armed = True
+            self.last_record = time.monotonic()
+            self.recorder_tid = _native_id()
+            if not self.armed and not full:
+                self.armed = True
                 self._start_timer()
-                self._wake.set()
+                self.wake_event.set()
         if full:
             self.flush()
 
@@ -95,7 +95,7 @@ class Stream:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
         self.check()
         try:
-            self._send()
+            self.send_now()
         except SupervisionError as exc:
             self.lose(exc)
             raise
@@ -111,7 +111,7 @@ class Stream:
             self.lost = error
             self.ops.clear()
 
-    def _send(self) -> None:
+    def send_now(self) -> None:
         with self.lock:
             ops, self.ops = self.ops, []
             dead = self.dead
@@ -140,7 +140,7 @@ class Stream:
 
     def close(self) -> None:
         self.closed = True
-        self._wake.set()
+        self.wake_event.set()
 
 
 def _idle_loop(ref: weakref.ref[Stream]) -> None:
@@ -150,7 +150,7 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         stream = ref()
         if stream is None or stream.closed:
             return
-        wake = stream._wake
+        wake = stream.wake_event
         del stream
         wake.wait(1.0)
         stream = ref()
@@ -159,7 +159,7 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         if not wake.is_set():
             continue
         while True:
-            delay = stream._last + IDLE_FLUSH - time.monotonic()
+            delay = stream.last_record + IDLE_FLUSH - time.monotonic()
             if delay > 0:
                 # A timer, not synchronisation: the next check decides (in short slices, so a
                 # changed IDLE_FLUSH or a closed stream is seen soon).
@@ -167,13 +167,13 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
                 continue
             with stream.lock:
                 if not stream.ops:
-                    stream._armed = False
+                    stream.armed = False
                     wake.clear()
                     break
             if _starved(stream):
                 continue
             try:
-                stream._send()
+                stream.send_now()
             except BaseException as exc:
                 stream.error = exc  # raised by the next sync point on the user's thread
         del stream
@@ -220,14 +220,14 @@ def _starved(stream: Stream) -> bool:
     spent most of the window waiting for a CPU (then it is busy, not idle)."""
     if not hasattr(os, "sched_getaffinity"):
         return False
-    before = _runqueue_wait(stream._tid)
+    before = _runqueue_wait(stream.recorder_tid)
     if before is None:
         return False
     start = time.monotonic()
     time.sleep(IDLE_FLUSH)
-    if stream._last > start:
+    if stream.last_record > start:
         return True
-    after = _runqueue_wait(stream._tid)
+    after = _runqueue_wait(stream.recorder_tid)
     return after is not None and after - before > (time.monotonic() - start) / 2
 
 

@@ -48,7 +48,7 @@ def distribute(
         tm, tensor.shape, tensor.dtype, per_rank=False, requires_grad=tensor.requires_grad
     )
     meta = ((tuple(tensor.shape), tensor.dtype, False),)
-    tm.stream.record(("distribute", (out._id,), (), meta, (data, places), issue_site()))
+    tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places), issue_site()))
     return out
 
 
@@ -68,7 +68,7 @@ def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, place
     out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
     meta = ((shape, dtype, False),)
     tm.stream.record(
-        ("random", (out._id,), (), meta, (fn, shape, dtype, seed, places), issue_site())
+        ("random", (out.value_id,), (), meta, (fn, shape, dtype, seed, places), issue_site())
     )
     return out
 
