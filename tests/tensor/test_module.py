@@ -82,3 +82,29 @@ def test_factory_builds_on_the_workers_and_eval_mode(mesh: Any) -> None:
     with torch.no_grad():
         c = inspect(model(x))
     assert (c == 0).any() and not torch.equal(c, a)  # and on again in train mode
+
+
+def test_training_leaves_no_values_behind(mesh: Any) -> None:
+    import gc
+
+    from actormesh.tensor import live
+
+    gc.collect()
+    baseline = live(mesh).values()
+    model = module_to_mesh(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), mesh)
+    optimizer = torch.optim.AdamW(model.parameters())
+    counts = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(torch.randn(6, 4)), torch.randn(6, 2))
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        del loss
+        gc.collect()
+        counts.append(live(mesh).values())
+    # Per rank: 4 parameters, the module, AdamW's 2 x 4 moments and the 4 gradients; steady.
+    assert counts[0] == counts[2] == [b + 17 for b in baseline]
+    del model, optimizer
+    gc.collect()
+    assert live(mesh).values() == baseline
