@@ -38,6 +38,7 @@ __all__ = [
     "failed",
     "helper_mesh_with_args",
     "init_process_group",
+    "is_stopped",
     "loads",
     "mesh_id",
     "report_unhandled",
@@ -65,6 +66,12 @@ def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
     return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
+
+
+def is_stopped(mesh: Any) -> bool:
+    """Whether the processes under ``mesh`` were stopped (the public API says so only by
+    raising MeshClosedError on the next call)."""
+    return bool(proc_table(mesh).closed)
 
 
 def report_unhandled(error: Exception) -> None:

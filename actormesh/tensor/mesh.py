@@ -168,6 +168,10 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
     procs = _normalize(mesh)
     ident = compat.mesh_id(procs)
     with _lock:
+        for key, old in list(_meshes.items()):  # forget engines of stopped meshes
+            if compat.is_stopped(old.procs):
+                old.stream.close()
+                del _meshes[key]
         tm = _meshes.get(ident)
         if tm is not None and tm.stream.lost is not None:
             # A rank died (and was perhaps healed): the survivors still hold the old group.
