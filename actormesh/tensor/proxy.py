@@ -230,7 +230,7 @@ def _contiguous(shape: Any) -> tuple[int, ...]:
 # -- dispatch ----------------------------------------------------------------------------------
 
 
-def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int]) -> Any:
+def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bool = False) -> Any:
     t = type(x)
     if t is MeshTensor:
         found.append(x)
@@ -243,9 +243,12 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int]) -> Any:
         return x
     if t is list or t is tuple:
         sig.append((t, len(x)))
-        return t(_encode(e, found, sig, ins) for e in x)
-    if t is float:
-        sig.append(float)  # a float never changes an output's shape
+        return t(_encode(e, found, sig, ins, True) for e in x)
+    if t is float and not nested:
+        # A scalar float (a learning rate, an eps) never changes an output's shape, and keying
+        # on it would miss the cache on every optimizer step. Floats in lists can (upsampling's
+        # scale_factors), so those keep their values.
+        sig.append(float)
         return x
     sig.append(x)
     return x
