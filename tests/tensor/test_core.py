@@ -247,14 +247,3 @@ def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -
         assert torch.equal(inspect(shell.user_ns["r"]), torch.full((4, 4), 3.0))
     finally:
         InteractiveShell.clear_instance()
-
-
-def test_shape_cache_keys_on_what_decides_shapes(mesh: Any) -> None:
-    x = torch.arange(16.0).reshape(1, 1, 4, 4)
-    dt = distribute(x, mesh)
-    for scale in (2.0, 3.0):  # a float list that decides the output's shape
-        up = torch.nn.functional.interpolate(dt, scale_factor=scale)
-        assert up.shape == (1, 1, int(4 * scale), int(4 * scale))
-        assert torch.equal(inspect(up), torch.nn.functional.interpolate(x, scale_factor=scale))
-    for lr in (0.1, 0.2):  # scalar floats: one cache entry, the right values
-        assert torch.equal(inspect(dt * lr), x * lr)
