@@ -171,16 +171,19 @@ class _TensorEngine(Actor):
         if meta is None:
             return None
         import torch
-        from torch.distributed.tensor import DTensor, Replicate
+        from torch.distributed.tensor import DTensor, Replicate, Shard
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        shape, dtype, per_rank = meta
+        shape, dtype, per_rank = meta[:3]
+        split = meta[3] if len(meta) > 3 else None  # a dim the value is known to be split over
         try:
             if per_rank:
                 return torch.zeros(shape, dtype=dtype, device=self.device)
             mesh = self.mesh
             placements: list[Any] = [Replicate()] * self.mesh.ndim
-            for i in ins:  # the placements of an input of the same shape: the usual case
+            if split is not None:
+                placements = [Shard(0) if d == split else Replicate() for d in self.labels]
+            for i in ins if split is None else ():  # an input of the same shape's placements
                 v = self.env.get(i)
                 if isinstance(v, DTensor) and tuple(v.shape) == tuple(shape):
                     mesh, placements = v.device_mesh, list(v.placements)

@@ -49,7 +49,8 @@ class _ModuleCall(torch.autograd.Function):
         )
         arg = Ref(x.value_id) if is_mesh else x.detach()
         payload = (Ref(call.remote_state.id), arg, tuple(shape), grad_on, input_grad)
-        meta = ((tuple(shape), dtype, False), None)
+        # The output is split over the data dimension: a failed rank's stand-in must be too.
+        meta = ((tuple(shape), dtype, False, call.data_dim), None)
         tm.stream.record(
             ("module_forward", (out.value_id, graph.id), ins, meta, payload, issue_site())
         )
@@ -75,14 +76,15 @@ class _ModuleCall(torch.autograd.Function):
             gx = new_mesh_tensor(tm, ctx.x_meta[0], ctx.x_meta[1], per_rank=False)
             out_ids.append(gx.value_id)
             meta.append((ctx.x_meta[0], ctx.x_meta[1], False))
+        # The parameters are inputs too: a poisoned parameter poisons its gradient, and a failed
+        # rank's stand-in gradients take their parameters' placements.
+        params = tuple(p.value_id for p in call.param_list)
         ins: tuple[int, ...]
         if isinstance(grad_out, MeshTensor):
-            ins, garg = (
-                (call.remote_state.id, ctx.graph.id, grad_out.value_id),
-                Ref(grad_out.value_id),
-            )
+            ins = (call.remote_state.id, ctx.graph.id, grad_out.value_id, *params)
+            garg = Ref(grad_out.value_id)
         else:
-            ins, garg = (call.remote_state.id, ctx.graph.id), grad_out.detach()
+            ins, garg = (call.remote_state.id, ctx.graph.id, *params), grad_out.detach()
         payload = (Ref(call.remote_state.id), Ref(ctx.graph.id), garg, wanted, input_grad)
         tm.stream.record(
             ("module_backward", tuple(out_ids), ins, tuple(meta), payload, issue_site())
@@ -101,8 +103,16 @@ class MeshModule(nn.Module):
     meta_module: nn.Module
     shapes: dict[Any, tuple[torch.Size, torch.dtype]]
     inner_name: str
+    data_dim: str | None
 
-    def __init__(self, tm: TensorMesh, meta: nn.Module, mirror: nn.Module, state: _Owned) -> None:
+    def __init__(
+        self,
+        tm: TensorMesh,
+        meta: nn.Module,
+        mirror: nn.Module,
+        state: _Owned,
+        data_dim: str | None,
+    ) -> None:
         super().__init__()
         for name, child in mirror.named_children():
             self.add_module(name, child)
@@ -117,6 +127,7 @@ class MeshModule(nn.Module):
         object.__setattr__(self, "param_list", list(self.parameters()))
         object.__setattr__(self, "shapes", {})
         object.__setattr__(self, "inner_name", type(meta).__name__)
+        object.__setattr__(self, "data_dim", data_dim)
 
     def __repr__(self) -> str:
         return f"MeshModule({self.inner_name}, mesh={self.mesh!r})"
@@ -239,7 +250,7 @@ def module_to_mesh(
             sub.register_parameter(name, by_position[id(value)])
         for name, buf in list(sub.named_buffers(recurse=False, remove_duplicate=False)):
             sub.register_buffer(name, by_position[id(buf)])
-    return MeshModule(tm, meta, mirror, state)
+    return MeshModule(tm, meta, mirror, state, data_dim)
 
 
 def _dims(

@@ -130,6 +130,14 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
     ref, graph_ref, grad_ref, wanted, input_grad = payload
     state: ModuleState = engine.resolve(ref)
     graph = engine.value(graph_ref.id)
+    if graph is None and graph_ref.id in engine.poison and not state.fsdp and not input_grad:
+        # The forward failed on this rank only: take part in the gradient sum with zeros, so
+        # that the other ranks' all_reduce completes (the results here stay poisoned).
+        for p in state.params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        if state.data_dim is not None:
+            _sum_over_data(engine, state)
+        return _hand_out(engine, state, wanted)
     if graph is None:
         raise RuntimeError(
             "backward through this module call a second time (or after forward ran under "
@@ -148,12 +156,7 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
         torch.autograd.backward([result], [grad])
     if not state.fsdp and state.data_dim is not None:
         _sum_over_data(engine, state)
-    grads = []
-    for p, want in zip(state.params, wanted, strict=True):
-        if want:
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads.append(_as_global(engine, g))
-        p.grad = None
+    grads = _hand_out(engine, state, wanted)
     if input_grad:
         g = local.grad if local.grad is not None else torch.zeros_like(local)
         placements = _data_placements(engine, state.data_dim)
@@ -163,6 +166,20 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
                 g, engine.mesh, placements, run_check=False, shape=shape, stride=_contiguous(shape)
             )
         )
+    return grads
+
+
+def _hand_out(engine: _TensorEngine, state: ModuleState, wanted: Sequence[bool]) -> list[Any]:
+    """The wanted parameters' gradients as engine values; ``p.grad`` is cleared (accumulation
+    is the controller's business)."""
+    import torch
+
+    grads = []
+    for p, want in zip(state.params, wanted, strict=True):
+        if want:
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads.append(_as_global(engine, g))
+        p.grad = None
     return grads
 
 

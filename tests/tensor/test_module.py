@@ -108,3 +108,43 @@ def test_training_leaves_no_values_behind(mesh: Any) -> None:
     del model, optimizer
     gc.collect()
     assert live(mesh).values() == baseline
+
+
+class FailsOnRank3(nn.Module):
+    """A model whose forward raises on one rank only (say, a bad batch there). (Its forward also
+    runs on the controller, on meta tensors, for the output's shape: no process group there.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 3:
+            raise FloatingPointError("bad batch on rank 3")
+        return self.fc(x)
+
+
+def test_module_failing_on_one_rank_is_reported_without_a_hang(mesh: Any) -> None:
+    # (Replicated parameters. With fsdp=True the failed rank has no autograd graph to run
+    # FSDP's reduce-scatter from, and the others wait for it until the group's timeout.)
+    from actormesh.tensor import RemoteTensorError
+
+    model = module_to_mesh(FailsOnRank3(), mesh)
+    optimizer = torch.optim.AdamW(model.parameters())
+    loss = nn.functional.mse_loss(model(torch.randn(6, 4)), torch.randn(6, 2))
+    loss.backward()  # collectives (loss, gradient sums) in which rank 3 has only stand-ins
+    optimizer.step()
+    with pytest.raises(RemoteTensorError, match="bad batch on rank 3") as info:
+        loss.item()
+    assert info.value.ranks == ["{dp=1, tp=1}"]
+    # Later values that depend on it say so too (the parameters after the step), and the mesh
+    # still runs collectives for everything else.
+    with pytest.raises(RemoteTensorError, match="bad batch on rank 3"):
+        inspect(next(iter(model.parameters())))
+    x = torch.arange(8.0).reshape(4, 2)
+    from actormesh.tensor import distribute
+
+    d = distribute(x, mesh, sharding_spec=["dp", None])
+    assert torch.equal(inspect(d @ d.T), x @ x.T)
