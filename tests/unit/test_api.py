@@ -44,6 +44,36 @@ def test_runtime_objects_are_not_built_directly() -> None:
             cls()
 
 
+def test_process_groups_are_public_and_the_documented_ones() -> None:
+    from actormesh.runtime.dataplane import distributed
+
+    assert actormesh.init_process_group is distributed.init_process_group
+    assert actormesh.destroy_process_group is distributed.destroy_process_group
+
+
+def _mesh(endpoints: frozenset[str]) -> actormesh.ActorMesh[object]:
+    from actormesh.runtime.shape import Shape
+
+    shape = Shape.from_extent({"gpus": 2})
+    return actormesh.ActorMesh._create(None, shape, "k", "counter", "Counter", endpoints, None)  # type: ignore[arg-type]
+
+
+def test_an_unknown_attribute_is_an_attribute_error_that_lists_the_endpoints() -> None:
+    import copy
+
+    import pytest
+
+    mesh = _mesh(frozenset({"incr", "get"}))
+    assert not hasattr(mesh, "name")
+    assert getattr(mesh, "name", 42) == 42
+    with pytest.raises(AttributeError) as info:
+        mesh.incrr  # noqa: B018
+    assert isinstance(info.value, actormesh.MeshError)  # still what actormesh raises on purpose
+    assert "Counter has no endpoint 'incrr'; its endpoints are: get, incr" in str(info.value)
+    assert hasattr(mesh, "incr")
+    assert copy.copy(mesh)._name == "counter"
+
+
 def _imports(path: pathlib.Path) -> list[tuple[str, int]]:
     """(module, relative level) of every import in a file, function-level ones included."""
     found = []
