@@ -59,6 +59,7 @@ from .runtime.meshes.ports import Channel as Channel
 from .runtime.meshes.ports import Port as Port
 from .runtime.meshes.ports import PortReceiver as PortReceiver
 from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
+from .runtime.meshes.proc_mesh import mesh_extensions as _mesh_extensions
 from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
 from .runtime.messaging.metrics import log_metrics as log_metrics
 from .runtime.procs.host_mesh import HostMesh as HostMesh
@@ -66,6 +67,13 @@ from .runtime.procs.host_mesh import this_host as this_host
 from .runtime.procs.host_mesh import this_proc as this_proc
 
 __version__ = "0.1.0"
+
+# The tensor layer imports torch (a second or more), which most actor programs never need: its
+# names resolve on first use (PEP 562), so ``import actormesh`` stays light.
+_TENSOR_NAMES = frozenset(
+    {"MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect",
+     "module_to_mesh", "no_mesh", "remote"}
+)  # fmt: skip
 
 __all__ = [
     "Accumulator",
@@ -81,6 +89,7 @@ __all__ = [
     "MeshClosedError",
     "MeshError",
     "MeshFailure",
+    "MeshTensor",
     "MeshTimeoutError",
     "MeshUsageError",
     "Point",
@@ -91,15 +100,22 @@ __all__ = [
     "SupervisionError",
     "TensorBuffer",
     "ValueMesh",
+    "call_on_shard_and_fetch",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
     "destroy_process_group",
+    "distribute",
     "endpoint",
+    "fetch",
     "init_process_group",
+    "inspect",
     "listen_for_hosts",
     "log_metrics",
+    "module_to_mesh",
+    "no_mesh",
+    "remote",
     "send",
     "this_host",
     "this_proc",
@@ -136,6 +152,29 @@ def _by_name(module: _Package) -> tuple[_Callable[[str], _Package], tuple[str]]:
 _sys.modules[__name__].__class__ = _Package
 # Pickled by name as any module is (cloudpickle looks modules up by exact type).
 _copyreg.pickle(_Package, _by_name)
+
+
+def _tensor_function(name: str) -> _Callable[..., object]:
+    def call(*args: object, **kwargs: object) -> object:
+        from . import tensor
+
+        return getattr(tensor, name)(*args, **kwargs)
+
+    return call
+
+
+# ProcMesh.activate() and ProcMesh.rank(dims) are the tensor layer's (imported on first use).
+_mesh_extensions.update(activate=_tensor_function("activate"), rank=_tensor_function("rank"))
+
+
+def __getattr__(name: str) -> object:
+    if name in _TENSOR_NAMES:
+        from . import tensor
+
+        value = getattr(tensor, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'actormesh' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: object) -> None:

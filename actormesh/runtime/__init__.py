@@ -77,6 +77,8 @@ Extension points
 ``future.wait_hooks``             called while a ``Future.get`` blocks (the debugger ends waits
                                   on paused ranks)
 ``supervision.set_fault_hook``    where failures nobody waits for go (a broadcast that raised)
+``proc_mesh.mesh_extensions``     ``ProcMesh`` methods of a higher layer (the tensor layer's
+                                  ``activate`` and ``rank``, registered by ``actormesh``)
 ================================  ===============================================================
 
 For tools (the kernel, the debugger, the sidebar)

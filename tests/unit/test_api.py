@@ -15,6 +15,8 @@ PUBLIC = [
     "current_actor_name", "unhandled_fault_hook", "Context", "Endpoint", "send",
     "SlurmJob", "listen_for_hosts", "wait_for_hosts", "log_metrics",
     "init_process_group", "destroy_process_group",
+    "MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect", "module_to_mesh",
+    "no_mesh", "remote",
 ]  # fmt: skip
 
 
@@ -71,3 +73,25 @@ def test_an_unknown_attribute_is_an_attribute_error_that_lists_the_endpoints() -
     assert "Counter has no endpoint 'incrr'; its endpoints are: get, incr" in str(info.value)
     assert hasattr(mesh, "incr")
     assert copy.copy(mesh)._name == "counter"
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, int]]:
+    """(module, relative level) of every import in a file, function-level ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, 0) for alias in node.names)
+    return found
+
+
+def test_tensor_reaches_the_runtime_through_compat_only() -> None:
+    # (test_layers checks that the runtime never imports the tensor layer.) One module names
+    # runtime internals, so a move in the runtime changes one file of the tensor layer.
+    root = pathlib.Path(actormesh.__file__).parent
+    for path in (root / "tensor").rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        for module, level in _imports(path):
+            assert "runtime" not in module.split("."), (path, module, level)

@@ -30,6 +30,20 @@ if TYPE_CHECKING:
 
 A = TypeVar("A", bound=Actor)
 
+# Methods a higher layer adds to proc meshes: ``activate`` and ``rank`` are the tensor layer's
+# (actormesh.tensor), which the runtime never imports; the actormesh namespace registers them.
+mesh_extensions: dict[str, Callable[..., Any]] = {}
+
+
+def _extension(name: str) -> Callable[..., Any]:
+    fn = mesh_extensions.get(name)
+    if fn is None:
+        raise MeshUsageError(
+            f"ProcMesh.{name} comes from actormesh.tensor, which registers it when the actormesh "
+            "package is imported; import actormesh first"
+        )
+    return fn
+
 
 class ActorSpawn(NamedTuple):
     """One ``ProcMesh.spawn`` as it was sent: sent again, with a new reply port, to the ranks
@@ -147,6 +161,19 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             spawn = ActorSpawn(key, name, shape, payload, buffers, digest)
             self._record.actor_spawns.append(spawn)
         return mesh
+
+    # -- tensors (actormesh.tensor) ---------------------------------------------------------------
+
+    def activate(self) -> Any:
+        """``with procs.activate():`` torch factories make per-rank MeshTensors on this mesh
+        (PyTorch Monarch's tensor-engine style); see ``actormesh.tensor.activate``. The first
+        use starts the mesh's tensor engine (forms a process group: seconds)."""
+        return _extension("activate")(self)
+
+    def rank(self, dims: str | tuple[str, ...]) -> Any:
+        """Each rank's coordinate along ``dims`` as a per-rank MeshTensor (an int64 scalar;
+        row-major over several dims); see ``actormesh.tensor.rank``."""
+        return _extension("rank")(self, dims)
 
     # -- supervision ---------------------------------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""The one place the tensor layer imports the runtime.
+
+Everything else in ``actormesh.tensor`` gets the runtime through this module, so when the
+runtime's modules move, only these imports change. The first group are public names (the tensor
+layer sits below the ``actormesh`` namespace, so it imports them from where they live); the
+helpers below them are the few places where the public API is not enough, each saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from ..errors import MeshUsageError, RemoteFailure
+from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.actors.future import Future, then, when_all
+from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
+from ..runtime.extent import Extent, Point
+from ..runtime.faults.supervision import unhandled_fault_hook
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
+from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.messaging.codec import loads
+from ..runtime.shape import view_shape
+
+T = TypeVar("T")
+
+__all__ = [
+    "Actor",
+    "Extent",
+    "Future",
+    "MeshUsageError",
+    "Point",
+    "ProcMesh",
+    "RemoteFailure",
+    "ValueMesh",
+    "completed",
+    "destroy_process_group",
+    "endpoint",
+    "failed",
+    "helper_mesh_with_args",
+    "init_process_group",
+    "is_stopped",
+    "loads",
+    "mesh_id",
+    "report_unhandled",
+    "then",
+    "value_mesh",
+    "when_all",
+]
+
+
+def completed(value: T) -> Future[T]:
+    """A future that is already done (the public API only hands out futures, never makes them)."""
+    return Future._completed(value)
+
+
+def failed(exc: BaseException) -> Future[Any]:
+    return Future._failed(exc)
+
+
+def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
+    """A ValueMesh over the shape of mesh ``like`` (``remote_fn.call`` builds its own)."""
+    return ValueMesh._create(view_shape(like), values)
+
+
+def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
+    """Which processes a mesh covers: the same processes must get one engine, however the
+    mesh object that names them was made (sliced, renamed, unpickled)."""
+    return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
+
+
+def is_stopped(mesh: Any) -> bool:
+    """Whether the processes under ``mesh`` were stopped (the public API says so only by
+    raising MeshClosedError on the next call)."""
+    return bool(proc_table(mesh).closed)
+
+
+def report_unhandled(error: Exception) -> None:
+    """A tensor failure that no sync point touched goes where a failed broadcast goes."""
+    unhandled_fault_hook(error)  # type: ignore[arg-type]
+
+
+def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
+    """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
+    (a healed process has no process group, so re-creating the engine there cannot work)."""
+    return ProcMesh._create(proc_table(procs), view_shape(procs), None).spawn(name, cls, *args)

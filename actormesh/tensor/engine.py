@@ -1,0 +1,393 @@
+"""The worker side: ``_TensorEngine``, one hidden actor per process of a tensor mesh.
+
+It keeps ``env``: id -> value (a DTensor for a global MeshTensor, a plain tensor for a per-rank
+one, modules, remote functions' results) and runs the op batches the controller streams to it,
+in order, on its own thread (so every rank runs the same collectives in the same order).
+
+Failures. An op that raises turns its outputs into *poisoned* values: ``poison[id]`` holds the
+:class:`~actormesh.tensor.records.FailureInfo` of the op that originally failed, and ``env[id]``
+a *stand-in* with the shape the controller computed (and the placements of an input of that
+shape), so that later ops on this rank still run, for real, on the stand-ins. That is what keeps
+healthy ranks from hanging in a collective that a failed rank would otherwise skip. Ops that read
+a poisoned value inherit its original failure instead of reporting their own secondary one. A
+failure that no fetch reported by the time its last holder is dropped is an *orphan*: it rides
+on the next fetch reply so that the controller hands it to the fault hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .compat import Actor, Extent, Point, endpoint, loads
+from .records import FailureInfo, Op, Ref, op_name
+from .registry import HANDLERS
+
+logger = logging.getLogger(__name__)
+
+# How long an actor that received a MeshTensor waits for the engine to run the ops before it.
+LOCAL_VALUE_WAIT = 300.0
+
+# This process's engines by key, for actors and %%mesh cells that are handed MeshTensors.
+_REGISTRY: dict[str, _TensorEngine] = {}
+_MISSING: Any = object()
+
+
+class _TensorEngine(Actor):
+    """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
+
+    def __init__(
+        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int
+    ) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from . import handlers, module_worker  # noqa: F401  (they register their handlers)
+
+        # Fetching a value that is Partial over several dims logs a warning per fetch on every
+        # rank; the sequential reduction it warns about is what a fetch wants.
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+        self.key = key
+        self.labels = tuple(labels)
+        self.sizes = tuple(sizes)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
+        self.index = dist.get_rank()
+        point = Point(self.index, Extent(list(self.labels), list(self.sizes)))
+        self.coords: dict[str, int] = dict(point)
+        # Every process starts torch's generator from the same default seed (and forked ones
+        # from the same state): per-rank factories under activate() must draw differently.
+        torch.manual_seed(seed + self.index)
+        self.rank_str = str(point)
+        self.env: dict[int, Any] = {}
+        self.poison: dict[int, FailureInfo] = {}
+        self.holders: dict[int, int] = {}  # failure serial -> how many ids carry it
+        self.surfaced: set[int] = set()
+        self.orphans: list[FailureInfo] = []
+        self.serial = 0
+        self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
+        self.cond = threading.Condition()
+        self.current: str | None = None  # the op running now (what a stack dump should say)
+        self.counts = {"run": 0, "fetch": 0}
+        self.fns: dict[int, Any] = {}
+        _REGISTRY[key] = self
+
+    # -- the stream --------------------------------------------------------------------------
+
+    @endpoint
+    def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
+        import torch
+
+        self.counts["run"] += 1
+        # A batch the controller pickled itself (stream._pack) arrived inside a signed message;
+        # the runtime's codec unpickles it, as it does every payload.
+        batch: list[Op] = loads(ops) if isinstance(ops, bytes) else ops
+        try:
+            with torch.no_grad():
+                for op in batch:
+                    self._execute(op)
+            for i in drops:
+                self._drop(i)
+        finally:
+            self.current = None
+            with self.cond:
+                self.done += 1
+                self.cond.notify_all()
+
+    def _execute(self, op: Op) -> None:
+        kind, out, ins, meta, payload, _site = op
+        root = None
+        if self.poison:
+            for i in ins:
+                root = self.poison.get(i)
+                if root is not None:
+                    break
+        self.current = kind
+        try:
+            values = HANDLERS[kind](self, payload, out)
+            if len(values) != len(out):
+                raise RuntimeError(
+                    f"{op_name(op)} gave {len(values)} results where the controller expected "
+                    f"{len(out)}; the controller's shape propagation and this rank disagree"
+                )
+        except Exception as exc:
+            if root is None:
+                root = self._new_failure(op, exc)
+            else:
+                logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
+            for k, o in enumerate(out):
+                if o not in ins:  # an in-place op keeps its (stand-in) value
+                    self.env[o] = self.stand_in(meta[k] if k < len(meta) else None, ins)
+                self._set_poison(o, root)
+            if not out:
+                self._hold(root, 0)
+            return
+        env = self.env
+        for o, v in zip(out, values, strict=True):
+            env[o] = v
+        if root is not None:
+            for o in out:
+                self._set_poison(o, root)
+
+    def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
+        self.serial += 1
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        etype = type(exc)
+        name = etype.__qualname__
+        if etype.__module__ not in ("builtins", "__main__"):
+            name = f"{etype.__module__}.{name}"
+        info = FailureInfo(self.rank_str, op_name(op), op[5], name, str(exc), text, self.serial)
+        logger.debug("op %s failed on %s: %s", info.op, self.rank_str, info.message)
+        return info
+
+    # -- values --------------------------------------------------------------------------------
+
+    def value(self, id: int) -> Any:
+        v = self.env.get(id, _MISSING)
+        if v is _MISSING:
+            raise RuntimeError(
+                f"tensor value {id} is not on rank {self.rank_str}: it was freed (its "
+                "MeshTensor was garbage-collected) or belongs to another mesh"
+            )
+        return v
+
+    def resolve(self, x: Any) -> Any:
+        """``x`` with every :class:`Ref` replaced by its value (lists, tuples, dicts too)."""
+        t = type(x)
+        if t is Ref:
+            return self.value(x.id)
+        if t is tuple or t is list:
+            return t(self.resolve(e) for e in x)
+        if t is dict:
+            return {k: self.resolve(v) for k, v in x.items()}
+        return x
+
+    def stand_in(self, meta: Any, ins: tuple[int, ...]) -> Any:
+        """A zero value of the shape the op would have had; ``None`` when that is unknown."""
+        if meta is None:
+            return None
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, dtype, per_rank = meta[:3]
+        split = meta[3] if len(meta) > 3 else None  # a dim the value is known to be split over
+        try:
+            if per_rank:
+                return torch.zeros(shape, dtype=dtype, device=self.device)
+            mesh = self.mesh
+            placements: list[Any] = [Replicate()] * self.mesh.ndim
+            if split is not None:
+                placements = [Shard(0) if d == split else Replicate() for d in self.labels]
+            for i in ins if split is None else ():  # an input of the same shape's placements
+                v = self.env.get(i)
+                if isinstance(v, DTensor) and tuple(v.shape) == tuple(shape):
+                    mesh, placements = v.device_mesh, list(v.placements)
+                    break
+            local, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
+            zeros = torch.zeros(local, dtype=dtype, device=self.device)
+            return DTensor.from_local(
+                zeros, mesh, placements, run_check=False, shape=torch.Size(shape),
+                stride=_contiguous(shape),
+            )  # fmt: skip
+        except Exception:
+            logger.debug("no stand-in for %s", meta, exc_info=True)
+            return None
+
+    # -- poison bookkeeping ----------------------------------------------------------------------
+
+    def _set_poison(self, id: int, root: FailureInfo) -> None:
+        old = self.poison.get(id)
+        if old is root:
+            return
+        if old is not None:
+            self._hold(old, -1)
+        self.poison[id] = root
+        self._hold(root, +1)
+
+    def _hold(self, root: FailureInfo, delta: int) -> None:
+        left = self.holders.get(root.serial, 0) + delta
+        if left > 0:
+            self.holders[root.serial] = left
+            return
+        self.holders.pop(root.serial, None)
+        if root.serial not in self.surfaced:
+            self.orphans.append(root)
+
+    def _drop(self, id: int) -> None:
+        self.env.pop(id, None)
+        root = self.poison.pop(id, None)
+        if root is not None:
+            self._hold(root, -1)
+
+    # -- sync points -------------------------------------------------------------------------
+
+    @endpoint
+    def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
+        """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
+
+        ``want`` is a rank index (that rank's local value) or ``None`` (the global value: every
+        rank holding a distinct piece sends it, with its offset). Every rank runs this, in stream
+        order, so the collectives that make a value gatherable (Partial -> Replicate) have all
+        their members, stand-ins included."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        self.counts["fetch"] += 1
+        reply: dict[str, Any] = {"poison": {}, "data": {}}
+        with torch.no_grad():
+            for id, want in requests:
+                v = self.value(id)
+                if want is None and isinstance(v, DTensor):
+                    v = _gatherable(v)
+                root = self.poison.get(id)
+                if root is not None:
+                    reply["poison"][id] = root
+                    self.surfaced.add(root.serial)
+                    continue
+                if want is None:
+                    if isinstance(v, DTensor):
+                        piece = self._piece(v)
+                        if piece is not None:
+                            reply["data"][id] = piece
+                    elif self.index == 0:
+                        reply["data"][id] = ("value", v)
+                elif want == self.index:
+                    reply["data"][id] = ("value", v.to_local() if isinstance(v, DTensor) else v)
+        reply["orphans"], self.orphans = self.orphans, []
+        return reply
+
+    def _piece(self, v: Any) -> tuple[str, Any, tuple[int, ...], tuple[int, ...]] | None:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        names = v.device_mesh.mesh_dim_names or ()
+        for label in self.labels:
+            replicated = label not in names or isinstance(
+                v.placements[names.index(label)], Replicate
+            )
+            if replicated and self.coords[label] != 0:
+                return None  # rank 0 along this dimension sends the same piece
+        _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+        return ("piece", v.to_local(), tuple(offset), tuple(v.shape))
+
+    @endpoint
+    def describe(self, id: int) -> tuple[Any, list[Any]]:
+        """The structure and tensor metadata (global shapes) of a remote function's result."""
+        root = self.poison.get(id)
+        if root is not None:
+            raise RuntimeError(
+                f"the remote function failed on {root.rank}: {root.exc_type}: {root.message} "
+                f"(issued at {root.site})\n{root.traceback}"
+            )
+        return _describe_value(self.value(id))
+
+    @endpoint
+    def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
+        """Run a remote function now (``fn.call``); tensors go back as local tensors."""
+        import torch
+        from torch.distributed.tensor import DTensor
+        from torch.utils._pytree import tree_flatten, tree_map
+
+        for leaf in tree_flatten((args, kwargs))[0]:
+            root = self.poison.get(leaf.id) if type(leaf) is Ref else None
+            if root is not None:
+                raise RuntimeError(
+                    f"an argument failed on {root.rank}: {root.exc_type}: {root.message} "
+                    f"(op {root.op} issued at {root.site})"
+                )
+        # User code: torch's default grad mode, as in a local call (a remote function may train).
+        with torch.enable_grad():
+            result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
+        return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
+
+    @endpoint
+    def live(self) -> int:
+        """How many remote values this rank holds (tests check it goes back to a baseline)."""
+        return len(self.env)
+
+    @endpoint
+    def device_kind(self) -> str:
+        """``"cuda"`` or ``"cpu"``: what this rank's tensors live on."""
+        return str(self.device)
+
+    @endpoint
+    def stats(self) -> dict[str, int]:
+        """Messages this engine handled, by endpoint (tests count them)."""
+        return {**self.counts, "done": self.done}
+
+
+def _gatherable(v: Any) -> Any:
+    """``v`` with Partial sums reduced and strided shards gathered: then each rank's local tensor
+    is one block of the global value at a known offset."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    placements = list(v.placements)
+    if all(type(p) is Shard or isinstance(p, Replicate) for p in placements):
+        return v
+    if any(isinstance(p, Partial) for p in placements) and all(
+        type(p) is Shard or isinstance(p, (Replicate, Partial)) for p in placements
+    ):
+        new = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    else:
+        new = [Replicate()] * len(placements)
+    return v.redistribute(v.device_mesh, new)
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def local_value(key: str, id: int, seq: int) -> Any:
+    """On a worker: the local value of a MeshTensor that was passed to an endpoint.
+
+    Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
+    on their own threads, so the engine may still be behind), then returns the local tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    engine = _REGISTRY.get(key)
+    if engine is None:
+        raise RuntimeError(
+            "a MeshTensor was sent to a process that does not hold its mesh; pass MeshTensors "
+            "only to actors on the same processes as the tensor's mesh"
+        )
+    with engine.cond:
+        if not engine.cond.wait_for(lambda: engine.done >= seq, timeout=LOCAL_VALUE_WAIT):
+            raise TimeoutError(
+                f"the tensor engine on {engine.rank_str} did not reach batch {seq} in "
+                f"{LOCAL_VALUE_WAIT:g} s (it ran {engine.done}); is it blocked in a collective?"
+            )
+    root = engine.poison.get(id)
+    if root is not None:
+        raise RuntimeError(
+            f"this MeshTensor failed on {root.rank}: {root.exc_type}: {root.message} "
+            f"(op {root.op} issued at {root.site})"
+        )
+    v = engine.value(id)
+    return v.to_local() if isinstance(v, DTensor) else v
+
+
+def engine_in_this_process(key: str) -> _TensorEngine | None:
+    return _REGISTRY.get(key)
+
+
+def _describe_value(v: Any) -> tuple[Any, list[Any]]:
+    import torch
+    from torch.utils._pytree import tree_flatten, treespec_dumps
+
+    leaves, spec = tree_flatten(v)
+    entries = [
+        ("new", tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else ("value", x)
+        for x in leaves
+    ]
+    # As text: unpickling a TreeSpec object warns (a deprecated isinstance check in torch).
+    return treespec_dumps(spec), entries

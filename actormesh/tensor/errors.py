@@ -1,0 +1,43 @@
+"""Errors of the tensor layer: a worker op that failed, and where the user issued it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import ActorError, RemoteFailure
+
+
+class RemoteTensorError(ActorError):
+    """A tensor op failed on one or more ranks; raised at the sync point that touched its result.
+
+    ``failures`` has one entry per failed rank (``rank`` is the first one's coordinates, e.g.
+    ``"{dp=1, tp=1}"``; ``ranks`` all of them). ``op`` is the op that failed (the original
+    failure, not an op that merely depended on it), ``site`` the ``file:line`` of the user's code
+    that issued it, and ``remote_traceback`` the worker's traceback as text.
+    """
+
+    def __init__(self, failures: Sequence[RemoteFailure], op: str = "", site: str = ""):
+        self.op = op
+        self.site = site
+        super().__init__(failures)
+
+    def __reduce__(self):
+        return (type(self), (self.failures, self.op, self.site))
+
+    @property
+    def ranks(self) -> list[str]:
+        return [f.rank for f in self.failures]
+
+    def _summary(self) -> str:
+        head = super()._summary()
+        return f"{head}\n(op {self.op} issued at {self.site})" if self.site else head
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\nThe op {self.op} was issued at {self.site}" if self.site else text
+
+    def _render_traceback_(self) -> list[str]:
+        lines = super()._render_traceback_()
+        if self.site:
+            lines.append(f"(op {self.op} issued at {self.site})")
+        return lines

@@ -1,0 +1,159 @@
+"""Sync points: bring values from the workers to the controller.
+
+A fetch sends what is buffered, then calls ``engine.fetch`` on *every* rank of the mesh: each
+says whether the value failed there (so a failure on rank 3 surfaces even when fetching rank 0's
+shard), and only the ranks holding a wanted piece send data. A global value arrives as local
+shards with their global offsets and is assembled here. Failures that no fetch ever touched
+(their values were dropped) ride on the replies and go to the fault hook.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import SupervisionError
+from . import compat
+from .errors import RemoteTensorError
+from .mesh import TensorMesh
+from .proxy import MeshTensor, OpaqueRef, hooks
+from .records import FailureInfo
+
+
+def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
+    """A Future of ``obj`` (a pytree: tensor, list, dict, ... of MeshTensors) on the controller.
+
+    Without ``coords``, each global MeshTensor becomes its full tensor; with ``coords``
+    (``fetch(dt, dp=1)``) that rank's local shard. A per-rank MeshTensor (from ``activate()``)
+    gives the value of the rank at ``coords``, where omitted dimensions mean 0. Other leaves are
+    returned as they are.
+
+    Sends the buffered ops first; does not block (``.get(timeout=)`` does). The future fails with
+    ``RemoteTensorError`` (an ``ActorError``) naming the failed ranks, the op, its remote
+    traceback and the line that issued it, if a value failed on any rank; with
+    ``SupervisionError`` if a rank died.
+    """
+    leaves, spec = tree_flatten(obj)
+    by_mesh: dict[TensorMesh, list[int]] = defaultdict(list)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (MeshTensor, OpaqueRef)):
+            by_mesh[leaf.mesh].append(i)
+    if not by_mesh:
+        return compat.completed(obj)
+    parts = []
+    for tm, positions in by_mesh.items():
+        index = tm.index_of(coords, "fetch") if coords else None
+        requests = []
+        for i in positions:
+            leaf = leaves[i]
+            want = index if index is not None else (0 if leaf.per_rank else None)
+            requests.append((leaf.value_id, want))
+        tm.stream.flush()
+        reply = _watch(tm, tm.engine.fetch.call(requests))
+        parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
+
+    def combine(results: list[dict[int, Any]]) -> Any:
+        values = {}
+        for r in results:
+            values.update(r)
+        out = list(leaves)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, (MeshTensor, OpaqueRef)):
+                out[i] = values[leaf.value_id]
+        return compat.completed(tree_unflatten(out, spec))
+
+    return compat.then(compat.when_all(parts), combine)
+
+
+def _watch(tm: TensorMesh, reply: Any) -> Any:
+    """A rank death seen by a fetch closes the mesh's values (see Stream.lose)."""
+
+    def seen(done: Any) -> None:
+        exc = done.exception()
+        if isinstance(exc, SupervisionError):
+            tm.stream.lose(exc)
+
+    reply.add_done_callback(seen)
+    return reply
+
+
+def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
+    return compat.completed(_assemble(tm, requests, vm))
+
+
+def inspect(obj: Any, **coords: int) -> Any:
+    """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
+    return fetch(obj, **coords).get()
+
+
+def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
+    tm.stream.flush()
+    requests = [(ref.value_id, index)]
+    reply = _watch(tm, tm.engine.fetch.call(requests))
+    return compat.then(
+        reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref.value_id])
+    )
+
+
+def _assemble(
+    tm: TensorMesh, requests: Sequence[tuple[int, int | None]], vm: Any
+) -> dict[int, Any]:
+    replies = vm.values()
+    orphans: dict[tuple[int, int], FailureInfo] = {}
+    for index, reply in enumerate(replies):
+        for info in reply["orphans"]:
+            orphans[(index, info.serial)] = info
+    if orphans:
+        for group in _group(list(orphans.values())):
+            compat.report_unhandled(_error(group))
+    out: dict[int, Any] = {}
+    for id, want in requests:
+        failed = [r["poison"][id] for r in replies if id in r["poison"]]
+        if failed:
+            raise _error(failed)
+        pieces = [r["data"][id] for r in replies if id in r["data"]]
+        if not pieces:
+            raise RuntimeError(f"no rank sent value {id} (want={want}); this is a bug")
+        if pieces[0][0] == "value":
+            out[id] = pieces[0][1]
+            continue
+        _, first, _, shape = pieces[0]
+        full = torch.empty(shape, dtype=first.dtype)
+        for _, local, offset, _ in pieces:
+            where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
+            full[where] = local.cpu()
+        out[id] = full
+    return out
+
+
+def _group(infos: list[FailureInfo]) -> list[list[FailureInfo]]:
+    groups: dict[tuple[str, str], list[FailureInfo]] = defaultdict(list)
+    for info in infos:
+        groups[(info.op, info.site)].append(info)
+    return list(groups.values())
+
+
+def _error(infos: list[FailureInfo]) -> RemoteTensorError:
+    failures = [
+        compat.RemoteFailure(i.rank, "tensor engine", i.op, i.exc_type, i.message, i.traceback)
+        for i in sorted(infos, key=lambda i: i.rank)
+    ]
+    return RemoteTensorError(failures, infos[0].op, infos[0].site)
+
+
+def live(mesh: Any) -> compat.ValueMesh:
+    """How many remote values each rank holds (after sending the buffered ops and drops)."""
+    from .mesh import tensor_mesh
+
+    tm = tensor_mesh(mesh)
+    tm.stream.flush()
+    return tm.engine.live.call().get(timeout=60)
+
+
+hooks["fetch"] = fetch
+hooks["fetch_value"] = fetch_value

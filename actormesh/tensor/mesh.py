@@ -1,0 +1,196 @@
+"""A proc mesh's tensor engine, as the controller sees it: labels, sizes, engine, op stream.
+
+The first tensor use of a mesh forms a ``torch.distributed`` group over its processes
+(``init_process_group``), spawns the hidden ``_TensorEngine`` actor on exactly those processes,
+and each engine builds the ``DeviceMesh`` (row-major actormesh rank = DeviceMesh rank). One
+set of processes has one engine: a slice or ``rename`` of an engine's mesh that covers the same
+processes in the same shape reuses it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from . import compat
+from .engine import _TensorEngine
+from .stream import Stream, flush_all
+
+SETUP_TIMEOUT = 120.0
+
+_meshes: dict[Any, TensorMesh] = {}
+_lock = threading.Lock()
+
+
+class TensorMesh:
+    """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
+
+    def __init__(self, procs: compat.ProcMesh) -> None:
+        self.procs = procs
+        self.labels = tuple(procs.sizes)
+        self.sizes = tuple(procs.sizes.values())
+        self.key = uuid.uuid4().hex
+        import torch
+
+        compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
+        self.engine = compat.helper_mesh_with_args(
+            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed
+        )
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        self.stream = Stream(self.engine)
+        # What MeshTensors report as their device: the workers' kind (cuda where they see one).
+        first = self.engine.slice(**dict.fromkeys(self.labels, 0))
+        self.device = torch.device(first.device_kind.call_one().get(timeout=SETUP_TIMEOUT))
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
+        return "{" + dims + "}"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.labels)
+
+    def index_of(self, coords: dict[str, int], what: str) -> int:
+        """Row-major rank of ``coords`` (omitted dimensions mean 0)."""
+        unknown = [k for k in coords if k not in self.labels]
+        if unknown:
+            raise compat.MeshUsageError(
+                f"{what}: unknown mesh dimension(s) {unknown}; this mesh has {self!r}"
+            )
+        index = 0
+        for label, size in zip(self.labels, self.sizes, strict=True):
+            c = coords.get(label, 0)
+            if not isinstance(c, int) or not -size <= c < size:
+                raise compat.MeshUsageError(
+                    f"{what}: coordinate {label}={c!r} is outside 0..{size - 1}"
+                )
+            index = index * size + (c % size)
+        return index
+
+    def coords_of(self, index: int) -> str:
+        return str(compat.Point(index, compat.Extent(list(self.labels), list(self.sizes))))
+
+    def check_dims(self, dims: Sequence[str], what: str) -> tuple[str, ...]:
+        dims = (dims,) if isinstance(dims, str) else tuple(dims)
+        for d in dims:
+            if d not in self.labels:
+                raise compat.MeshUsageError(
+                    f"{what}: unknown mesh dimension {d!r}; this mesh has {self!r}"
+                )
+        return dims
+
+    def placements(
+        self, ndim: int, sharding_spec: Sequence[Any] | None, placements: Sequence[Any] | None
+    ) -> tuple[Any, ...]:
+        """DTensor placements (one per mesh dim) from a sharding spec (one entry per tensor dim:
+        a mesh dimension name, a tuple of names, or None)."""
+        from torch.distributed.tensor import Placement, Replicate, Shard
+
+        if sharding_spec is not None and placements is not None:
+            raise compat.MeshUsageError("pass sharding_spec or placements, not both")
+        if placements is not None:
+            placements = tuple(placements)
+            if len(placements) != self.ndim or not all(
+                isinstance(p, Placement) for p in placements
+            ):
+                raise compat.MeshUsageError(
+                    f"placements needs one torch.distributed.tensor Placement per mesh "
+                    f"dimension ({self.ndim} for {self!r}), got {placements!r}"
+                )
+            return placements
+        out: list[Any] = [Replicate()] * self.ndim
+        if sharding_spec is None:
+            return tuple(out)
+        spec = list(sharding_spec)
+        if len(spec) != ndim:
+            raise compat.MeshUsageError(
+                f"sharding_spec has {len(spec)} entries but the tensor has {ndim} dimensions; "
+                "give one entry per tensor dimension (a mesh dimension name, a tuple of "
+                "names, or None)"
+            )
+        for tdim, entry in enumerate(spec):
+            if entry is None:
+                continue
+            names = (entry,) if isinstance(entry, str) else tuple(entry)
+            positions = []
+            for name in names:
+                if name not in self.labels:
+                    raise compat.MeshUsageError(
+                        f"sharding_spec entry {entry!r} (tensor dim {tdim}) names an unknown "
+                        f"mesh dimension {name!r}; this mesh has {self!r}"
+                    )
+                pos = self.labels.index(name)
+                if not isinstance(out[pos], Replicate):
+                    raise compat.MeshUsageError(
+                        f"mesh dimension {name!r} appears twice in sharding_spec {spec!r}; "
+                        "each mesh dimension shards at most one tensor dimension"
+                    )
+                out[pos] = Shard(tdim)
+                positions.append(pos)
+            if positions != sorted(positions):
+                raise compat.MeshUsageError(
+                    f"sharding_spec entry {entry!r}: list the mesh dimensions in mesh order "
+                    f"({', '.join(n for n in self.labels if n in names)})"
+                )
+        return tuple(out)
+
+    @staticmethod
+    def install_cell_hook() -> None:
+        """In IPython (a notebook), send every mesh's buffered ops at the end of each cell."""
+        ipython = sys.modules.get("IPython")  # not imported: no shell runs in this process
+        if ipython is None:
+            return
+        ip = ipython.get_ipython()
+        if ip is None or flush_all in ip.events.callbacks.get("post_run_cell", ()):
+            return
+        ip.events.register("post_run_cell", flush_all)
+
+
+def _normalize(mesh: Any) -> compat.ProcMesh:
+    if not isinstance(mesh, compat.ProcMesh):
+        raise compat.MeshUsageError(
+            f"expected a ProcMesh (or a slice of one), got {type(mesh).__name__}; "
+            "pass the mesh from this_host().spawn_procs(...)"
+        )
+    sizes = mesh.sizes
+    if "hosts" in sizes and sizes["hosts"] == 1 and len(sizes) > 1:
+        mesh = mesh.slice(hosts=0)  # the size-1 hosts dimension is not a tensor dimension
+    return mesh
+
+
+def tensor_mesh(mesh: Any) -> TensorMesh:
+    """The engine of ``mesh``'s processes, started on first use (blocks while it starts)."""
+    procs = _normalize(mesh)
+    ident = compat.mesh_id(procs)
+    with _lock:
+        for key, old in list(_meshes.items()):  # forget engines of stopped meshes
+            if compat.is_stopped(old.procs):
+                old.stream.close()
+                del _meshes[key]
+        tm = _meshes.get(ident)
+        if tm is not None and tm.stream.lost is not None:
+            # A rank died (and was perhaps healed): the survivors still hold the old group.
+            # Leave it everywhere, then start over with a new group and engine.
+            tm.stream.close()
+            compat.destroy_process_group(procs).get(timeout=SETUP_TIMEOUT)
+            tm = None
+        if tm is None:
+            tm = TensorMesh(procs)
+            _meshes[ident] = tm
+    TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
+    if (tuple(procs.sizes), tuple(procs.sizes.values())) != (tm.labels, tm.sizes):
+        raise compat.MeshUsageError(
+            f"these processes already run a tensor engine over {tm!r}; use that mesh "
+            "(tensor meshes of other shapes over the same processes are not supported)"
+        )
+    return tm
+
+
+def device_mesh(mesh: Any) -> TensorMesh:
+    """The tensor engine of a proc mesh (its ``labels`` and ``sizes``), started if needed."""
+    return tensor_mesh(mesh)

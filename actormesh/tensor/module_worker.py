@@ -1,0 +1,228 @@
+"""The worker side of ``module_to_mesh``: build, parallelise, run forward and backward.
+
+A module is one value in the engine's ``env``, and each call is one op each way. Forward runs
+the module on this rank's slice of the batch (split along the data dimension) and presents the
+output as one global DTensor; the autograd graph stays here under an id the controller's
+autograd context owns. Backward runs ``torch.autograd.backward`` from that output, synchronises
+the gradients, hands them out under the ids the controller allocated and clears ``p.grad``, so
+gradient accumulation stays the controller's business (as with local tensors).
+
+Gradient synchronisation. The controller computes the loss on the *global* output, so each
+rank's gradient is a partial sum of the true gradient over the data dimension: replicated
+(and tensor-parallel) parameters are summed over the data-dimension group, in buckets of up to
+``BUCKET_BYTES`` (one all_reduce per bucket, not one per parameter, and none in ``step()``).
+FSDP reduce-scatters them itself; its divide factor is set to 1 for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .registry import handler
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
+
+BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass
+class ModuleState:
+    module: Any
+    params: list[Any]  # the module's parameters, in the controller's order
+    data_dim: str | None
+    fsdp: bool
+    tp_dim: str | None
+    graphs: dict[int, Any] = field(default_factory=dict)
+
+
+def _data_placements(engine: _TensorEngine, data_dim: str | None) -> list[Any]:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Shard(0) if label == data_dim else Replicate() for label in engine.labels]
+
+
+def _as_global(engine: _TensorEngine, t: Any) -> Any:
+    """A parameter/buffer/gradient as the engine holds global values: DTensors stay, plain
+    (replicated) tensors become Replicate DTensors sharing their storage."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    t = t.detach()
+    if isinstance(t, DTensor):
+        return t
+    return DTensor.from_local(t, engine.mesh, [Replicate()] * engine.mesh.ndim, run_check=False)
+
+
+@handler("module_build")
+def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+
+    source, is_factory, seed, data_dim, fsdp, tp_plan, tp_dim = payload
+    if is_factory:
+        # The same initial weights on every rank, without resetting the ranks' own generators
+        # (per-rank factories under activate() must keep drawing differently).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = source()
+    else:
+        module = source
+    module = module.to(engine.device)
+    if tp_plan:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        parallelize_module(module, engine.mesh[tp_dim], tp_plan)
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(module, mesh=engine.mesh[data_dim])
+        module.set_gradient_divide_factor(1.0)  # see the module docs: grads are partial sums
+    params = list(module.parameters())
+    buffers = list(module.buffers())
+    state = ModuleState(module, params, data_dim, fsdp, tp_dim)
+    values = [_as_global(engine, p) for p in params] + [_as_global(engine, b) for b in buffers]
+    return [*values, state]
+
+
+@handler("module_mode")
+def run_mode(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    ref, training = payload
+    engine.resolve(ref).module.train(training)
+    return []
+
+
+@handler("module_forward")
+def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    ref, x, global_shape, grad_enabled, input_grad = payload
+    state: ModuleState = engine.resolve(ref)
+    x = engine.resolve(x)
+    placements = _data_placements(engine, state.data_dim)
+    if isinstance(x, DTensor):
+        local = x.redistribute(x.device_mesh, placements).to_local()
+    else:  # a controller tensor: every rank has the batch, each keeps its slice
+        local = distribute_tensor(
+            x.to(engine.device), engine.mesh, placements, src_data_rank=None
+        ).to_local()
+    local = local.detach()
+    if input_grad:
+        local.requires_grad_(True)
+    with torch.set_grad_enabled(grad_enabled):
+        y = state.module(local)
+        if isinstance(y, DTensor):  # e.g. a tensor-parallel plan that keeps DTensor outputs
+            y = y.redistribute(y.device_mesh, [Replicate()] * y.device_mesh.ndim).to_local()
+        result = DTensor.from_local(
+            y, engine.mesh, placements, run_check=False, shape=torch.Size(global_shape),
+            stride=_contiguous(global_shape),
+        )  # fmt: skip
+    graph = (result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
+    return [result.detach(), graph]
+
+
+@handler("module_backward")
+def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    ref, graph_ref, grad_ref, wanted, input_grad = payload
+    state: ModuleState = engine.resolve(ref)
+    graph = engine.value(graph_ref.id)
+    if graph is None and graph_ref.id in engine.poison and not state.fsdp and not input_grad:
+        # The forward failed on this rank only: take part in the gradient sum with zeros, so
+        # that the other ranks' all_reduce completes (the results here stay poisoned).
+        for p in state.params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        if state.data_dim is not None:
+            _sum_over_data(engine, state)
+        return _hand_out(engine, state, wanted)
+    if graph is None:
+        raise RuntimeError(
+            "backward through this module call a second time (or after forward ran under "
+            "no_grad): the graph on the workers is freed after the first backward"
+        )
+    result, local, input_shape = graph
+    engine.env[graph_ref.id] = None  # the graph is freed by its first backward
+    grad = engine.resolve(grad_ref)
+    if not isinstance(grad, DTensor):  # a controller tensor: the whole gradient
+        from torch.distributed.tensor import distribute_tensor
+
+        grad = distribute_tensor(
+            grad.to(engine.device), result.device_mesh, result.placements, src_data_rank=None
+        )
+    with torch.enable_grad():
+        torch.autograd.backward([result], [grad])
+    if not state.fsdp and state.data_dim is not None:
+        _sum_over_data(engine, state)
+    grads = _hand_out(engine, state, wanted)
+    if input_grad:
+        g = local.grad if local.grad is not None else torch.zeros_like(local)
+        placements = _data_placements(engine, state.data_dim)
+        shape = torch.Size(input_shape)
+        grads.append(
+            DTensor.from_local(
+                g, engine.mesh, placements, run_check=False, shape=shape, stride=_contiguous(shape)
+            )
+        )
+    return grads
+
+
+def _hand_out(engine: _TensorEngine, state: ModuleState, wanted: Sequence[bool]) -> list[Any]:
+    """The wanted parameters' gradients as engine values; ``p.grad`` is cleared (accumulation
+    is the controller's business)."""
+    import torch
+
+    grads = []
+    for p, want in zip(state.params, wanted, strict=True):
+        if want:
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads.append(_as_global(engine, g))
+        p.grad = None
+    return grads
+
+
+def _sum_over_data(engine: _TensorEngine, state: ModuleState) -> None:
+    """Sum the local gradients over the data dimension, in buckets (one all_reduce each)."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    group = engine.mesh.get_group(state.data_dim)
+    bucket: list[Any] = []
+    size = 0
+    for p in state.params:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            if any(isinstance(pl, Partial) for pl in g.placements):
+                g = p.grad = g.redistribute(g.device_mesh, p.placements)
+            g = g.to_local()
+        if bucket and (g.dtype != bucket[0].dtype or size + g.nbytes > BUCKET_BYTES):
+            _all_reduce(bucket, group)
+            bucket, size = [], 0
+        bucket.append(g)
+        size += g.nbytes
+    if bucket:
+        _all_reduce(bucket, group)
+
+
+def _all_reduce(tensors: list[Any], group: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))

@@ -1,0 +1,95 @@
+"""What travels in the op stream, shared by the controller and the workers (pure, no I/O).
+
+An op is a plain tuple ``(kind, out, ins, meta, payload, site)``:
+
+- ``kind`` names the worker's handler (``"aten"``, ``"distribute"``, ``"remote_call"``, ...);
+- ``out`` the ids the controller allocated for its results (an in-place op names its input);
+- ``ins`` the ids it reads, so a worker sees at once whether an input is poisoned;
+- ``meta`` one ``(shape, dtype, per_rank)`` per output: what a failed rank's stand-in must look
+  like, known on the controller from shape propagation;
+- ``payload`` the handler's arguments, with :class:`Ref` where a remote value goes;
+- ``site`` the ``file:line`` of the user's code that issued it (for error reports).
+
+Tuples and small classes pickle several times faster than dataclasses, and a batch holds
+hundreds of ops.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+Op = tuple[str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], Any, str]
+
+
+class Ref:
+    """A remote value by id, inside an op's arguments."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int) -> None:
+        self.id = id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    """One rank's record of the op that originally failed (text only, see errors.py)."""
+
+    rank: str
+    op: str
+    site: str
+    exc_type: str
+    message: str
+    traceback: str
+    serial: int  # per rank, so one failure reported by many values is reported once
+
+
+def op_name(op: Op) -> str:
+    kind, payload = op[0], op[4]
+    if kind == "aten":
+        return str(payload[0])
+    if kind == "remote_call":
+        return f"remote function {payload[1]}"
+    return kind
+
+
+# -- issue sites -------------------------------------------------------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SKIP: tuple[str, ...] = (_HERE,)
+_sites: dict[tuple[Any, int], str] = {}
+
+
+def _skip_prefixes() -> tuple[str, ...]:
+    global _SKIP
+    if len(_SKIP) == 1:
+        import torch
+
+        _SKIP = (_HERE, os.path.dirname(os.path.abspath(torch.__file__)), "<frozen ")
+    return _SKIP
+
+
+def issue_site() -> str:
+    """``file:line`` of the innermost frame outside this package and torch (about 1 µs)."""
+    skip = _skip_prefixes()
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "<unknown>"
+    key = (frame.f_code, frame.f_lineno)
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) > 4096:
+            _sites.clear()
+        # One string object per site: pickle then writes it once per batch.
+        site = _sites[key] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return site

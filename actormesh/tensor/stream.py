@@ -1,0 +1,240 @@
+"""The controller's op stream for one mesh: ids, the buffer, and when it is sent.
+
+Ids are allocated here and never reused, so naming a result never waits for a worker. Ops are
+appended to a buffer that goes out as *one* ``engine.run.broadcast(ops, drops)``: one pickle,
+one message per process, and per-sender FIFO keeps the order. The buffer is sent at a sync
+point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the controller has been
+idle for ``IDLE_FLUSH`` seconds (a timer thread, so that the workers start on the ops while the
+controller computes the next step). Ids of garbage-collected MeshTensors are sent as ``drops``
+in the same message, *after* its ops: an op already buffered may still read them.
+
+"Idle" means the user's thread did not *want* to run: on a loaded machine (the workers busy
+with the last batch on the same cores) it is often descheduled for tens of milliseconds in the
+middle of a loop of ops, and flushing then would split one burst into many messages. So before
+an idle flush the timer checks, where Linux says so (``/proc/self/task/<tid>/schedstat``),
+whether that thread spent the quiet window waiting for a CPU; if it did, it is not idle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import threading
+import time
+import weakref
+from typing import Any
+
+from ..errors import MeshClosedError, SupervisionError
+from .records import Op
+
+logger = logging.getLogger(__name__)
+
+BATCH_OPS = 256
+# Seconds without a recorded op before the buffer goes out by itself. The design said 2 ms; on
+# a loaded 2-core host a loop of ops has GIL and scheduling gaps of 2-40 ms, and at 2 ms (even
+# with the starvation check below) 500 ops took up to 5 messages; at 10 ms they took 1-2.
+IDLE_FLUSH = 0.01
+
+_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+class Stream:
+    """One mesh's op buffer. Any thread may record or flush; batches keep their order."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine  # the ActorMesh of _TensorEngine
+        self.ops: list[Op] = []
+        self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
+        self.error: BaseException | None = None  # a failed send from the timer thread
+        self.closed = False
+        self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
+        self.last_record = 0.0
+        self.armed = False
+        self.wake_event = threading.Event()
+        self._timer: threading.Thread | None = None
+        self.recorder_tid = 0  # native id of the thread that recorded last
+        _streams.add(self)
+
+    def died(self, id: int) -> None:
+        """A MeshTensor was collected (any thread, any time: a finalizer). Looks the list up on
+        each call: a bound ``self.dead.append`` would keep appending to a list already sent."""
+        self.dead.append(id)
+
+    def new_id(self) -> int:
+        return next(self._ids)  # itertools.count is atomic under the GIL
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise MeshClosedError(
+                "this MeshTensor's mesh lost a rank, and with it the tensor values of every "
+                "rank; after procs.heal(), distribute (or module_to_mesh) again: "
+                f"{self.lost}"
+            ) from self.lost
+
+    def record(self, op: Op) -> None:
+        if self.lost is not None:
+            self.check()
+        with self.lock:
+            self.ops.append(op)
+            full = len(self.ops) >= BATCH_OPS
+            self.last_record = time.monotonic()
+            self.recorder_tid = _native_id()
+            if not self.armed and not full:
+                self.armed = True
+                self._start_timer()
+                self.wake_event.set()
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered (and the drops) now; raise what a background send hit."""
+        self.check()
+        try:
+            self.send_now()
+        except SupervisionError as exc:
+            self.lose(exc)
+            raise
+        error, self.error = self.error, None
+        if error is not None:
+            if isinstance(error, SupervisionError):
+                self.lose(error)
+            raise error
+
+    def lose(self, error: BaseException) -> None:
+        """A rank of the mesh died: its values (and the group's collectives) are gone."""
+        if self.lost is None:
+            self.lost = error
+            self.ops.clear()
+
+    def send_now(self) -> None:
+        with self.lock:
+            ops, self.ops = self.ops, []
+            dead = self.dead
+            self.dead = []
+            if not ops and not dead:
+                return
+            if self.closed:
+                return
+            try:
+                # Under the lock: two threads flushing must not reorder their batches.
+                self.engine.run.broadcast(_pack(ops), dead)
+                self.batches += 1
+            except BaseException as exc:
+                if not ops:
+                    return  # only drops: the values died with their processes
+                raise exc
+
+    # -- the idle timer ------------------------------------------------------------------------
+
+    def _start_timer(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Thread(
+                target=_idle_loop, args=(weakref.ref(self),), name="tensor-stream", daemon=True
+            )
+            self._timer.start()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake_event.set()
+
+
+def _idle_loop(ref: weakref.ref[Stream]) -> None:
+    """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
+    while it sleeps, so a dropped mesh's stream can go)."""
+    while True:
+        stream = ref()
+        if stream is None or stream.closed:
+            return
+        wake = stream.wake_event
+        del stream
+        wake.wait(1.0)
+        stream = ref()
+        if stream is None or stream.closed:
+            return
+        if not wake.is_set():
+            continue
+        while True:
+            delay = stream.last_record + IDLE_FLUSH - time.monotonic()
+            if delay > 0:
+                # A timer, not synchronisation: the next check decides (in short slices, so a
+                # changed IDLE_FLUSH or a closed stream is seen soon).
+                time.sleep(min(delay, 0.05))
+                continue
+            with stream.lock:
+                if not stream.ops:
+                    stream.armed = False
+                    wake.clear()
+                    break
+            if _starved(stream):
+                continue
+            try:
+                stream.send_now()
+            except BaseException as exc:
+                stream.error = exc  # raised by the next sync point on the user's thread
+        del stream
+
+
+# Op kinds whose payloads hold only tensors, Refs, scalars, dtypes and placements: a batch of
+# only these is pickled by the plain C pickler, several times faster than the runtime's
+# cloudpickle (whose per-object hook dominated the controller's cost per op). Others carry user
+# functions, modules or arguments that may need pickling by value (defined in a notebook).
+_PLAIN_KINDS = frozenset(
+    {"aten", "distribute", "random", "redistribute", "placements", "factory", "rank", "reduce",
+     "unpack", "module_forward", "module_backward", "module_mode"}
+)  # fmt: skip
+
+
+def _pack(ops: list[Op]) -> list[Op] | bytes:
+    for op in ops:
+        if op[0] not in _PLAIN_KINDS:
+            return ops
+    return pickle.dumps(ops, protocol=5)
+
+
+_tls = threading.local()
+
+
+def _native_id() -> int:
+    tid: int | None = getattr(_tls, "tid", None)
+    if tid is None:
+        tid = _tls.tid = threading.get_native_id()
+    return tid
+
+
+def _runqueue_wait(tid: int) -> float | None:
+    """Seconds thread ``tid`` of this process has spent runnable but waiting for a CPU."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _starved(stream: Stream) -> bool:
+    """Watch the recording thread for one more idle window: True if it recorded meanwhile or
+    spent most of the window waiting for a CPU (then it is busy, not idle)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    before = _runqueue_wait(stream.recorder_tid)
+    if before is None:
+        return False
+    start = time.monotonic()
+    time.sleep(IDLE_FLUSH)
+    if stream.last_record > start:
+        return True
+    after = _runqueue_wait(stream.recorder_tid)
+    return after is not None and after - before > (time.monotonic() - start) / 2
+
+
+def flush_all(*_: Any) -> None:
+    """Send every mesh's buffered ops (the kernel calls this after each cell)."""
+    for stream in list(_streams):
+        try:
+            stream.flush()
+        except Exception:
+            logger.exception("flushing the tensor op stream failed")

@@ -1,0 +1,85 @@
+"""``distribute`` and the CPU random factories: making global MeshTensors from the controller."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import compat
+from .mesh import tensor_mesh
+from .proxy import MeshTensor, new_mesh_tensor
+from .records import issue_site
+
+
+def distribute(
+    tensor: torch.Tensor,
+    mesh: Any,
+    sharding_spec: Sequence[Any] | None = None,
+    *,
+    placements: Sequence[Any] | None = None,
+) -> MeshTensor:
+    """Place ``tensor`` on ``mesh``: a MeshTensor that is a DTensor over the mesh's processes.
+
+    ``sharding_spec`` has one entry per tensor dimension: a mesh dimension name (shard this
+    tensor dimension over it), a tuple of names (over several, in mesh order) or ``None``
+    (replicated). Or give DTensor ``placements`` (one per mesh dimension). Neither: replicated.
+    The size-1 ``hosts`` dimension of a proc mesh is ignored.
+
+    Does not block once the mesh's engine is up (the first use of a mesh starts it, which takes
+    a few seconds). The whole tensor travels with the op; each rank keeps its slice, with no
+    communication between ranks. Bad specs raise ``ValueError`` here and send nothing.
+    """
+    if isinstance(tensor, MeshTensor):
+        raise compat.MeshUsageError(
+            "distribute() takes a controller tensor; this is already a MeshTensor (use "
+            "t.redistribute(sharding_spec=...) to change its placements)"
+        )
+    if not isinstance(tensor, torch.Tensor):
+        raise compat.MeshUsageError(
+            f"distribute() takes a torch.Tensor, got {type(tensor).__name__}; "
+            "wrap data with torch.as_tensor(...) first"
+        )
+    tm = tensor_mesh(mesh)
+    places = tm.placements(tensor.dim(), sharding_spec, placements)
+    data = tensor.detach().contiguous()
+    out = new_mesh_tensor(
+        tm, tensor.shape, tensor.dtype, per_rank=False, requires_grad=tensor.requires_grad
+    )
+    meta = ((tuple(tensor.shape), tensor.dtype, False),)
+    tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places), issue_site()))
+    return out
+
+
+def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, placements: Any,
+            dtype: torch.dtype | None) -> MeshTensor:  # fmt: skip
+    if mesh is None:
+        raise compat.MeshUsageError(f"actormesh.tensor.{fn} needs mesh=procs")
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise compat.MeshUsageError(f"{fn}: sizes must be non-negative ints, got {shape!r}")
+    tm = tensor_mesh(mesh)
+    dtype = dtype or torch.get_default_dtype()
+    places = tm.placements(len(shape), sharding_spec, placements)
+    # One seed from the controller's generator: torch.manual_seed on the controller makes it
+    # reproducible, and every placement gives the same global tensor.
+    seed = int(torch.randint(0, 2**62, ()).item())
+    out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
+    meta = ((shape, dtype, False),)
+    tm.stream.record(
+        ("random", (out.value_id,), (), meta, (fn, shape, dtype, seed, places), issue_site())
+    )
+    return out
+
+
+def randn(*size: Any, mesh: Any = None, sharding_spec: Any = None, placements: Any = None,
+          dtype: torch.dtype | None = None) -> MeshTensor:  # fmt: skip
+    """A global normal-random MeshTensor drawn from one seed (works on CPU, unlike DTensor's)."""
+    return _random("randn", size, mesh, sharding_spec, placements, dtype)
+
+
+def rand(*size: Any, mesh: Any = None, sharding_spec: Any = None, placements: Any = None,
+         dtype: torch.dtype | None = None) -> MeshTensor:  # fmt: skip
+    """A global uniform-random MeshTensor in [0, 1) drawn from one seed."""
+    return _random("rand", size, mesh, sharding_spec, placements, dtype)

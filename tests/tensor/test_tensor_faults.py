@@ -1,0 +1,47 @@
+"""A rank death (TENSORS.md §8 test 11): the next sync point raises SupervisionError within a
+second, the mesh's old MeshTensors say they are gone, and a healed mesh takes new ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from support import wait_until
+
+import actormesh as am
+from actormesh.tensor import call_on_shard_and_fetch, distribute, inspect
+
+WAIT = 60
+
+
+def pid(t: Any) -> int:
+    return os.getpid()
+
+
+def test_rank_death_then_heal(
+    spawn_procs: Callable[..., Any], unhandled_failures: list[Any]
+) -> None:
+    procs = spawn_procs(per_host={"dp": 2, "tp": 2})
+    x = torch.arange(16.0).reshape(4, 4)
+    dt = distribute(x, procs, sharding_spec=["dp", None])
+    assert torch.equal(inspect(dt * 2), x * 2)  # warm: the first meta run of an op imports a lot
+    victim = call_on_shard_and_fetch(pid, dt, dp=1, tp=1).get(timeout=WAIT)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: procs.health().values()[-1] != "alive", WAIT, "the runtime to see the death")
+    start = time.monotonic()
+    with pytest.raises(am.SupervisionError):
+        inspect(dt * 2)
+    assert time.monotonic() - start < 1.0
+    unhandled_failures.clear()  # the death itself, reported while nothing waited on rank 3
+    with pytest.raises(am.MeshClosedError, match="lost a rank"):
+        dt + 1
+    procs.heal().get(timeout=WAIT)
+    with pytest.raises(am.MeshClosedError):
+        inspect(dt)
+    fresh = distribute(x, procs, sharding_spec=["dp", None])
+    assert torch.equal(inspect(fresh @ fresh.T), x @ x.T)
