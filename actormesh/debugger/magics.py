@@ -35,6 +35,7 @@ from ..runtime.actors import future as future_mod
 from ..runtime.faults.stacks import _BUSY_FOR
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.shape import Shape, view_shape
+from . import mesh_tensors
 from . import state as debugger_state
 from .dap import DapError
 from .rank_debug import RankDebug
@@ -356,6 +357,15 @@ class DebugMagics:
             name = check_name(args.words[0])
         except ValueError as exc:
             raise _usage(f"%mesh dbg inspect: {exc}") from None
+        value = mesh_tensors.mesh_value(name, self.shell.user_ns)
+        if value is not None:  # a MeshTensor or MeshModule of the kernel: its shards
+            tm = value._tm
+            shape = Shape.from_extent(dict(zip(tm.labels, tm.sizes, strict=True)))
+            try:
+                picked = None if args.ranks is None else list(select(shape, args.ranks).ranks)
+            except SelectionError as exc:
+                raise _usage(f"%mesh dbg inspect: {exc}") from None
+            return mesh_tensors.compare(name, value, picked)
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         return self.compare(tools.table.mesh_id, ranks, name, args.frame)

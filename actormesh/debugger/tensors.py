@@ -160,32 +160,38 @@ class Comparison:
         ok = {r: s for r, s in self.summaries.items() if isinstance(s, dict)}
         kinds = {s["kind"] for s in ok.values()}
         flagged: set[str] = set()
-        fields: list[tuple[str, dict[str, Any]]] = []
+        # (row, rank -> value, rank -> block): a block names the piece of a distributed value a
+        # rank holds, and only ranks holding the same piece (replicas) must agree.
+        fields: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         if kinds == {"tensor"}:
+            blocks = {r: s.get("block") for r, s in ok.items()}
             for row in _TENSOR_ROWS:
-                fields.append((row, {r: s.get(row) for r, s in ok.items()}))
+                fields.append((row, {r: s.get(row) for r, s in ok.items()}, blocks))
             flagged |= {r for r, s in ok.items() if s.get("nan") or s.get("inf")}
         elif kinds == {"module"}:
             names = [p["name"] for p in next(iter(ok.values()))["params"]]
             for pname in names:
                 for what in ("norm", "grad_norm"):
-                    values = {}
+                    values, blocks = {}, {}
                     for r, s in ok.items():
                         p = next((p for p in s["params"] if p["name"] == pname), None)
                         values[r] = None if p is None else p[what]
+                        blocks[r] = None if p is None else p.get("block")
                         if p is not None and (p["nan"] or p["inf"]):
                             flagged.add(r)
-                    fields.append((f"{pname} {what.replace('_', ' ')}", values))
+                    fields.append((f"{pname} {what.replace('_', ' ')}", values, blocks))
         else:
-            fields.append(("type", {r: s.get("type") for r, s in ok.items()}))
-            fields.append(("value", {r: s.get("repr") for r, s in ok.items()}))
-        for row, values in fields:
-            majority = _majority(list(values.values()))
-            for r, v in values.items():
-                if majority is not _NONE and not _same(v, majority):
-                    self.odd.add((row, r))
-                    if kinds == {"module"}:
-                        flagged.add(r)  # parameters of data-parallel replicas should agree
+            fields.append(("type", {r: s.get("type") for r, s in ok.items()}, {}))
+            fields.append(("value", {r: s.get("repr") for r, s in ok.items()}, {}))
+        for row, values, blocks in fields:
+            pieces = any(b is not None for b in blocks.values())
+            for group in _replica_groups(values, blocks):
+                odd = _differing([values[r] for r in group], replicas=pieces)
+                for r, differs in zip(group, odd, strict=True):
+                    if differs:
+                        self.odd.add((row, r))
+                        if kinds == {"module"} or pieces:
+                            flagged.add(r)  # replicas (data-parallel ones too) should agree
             self.rows.append((row, {r: _fmt(v) for r, v in values.items()}))
         errors = {r: s for r, s in self.summaries.items() if isinstance(s, str)}
         if errors:
@@ -232,6 +238,27 @@ class _NoneType:
 
 
 _NONE = _NoneType()
+
+
+def _replica_groups(values: dict[str, Any], blocks: dict[str, Any]) -> list[list[str]]:
+    """The ranks grouped by the block they hold (one group when blocks are not known)."""
+    if not any(b is not None for b in blocks.values()):
+        return [list(values)]
+    groups: dict[Any, list[str]] = {}
+    for r in values:
+        groups.setdefault(blocks.get(r), []).append(r)
+    return list(groups.values())
+
+
+def _differing(values: list[Any], replicas: bool) -> list[bool]:
+    """Which values differ from the majority. With no majority among replicas (two of them
+    that disagree), every one that is not shared is marked: one of them is wrong."""
+    majority = _majority(values)
+    if majority is not _NONE:
+        return [not _same(v, majority) for v in values]
+    if not replicas or len(values) < 2:
+        return [False] * len(values)
+    return [sum(_same(v, w) for w in values) == 1 for v in values]
 
 
 def _majority(values: list[Any]) -> Any:

@@ -388,11 +388,19 @@ class MeshStatus(Actor):
             info["cell_for"] = now - running["since"]
             info["cell_line"] = _line_of(running["thread"], running["cell"])
         host = actor_host()
-        busy = []
+        busy: list[tuple[Any, ...]] = []
+        tensor = sys.modules.get("actormesh.tensor.engine")
         for runner in list(host.actors.values()) if host is not None else ():
             state = runner.busy
             if state is not None and not runner.name.startswith(TOOL_ACTOR_PREFIX):
-                busy.append((runner.name, state[0], now - state[1]))
+                entry: tuple[Any, ...] = (runner.name, state[0], now - state[1])
+                if tensor is not None:  # a tensor engine says which op: (..., busy text)
+                    from ..tensor.tools import activity
+
+                    what = activity(runner.instance)
+                    if what is not None:
+                        entry = (*entry, what)
+                busy.append(entry)
         info["busy"] = busy
         return info
 

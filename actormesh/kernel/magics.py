@@ -6,6 +6,7 @@ import ast
 import html
 import itertools
 import shlex
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -296,7 +297,7 @@ class MeshMagics(Magics):
             _identifier(name, "%mesh push NAME")
             if name not in self.ip.user_ns:
                 raise _usage(f"%mesh push: name {name!r} is not defined")
-            values[name] = self.ip.user_ns[name]
+            values[name] = _for_rank(self.ip.user_ns[name])
         ranks = select(target.shape, None).ranks
         futures = [target.tools.executor(r).push.call_one(values) for r in ranks]
         for fut in futures:
@@ -371,10 +372,14 @@ class MeshMagics(Magics):
         self._port_mark = node.last_port_id if node is not None else 0
 
     def post_run_cell(self, result: Any) -> None:
-        """A plain cell was interrupted: interrupt the ranks still running the calls it made.
+        """Send the tensor ops the cell recorded; if it was interrupted, interrupt the ranks
+        still running the calls it made.
 
         Those are the calls whose replies are still awaited; the endpoints others started
         (a ``--noblock`` cell, another thread) keep running."""
+        stream = sys.modules.get("actormesh.tensor.stream")
+        if stream is not None:  # loaded once a tensor was made: only then is there a stream
+            stream.flush_all()
         exc = getattr(result, "error_in_exec", None)
         if not isinstance(exc, KeyboardInterrupt) or isinstance(exc, CellInterrupted):
             return
@@ -394,6 +399,14 @@ class MeshMagics(Magics):
                 self.registry.tools(table).interrupt(sorted(ranks))
             except (MeshError, SelectionError):
                 pass  # stopped meanwhile, or not this kernel's mesh: nothing to interrupt
+
+
+def _for_rank(value: Any) -> Any:
+    """A MeshTensor is pushed as each rank's own value of it (its DTensor), not copied."""
+    tools = sys.modules.get("actormesh.tensor.tools")
+    if tools is None and "actormesh.tensor" in sys.modules:
+        from ..tensor import tools
+    return value if tools is None else tools.for_rank(value)
 
 
 def _status_rows(t: MeshTools | Target) -> list[list[str]]:
@@ -424,8 +437,8 @@ def _status_rows(t: MeshTools | Target) -> list[list[str]]:
             at = f" line {info['cell_line']}" if info.get("cell_line") else ""
             running, since = f"{info['cell'].strip('<>')}{at}", f"{info['cell_for']:.1f} s"
         elif info["busy"]:
-            name, ep, secs = info["busy"][0]
-            running, since = f"{name}.{ep}", f"{secs:.1f} s"
+            name, ep, secs, *what = info["busy"][0]
+            running, since = (what[0] if what else f"{name}.{ep}"), f"{secs:.1f} s"
         state = "busy" if running else "idle"
         gpu = "" if info["gpu_mem"] is None else _mib(info["gpu_mem"])
         rows.append(

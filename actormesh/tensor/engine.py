@@ -71,7 +71,7 @@ class _TensorEngine(Actor):
         self.serial = 0
         self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
         self.cond = threading.Condition()
-        self.current: str | None = None  # the op running now (what a stack dump should say)
+        self.current: Op | None = None  # the op running now (what a status poll shows)
         self.counts = {"run": 0, "fetch": 0}
         self.fns: dict[int, Any] = {}
         _REGISTRY[key] = self
@@ -106,7 +106,7 @@ class _TensorEngine(Actor):
                 root = self.poison.get(i)
                 if root is not None:
                     break
-        self.current = kind
+        self.current = op
         try:
             values = HANDLERS[kind](self, payload, out)
             if len(values) != len(out):
@@ -143,6 +143,13 @@ class _TensorEngine(Actor):
         info = FailureInfo(self.rank_str, op_name(op), op[5], name, str(exc), text, self.serial)
         logger.debug("op %s failed on %s: %s", info.op, self.rank_str, info.message)
         return info
+
+    def doing(self) -> str | None:
+        """What this engine runs now, for a status poll from another thread: "op 12 aten.mm"."""
+        op = self.current
+        if op is None:
+            return None
+        return f"op {op[1][0]} {op_name(op)}" if op[1] else op_name(op)
 
     # -- values --------------------------------------------------------------------------------
 
@@ -346,8 +353,9 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def local_value(key: str, id: int, seq: int) -> Any:
-    """On a worker: the local value of a MeshTensor that was passed to an endpoint.
+def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
+    """On a worker: the local value of a MeshTensor that was passed to an endpoint (with
+    ``dtensor``, a global one stays this rank's DTensor, as ``%mesh push`` hands it over).
 
     Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
     on their own threads, so the engine may still be behind), then returns the local tensor.
@@ -373,7 +381,7 @@ def local_value(key: str, id: int, seq: int) -> Any:
             f"(op {root.op} issued at {root.site})"
         )
     v = engine.value(id)
-    return v.to_local() if isinstance(v, DTensor) else v
+    return v.to_local() if isinstance(v, DTensor) and not dtensor else v
 
 
 def engine_in_this_process(key: str) -> _TensorEngine | None:

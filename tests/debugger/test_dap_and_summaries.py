@@ -159,3 +159,18 @@ def test_comparison_flags_nan_ranks_and_module_ranks_that_differ() -> None:
         b.bias.add_(1)
     c3 = Comparison("m", {"r0": summarize(a), "r1": summarize(a), "r2": summarize(b)})
     assert c3.flagged == ["r2"] and ("bias norm", "r2") in c3.odd
+
+
+def test_comparison_of_shards_compares_only_replicas_of_one_block() -> None:
+    # Rows 0-1 on r0/r1 (replicas), rows 2-3 on r2/r3: the blocks differ, which is no news;
+    # r3 disagreeing with r2, which holds the same rows, is.
+    top, bottom = torch.ones(2, 4), torch.full((2, 4), 3.0)
+    block = {"r0": "(2, 4)@(0, 0)", "r1": "(2, 4)@(0, 0)", "r2": "(2, 4)@(2, 0)",
+             "r3": "(2, 4)@(2, 0)"}  # fmt: skip
+    shards = {"r0": top, "r1": top, "r2": bottom, "r3": bottom}
+    c = Comparison("t", {r: {**summarize(t), "block": block[r]} for r, t in shards.items()})
+    assert c.flagged == [] and not c.odd
+    shards["r3"] = bottom + 1
+    c = Comparison("t", {r: {**summarize(t), "block": block[r]} for r, t in shards.items()})
+    assert c.flagged == ["r2", "r3"]  # two replicas that disagree: either may be the odd one
+    assert ("norm", "r3") in c.odd and ("norm", "r0") not in c.odd

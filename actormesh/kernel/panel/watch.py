@@ -300,6 +300,8 @@ def _busy(status: dict[str, Any] | None) -> tuple[dict[str, Any] | None, float]:
             {"kind": "cell", "what": cell_label(status["cell"]), "line": status.get("cell_line")},
             float(status.get("cell_for") or 0.0),
         )
-    for actor, endpoint_name, busy_for in status.get("busy") or ():
-        return {"kind": "endpoint", "what": f"{actor}.{endpoint_name}", "line": None}, busy_for
+    for actor, endpoint_name, busy_for, *text in status.get("busy") or ():
+        # An actor that says what it does (the tensor engine: "tensor engine: op 12 aten.mm")
+        what = text[0] if text else f"{actor}.{endpoint_name}"
+        return {"kind": "endpoint", "what": what, "line": None}, busy_for
     return None, 0.0

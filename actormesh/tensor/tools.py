@@ -1,0 +1,128 @@
+"""What the kernel, the sidebar and the debugger need from the tensor layer (it never imports
+them: they sit above it and call these).
+
+- ``for_rank(value)``: what ``%mesh push`` sends for a MeshTensor: it unpickles on each rank
+  as that rank's value in the engine (the DTensor of a global MeshTensor, the tensor of a
+  per-rank one), after the ops issued before the push, without moving data.
+- ``activity(instance)``: the sidebar's busy text for a tensor engine ("tensor engine: op 12
+  aten.mm"), read from another thread while the engine runs a batch.
+- ``shard_summaries(obj, summarize)``: one small dict per rank of a MeshTensor or MeshModule,
+  computed on the ranks by ``summarize`` (the debugger's), never the data itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .engine import _TensorEngine, local_value
+from .module import MeshModule
+from .proxy import MeshTensor
+from .remote import RemoteFunction
+
+FLUSH_TIMEOUT = 60.0
+
+
+class _RankValue:
+    """Pickles as a call that, on a rank, returns the engine's value of a MeshTensor."""
+
+    def __init__(self, t: MeshTensor) -> None:
+        stream = t._tm.stream
+        stream.flush()
+        self.args = (t._tm.key, t._id, stream.batches, True)
+        self.keep = t  # the value must outlive the push: a drop could overtake it
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (local_value, self.args)
+
+
+def for_rank(value: Any) -> Any:
+    """``value``, or for a MeshTensor what hands each rank its own value of it."""
+    if isinstance(value, MeshTensor):
+        return _RankValue(value)
+    return value
+
+
+def activity(instance: Any) -> str | None:
+    """The busy text of a tensor engine (None for any other actor)."""
+    if not isinstance(instance, _TensorEngine):
+        return None
+    doing = instance.doing()
+    return f"tensor engine: {doing}" if doing else "tensor engine"
+
+
+def is_mesh_value(value: Any) -> bool:
+    return isinstance(value, (MeshTensor, MeshModule))
+
+
+def shard_summaries(
+    value: MeshTensor | MeshModule, summarize: Callable[[Any, int], dict[str, Any]], cap: int
+) -> tuple[list[str], Any]:
+    """``(rank labels, Future[ValueMesh of summaries])``: ``summarize(local, cap)`` runs on
+    every rank, in stream order, on its shard (tensor) or on each parameter's shard (module).
+    Each summary carries ``"block"``: which piece of the global value the rank holds, so that
+    ranks holding the same piece (replicas) can be compared."""
+    if isinstance(value, MeshModule):
+        tm = value._tm
+        params = dict(value.named_parameters())
+        grads = {n: p.grad for n, p in params.items() if isinstance(p.grad, MeshTensor)}
+        future = _MODULE_SUMMARY.call(value._inner_name, params, grads, summarize, cap)
+    else:
+        tm = value._tm
+        future = _TENSOR_SUMMARY.call(value, summarize, cap)
+    n = 1
+    for size in tm.sizes:
+        n *= size
+    return [tm.coords_of(i) for i in range(n)], future
+
+
+def _block(v: Any) -> str | None:
+    """Where a rank's piece sits in the global value: ranks with the same block are replicas.
+    None for a per-rank tensor: its ranks' values are not meant to agree."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(v, DTensor):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+    partial = any(p.is_partial() for p in v.placements)
+    return f"{tuple(shape)}@{tuple(offset)}{' partial' if partial else ''}"
+
+
+def _local(v: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return v.to_local() if isinstance(v, DTensor) else v
+
+
+def _tensor_summary(v: Any, summarize: Any, cap: int) -> dict[str, Any]:
+    out = dict(summarize(_local(v), cap))
+    out["block"] = _block(v)
+    return out
+
+
+def _module_summary(
+    type_name: str, params: dict[str, Any], grads: dict[str, Any], summarize: Any, cap: int
+) -> dict[str, Any]:
+    rows = []
+    for name, p in params.items():
+        s = summarize(_local(p), cap)
+        g = grads.get(name)
+        gs = None if g is None else summarize(_local(g), cap)
+        rows.append(
+            {
+                "name": name,
+                "shape": s["shape"],
+                "norm": s["norm"],
+                "nan": s["nan"] + (gs["nan"] if gs else 0),
+                "inf": s["inf"] + (gs["inf"] if gs else 0),
+                "grad_norm": None if gs is None else gs["norm"],
+                "block": _block(p),
+            }
+        )
+    return {"kind": "module", "type": type_name, "params": rows}
+
+
+# One remote function each (defined once per engine, not once per inspect).
+_TENSOR_SUMMARY = RemoteFunction(_tensor_summary, "inspect")
+_MODULE_SUMMARY = RemoteFunction(_module_summary, "inspect")
