@@ -58,7 +58,7 @@ def load(d: str) -> dict[str, dict[int, Run]]:
 RUNS: dict[str, dict[int, Run]] = {}
 # actormesh's separate scripts, each with its floor inside: name -> round -> its JSON
 EXTRAS: dict[str, dict[int, dict[str, Any]]] = {}
-EXTRA_SCRIPTS = ("paired", "buffers", "allreduce", "kernel")
+EXTRA_SCRIPTS = ("paired", "buffers", "allreduce", "kernel", "tensor")
 
 
 def load_extras(d: str) -> dict[str, dict[int, dict[str, Any]]]:
@@ -114,6 +114,25 @@ def _buffer_ratio(r: dict[str, Any]) -> tuple[float, str]:
 def _allreduce_ratio(r: dict[str, Any]) -> tuple[float, str]:
     a, t = r["actormesh"]["median_us"], r["torchrun"]["median_us"]
     return a / t, f"{a / 1000:.1f} / {t / 1000:.1f} ms"
+
+
+def _tensor_ratio(case: str) -> Callable[[dict[str, Any]], tuple[float, str]]:
+    """Controller-driven over its floor for one case of bench_tensor.py ("T1", "T1b", ...)."""
+
+    def form(r: dict[str, Any]) -> tuple[float, str]:
+        c = r[case]
+        floor = c.get("spmd") or c["local"]
+        got, ref = c["controller"]["median_us"], floor["median_us"]
+        if got >= 1000:
+            return c["ratio"], f"{got / 1000:,.1f} / {ref / 1000:,.1f} ms"
+        return c["ratio"], f"{got:,.1f} / {ref:,.1f} µs"
+
+    return form
+
+
+def _tensor_messages(r: dict[str, Any]) -> tuple[float, str]:
+    c = r["T4"]
+    return float(c["max"]), f"{c['controller_messages']} sent by the controller"
 
 
 def run_value(r: Run, key: str, field: str) -> float | None:
@@ -449,6 +468,36 @@ TARGETS = [
         lambda r: r <= 1.10,
         lambda x: f"{x:.2f} {X}",
         "run with SYSTEMS including allreduce",
+    ),
+    *(
+        Target(
+            label,
+            f"≤ {limit} {X} {floor}",
+            extra_measure("tensor", _tensor_ratio(case)),
+            lambda r, limit=limit: r <= limit,
+            times,
+            "run with SYSTEMS including tensor",
+        )
+        for label, case, limit, floor in (
+            (
+                "T1 training step of a 16-32-4 MLP on {dp: 2, tp: 2} from the controller "
+                "(`bench_tensor.py`)",
+                "T1",
+                1.2,
+                "the same step SPMD",
+            ),
+            ("  same, hidden width 1024 and batch 256", "T1b", 1.05, "the same step SPMD"),
+            ("T2 recording one elementwise op (shape cache hit)", "T2", 6, "the local op"),
+            ("T3 chain of 200 small DTensor ops, per op", "T3", 1.5, "the same chain SPMD"),
+        )
+    ),
+    Target(
+        "T4 messages per process for 500 tensor ops with no sync point",
+        "≤ 3",
+        extra_measure("tensor", _tensor_messages),
+        lambda r: r <= 3,
+        lambda x: f"{x:.0f}",
+        "run with SYSTEMS including tensor",
     ),
     Target(
         "stack dump of every rank, 8 ranks",

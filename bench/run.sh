@@ -6,9 +6,10 @@
 #   QUICK=1 bash bench/run.sh          # smoke run: ~10x fewer iterations, 1 round
 #
 # Other knobs: ROUNDS=n, SYSTEMS="limits monarch ray ray_zc ipp actormesh paired buffers
-# allreduce kernel" (any subset, in that order; the last four are actormesh's own scripts with
-# their floors inside: call_one and call to 8 interleaved with raw pyzmq, TensorBuffer's socket
-# path vs raw pyzmq, gloo all-reduce vs torchrun, %%mesh vs ipyparallel's %%px), LIMIT=590 (seconds per benchmark process), OUT=dir (default
+# allreduce kernel tensor" (any subset, in that order; the last five are actormesh's own scripts
+# with their floors inside: call_one and call to 8 interleaved with raw pyzmq, TensorBuffer's
+# socket path vs raw pyzmq, gloo all-reduce vs torchrun, %%mesh vs ipyparallel's %%px,
+# distributed tensors driven from the controller vs the same work SPMD), LIMIT=590 (seconds per benchmark process), OUT=dir (default
 # bench/out/<UTC time>[-quick]).  Never run two benchmarks at once: the machine has 2 cores.
 #
 # Every run writes $OUT/<system>_run<k>.json, $OUT/logs/<system>_run<k>.log and
@@ -18,7 +19,7 @@ set -uo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
 export VENV_ROOT=${VENV_ROOT:-$BENCH/.venvs}
-ALL_SYSTEMS="limits monarch ray ray_zc ipp actormesh paired buffers allreduce kernel"
+ALL_SYSTEMS="limits monarch ray ray_zc ipp actormesh paired buffers allreduce kernel tensor"
 SYSTEMS=${SYSTEMS:-$ALL_SYSTEMS}
 QUICK=${QUICK:-0}
 if [ "$QUICK" = 1 ]; then
@@ -35,11 +36,11 @@ OUT=${OUT:-$BENCH/out/$(date -u +%Y%m%d-%H%M%S)$suffix}
 mkdir -p "$OUT/logs"
 
 venv_of() {
-  case $1 in ray_zc) echo ray ;; paired | buffers | allreduce | kernel) echo actormesh ;; *) echo "$1" ;; esac
+  case $1 in ray_zc) echo ray ;; paired | buffers | allreduce | kernel | tensor) echo actormesh ;; *) echo "$1" ;; esac
 }
 script_of() {
   case $1 in
-    actormesh | paired | buffers | allreduce | kernel) echo "$BENCH/bench_$1.py" ;;
+    actormesh | paired | buffers | allreduce | kernel | tensor) echo "$BENCH/bench_$1.py" ;;
     ray_zc) echo "$BENCH/peers/bench_ray.py" ;;
     *) echo "$BENCH/peers/bench_$1.py" ;;
   esac
