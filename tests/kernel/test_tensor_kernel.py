@@ -72,7 +72,7 @@ def test_kernel_mesh_tensor(tensor_kernel: tuple[Kernel, Panel], tmp_path: Path)
     )
     # Inf on one rank only: that rank is flagged.
     kernel.ok(
-        "with am.tensor.activate(procs):\n"
+        "with procs.activate():\n"
         "    bad = torch.ones(2, 3) / (am.tensor.rank(procs, ('dp', 'tp')) - 2)\n"
         "cmp = get_ipython().run_line_magic('mesh', 'dbg inspect bad')\n"
         "assert cmp.flagged == ['{dp=1, tp=0}'], cmp"

@@ -2,11 +2,12 @@
 changed (issue 19), on CPU with gloo, as a script in a fresh process.
 
 The program uses what Monarch's distributed-tensors guide shows: a mesh of processes, torch
-running locally until ``mesh.activate()``, per-rank tensors, ``inspect`` of rank 0's or another
-rank's copy, ``t @ t.T`` on every rank, ``reduce`` over one and several mesh dimensions, a
-remote function with ``propagate``, ``no_mesh``, and failing ops (one rank, then every rank) that
-leave the workers alive for the next commands. ``BODY`` is the program without its imports;
-``MONARCH_IMPORTS`` is what it starts with under Monarch, ``ACTORMESH_IMPORTS`` here.
+running locally until ``mesh.activate()``, per-rank tensors, ``mesh.rank(dim)``, ``inspect`` of
+rank 0's or another rank's copy, ``t @ t.T`` on every rank, ``reduce`` over one and several mesh
+dimensions, a remote function with ``propagate``, ``no_mesh``, and failing ops (one rank, then
+every rank) that leave the workers alive for the next commands. ``BODY`` is the program without
+its imports; ``MONARCH_IMPORTS`` is what it starts with under Monarch, ``ACTORMESH_IMPORTS``
+here.
 """
 
 from __future__ import annotations
@@ -15,10 +16,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-import actormesh as am
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # a fresh process, four ranks and their process group, on a loaded machine
@@ -82,6 +79,11 @@ def main():
         assert same(monarch.inspect(over_tp, dp=d, tp=1), copies[d, 0] + copies[d, 1])
     assert same(monarch.inspect(over_all, dp=1), sum(copies.values()) / 4)
 
+    # Each rank's coordinate as a tensor.
+    with mesh.activate():
+        coord = mesh.rank("dp")
+    assert [monarch.inspect(coord, dp=d, tp=1).item() for d in range(2)] == [0, 1]
+
     # A remote function: runs on each rank's tensor; propagate gives its shape.
     with mesh.activate():
         moved = affine(t)
@@ -124,11 +126,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.xfail(
-    not hasattr(am.ProcMesh, "activate"),
-    reason="ProcMesh.activate() (Monarch's `with mesh.activate():`) is not in the core yet",
-    strict=True,
-)
 def test_monarch_program_runs_with_only_its_imports_changed(tmp_path: Path) -> None:
     script = tmp_path / "monarch_program.py"
     script.write_text(ACTORMESH_IMPORTS + BODY)
