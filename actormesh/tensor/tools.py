@@ -20,8 +20,6 @@ from .module import MeshModule
 from .proxy import MeshTensor
 from .remote import RemoteFunction
 
-FLUSH_TIMEOUT = 60.0
-
 
 class _RankValue:
     """Pickles as a call that, on a rank, returns the engine's value of a MeshTensor."""
