@@ -359,8 +359,7 @@ class DebugMagics:
             raise _usage(f"%mesh dbg inspect: {exc}") from None
         value = mesh_tensors.mesh_value(name, self.shell.user_ns)
         if value is not None:  # a MeshTensor or MeshModule of the kernel: its shards
-            tm = value._tm
-            shape = Shape.from_extent(dict(zip(tm.labels, tm.sizes, strict=True)))
+            shape = Shape.from_extent(mesh_tensors.extent(value))
             try:
                 picked = None if args.ranks is None else list(select(shape, args.ranks).ranks)
             except SelectionError as exc:

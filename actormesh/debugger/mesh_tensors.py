@@ -36,6 +36,13 @@ def mesh_value(name: str, namespace: dict[str, Any]) -> Any:
     return value if is_mesh_value(value) else None
 
 
+def extent(value: Any) -> dict[str, int]:
+    """The mesh dimensions of a MeshTensor or MeshModule (for ``-r`` selections)."""
+    from ..tensor.tools import mesh_extent
+
+    return dict(mesh_extent(value))
+
+
 def compare(name: str, value: Any, ranks: list[int] | None = None) -> Comparison:
     """Summaries of ``value``'s shards on every rank (or ``ranks``, by row-major index)."""
     from ..tensor.tools import shard_summaries

@@ -16,18 +16,26 @@ from collections.abc import Callable
 from typing import Any
 
 from .engine import _TensorEngine, local_value
+from .mesh import TensorMesh
 from .module import MeshModule
 from .proxy import MeshTensor
 from .remote import RemoteFunction
+
+# The MeshTensor's mesh and id are the tensor layer's own fields, read here as its other
+# modules read them (this module is part of the layer, not a user of it).
+
+
+def _mesh_of(value: MeshTensor | MeshModule) -> TensorMesh:
+    return value._tm  # noqa: SLF001
 
 
 class _RankValue:
     """Pickles as a call that, on a rank, returns the engine's value of a MeshTensor."""
 
     def __init__(self, t: MeshTensor) -> None:
-        stream = t._tm.stream
-        stream.flush()
-        self.args = (t._tm.key, t._id, stream.batches, True)
+        tm = _mesh_of(t)
+        tm.stream.flush()
+        self.args = (tm.key, t._id, tm.stream.batches, True)  # noqa: SLF001
         self.keep = t  # the value must outlive the push: a drop could overtake it
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -53,6 +61,12 @@ def is_mesh_value(value: Any) -> bool:
     return isinstance(value, (MeshTensor, MeshModule))
 
 
+def mesh_extent(value: MeshTensor | MeshModule) -> dict[str, int]:
+    """The mesh dimensions of a MeshTensor's or MeshModule's tensor engine."""
+    tm = _mesh_of(value)
+    return dict(zip(tm.labels, tm.sizes, strict=True))
+
+
 def shard_summaries(
     value: MeshTensor | MeshModule, summarize: Callable[[Any, int], dict[str, Any]], cap: int
 ) -> tuple[list[str], Any]:
@@ -60,13 +74,13 @@ def shard_summaries(
     every rank, in stream order, on its shard (tensor) or on each parameter's shard (module).
     Each summary carries ``"block"``: which piece of the global value the rank holds, so that
     ranks holding the same piece (replicas) can be compared."""
+    tm = _mesh_of(value)
     if isinstance(value, MeshModule):
-        tm = value._tm
         params = dict(value.named_parameters())
         grads = {n: p.grad for n, p in params.items() if isinstance(p.grad, MeshTensor)}
-        future = _MODULE_SUMMARY.call(value._inner_name, params, grads, summarize, cap)
+        name = value._inner_name  # noqa: SLF001  (the class of the module it mirrors)
+        future = _MODULE_SUMMARY.call(name, params, grads, summarize, cap)
     else:
-        tm = value._tm
         future = _TENSOR_SUMMARY.call(value, summarize, cap)
     n = 1
     for size in tm.sizes:
