@@ -21,12 +21,9 @@ from .module import MeshModule
 from .proxy import MeshTensor
 from .remote import RemoteFunction
 
-# The MeshTensor's mesh and id are the tensor layer's own fields, read here as its other
-# modules read them (this module is part of the layer, not a user of it).
-
 
 def _mesh_of(value: MeshTensor | MeshModule) -> TensorMesh:
-    return value._tm  # noqa: SLF001
+    return value.mesh
 
 
 class _RankValue:
@@ -35,7 +32,7 @@ class _RankValue:
     def __init__(self, t: MeshTensor) -> None:
         tm = _mesh_of(t)
         tm.stream.flush()
-        self.args = (tm.key, t._id, tm.stream.batches, True)  # noqa: SLF001
+        self.args = (tm.key, t.value_id, tm.stream.batches, True)
         self.keep = t  # the value must outlive the push: a drop could overtake it
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -78,8 +75,7 @@ def shard_summaries(
     if isinstance(value, MeshModule):
         params = dict(value.named_parameters())
         grads = {n: p.grad for n, p in params.items() if isinstance(p.grad, MeshTensor)}
-        name = value._inner_name  # noqa: SLF001  (the class of the module it mirrors)
-        future = _MODULE_SUMMARY.call(name, params, grads, summarize, cap)
+        future = _MODULE_SUMMARY.call(value.inner_name, params, grads, summarize, cap)
     else:
         future = _TENSOR_SUMMARY.call(value, summarize, cap)
     n = 1

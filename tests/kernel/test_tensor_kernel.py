@@ -40,7 +40,7 @@ def test_kernel_mesh_tensor(tensor_kernel: tuple[Kernel, Panel], tmp_path: Path)
         "x = torch.arange(64.0).reshape(8, 8)\n"
         "dt = am.distribute(x, procs, sharding_spec=['dp', None])\n"
         "y = dt * 2\n"
-        "tm = dt._tm\n"
+        "tm = dt.mesh\n"
         "assert tm.stream.ops, 'the ops are still buffered while the cell runs'",
         timeout=WAIT,
     )
