@@ -15,9 +15,11 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``stacks`` (stack dumps, interrupts).
  2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),
                         ``protocol`` (every message kind and its fields), ``curve``,
-                        ``transport`` (ZeroMQ sockets, the I/O thread), ``node`` (a process's
-                        handlers, ports, deaths), ``actor_inbox``, ``reply_inbox``, ``tunnel``,
-                        ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``, batched).
+                        ``address``, ``receive`` (reading signed messages off a socket),
+                        ``run_dir``, ``transport`` (ZeroMQ sockets, the I/O thread), ``node``
+                        (a process's handlers, ports, deaths), ``actor_inbox``,
+                        ``reply_inbox``, ``tunnel``, ``logs`` (rank-labelled output),
+                        ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         ``failures`` (failures as text), ``response_port`` (explicit response
                         ports), ``actor_host`` (the actors of one process, a proc mesh's

@@ -13,7 +13,7 @@ from fakehosts import FakeNet, require_fake_hosts
 from support import wait_until
 
 import actormesh as am
-from actormesh.runtime.messaging.transport import sweep_run_dirs
+from actormesh.runtime.messaging.run_dir import sweep_run_dirs
 
 N_HOSTS = 4  # h0 runs Slurm's controller in the Slurm test; agents use h1..h3
 

@@ -11,7 +11,7 @@ import torch
 import zmq
 
 from actormesh.runtime.messaging import codec as wire
-from actormesh.runtime.messaging import transport
+from actormesh.runtime.messaging import receive
 
 KEY = os.urandom(32)
 
@@ -39,8 +39,8 @@ def _wait_readable(sock: zmq.Socket[Any]) -> None:
 def test_a_wake_up_without_a_message_reads_nothing(pair: Any) -> None:
     _, pull = pair
     verifier = wire.Verifier(KEY, wire.new_id())
-    assert list(transport.receive(pull, verifier, woken=True)) == []
-    assert list(transport.receive(pull, verifier)) == []
+    assert list(receive.receive(pull, verifier, woken=True)) == []
+    assert list(receive.receive(pull, verifier)) == []
 
 
 def test_a_woken_read_takes_every_waiting_message_with_its_buffers(pair: Any) -> None:
@@ -55,9 +55,9 @@ def test_a_woken_read_takes_every_waiting_message_with_its_buffers(pair: Any) ->
     _wait_readable(pull)
     got = []
     while len(got) < 3:  # the three may not all have arrived when the first is read
-        got += transport.receive(pull, verifier, woken=True)
+        got += receive.receive(pull, verifier, woken=True)
         if len(got) < 3:
             _wait_readable(pull)
     assert [m.envelope for m in got] == [("call", 0), ("call", 1), ("call", 2)]
     assert all(torch.equal(m.value(), big) for m in got)
-    assert list(transport.receive(pull, verifier)) == []
+    assert list(receive.receive(pull, verifier)) == []

@@ -12,10 +12,11 @@ import pytest
 
 from actormesh.runtime.meshes.proc_table import ProcTable
 from actormesh.runtime.meshes.relay import plan
+from actormesh.runtime.messaging.address import Address
 from actormesh.runtime.messaging.codec import Message, new_key
 from actormesh.runtime.messaging.node import Node
 from actormesh.runtime.messaging.protocol import shape_state
-from actormesh.runtime.messaging.transport import Address, Transport
+from actormesh.runtime.messaging.transport import Transport
 from actormesh.runtime.shape import Shape
 
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
 from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, STOP_ITEM, SUPERVISE_ITEM, ActorInbox
+from ..messaging.address import actor_address
 from ..messaging.codec import SIMPLE_TYPES, Message, dumps
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
 from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
-from ..messaging.transport import actor_address
 from . import context as ctxmod
 from .actor import explicit_port_endpoints
 from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshError, MeshUsageError, SupervisionError
 from ..actors.future import Future
+from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.node import current_node
 from ..messaging.protocol import BUF_DONE, BUF_READ, BUF_WRITE
-from ..messaging.transport import Address
 from .shm import SHM_DIR, NoSpace, ShmMapping, mapped, no_space, watch_deaths
 
 if TYPE_CHECKING:

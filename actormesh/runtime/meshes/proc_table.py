@@ -6,7 +6,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..messaging.transport import Address
+from ..messaging.address import Address
 
 if TYPE_CHECKING:
     from .relay import Plan

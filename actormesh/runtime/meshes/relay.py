@@ -47,10 +47,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
+from ..messaging.address import Address
 from ..messaging.codec import Message, payload_digest
 from ..messaging.node import reply_port
 from ..messaging.protocol import CALL, RELAY, REPLIES, shape_from_state
-from ..messaging.transport import Address
 
 if TYPE_CHECKING:
     from ...errors import ProcDeath

@@ -1,7 +1,7 @@
 """The inbox of one actor: its own socket, read by its own thread.
 
 Callers on the same host send calls straight to the actor's socket (see
-:func:`~actormesh.runtime.messaging.transport.actor_address`), so a call reaches the endpoint
+:func:`~actormesh.runtime.messaging.address.actor_address`), so a call reaches the endpoint
 without waking the process's I/O thread first: one thread hand-off less per call, which is most
 of what a small call costs. What other threads hand the actor (its spawn, calls that came
 through the process inbox from other hosts, supervision events, stop) goes into a local queue,
@@ -22,9 +22,10 @@ from typing import Any
 
 import zmq
 
+from .address import Address
 from .codec import Message, Verifier
 from .protocol import BATCH, CALL
-from .transport import Address, receive
+from .receive import receive
 from .wake_pipe import WakePipe
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, overload
 
 from ...errors import ProcDeath
+from .address import Address
 from .codec import Message
 from .curve import CurveKeys
 from .protocol import (
@@ -28,7 +29,7 @@ from .protocol import (
     REVIVED,
     ProtocolError,
 )
-from .transport import Address, Transport
+from .transport import Transport
 
 logger = logging.getLogger(__name__)
 

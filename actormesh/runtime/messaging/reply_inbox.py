@@ -24,8 +24,9 @@ import zmq
 
 from ..faults import supervision
 from .actor_inbox import actor_context
+from .address import MAX_IPC_PATH, Address
 from .codec import Verifier, new_id
-from .transport import MAX_IPC_PATH, Address, receive
+from .receive import receive
 from .wake_pipe import WakePipe
 
 if TYPE_CHECKING:

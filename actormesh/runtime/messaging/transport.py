@@ -17,197 +17,36 @@ handler, which must only do short work (complete a future, queue a message for a
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import logging
 import os
-import shutil
-import socket
-import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
-import psutil
 import zmq
 
-from ... import config
 from . import protocol
-from .codec import Message, Signer, Verifier, WireError, new_id
+from .address import Address, actor_address, local_host_id
+from .codec import Message, Signer, Verifier, new_id
 from .curve import CurveKeys
+from .receive import receive
 from .wake_pipe import WakePipe
 
 logger = logging.getLogger(__name__)
 
 _DRAIN_BATCH = 512
 _SNDMORE = int(zmq.SNDMORE)
-_POLLIN = int(zmq.POLLIN)
 _MAX_BATCH = 256
-
-
-class Address(NamedTuple):
-    """Where a process can be reached: its host, its inbox endpoints, its mailbox id."""
-
-    host: str
-    ipc: str | None
-    tcp: str | None
-    mailbox: bytes
-
-    def endpoint_from(self, host: str) -> str:
-        if self.ipc is not None and host == self.host:
-            return self.ipc
-        if self.tcp is None:
-            raise ConnectionError(f"process {self.mailbox.hex()} on {self.host} has no tcp inbox")
-        return self.tcp
-
-
-# Unix socket paths are limited to 107 bytes; a longer actor path would not bind.
-MAX_IPC_PATH = 100
-
-
-def has_message(sock: zmq.Socket[Any]) -> bool:
-    """Whether a receive would not block (several times cheaper than an empty receive's
-    exception)."""
-    events: int = sock.get(zmq.EVENTS)  # type: ignore[assignment]
-    return bool(events & _POLLIN)
-
-
-def receive(
-    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None, woken: bool = False
-) -> Iterator[Message]:
-    """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
-
-    What fails authentication or decoding is dropped and logged, never handled. Reading until
-    empty matters to callers that sleep on the socket's FD: it signals edges, not levels, and
-    a read that ends empty leaves it armed (the next message signals it).
-
-    ``woken``: the caller was just woken by the socket, so a message is most likely waiting.
-    It is read at once rather than asked for first: asking processes the socket's pending
-    commands, a few syscalls that the read does anyway.
-    """
-    count = 0
-    while limit is None or count < limit:
-        if woken:
-            woken = False
-            try:
-                frames = _recv_frames(sock)
-            except zmq.Again:
-                return  # woken by a command that brought no message
-        elif has_message(sock):
-            frames = _recv_frames(sock)
-        else:
-            return
-        count += 1
-        try:
-            msg = verifier.decode(frames)
-        except WireError as exc:
-            logger.warning("dropped a message that failed authentication: %s", exc)
-            continue
-        except Exception as exc:
-            logger.warning("dropped an undecodable message: %r", exc)
-            continue
-        yield msg
-
-
-def _recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
-    # Not recv_multipart: it asks the socket for RCVMORE after every frame, and each option
-    # read builds an enum in pyzmq; the frame knows whether more follow.
-    frame = sock.recv(zmq.NOBLOCK, copy=False)
-    frames = [frame]
-    while frame.more:
-        frame = sock.recv(zmq.NOBLOCK, copy=False)
-        frames.append(frame)
-    return frames
-
-
-def actor_address(proc: Address, key: str) -> Address | None:
-    """The inbox of actor ``key`` in process ``proc``, read by the actor's own thread.
-
-    Senders on the same host call an actor there directly, so no thread of the receiving
-    process stands between the socket and the endpoint. Both ends derive the address from the
-    process address and the actor key, so nothing has to be exchanged. ``None`` when the actor
-    can only be reached through its process's inbox (no ipc:// path, or one too long).
-    """
-    if proc.ipc is None:
-        return None
-    tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
-    ipc = f"{proc.ipc}.{tag}"
-    if len(ipc) - len("ipc://") > MAX_IPC_PATH:
-        return None
-    mailbox = hashlib.blake2b(proc.mailbox + key.encode(), digest_size=8).digest()
-    return Address(proc.host, ipc, None, mailbox)
-
-
-def local_host_id() -> str:
-    """A name for this machine that differs between hosts (and between fake hosts in tests)."""
-    override = os.environ.get("ACTORMESH_HOST_ID")
-    if override:
-        return override
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()[:8]
-    except OSError:
-        boot = "0"
-    return f"{socket.gethostname()}:{boot}"
 
 
 def _unattached(msg: Message) -> None:
     logger.warning(
         "dropped a %r message: no node handles this transport's messages", msg.envelope[0]
     )
-
-
-_OWNER = "owner"  # in each run dir: host, pid and start time of the process it belongs to
-
-
-def _identity(pid: int) -> str:
-    return f"{socket.gethostname()} {pid} {psutil.Process(pid).create_time():.3f}"
-
-
-def make_run_dir() -> str:
-    """A new directory for this process's sockets (its owner removes it as it exits). First
-    removes those of processes that died without removing theirs: a host agent killed outright
-    (SIGKILL, the OOM killer) leaves its directory to the next actormesh process on the host."""
-    sweep_run_dirs()
-    path = tempfile.mkdtemp(prefix="am-", dir=config.RUN_DIR)
-    with open(os.path.join(path, _OWNER), "w") as f:
-        f.write(_identity(os.getpid()))
-    return path
-
-
-def sweep_run_dirs(root: str | None = None) -> list[str]:
-    """Remove the run dirs in ``root`` whose owner is gone; returns them. Only dirs that name
-    their owner, on this host (by name: a /tmp shared with other machines' pids is left
-    alone), and whose process is not alive with the same start time (pids are reused)."""
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(root or config.RUN_DIR))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.name.startswith("am-") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            with open(os.path.join(entry.path, _OWNER)) as f:
-                owner = f.read().split()
-            host, pid = owner[0], int(owner[1])
-        except (OSError, ValueError, IndexError):
-            continue  # not written yet, someone else's, or made before owners were written
-        if host != socket.gethostname():
-            continue
-        try:
-            alive = _identity(pid).split() == owner
-        except psutil.NoSuchProcess:
-            alive = False
-        except psutil.Error:  # not ours to judge
-            alive = True
-        if not alive:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
-    return removed
 
 
 def _files_short() -> tuple[int, int] | None:

@@ -19,10 +19,10 @@ import logging
 import socket
 
 from ...errors import ProcDeath
+from .address import Address
 from .codec import Message
 from .node import Node
 from .protocol import PORT, TUNNEL
-from .transport import Address
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from ...errors import (
 )
 from ..actors.actor_host import ActorHost
 from ..faults import supervision
+from ..messaging.address import Address
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
@@ -40,7 +41,8 @@ from ..messaging.protocol import (
     RESOURCES,
     UNHANDLED,
 )
-from ..messaging.transport import Address, Transport, make_run_dir
+from ..messaging.run_dir import make_run_dir
+from ..messaging.transport import Transport
 from .mesh_record import AgentHandle, MeshRecord
 from .osutil import raise_fd_limit
 from .tensorboard import TensorBoardExport

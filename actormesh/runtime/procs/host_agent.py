@@ -30,6 +30,7 @@ from typing import Any
 
 from ... import config
 from ..faults.stacks import STOPPED_HINT, stopped
+from ..messaging.address import Address
 from ..messaging.codec import Message, dumps
 from ..messaging.logs import TEE_MARK
 from ..messaging.node import Node, set_node
@@ -44,7 +45,7 @@ from ..messaging.protocol import (
     SIGNAL,
     SPAWN_PROCS,
 )
-from ..messaging.transport import Address, Transport
+from ..messaging.transport import Transport
 from ..messaging.tunnel import TunnelEnds
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit
 from .sampling import ResourceSampler

@@ -16,9 +16,9 @@ from ..extent import Extent
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
+from ..messaging.address import Address
 from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
-from ..messaging.transport import Address
 from ..shape import MeshShape, NoPublicConstructor, Shape
 from .controller import Controller, get_controller
 from .mesh_record import AgentHandle, MeshRecord, SpawnRequest

@@ -25,10 +25,10 @@ from ..extent import Extent
 from ..faults import supervision
 from ..meshes.proc_mesh import ActorSpawn, ProcMesh
 from ..meshes.proc_table import ProcTable
+from ..messaging.address import Address
 from ..messaging.codec import new_id
 from ..messaging.metrics import MetricsLog
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
-from ..messaging.transport import Address
 from ..shape import Shape
 from . import rehost
 from .osutil import GOODBYE

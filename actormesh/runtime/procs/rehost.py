@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
+from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.protocol import MOVED
-from ..messaging.transport import Address
 
 if TYPE_CHECKING:
     from ..messaging.node import Node

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ..messaging.address import Address
 from ..messaging.protocol import RESOURCES
-from ..messaging.transport import Address
 
 if TYPE_CHECKING:
     from ..messaging.node import Node

@@ -23,6 +23,7 @@ from ..actors.actor_host import ActorHost
 from ..actors.future import blocked_on
 from ..extent import Extent, Point
 from ..faults.stacks import format_stacks
+from ..messaging.address import Address
 from ..messaging.codec import Message, dumps
 from ..messaging.curve import curve_keys
 from ..messaging.logs import capture_output, flush_output
@@ -39,7 +40,7 @@ from ..messaging.protocol import (
     WAITS,
     shape_from_state,
 )
-from ..messaging.transport import Address, Transport
+from ..messaging.transport import Transport
 from . import rehost
 
 logger = logging.getLogger(__name__)
