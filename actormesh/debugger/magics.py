@@ -33,8 +33,9 @@ from ..kernel.panel.watch import set_debugger_state
 from ..kernel.selection import Selection, SelectionError, select, values_of
 from ..runtime.actors import future as future_mod
 from ..runtime.faults.stacks import _BUSY_FOR
+from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.shape import Shape, view_shape
+from ..runtime.shape import Shape
 from . import mesh_tensors
 from . import state as debugger_state
 from .dap import DapError

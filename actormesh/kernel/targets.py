@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.actor_mesh import ActorMesh, actor_key
 from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ..runtime.meshes.proc_table import ProcTable
 from ..runtime.procs.controller import controller_if_started
 from ..runtime.procs.mesh_record import MeshRecord
-from ..runtime.shape import Shape, view_shape
+from ..runtime.shape import Shape
 from .executor import EXECUTOR_NAME, STATUS_NAME, MeshExecutor, MeshStatus
 from .selection import SelectionError
 

@@ -10,7 +10,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
 
 ====  ================  ==========================================================================
  0    ``extent.py``     ``Extent``, ``Point``: named sizes and coordinates. Pure.
-      ``shape.py``      ``Shape`` (a strided view of a rank space), ``MeshShape`` (slicing). Pure.
+      ``shape.py``      ``Shape``: a strided view of a rank space. Pure.
+      ``mesh_shape.py`` ``MeshShape``: the slicing every mesh shares. Pure.
  1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),
                         ``stacks`` (stack dumps, interrupts).
  2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),

@@ -16,10 +16,10 @@ from ..runtime.actors.future import Future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
+from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
-from ..runtime.shape import view_shape
 
 T = TypeVar("T")
 

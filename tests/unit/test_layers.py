@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(actormesh.__file__).parent
 # any layer before it.
 LAYERS = [
     ("actormesh.errors", "actormesh.config"),
-    ("actormesh.runtime.extent", "actormesh.runtime.shape"),
+    ("actormesh.runtime.extent", "actormesh.runtime.shape", "actormesh.runtime.mesh_shape"),
     ("actormesh.runtime.faults",),
     ("actormesh.runtime.messaging",),
     ("actormesh.runtime.actors",),

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import actormesh as am
 from actormesh.runtime.extent import Extent, Point
+from actormesh.runtime.mesh_shape import MeshShape
 from actormesh.runtime.meshes.value_mesh import ValueMesh
-from actormesh.runtime.shape import MeshShape, Shape
+from actormesh.runtime.shape import Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
 BIG = Shape.from_extent({"hosts": 2, "gpus": 4})

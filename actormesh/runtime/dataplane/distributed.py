@@ -53,11 +53,12 @@ from ...errors import MeshError, MeshUsageError
 from ..actors.actor import Actor, endpoint
 from ..actors.context import context
 from ..actors.future import Future, then, when_all
+from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh, proc_table
 from ..meshes.proc_table import ProcTable
 from ..meshes.value_mesh import ValueMesh
-from ..shape import Shape, view_shape
+from ..shape import Shape
 
 logger = logging.getLogger(__name__)
 

@@ -49,10 +49,10 @@ from ...errors import (
 from ..actors.actor import Actor, endpoint
 from ..actors.context import context
 from ..actors.future import Future, then
+from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.value_mesh import ValueMesh
-from ..shape import view_shape
 from .distributed import (
     RankLayout,
     _DistSetup,

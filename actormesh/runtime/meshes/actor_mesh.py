@@ -8,9 +8,10 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import UnknownEndpointError
 from ..actors.future import Future
+from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..messaging.node import current_node, node_if_started
 from ..messaging.protocol import STOP_ACTOR, shape_state
-from ..shape import MeshShape, NoPublicConstructor, Shape
+from ..shape import Shape
 from . import relay
 from .collect import Gather
 from .endpoint import Endpoint, no_values

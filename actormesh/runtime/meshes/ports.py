@@ -9,9 +9,9 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import ActorError, MeshUsageError, ProcDeath, RemoteFailure
 from ..actors.future import Future
+from ..mesh_shape import NoPublicConstructor
 from ..messaging.codec import Message
 from ..messaging.node import FAILED_VALUE, OK_VALUE, Port, current_node
-from ..shape import NoPublicConstructor
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
 

@@ -12,11 +12,12 @@ from ...errors import MeshClosedError, MeshUsageError
 from ..actors.actor import Actor, endpoint_names
 from ..actors.future import Future
 from ..faults.stacks import STOPPED_HINT, stopped
+from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..messaging.codec import payload_digest
 from ..messaging.metrics import in_worker, local_log
 from ..messaging.node import current_node
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
-from ..shape import MeshShape, NoPublicConstructor, Shape
+from ..shape import Shape
 from . import relay
 from .actor_mesh import ActorMesh
 from .collect import MISSING, Collector, Gather

@@ -8,7 +8,8 @@ from typing import Any, Generic, TypeVar
 
 from ...errors import MeshIndexError, MeshTypeError
 from ..extent import Point
-from ..shape import MeshShape, NoPublicConstructor, Shape
+from ..mesh_shape import MeshShape, NoPublicConstructor
+from ..shape import Shape
 
 __all__ = ["ValueMesh"]
 

@@ -13,13 +13,14 @@ from ...errors import MeshTypeError, MeshUsageError, SupervisionError
 from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
 from ..actors.future import Future, settle, when_all
 from ..extent import Extent
+from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
-from ..shape import MeshShape, NoPublicConstructor, Shape
+from ..shape import Shape
 from .controller import Controller, get_controller
 from .mesh_record import AgentHandle, MeshRecord, SpawnRequest
 
