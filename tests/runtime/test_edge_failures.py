@@ -59,13 +59,20 @@ def test_an_exception_whose_str_raises_is_still_an_actor_error(shared_procs) -> 
     assert shared_procs.health().values() == ["alive"] * 4
 
 
-def test_an_init_exception_whose_str_raises_fails_initialized(shared_procs) -> None:
+def test_an_init_exception_whose_str_raises_fails_initialized(
+    shared_procs, unhandled_failures
+) -> None:
     b = shared_procs.spawn("badinit", BadInit)
     with pytest.raises(am.ActorError, match="Unprintable") as info:
         b.initialized.get(timeout=10)
     assert "__init__" in str(info.value)
     with pytest.raises(am.ActorError, match="failed in __init__"):
         b.ping.call().get(timeout=10)
+    # A raising __init__ is also a supervision event for the mesh's owner (here the fault
+    # hook), once per rank, whether or not anyone calls the actor (as in Monarch).
+    wait_until(lambda: len(unhandled_failures) == 4, timeout=10, what="four __init__ failures")
+    assert all("badinit.__init__ raised" in str(f) for f in unhandled_failures)
+    unhandled_failures.clear()
 
 
 def test_a_result_whose_pickling_raises_keyboardinterrupt_is_an_actor_error(shared_procs) -> None:
