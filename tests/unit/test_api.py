@@ -53,10 +53,12 @@ def test_process_groups_are_public_and_the_documented_ones() -> None:
 
 
 def _mesh(endpoints: frozenset[str]) -> actormesh.ActorMesh[object]:
+    from actormesh.runtime.meshes.proc_table import ProcTable
     from actormesh.runtime.shape import Shape
 
     shape = Shape.from_extent({"gpus": 2})
-    return actormesh.ActorMesh._create(None, shape, "k", "counter", "Counter", endpoints, None)  # type: ignore[arg-type]
+    table = ProcTable("unit-mesh", [], [])  # no processes: nothing here sends
+    return actormesh.ActorMesh._create(table, shape, "k", "counter", "Counter", endpoints, None)
 
 
 def test_an_unknown_attribute_is_an_attribute_error_that_lists_the_endpoints() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from typing import Any, Generic, TypeVar
@@ -17,6 +18,8 @@ from .collect import Gather
 from .endpoint import Endpoint, no_values
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
+
+logger = logging.getLogger(__name__)
 
 A = TypeVar("A")
 
@@ -184,6 +187,11 @@ def _routes_of(procs: ProcTable, key: str) -> _Routes:
 
 
 def _release(procs: ProcTable, key: str) -> None:
-    node = node_if_started()
-    if node is not None:
-        node.transport.release_actor(list(procs.addresses), key)
+    # A finalizer: it runs inside whatever the garbage collector interrupted, so it must not
+    # raise (and only hands the work to the I/O thread).
+    try:
+        node = node_if_started()
+        if node is not None:
+            node.transport.release_actor(list(procs.addresses), key)
+    except Exception:
+        logger.debug("releasing the routes of actor mesh %s failed", key, exc_info=True)
