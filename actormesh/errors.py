@@ -29,7 +29,7 @@ objects, so the controller never depends on unpickling a user's exception class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,7 @@ class ProcDeath:
         return f"process of rank {self.rank} (pid {self.pid} on {self.host}) {how}"
 
 
-def _ranges(values: Sequence[int]) -> str:
+def rank_ranges(values: Iterable[int]) -> str:
     """``0-3``, ``0,2``, ``0-2,5`` (sorted, runs of consecutive values collapsed)."""
     xs = sorted(set(values))
     parts, i = [], 0
@@ -117,7 +117,7 @@ def _ranges(values: Sequence[int]) -> str:
 def _compact(names: tuple[str, ...], points: list[tuple[int, ...]]) -> list[str]:
     # The last dimension as ranges; then rows whose rest reads the same merge on this one.
     if len(names) == 1:
-        return [f"{names[0]}={_ranges([p[0] for p in points])}"]
+        return [f"{names[0]}={rank_ranges([p[0] for p in points])}"]
     rows: dict[int, list[tuple[int, ...]]] = {}
     for p in points:
         rows.setdefault(p[0], []).append(p[1:])
@@ -125,7 +125,9 @@ def _compact(names: tuple[str, ...], points: list[tuple[int, ...]]) -> list[str]
     for first, rest in sorted(rows.items()):
         merged.setdefault(tuple(_compact(names[1:], rest)), []).append(first)
     return [
-        f"{names[0]}={_ranges(firsts)},{tail}" for tails, firsts in merged.items() for tail in tails
+        f"{names[0]}={rank_ranges(firsts)},{tail}"
+        for tails, firsts in merged.items()
+        for tail in tails
     ]
 
 

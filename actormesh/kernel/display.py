@@ -19,9 +19,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ActorError, MeshError, MeshTimeoutError, RemoteFailure, coordinates
+from ..errors import (
+    ActorError,
+    MeshError,
+    MeshTimeoutError,
+    RemoteFailure,
+    coordinates,
+    rank_ranges,
+)
 from .executor import CellFailure
-from .selection import rank_ranges
 
 # -- grouped output ------------------------------------------------------------------------------
 

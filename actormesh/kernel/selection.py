@@ -13,7 +13,7 @@ import builtins
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,20 +219,6 @@ def _shape_of_positions(shape: Shape, positions: list[int]) -> Shape | None:
 
 
 # -- rendering ------------------------------------------------------------------------------------
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``0-3``, ``0,2``, ``0-2,5``: sorted, runs of consecutive ranks collapsed."""
-    xs = sorted(set(ranks))
-    parts = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 class RankValues(ValueMesh[Any]):

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from actormesh.errors import rank_ranges
 from actormesh.kernel.display import OutputGrouper, output_prefix, prefix, render_strip
 from actormesh.kernel.magics import CellArgs
 from actormesh.kernel.selection import (
     SelectionError,
-    rank_ranges,
     resolve_target,
     select,
     values_of,
