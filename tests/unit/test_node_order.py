@@ -4,17 +4,11 @@ process before it. In one process, over a node that is never started."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from actormesh.errors import ProcDeath
-from actormesh.runtime.messaging.codec import Message, new_key
+from actormesh.runtime.messaging.codec import Message
 from actormesh.runtime.messaging.node import Node
-from actormesh.runtime.messaging.transport import Transport
 
 A, B = b"A" * 8, b"B" * 8  # two senders
 
@@ -28,17 +22,6 @@ class _Recorder:
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         return False
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
-    made = Node(Transport(new_key(), run_dir, "ctl"), "controller")  # never started
-    try:
-        yield made
-    finally:
-        made.transport.close(linger=0)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _reply(sender: bytes, port_id: int, index: int, *after: int) -> Message:

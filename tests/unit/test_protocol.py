@@ -7,15 +7,12 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 import actormesh
 from actormesh.runtime.messaging import protocol
-from actormesh.runtime.messaging.codec import new_key
 from actormesh.runtime.messaging.node import Node
 from actormesh.runtime.messaging.protocol import (
     CALL,
@@ -24,7 +21,6 @@ from actormesh.runtime.messaging.protocol import (
     ProtocolError,
     check_envelope,
 )
-from actormesh.runtime.messaging.transport import Transport
 
 PACKAGE = pathlib.Path(actormesh.__file__).parent
 CONSTANTS = {
@@ -137,17 +133,6 @@ def test_envelopes_are_checked_against_their_kind() -> None:
         check_envelope(("no_such_kind", 1))
     with pytest.raises(ProtocolError, match="has the fields"):
         check_envelope((CALL, "key"))
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
-    made = Node(Transport(new_key(), run_dir, "ctl"), "controller")  # never started
-    try:
-        yield made
-    finally:
-        made.transport.close(linger=0)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_a_node_refuses_a_second_handler_and_an_unknown_kind(node: Node) -> None:

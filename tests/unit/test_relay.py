@@ -3,20 +3,14 @@ and how a caller takes the replies an agent gathered."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from actormesh.runtime.meshes.proc_table import ProcTable
 from actormesh.runtime.meshes.relay import plan
 from actormesh.runtime.messaging.address import Address
-from actormesh.runtime.messaging.codec import Message, new_key
+from actormesh.runtime.messaging.codec import Message
 from actormesh.runtime.messaging.node import Node
 from actormesh.runtime.messaging.protocol import shape_state
-from actormesh.runtime.messaging.transport import Transport
 from actormesh.runtime.shape import Shape
 
 
@@ -62,18 +56,6 @@ class _Recorder:
 
     def on_death(self, mailbox: bytes, death: Any) -> None:
         return None
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
-    # never started: we call its handlers
-    made = Node(Transport(new_key(), run_dir, "ctl"), "controller")
-    try:
-        yield made
-    finally:
-        made.transport.close(linger=0)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_gathered_replies_are_split_and_wait_for_what_their_worker_sent_before(node: Node) -> None:
