@@ -50,7 +50,7 @@ from ...errors import SupervisionError
 from ..messaging.address import Address
 from ..messaging.codec import Message, payload_digest
 from ..messaging.node import reply_port
-from ..messaging.protocol import CALL, RELAY, REPLIES, shape_from_state
+from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, shape_from_state
 
 if TYPE_CHECKING:
     from ...errors import ProcDeath
@@ -131,6 +131,8 @@ def send(
     actor = None
     if envelope[0] == CALL:
         _, actor, _, _, _ = envelope
+    elif envelope[0] == STOP_ACTOR:  # the route of that actor's calls: it comes after them
+        _, actor, _, _ = envelope
     for rank in direct:
         address = procs.addresses[rank]
         if dead and address.mailbox in dead:
@@ -215,11 +217,15 @@ class Relayer:
         transport = self.node.transport
         payload, buffers = msg.payload, msg.buffers
         addresses = [address for _, address in targets]
-        reply = None
+        key = reply = None
         if envelope[0] == CALL:
             _, key, _, _, reply = envelope
+        elif envelope[0] == STOP_ACTOR:
+            _, key, _, _ = envelope
+        if key is not None:
             # Straight to each actor's own inbox, as senders on this host call it (every call
-            # from this agent to that actor takes that route, so its order holds).
+            # from this agent to that actor takes that route, so its order holds, and a stop
+            # comes after the calls sent before it).
             addresses = [transport.route_to_actor(a, key) for a in addresses]
         if one_way and not buffers:
             payload = bytes(payload)  # it may travel inside a batch's (pickled) envelope

@@ -24,7 +24,7 @@ import zmq
 
 from .address import Address
 from .codec import Message, Verifier
-from .protocol import BATCH, CALL
+from .protocol import BATCH, CALL, STOP_ACTOR
 from .receive import receive
 from .wake_pipe import WakePipe
 
@@ -125,6 +125,8 @@ class ActorInbox:
             kind = msg.envelope[0]
             if kind == CALL:
                 self._ready.append((CALL_ITEM, msg))
+            elif kind == STOP_ACTOR:  # ActorMesh.stop, by the route of the calls it follows
+                self._ready.append((STOP_ITEM, msg))
             elif kind == BATCH:
                 # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
                 _, items = msg.envelope
