@@ -40,7 +40,7 @@ class _TensorEngine(Actor):
     """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
 
     def __init__(
-        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int
+        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int, device: str
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -54,7 +54,7 @@ class _TensorEngine(Actor):
         self.key = key
         self.labels = tuple(labels)
         self.sizes = tuple(sizes)
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device  # "cuda" or "cpu", as the controller chose (mesh.engine_device)
         self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
         self.index = dist.get_rank()
         point = Point(self.index, Extent(list(self.labels), list(self.sizes)))
@@ -316,11 +316,6 @@ class _TensorEngine(Actor):
     def live(self) -> int:
         """How many remote values this rank holds (tests check it goes back to a baseline)."""
         return len(self.env)
-
-    @endpoint
-    def device_kind(self) -> str:
-        """``"cuda"`` or ``"cpu"``: what this rank's tensors live on."""
-        return str(self.device)
 
     @endpoint
     def stats(self) -> dict[str, int]:

@@ -173,9 +173,28 @@ def run_random(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seq
     from torch.distributed.tensor import distribute_tensor
 
     fn, shape, dtype, seed, placements = payload
+    if engine.device == "cuda":
+        return [_dtensor_random(engine, fn, shape, dtype, seed, placements)]
+    # DTensor's RNG needs a GPU: on CPU every rank draws the whole tensor and keeps its part.
     gen = torch.Generator().manual_seed(seed)
     full = getattr(torch, fn)(*shape, generator=gen, dtype=dtype)
     return [distribute_tensor(full.to(engine.device), engine.mesh, placements, src_data_rank=None)]
+
+
+def _dtensor_random(
+    engine: _TensorEngine, fn: str, shape: Any, dtype: Any, seed: int, placements: Any
+) -> Any:
+    """DTensor's own factory: each rank draws only its shard, at its offset in one stream, so
+    the global tensor is the same for every placement. The rank's generators are restored
+    afterwards (per-rank factories under activate() keep drawing differently per rank)."""
+    import torch
+    from torch.distributed import tensor as dtensor
+
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+        torch.manual_seed(seed)
+        return getattr(dtensor, fn)(
+            *shape, device_mesh=engine.mesh, placements=placements, dtype=dtype
+        )
 
 
 @handler("redistribute")

@@ -9,6 +9,7 @@ processes in the same shape reuses it.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import uuid
@@ -19,10 +20,30 @@ from . import compat
 from .engine import _TensorEngine
 from .stream import Stream, flush_all
 
+logger = logging.getLogger(__name__)
+
 SETUP_TIMEOUT = 120.0
 
 _meshes: dict[Any, TensorMesh] = {}
 _lock = threading.Lock()
+
+
+def engine_device(backend: str) -> str:
+    """Where a tensor mesh computes: on the GPUs when its group has NCCL (a GPU per rank).
+
+    Ranks that share a GPU get a group whose CUDA tensors go through gloo (``distributed.py``);
+    DTensor's collectives crash a rank there (torch 2.11, SIGSEGV in gloo's CUDA path), so such
+    a mesh computes on the CPU, and says so.
+    """
+    if "nccl" in backend:
+        return "cuda"
+    if "cuda" in backend:
+        logger.warning(
+            "the ranks of this tensor mesh share a GPU (NCCL needs one per rank), so its "
+            "tensors live on the CPU; a 'gpus' dimension no larger than the GPU count puts "
+            "them on the GPUs"
+        )
+    return "cpu"
 
 
 class TensorMesh:
@@ -35,17 +56,18 @@ class TensorMesh:
         self.key = uuid.uuid4().hex
         import torch
 
-        compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT)
+        members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
+        device = engine_device(members[0].backend)
         # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
         seed = int(torch.randint(0, 2**62, ()).item())
         self.engine = compat.helper_mesh_with_args(
-            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed
+            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
         self.stream = Stream(self.engine)
-        # What MeshTensors report as their device: the workers' kind (cuda where they see one).
-        first = self.engine.slice(**dict.fromkeys(self.labels, 0))
-        self.device = torch.device(first.device_kind.call_one().get(timeout=SETUP_TIMEOUT))
+        # What MeshTensors report as their device: the workers' kind. With an index: autograd
+        # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
+        self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))

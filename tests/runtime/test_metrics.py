@@ -168,14 +168,14 @@ def test_host_agents_sample_each_ranks_cpu_and_memory(
         timeout=15,
         what="two samples of every rank",
     )
-    assert all(rss > 10 << 20 for _, (_, _, rss) in history.latest().items())  # a Python + torch
+    assert all(s.rss > 10 << 20 for s in history.latest().values())  # a Python + torch
     flag = tmp_path / "stop"
     spinning = (
         shared_procs.spawn("spinner", Spinner).slice(gpus=1).spin_until.call_one(str(flag), 30.0)
     )
     try:
         wait_until(
-            lambda: any(cpu > 20 for _, cpu, _ in history.series(1)[-3:]),
+            lambda: any(s.cpu > 20 for s in history.series(1)[-3:]),
             timeout=15,
             what="rank 1's busy loop in its CPU samples",
         )

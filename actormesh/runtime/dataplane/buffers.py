@@ -12,6 +12,9 @@ between the owner and the holder, never through the controller.
   owner dies (a mapping would otherwise keep the memory of a deleted file).
 - Other hosts (or ``transport="socket"`` to force it on one host): the reader asks the owner over
   the direct worker-to-worker ZeroMQ connection; the bytes travel as one zero-copy frame.
+- CUDA tensors: a reader on the owner's GPU copies device to device through CUDA IPC; other
+  readers go through the socket, staged through host memory (``cuda_buffers.py``). Either side
+  of a copy may be a CPU or a CUDA tensor.
 
 The owner keeps the buffer alive until ``drop()`` (or its process ends). A read of a dropped
 buffer, from a dead owner, or into a destination of the wrong size or dtype is a clear error.
@@ -33,7 +36,8 @@ from ..actors.future import Future
 from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.node import current_node
-from ..messaging.protocol import BUF_DONE, BUF_READ, BUF_WRITE
+from ..messaging.protocol import BUF_CUDA, BUF_DONE, BUF_READ, BUF_WRITE
+from . import cuda_buffers
 from .shm import SHM_DIR, NoSpace, ShmMapping, mapped, no_space, watch_deaths
 
 if TYPE_CHECKING:
@@ -69,22 +73,27 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 
 class TensorBuffer:
-    """A handle to a contiguous CPU tensor (or writable memoryview) of this process.
+    """A handle to a contiguous tensor (CPU or CUDA) or writable memoryview of this process.
 
-    ``TensorBuffer(t)`` registers ``t`` (same-host readers will see it through shared memory:
-    ``t`` keeps its values and stays usable, now backed by a shared-memory file). Pickle the
-    handle into a call or a port; the holder calls ``read_into(dst)`` / ``write_from(src)``,
-    which return futures (same host: already complete when returned, the copy is done).
+    ``TensorBuffer(t)`` registers ``t`` (same-host readers of a CPU tensor will see it through
+    shared memory: ``t`` keeps its values and stays usable, now backed by a shared-memory file;
+    a CUDA tensor stays where it is). Pickle the handle into a call or a port; the holder calls
+    ``read_into(dst)`` / ``write_from(src)``, which return futures (a CPU buffer on the same
+    host: already complete when returned, the copy is done).
     """
 
     def __init__(self, data: Any, transport: str = "auto") -> None:
         if transport not in ("auto", "shm", "socket"):
             raise MeshUsageError(f"transport must be 'auto', 'shm' or 'socket', not {transport!r}")
         tensor = _as_tensor(data)
-        if tensor.device.type != "cpu":
+        if tensor.device.type not in ("cpu", "cuda"):
             raise MeshUsageError(
-                f"TensorBuffer holds CPU tensors; this one is on {tensor.device} "
-                "(copy it to the CPU first, or use a process group for GPU collectives)"
+                f"TensorBuffer holds CPU or CUDA tensors; this one is on {tensor.device}"
+            )
+        if tensor.is_cuda and transport == "shm":
+            raise MeshUsageError(
+                "transport='shm' is for CPU tensors; a CUDA tensor's readers on its GPU use "
+                "CUDA IPC ('auto'), others the socket"
             )
         if not tensor.is_contiguous():
             raise MeshUsageError("TensorBuffer needs a contiguous tensor; call .contiguous()")
@@ -96,6 +105,8 @@ class TensorBuffer:
         self.shape = tuple(tensor.shape)
         self.transport = transport
         self.path: str | None = None
+        # The owner's GPU, by the name every process of the host shares; None for CPU tensors.
+        self.gpu = cuda_buffers.gpu_name(tensor) if tensor.is_cuda else None
         mapping = None
         whole = tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == self.nbytes
         if transport == "shm" and not whole:
@@ -103,7 +114,9 @@ class TensorBuffer:
                 "a view of a larger tensor cannot move to shared memory without breaking its "
                 "aliasing; pass the whole tensor, or transport='auto' to serve it over the socket"
             )
-        if not whole:
+        if tensor.is_cuda:
+            pass  # nothing moves: readers on its GPU open its memory, others are staged
+        elif not whole:
             self.transport = "socket"  # reads then see the live view, through its owner
         elif transport != "socket" and self.nbytes > 0:
             try:
@@ -119,11 +132,13 @@ class TensorBuffer:
                 )
                 self.transport = "socket"
         self._map: ShmMapping | None = None
+        self.opened: torch.Tensor | None = None  # a holder's view of the owner's CUDA memory
         with _owned_lock:
             _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
         if BUF_READ not in node.handlers:  # this process's first buffer
             node.register(BUF_READ, _on_read)
             node.register(BUF_WRITE, _on_write)
+            node.register(BUF_CUDA, _on_cuda)
             # The node closes last in both a worker and the controller: the files go with it.
             node.on_close(cleanup_owned)
 
@@ -153,17 +168,18 @@ class TensorBuffer:
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = (self.buffer_id, self.owner, self.nbytes, self.dtype, self.shape, self.path)
-        return (_restore, (state, self.transport))
+        return (_restore, (state, self.transport, self.gpu))
 
     def __repr__(self) -> str:
-        return f"<TensorBuffer {self.dtype}{list(self.shape)} {self.nbytes} B>"
+        where = "" if self.gpu is None else f" on GPU {self.gpu}"
+        return f"<TensorBuffer {self.dtype}{list(self.shape)} {self.nbytes} B{where}>"
 
     # -- the holder's side ------------------------------------------------------------------------
 
     def _check(self, other: torch.Tensor, verb: str) -> torch.Tensor:
         other = _as_tensor(other)
-        if other.device.type != "cpu" or not other.is_contiguous():
-            raise MeshUsageError(f"{verb} needs a contiguous CPU tensor")
+        if other.device.type not in ("cpu", "cuda") or not other.is_contiguous():
+            raise MeshUsageError(f"{verb} needs a contiguous CPU or CUDA tensor")
         size = other.numel() * other.element_size()
         if size != self.nbytes or str(other.dtype).removeprefix("torch.") != self.dtype:
             raise MeshUsageError(
@@ -182,11 +198,36 @@ class TensorBuffer:
             and self.owner.host == current_node().address.host
         )
 
+    def _through_ipc(self) -> bool:
+        """A CUDA buffer whose GPU this process sees, on the owner's host: device to device."""
+        here = current_node().address
+        return (
+            self.gpu is not None
+            and self.transport != "socket"
+            and self.owner.host == here.host
+            and self.owner != here  # the owner itself copies through the socket path's staging
+            and cuda_buffers.device_index(self.gpu) is not None
+        )
+
+    def _cuda_copy(self, tensor: torch.Tensor, read: bool) -> Future[None]:
+        """Ask the owner to finish its work on the device (and, the first time, for a handle),
+        then copy between ``tensor`` and the owner's memory."""
+        node = current_node()
+        done: Future[None] = Future(lambda: f"the owner of {self!r} to answer")
+        handler = _IpcCopy(self, done, tensor, read)
+        port = node.open_port(handler)
+        handler.close = lambda: node.close_port(port)
+        reply = (tuple(port.address), port.port_id)
+        node.send(self.owner, (BUF_CUDA, self.buffer_id, reply, self.opened is None))
+        return done
+
     def read_into(self, dst: Any) -> Future[None]:
         """Copy the buffer's bytes into ``dst`` (same size and dtype)."""
         dst = self._check(dst, "read_into")
         if self.nbytes == 0:
             return Future._completed(None)
+        if self._through_ipc():
+            return self._cuda_copy(dst, read=True)
         if self._local():
             self._mapping().copy(_bytes_of(dst), into_buffer=False)
             return Future._completed(None)
@@ -197,6 +238,8 @@ class TensorBuffer:
         src = self._check(src, "write_from")
         if self.nbytes == 0:
             return Future._completed(None)
+        if self._through_ipc():
+            return self._cuda_copy(src, read=False)
         if self._local():
             self._mapping().copy(_bytes_of(src), into_buffer=True)
             return Future._completed(None)
@@ -247,10 +290,50 @@ class TensorBuffer:
         if kind == BUF_READ:
             node.send(self.owner, (BUF_READ, self.buffer_id, reply))
         else:
-            node.send(
-                self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [_bytes_of(tensor).numpy()]
-            )
+            staged = _bytes_of(tensor).cpu()  # a no-op for a CPU tensor
+            node.send(self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [staged.numpy()])
         return done
+
+
+class _IpcCopy:
+    """The reader's side of one CUDA IPC copy: the owner's go-ahead arrives, the copy runs."""
+
+    def __init__(self, buf: TensorBuffer, done: Future[None], tensor: Any, read: bool) -> None:
+        self.buf = buf
+        self.done = done
+        self.tensor = tensor
+        self.read = read
+        self.close: Any = None
+
+    def on_message(self, msg: Message) -> None:
+        self.close()
+        _, _, ok, text = msg.envelope
+        if not ok:
+            self.done._set_exception(MeshError(text))
+            return
+        try:
+            if msg.buffers:
+                assert self.buf.gpu is not None
+                index = cuda_buffers.device_index(self.buf.gpu)
+                assert index is not None
+                self.buf.opened = cuda_buffers.open_handle(bytes(msg.buffers[0]), index)
+            remote = self.buf.opened
+            assert remote is not None
+            if self.read:
+                cuda_buffers.copy_and_wait(_bytes_of(self.tensor), _bytes_of(remote))
+            else:
+                cuda_buffers.copy_and_wait(_bytes_of(remote), _bytes_of(self.tensor))
+        except Exception as exc:
+            self.done._set_exception(MeshError(f"a CUDA IPC copy of {self.buf!r} failed: {exc}"))
+            return
+        self.done._set_result(None)
+
+    def on_death(self, mailbox: bytes, death: Any) -> bool:
+        if mailbox != self.buf.owner.mailbox:
+            return False
+        self.close()
+        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
+        return True
 
 
 class _RemoteCopy:
@@ -298,24 +381,71 @@ def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:
 def _on_read(msg: Message) -> None:
     # On the owner's I/O thread: the frame is sent zero-copy from the tensor's memory.
     owned, reply = _requested(msg)
-    if owned is not None:
-        _reply(reply, True, "", [_bytes_of(owned.tensor).numpy()])
+    if owned is None:
+        return
+    tensor = owned.tensor
+    if tensor.is_cuda:
+        _on_cuda_thread(reply, lambda: [_bytes_of(tensor).cpu().numpy()])
+    else:
+        _reply(reply, True, "", [_bytes_of(tensor).numpy()])
 
 
 def _on_write(msg: Message) -> None:
     import torch
 
     owned, reply = _requested(msg)
-    if owned is not None:
-        _bytes_of(owned.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+    if owned is None:
+        return
+    dst, src = _bytes_of(owned.tensor), torch.frombuffer(msg.buffers[0], dtype=torch.uint8)
+    if dst.is_cuda:
+
+        def copy() -> list[Any]:
+            cuda_buffers.copy_and_wait(dst, src)
+            return []
+
+        _on_cuda_thread(reply, copy)
+    else:
+        dst.copy_(src)
         _reply(reply, True, "", [])
 
 
-def _restore(state: tuple[Any, ...], transport: str) -> TensorBuffer:
+def _on_cuda(msg: Message) -> None:
+    _, buffer_id, reply, want_handle = msg.envelope
+    with _owned_lock:
+        owned = _owned.get(buffer_id)
+    if owned is None:
+        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
+        return
+    tensor = owned.tensor
+
+    def ready() -> list[Any]:
+        cuda_buffers.settle(tensor)
+        return [cuda_buffers.ipc_handle(tensor)] if want_handle else []
+
+    _on_cuda_thread(reply, ready)
+
+
+def _on_cuda_thread(reply: tuple[Any, ...], work: Any) -> None:
+    """Run ``work`` (it returns the reply's buffers) off the I/O thread, then answer."""
+
+    def run() -> None:
+        try:
+            buffers = work()
+        except Exception as exc:
+            _reply(reply, False, f"the owner's CUDA copy failed: {type(exc).__name__}: {exc}", [])
+            return
+        _reply(reply, True, "", buffers)
+
+    cuda_buffers.off_io(run)
+
+
+def _restore(state: tuple[Any, ...], transport: str, gpu: str | None = None) -> TensorBuffer:
     buf = object.__new__(TensorBuffer)
     buf.buffer_id, buf.owner, buf.nbytes, buf.dtype, buf.shape, buf.path = state
     buf.transport = transport
+    buf.gpu = gpu
     buf._map = None
+    buf.opened = None
     return buf
 
 

@@ -58,6 +58,7 @@ from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh, proc_table
 from ..meshes.proc_table import ProcTable
 from ..meshes.value_mesh import ValueMesh
+from ..procs.osutil import visible_gpus
 from ..shape import Shape
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ Y = TypeVar("Y")
 
 # How long the members of a new group wait for each other (store connection and rendezvous).
 RENDEZVOUS_TIMEOUT = 120.0
+
+# What a default group uses when some of its ranks share a GPU (see choose_backend).
+SHARED_GPU_BACKEND = "cpu:gloo,cuda:gloo"
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,59 @@ def mesh_layout(mesh: ActorMesh[Any] | ProcMesh) -> list[RankLayout]:
     return layout(shape, [procs.addresses[r].host for r in shape.ranks()])
 
 
+def member_hosts(mesh: ActorMesh[Any] | ProcMesh) -> list[str]:
+    procs, shape = _parts(mesh)
+    return [procs.addresses[r].host for r in shape.ranks()]
+
+
+def gpu_of(visible: list[str], local_rank: int, host: str) -> tuple[str, str] | None:
+    """The GPU a member will use, as ``(host, name)``: its device ``local_rank % count``, as
+    ``join_group`` picks it (on a mesh with a ``gpus`` dimension, its one visible GPU)."""
+    if not visible:
+        return None
+    return host, visible[local_rank % len(visible)]
+
+
+def choose_backend(
+    requested: str | None, resolved: str, gpus: Sequence[tuple[str, str] | None]
+) -> str:
+    """The backend the members join with (pure).
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected", at the first collective, on
+    every rank). Where members share a GPU, the default backend moves CUDA tensors to gloo
+    (which takes CUDA tensors, through host memory: slower, but every collective works); a
+    backend that names NCCL explicitly is refused here, before anyone joins.
+    """
+    if "nccl" not in resolved:
+        return resolved
+    first: dict[tuple[str, str], int] = {}
+    for rank, gpu in enumerate(gpus):
+        if gpu is None:
+            continue
+        if gpu in first:
+            other = first[gpu]
+            if requested is not None:
+                raise MeshUsageError(
+                    f"backend {requested!r}: ranks {other} and {rank} would share GPU "
+                    f"{gpu[1]} of host {gpu[0]}, and NCCL needs a GPU per rank. Give the mesh "
+                    "a 'gpus' dimension no larger than the host's GPU count, or pass "
+                    "backend='cpu:gloo,cuda:gloo' (or leave it None) to run CUDA tensors "
+                    "through gloo"
+                )
+            logger.warning(
+                "ranks %d and %d share GPU %s of host %s: NCCL needs a GPU per rank, so this "
+                "group runs CUDA tensors through gloo (slower; a 'gpus' dimension no larger "
+                "than the GPU count gives each rank its own GPU and NCCL)",
+                other,
+                rank,
+                gpu[1],
+                gpu[0],
+            )
+            return SHARED_GPU_BACKEND
+        first[gpu] = rank
+    return resolved
+
+
 def single_host(mesh: ActorMesh[Any] | ProcMesh) -> bool:
     procs, shape = _parts(mesh)
     return len({procs.addresses[r].host for r in shape.ranks()}) <= 1
@@ -184,7 +241,9 @@ def init_process_group(
         mesh: an actor mesh, a proc mesh, or a slice of either; its ranks, in row-major order,
             become the group's ranks.
         backend: as for ``torch.distributed.init_process_group``; ``None`` picks ``gloo``, or
-            ``cpu:gloo,cuda:nccl`` in processes that see a GPU. CUDA's current device is per
+            ``cpu:gloo,cuda:nccl`` in processes that see a GPU, or ``cpu:gloo,cuda:gloo`` when
+            members would share a GPU (NCCL refuses that; naming NCCL then is an error, raised
+            before anyone joins). CUDA's current device is per
             thread: on a mesh with a ``gpus`` dimension each process sees just its own GPU
             (device 0, the default); otherwise an actor should call
             ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` before using NCCL.
@@ -205,15 +264,22 @@ def init_process_group(
     prepared = helpers.prepare.call(backend)
     store = rank0(helpers).serve_store.call_one(master_addr)
 
-    def join(addr_port: tuple[str, int]) -> Future[ValueMesh[GroupMember]]:
-        addr, port = addr_port
+    hosts = member_hosts(mesh)
+
+    def join(
+        ready: tuple[ValueMesh[tuple[str, list[str]]], tuple[str, int]],
+    ) -> Future[ValueMesh[GroupMember]]:
+        answers, (addr, port) = ready
+        placed = zip(answers.values(), members, hosts, strict=True)
+        gpus = [gpu_of(visible, m.local_rank, host) for (_, visible), m, host in placed]
+        chosen = choose_backend(backend, answers.values()[0][0], gpus)
         envs = [m.env(addr, port) for m in members]
         # The store server stays up until the group is destroyed: members keep their client
         # connections to it (new_group, barriers and monitored_barrier use it).
-        joined: Future[ValueMesh[GroupMember]] = helpers.join.call(envs, backend, timeout)
+        joined: Future[ValueMesh[GroupMember]] = helpers.join.call(envs, chosen, timeout)
         return joined
 
-    joined = then(both(prepared, store), lambda pair: join(pair[1]))
+    joined = then(both(prepared, store), join)
     release_on_failure(joined, helpers, store)
     return joined
 
@@ -348,7 +414,7 @@ def join_group(env: dict[str, str], backend: str | None, timeout: float | None) 
     os.environ.update(env)
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env["LOCAL_RANK"])
-    if "nccl" in resolved and torch.cuda.is_available():
+    if ("nccl" in resolved or "cuda" in resolved) and torch.cuda.is_available():
         # This thread's device only (see init_process_group); NCCL creates its communicators
         # lazily, on the device of the first tensor a collective gets.
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -393,8 +459,8 @@ class _DistSetup(Actor):
     """Forms, and tears down, the default process group of the process it lives in."""
 
     @endpoint
-    def prepare(self, backend: str | None) -> str:
-        return check_can_join(backend)
+    def prepare(self, backend: str | None) -> tuple[str, list[str]]:
+        return check_can_join(backend), visible_gpus()
 
     @endpoint
     def serve_store(self, master_addr: str | None) -> tuple[str, int]:

@@ -51,6 +51,7 @@ WAITS = "waits"
 # To whoever owns a TensorBuffer.
 BUF_READ = "buf_read"
 BUF_WRITE = "buf_write"
+BUF_CUDA = "buf_cuda"
 # To a host agent.
 SPAWN_PROCS = "spawn_procs"
 REAP = "reap"
@@ -115,7 +116,8 @@ _TABLE = [
          "Back-to-back one-way messages to one process, signed once: items are (envelope, "
          "payload) (Transport.send_one_way)."),
     Kind(BUF_DONE, ("port_id", "ok", "error"), EVERY_ROLE, EVERY_ROLE, _NODE,
-         "A TensorBuffer owner's answer to BUF_READ (the bytes as one buffer) or BUF_WRITE."),
+         "A TensorBuffer owner's answer to BUF_READ (the bytes as one buffer), BUF_WRITE or "
+         "BUF_CUDA (a pickled CUDA IPC handle as one buffer, when asked for)."),
     # -- worker (actors live in the controller too: this_proc()) ---------------------------
     Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply"), (CONTROLLER, WORKER), (CONTROLLER, WORKER),
          "runtime.actors.actor_host:ActorHost.__init__",
@@ -149,6 +151,10 @@ _TABLE = [
     Kind(BUF_WRITE, ("buffer_id", "reply"), EVERY_ROLE, EVERY_ROLE,
          "runtime.dataplane.buffers:TensorBuffer.__init__",
          "Copy the one out-of-band buffer into the tensor, then BUF_DONE to ``reply``."),
+    Kind(BUF_CUDA, ("buffer_id", "reply", "want_handle"), EVERY_ROLE, EVERY_ROLE,
+         "runtime.dataplane.buffers:TensorBuffer.__init__",
+         "A reader on the owner's GPU is about to copy through CUDA IPC: finish the work issued "
+         "on the device, then BUF_DONE to ``reply`` (with an IPC handle if ``want_handle``)."),
     # -- host agent ------------------------------------------------------------------------------
     Kind(SPAWN_PROCS, ("mesh_id", "procs", "request"), (CONTROLLER,), (AGENT,),
          "runtime.procs.host_agent:Agent.__init__",
@@ -207,7 +213,8 @@ _TABLE = [
     Kind(RESOURCES, ("time", "samples"), (AGENT,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__",
          "A host agent's once-a-second sample of its workers: samples are (mesh_id, rank, cpu "
-         "%, rss bytes) (``procs/sampling.py``)."),
+         "%, rss bytes, GPU memory bytes or None, GPU utilisation % or None) "
+         "(``procs/sampling.py``)."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -45,6 +45,7 @@ from ..messaging.run_dir import make_run_dir
 from ..messaging.transport import Transport
 from .mesh_record import AgentHandle, MeshRecord
 from .osutil import raise_fd_limit
+from .sampling import Sample
 from .tensorboard import TensorBoardExport
 
 logger = logging.getLogger(__name__)
@@ -279,10 +280,10 @@ class Controller:
     def _on_resources(self, msg: Message) -> None:
         _, t, samples = msg.envelope
         meshes = self.meshes
-        for mesh_id, rank, cpu, rss in samples:
+        for mesh_id, rank, *reading in samples:
             record = meshes.get(mesh_id)
             if record is not None:
-                record.resources.add(rank, t, cpu, rss)
+                record.resources.add(rank, Sample(t, *reading))
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""

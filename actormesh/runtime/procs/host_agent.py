@@ -47,7 +47,7 @@ from ..messaging.protocol import (
 )
 from ..messaging.transport import Transport
 from ..messaging.tunnel import TunnelEnds
-from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit
+from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
 from .sampling import ResourceSampler
 from .zygote import FD_ENV
 
@@ -207,7 +207,7 @@ class Agent:
 
     def _device_env(self, spec: dict[str, Any]) -> dict[str, str]:
         labels, _sizes = spec["extent"]
-        gpus = _visible_gpus()
+        gpus = visible_gpus()
         if "gpus" not in labels or not gpus:
             return {}
         point_index = _coords(spec["rank"], spec["extent"])["gpus"]
@@ -409,17 +409,6 @@ def _coords(rank: int, extent: list[list[Any]]) -> dict[str, int]:
         coords[label] = rank % size
         rank //= size
     return coords
-
-
-def _visible_gpus() -> list[str]:
-    try:
-        count = len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [v for v in visible.split(",") if v][:count]
-    return [str(i) for i in range(count)]
 
 
 def _read_init(fd: int) -> tuple[dict[str, Any], bytes]:

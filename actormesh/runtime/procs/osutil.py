@@ -1,5 +1,5 @@
-"""Small Linux process helpers: parent-death signals, the open-files limit and exit-status
-decoding."""
+"""Small Linux process helpers: parent-death signals, the open-files limit, exit-status
+decoding and the GPUs a process may use."""
 
 from __future__ import annotations
 
@@ -54,3 +54,17 @@ def describe_status(status: int) -> tuple[int | None, str | None]:
         except ValueError:
             return None, f"signal {-code}"
     return code, None
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (device ``i`` of
+    the process is entry ``i``); empty on a machine without NVIDIA GPUs. Reads the driver's
+    directory, never CUDA: asking CUDA would start it, which a process about to fork must not."""
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip()][:count]
+    return [str(i) for i in range(count)]
