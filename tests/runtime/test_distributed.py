@@ -12,12 +12,14 @@ import pytest
 
 import actormesh as am
 from actormesh.runtime.dataplane.distributed import (
+    SHARED_GPU_BACKEND,
     GroupMember,
     RankLayout,
     destroy_process_group,
     init_process_group,
     layout,
 )
+from actormesh.runtime.procs.osutil import visible_gpus
 from actormesh.runtime.shape import Shape
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -97,12 +99,23 @@ def test_layout_of_a_slice_counts_from_zero() -> None:
 # -- real processes --------------------------------------------------------------------------------
 
 
+def default_backend_for(ranks: int) -> str:
+    """What a default group of ``ranks`` pinned ranks ('gpus' dimension) uses on this machine."""
+    import torch
+
+    gpus = visible_gpus() if torch.backends.cuda.is_built() else []
+    if not gpus:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if len(gpus) >= ranks else SHARED_GPU_BACKEND
+
+
 def test_group_over_four_actors_all_reduces_with_the_right_ranks(spawn_procs: Any) -> None:
     procs = spawn_procs(per_host={"gpus": 4})
     members = procs.spawn("member", Member)
     joined = init_process_group(members).get(timeout=WAIT)
     assert [m.rank for m in joined.values()] == [0, 1, 2, 3]
-    assert all(isinstance(m, GroupMember) and m.backend == "gloo" for m in joined.values())
+    expected = default_backend_for(4)
+    assert all(isinstance(m, GroupMember) and m.backend == expected for m in joined.values())
     assert len({m.pid for m in joined.values()}) == 4
     assert len({m.master_port for m in joined.values()}) == 1
 
