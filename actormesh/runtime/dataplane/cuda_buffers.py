@@ -19,6 +19,7 @@ process's messages.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 from collections.abc import Callable
@@ -35,11 +36,17 @@ _worker: ThreadPoolExecutor | None = None
 _worker_lock = threading.Lock()
 
 
+@functools.cache
+def _visible() -> tuple[str, ...]:
+    # Fixed for the life of the process once CUDA has started: read once, not per copy.
+    return tuple(visible_gpus())
+
+
 def gpu_name(tensor: torch.Tensor) -> str:
     """The GPU of ``tensor`` as ``CUDA_VISIBLE_DEVICES`` names it (the same on every process
     of the host, unlike the device index)."""
     index = tensor.device.index or 0
-    gpus = visible_gpus()
+    gpus = _visible()
     return gpus[index] if index < len(gpus) else str(index)
 
 
@@ -47,7 +54,7 @@ def device_index(gpu: str) -> int | None:
     """This process's device index for the GPU named ``gpu``, or None if it cannot see it."""
     import torch
 
-    gpus = visible_gpus()
+    gpus = _visible()
     if gpu not in gpus or not torch.cuda.is_available():
         return None
     return gpus.index(gpu)
