@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import MeshError
-from .tensors import DEFAULT_CAP, Comparison, summarize
+from .tensors import DEFAULT_CAP, Comparison, param_row, summarize
 
 INSPECT_TIMEOUT = 60.0
 
@@ -47,7 +47,7 @@ def compare(name: str, value: Any, ranks: list[int] | None = None) -> Comparison
     """Summaries of ``value``'s shards on every rank (or ``ranks``, by row-major index)."""
     from ..tensor.tools import shard_summaries
 
-    labels, future = shard_summaries(value, summarize, DEFAULT_CAP)
+    labels, future = shard_summaries(value, summarize, param_row, DEFAULT_CAP)
     wanted = range(len(labels)) if ranks is None else ranks
     summaries: dict[str, dict[str, Any] | str]
     try:

@@ -73,26 +73,28 @@ def _tensor(t: Any, cap: int) -> dict[str, Any]:
     return out
 
 
+def param_row(name: str, param: Any, grad: Any, cap: int = DEFAULT_CAP) -> dict[str, Any]:
+    """One parameter of a module: its shape and norm, NaN/Inf counted over it and its gradient
+    (``grad`` may be None), and the gradient's norm."""
+    s = _tensor(param, cap)
+    g = None if grad is None else _tensor(grad, cap)
+    return {
+        "name": name,
+        "shape": s["shape"],
+        "norm": s["norm"],
+        "nan": s["nan"] + (g["nan"] if g else 0),
+        "inf": s["inf"] + (g["inf"] if g else 0),
+        "grad_norm": None if g is None else g["norm"],
+    }
+
+
 def summarize(value: Any, cap: int = DEFAULT_CAP) -> dict[str, Any]:
     """A JSON-able summary of a tensor, a module, or (for anything else) its type and repr."""
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         return _tensor(value, cap)
     if torch is not None and isinstance(value, torch.nn.Module):
-        params = []
-        for name, p in value.named_parameters():
-            grad = None if p.grad is None else _tensor(p.grad, cap)
-            s = _tensor(p, cap)
-            params.append(
-                {
-                    "name": name,
-                    "shape": s["shape"],
-                    "norm": s["norm"],
-                    "nan": s["nan"] + (grad["nan"] if grad else 0),
-                    "inf": s["inf"] + (grad["inf"] if grad else 0),
-                    "grad_norm": None if grad is None else grad["norm"],
-                }
-            )
+        params = [param_row(name, p, p.grad, cap) for name, p in value.named_parameters()]
         return {"kind": "module", "type": type(value).__name__, "params": params}
     text = repr(value)
     return {"kind": "value", "type": type(value).__name__, "repr": text[:200]}

@@ -65,17 +65,21 @@ def mesh_extent(value: MeshTensor | MeshModule) -> dict[str, int]:
 
 
 def shard_summaries(
-    value: MeshTensor | MeshModule, summarize: Callable[[Any, int], dict[str, Any]], cap: int
+    value: MeshTensor | MeshModule,
+    summarize: Callable[[Any, int], dict[str, Any]],
+    param_row: Callable[[str, Any, Any, int], dict[str, Any]],
+    cap: int,
 ) -> tuple[list[str], Any]:
-    """``(rank labels, Future[ValueMesh of summaries])``: ``summarize(local, cap)`` runs on
-    every rank, in stream order, on its shard (tensor) or on each parameter's shard (module).
-    Each summary carries ``"block"``: which piece of the global value the rank holds, so that
-    ranks holding the same piece (replicas) can be compared."""
+    """``(rank labels, Future[ValueMesh of summaries])``: on every rank, in stream order,
+    ``summarize(local, cap)`` runs on its shard of a tensor, ``param_row(name, local, grad,
+    cap)`` on its shard of each parameter of a module (the caller's own summaries: this layer
+    only finds the shards). Each summary carries ``"block"``: which piece of the global value
+    the rank holds, so that ranks holding the same piece (replicas) can be compared."""
     tm = _mesh_of(value)
     if isinstance(value, MeshModule):
         params = dict(value.named_parameters())
         grads = {n: p.grad for n, p in params.items() if isinstance(p.grad, MeshTensor)}
-        future = _MODULE_SUMMARY.call(value.inner_name, params, grads, summarize, cap)
+        future = _MODULE_SUMMARY.call(value.inner_name, params, grads, param_row, cap)
     else:
         future = _TENSOR_SUMMARY.call(value, summarize, cap)
     n = 1
@@ -110,24 +114,13 @@ def _tensor_summary(v: Any, summarize: Any, cap: int) -> dict[str, Any]:
 
 
 def _module_summary(
-    type_name: str, params: dict[str, Any], grads: dict[str, Any], summarize: Any, cap: int
+    type_name: str, params: dict[str, Any], grads: dict[str, Any], param_row: Any, cap: int
 ) -> dict[str, Any]:
     rows = []
     for name, p in params.items():
-        s = summarize(_local(p), cap)
         g = grads.get(name)
-        gs = None if g is None else summarize(_local(g), cap)
-        rows.append(
-            {
-                "name": name,
-                "shape": s["shape"],
-                "norm": s["norm"],
-                "nan": s["nan"] + (gs["nan"] if gs else 0),
-                "inf": s["inf"] + (gs["inf"] if gs else 0),
-                "grad_norm": None if gs is None else gs["norm"],
-                "block": _block(p),
-            }
-        )
+        row = param_row(name, _local(p), None if g is None else _local(g), cap)
+        rows.append(dict(row, block=_block(p)))
     return {"kind": "module", "type": type_name, "params": rows}
 
 
