@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from training import MLP, train
 
 import actormesh as am
 from actormesh.runtime.procs.osutil import visible_gpus
@@ -71,28 +71,6 @@ def test_per_rank_factories_differ_per_rank(gpu_mesh: Any) -> None:
         t = torch.randn(4, device="cuda")
     first, second = fetch(t, gpus=0).get(timeout=WAIT), fetch(t, gpus=1).get(timeout=WAIT)
     assert not torch.equal(first.cpu(), second.cpu())
-
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "fsdp"])

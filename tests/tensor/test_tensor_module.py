@@ -11,31 +11,9 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from training import MLP, train
 
 from actormesh.tensor import MeshModule, MeshTensor, inspect, module_to_mesh
-
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())  # the step's one sync point
-    return losses
-
 
 TP = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 MODES: dict[str, dict[str, Any]] = {

@@ -212,14 +212,19 @@ class TensorBuffer:
     def _cuda_copy(self, tensor: torch.Tensor, read: bool) -> Future[None]:
         """Ask the owner to finish its work on the device (and, the first time, for a handle),
         then copy between ``tensor`` and the owner's memory."""
+        want_handle = self.opened is None
+        return self._ask(_IpcCopy(self, tensor, read), BUF_CUDA, (want_handle,))
+
+    def _ask(
+        self, answer: _OwnerAnswer, kind: str, fields: tuple[Any, ...], frames: Any = ()
+    ) -> Future[None]:
+        """Send ``kind`` to the owner with a port for its BUF_DONE, which ``answer`` handles."""
         node = current_node()
-        done: Future[None] = Future(lambda: f"the owner of {self!r} to answer")
-        handler = _IpcCopy(self, done, tensor, read)
-        port = node.open_port(handler)
-        handler.close = lambda: node.close_port(port)
+        port = node.open_port(answer)
+        answer.close = lambda: node.close_port(port)
         reply = (tuple(port.address), port.port_id)
-        node.send(self.owner, (BUF_CUDA, self.buffer_id, reply, self.opened is None))
-        return done
+        node.send(self.owner, (kind, self.buffer_id, reply, *fields), b"", list(frames))
+        return answer.done
 
     def read_into(self, dst: Any) -> Future[None]:
         """Copy the buffer's bytes into ``dst`` (same size and dtype)."""
@@ -281,28 +286,20 @@ class TensorBuffer:
         return m
 
     def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
-        node = current_node()
-        done: Future[None] = Future(lambda: f"the owner of {self!r} to answer")
-        handler = _RemoteCopy(done, tensor, self.owner.mailbox)
-        port = node.open_port(handler)
-        handler.close = lambda: node.close_port(port)
-        reply = (tuple(port.address), port.port_id)
+        answer = _RemoteCopy(self, tensor)
         if kind == BUF_READ:
-            node.send(self.owner, (BUF_READ, self.buffer_id, reply))
-        else:
-            staged = _bytes_of(tensor).cpu()  # a no-op for a CPU tensor
-            node.send(self.owner, (BUF_WRITE, self.buffer_id, reply), b"", [staged.numpy()])
-        return done
+            return self._ask(answer, BUF_READ, ())
+        staged = _bytes_of(tensor).cpu()  # a no-op for a CPU tensor
+        return self._ask(answer, BUF_WRITE, (), [staged.numpy()])
 
 
-class _IpcCopy:
-    """The reader's side of one CUDA IPC copy: the owner's go-ahead arrives, the copy runs."""
+class _OwnerAnswer:
+    """Waits for the owner's BUF_DONE on a port of its own; the owner's death fails it."""
 
-    def __init__(self, buf: TensorBuffer, done: Future[None], tensor: Any, read: bool) -> None:
+    def __init__(self, buf: TensorBuffer, tensor: Any) -> None:
         self.buf = buf
-        self.done = done
         self.tensor = tensor
-        self.read = read
+        self.done: Future[None] = Future(lambda: f"the owner of {buf!r} to answer")
         self.close: Any = None
 
     def on_message(self, msg: Message) -> None:
@@ -311,6 +308,36 @@ class _IpcCopy:
         if not ok:
             self.done._set_exception(MeshError(text))
             return
+        self.answered(msg)
+
+    def answered(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def on_death(self, mailbox: bytes, death: Any) -> bool:
+        if mailbox != self.buf.owner.mailbox:
+            return False
+        self.close()
+        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
+        return True
+
+
+class _RemoteCopy(_OwnerAnswer):
+    def answered(self, msg: Message) -> None:
+        if msg.buffers:  # a read: the bytes came as one frame
+            import torch
+
+            _bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+        self.done._set_result(None)
+
+
+class _IpcCopy(_OwnerAnswer):
+    """The owner's go-ahead (with a handle, the first time) arrives: the copy runs, here."""
+
+    def __init__(self, buf: TensorBuffer, tensor: Any, read: bool) -> None:
+        super().__init__(buf, tensor)
+        self.read = read
+
+    def answered(self, msg: Message) -> None:
         try:
             if msg.buffers:
                 assert self.buf.gpu is not None
@@ -327,40 +354,6 @@ class _IpcCopy:
             self.done._set_exception(MeshError(f"a CUDA IPC copy of {self.buf!r} failed: {exc}"))
             return
         self.done._set_result(None)
-
-    def on_death(self, mailbox: bytes, death: Any) -> bool:
-        if mailbox != self.buf.owner.mailbox:
-            return False
-        self.close()
-        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
-        return True
-
-
-class _RemoteCopy:
-    def __init__(self, done: Future[None], tensor: Any, owner: bytes) -> None:
-        self.done = done
-        self.tensor = tensor
-        self.owner = owner
-        self.close: Any = None
-
-    def on_message(self, msg: Message) -> None:
-        self.close()
-        _, _, ok, text = msg.envelope
-        if not ok:
-            self.done._set_exception(MeshError(text))
-            return
-        if msg.buffers:  # a read: the bytes came as one frame
-            import torch
-
-            _bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
-        self.done._set_result(None)
-
-    def on_death(self, mailbox: bytes, death: Any) -> bool:
-        if mailbox != self.owner:
-            return False
-        self.close()
-        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
-        return True
 
 
 def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
