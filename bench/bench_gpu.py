@@ -29,7 +29,7 @@ from actormesh.runtime.procs.osutil import visible_gpus
 HERE = Path(__file__).parent
 BLOCKS = 5
 PER_BLOCK = 10
-SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
+SIZES = {"4 KiB": 4 << 10, "64 MiB": 64 << 20, "1 GiB": 1 << 30}
 ALLREDUCE_BYTES = 256 << 20
 ALLREDUCE_ITERS = 20
 
@@ -42,6 +42,10 @@ class Owner(am.Actor):
 
 
 class Reader(am.Actor):
+    @am.endpoint
+    def noop(self) -> None:
+        return None
+
     @am.endpoint
     def measure(self, buf: am.TensorBuffer) -> dict[str, list[float]]:
         dst = torch.empty(buf.shape, device="cuda")
@@ -72,16 +76,30 @@ def bench_buffer() -> None:
     try:
         owner = procs.slice(ranks=0).spawn("owner", Owner)
         reader = procs.slice(ranks=1).spawn("reader", Reader)
-        print("\n| size | local D2D copy GB/s | read_into GB/s (%) | write_from GB/s (%) |")
+        rtt = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            reader.noop.call_one().get(timeout=60)
+            rtt.append(time.perf_counter() - t0)
+        print(
+            f"\ncall_one no-op round trip, controller to the reader: "
+            f"{statistics.median(rtt) * 1e6:.0f} us (median of 200)"
+        )
+        print(
+            "\n| size | local D2D copy GB/s (µs) | read_into GB/s (% of D2D; µs) "
+            "| write_from GB/s (% of D2D; µs) |"
+        )
         print("| --- | --- | --- | --- |")
         for name, nbytes in SIZES.items():
             buf = owner.share.call_one(nbytes).get(timeout=120)
             times = reader.measure.call_one(buf).get(timeout=600)
-            rate = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rate = {k: nbytes / t / 1e9 for k, t in med.items()}
             print(
-                f"| {name} | {rate['local']:.0f} | {rate['read']:.0f} "
-                f"({100 * rate['read'] / rate['local']:.0f} %) | {rate['write']:.0f} "
-                f"({100 * rate['write'] / rate['local']:.0f} %) |",
+                f"| {name} | {rate['local']:.1f} ({med['local'] * 1e6:.0f}) | "
+                f"{rate['read']:.1f} ({100 * rate['read'] / rate['local']:.0f} %; "
+                f"{med['read'] * 1e6:.0f}) | {rate['write']:.1f} "
+                f"({100 * rate['write'] / rate['local']:.0f} %; {med['write'] * 1e6:.0f}) |",
                 flush=True,
             )
     finally:
