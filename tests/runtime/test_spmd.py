@@ -240,3 +240,32 @@ def test_setup_torch_elastic_env_lets_actors_init_themselves(spawn_procs: Any) -
     spmd.setup_torch_elastic_env(procs)
     actors = procs.spawn("self_init", SelfInit)
     assert actors.join_and_sum.call().get(timeout=WAIT).values() == [(0, 6.0), (1, 6.0), (2, 6.0)]
+
+
+def test_a_mesh_stopped_under_the_script_is_not_a_success(
+    spawn_procs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A MeshClosedError is a SupervisionError with no deaths: read as deaths, the run "ended"
+    # with no death, no failure and no exit status, and returned 0.
+    from actormesh.runtime.actors.future import Future
+
+    class Closed:
+        def __init__(self, mesh: Any) -> None:
+            self.run = self
+
+        def stream(self, *args: Any) -> Any:
+            return self
+
+        def next(self, timeout: float | None = None) -> Future[Any]:
+            return Future._failed(am.MeshClosedError("cannot call spmd.run: it was stopped"))
+
+    real = spmd.helper_mesh
+    monkeypatch.setattr(
+        spmd,
+        "helper_mesh",
+        lambda mesh, name, cls: Closed(mesh) if name == "spmd" else real(mesh, name, cls),
+    )
+    procs = spawn_procs(per_host={"procs": 2})
+    script = write(tmp_path, "noop.py", "pass\n")
+    with pytest.raises(am.MeshClosedError, match="stopped"):
+        spmd._run_on(procs, script, [], False, WAIT, None, None)

@@ -39,6 +39,7 @@ from typing import Any
 from ... import config
 from ...errors import (
     ActorError,
+    MeshClosedError,
     MeshError,
     MeshTimeoutError,
     MeshUsageError,
@@ -331,6 +332,10 @@ def _run_on(
         exc = fut.exception()
         if isinstance(exc, ActorError):
             failures.extend(exc.failures)
+        elif isinstance(exc, MeshClosedError):
+            # Also a SupervisionError, but with no deaths: counted as one, the run ended as if
+            # every rank had succeeded. The mesh was stopped under the script: say so.
+            raise exc
         elif isinstance(exc, SupervisionError):
             deaths.extend(exc.deaths)
         elif exc is not None:
