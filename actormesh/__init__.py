@@ -38,6 +38,7 @@ from .hosts import SlurmJob as SlurmJob
 from .hosts import listen_for_hosts as listen_for_hosts
 from .hosts import wait_for_hosts as wait_for_hosts
 from .runtime.actors.actor import Actor as Actor
+from .runtime.actors.actor import concurrent_endpoint as concurrent_endpoint
 from .runtime.actors.actor import endpoint as endpoint
 from .runtime.actors.context import Context as Context
 from .runtime.actors.context import context as context
@@ -53,6 +54,7 @@ from .runtime.extent import Point as Point
 from .runtime.faults import supervision as _supervision
 from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
 from .runtime.meshes.endpoint import Endpoint as Endpoint
+from .runtime.meshes.endpoint import as_endpoint as as_endpoint
 from .runtime.meshes.endpoint import send as send
 from .runtime.meshes.ports import Accumulator as Accumulator
 from .runtime.meshes.ports import Channel as Channel
@@ -62,9 +64,11 @@ from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
 from .runtime.meshes.proc_mesh import mesh_extensions as _mesh_extensions
 from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
 from .runtime.messaging.metrics import log_metrics as log_metrics
+from .runtime.procs.controller import shutdown_context as shutdown_context
 from .runtime.procs.host_mesh import HostMesh as HostMesh
 from .runtime.procs.host_mesh import this_host as this_host
 from .runtime.procs.host_mesh import this_proc as this_proc
+from .runtime.procs.singletons import get_or_spawn_controller as get_or_spawn_controller
 
 __version__ = "0.1.0"
 
@@ -100,7 +104,9 @@ __all__ = [
     "SupervisionError",
     "TensorBuffer",
     "ValueMesh",
+    "as_endpoint",
     "call_on_shard_and_fetch",
+    "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",
@@ -109,6 +115,7 @@ __all__ = [
     "distribute",
     "endpoint",
     "fetch",
+    "get_or_spawn_controller",
     "init_process_group",
     "inspect",
     "listen_for_hosts",
@@ -117,6 +124,7 @@ __all__ = [
     "no_mesh",
     "remote",
     "send",
+    "shutdown_context",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

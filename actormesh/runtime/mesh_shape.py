@@ -50,6 +50,12 @@ class MeshShape(ABC):
     def _new_with_shape(self: _MeshT, shape: Shape) -> _MeshT:
         """A copy of this mesh that covers ``shape`` (a view of the same global ranks)."""
 
+    @property
+    def _labels(self) -> tuple[str, ...]:
+        """The dimension names, under the private name Monarch's own examples read
+        (``dict.fromkeys(proc_mesh._labels, 0)``); ``mesh.extent.labels`` is the public one."""
+        return tuple(self._shape.labels)
+
     def slice(self: _MeshT, **selectors: Selector) -> _MeshT:
         """A view of part of this mesh; no message is sent.
 

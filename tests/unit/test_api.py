@@ -17,6 +17,7 @@ PUBLIC = [
     "init_process_group", "destroy_process_group",
     "MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect", "module_to_mesh",
     "no_mesh", "remote",
+    "concurrent_endpoint", "get_or_spawn_controller", "as_endpoint", "shutdown_context",
 ]  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 An actor handles one message at a time, in arrival order. Arrival order is per-sender FIFO:
 every message from one process to another goes through one ZeroMQ pipe, sent under one lock.
 Sync endpoints run on the actor's own thread; async endpoints run on the actor's own event loop
-(driven by that same thread), so an ``await`` inside an endpoint never lets another message in.
+(driven by that same thread), so an ``await`` inside an endpoint never lets another message in,
+except in a ``@concurrent_endpoint`` (and for ``__supervise__``, which runs at an await).
 """
 
 from __future__ import annotations
@@ -56,13 +57,17 @@ class EndpointProperty(Generic[P, R]):
     ``ActorMesh`` it becomes an :class:`~actormesh.runtime.meshes.endpoint.Endpoint` with the
     adverbs."""
 
-    def __init__(self, fn: Callable[..., Any], explicit_response_port: bool = False) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], explicit_response_port: bool = False, concurrent: bool = False
+    ) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
         # The endpoint takes a port as its first argument and answers through it (Monarch's
         # ``explicit_response_port``); what it returns is ignored.
         self.explicit_response_port = explicit_response_port
+        # While it awaits, the actor takes other messages (``concurrent_endpoint``).
+        self.concurrent = concurrent
         # Copies __doc__, __name__, __wrapped__...: help() and inspect see the method. typeshed
         # types update_wrapper's first argument as a function, which this descriptor is not.
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -161,9 +166,43 @@ def endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
 _OPTIONS = frozenset({"explicit_response_port", "propagate", "instrument"})
 
 
-def _make_property(fn: Callable[..., Any], explicit: bool = False) -> EndpointProperty[..., Any]:
+@overload
+def concurrent_endpoint(
+    fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> AsyncEndpointProperty[P, R]: ...
+@overload
+def concurrent_endpoint(fn: None = None, **options: Any) -> _EndpointDecorator: ...
+def concurrent_endpoint(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Mark an ``async def`` actor method as an endpoint during whose awaits the actor takes
+    other messages (Monarch's ``concurrent_endpoint``): two actors can call each other back
+    (a ping that awaits a pong that calls ping again), and slow awaits overlap.
+
+    Calls start in the order they arrive; nothing else is ordered: a call may finish before an
+    earlier one, and the actor's state may change across each ``await``. A ``def`` endpoint or
+    an ordinary ``@endpoint`` arriving meanwhile runs alone, as always. Outstanding calls are
+    cancelled (their callers get the ``CancelledError``) before ``__cleanup__`` runs. Takes
+    ``@endpoint``'s options.
+    """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        endpoint(**options)  # refuses them, with endpoint's message
+
+    def make(f: Callable[..., Any]) -> EndpointProperty[..., Any]:
+        if not inspect.iscoroutinefunction(f):
+            raise MeshTypeError(
+                f"@concurrent_endpoint {f.__qualname__} must be an async def: only an await "
+                "lets other messages in"
+            )
+        return _make_property(f, bool(options.get("explicit_response_port", False)), True)
+
+    return make if fn is None else make(fn)
+
+
+def _make_property(
+    fn: Callable[..., Any], explicit: bool = False, concurrent: bool = False
+) -> EndpointProperty[..., Any]:
     if inspect.iscoroutinefunction(fn):
-        return AsyncEndpointProperty(fn, explicit)
+        return AsyncEndpointProperty(fn, explicit, concurrent)
     return EndpointProperty(fn, explicit)
 
 
@@ -176,12 +215,37 @@ def endpoint_names(cls: type) -> list[str]:
     )
 
 
+def plain_method_names(cls: type) -> frozenset[str]:
+    """The public methods of ``cls`` that are not endpoints: what ``as_endpoint`` can call."""
+    names = set()
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if name.startswith("_") or isinstance(value, EndpointProperty):
+                names.discard(name)
+            elif inspect.isfunction(value):
+                names.add(name)
+            else:
+                names.discard(name)
+    return frozenset(names)
+
+
 def explicit_port_endpoints(cls: type) -> frozenset[str]:
     """The endpoints of ``cls`` declared with ``explicit_response_port=True``."""
+    return _endpoints_where(cls, lambda e: e.explicit_response_port)
+
+
+def concurrent_endpoints(cls: type) -> frozenset[str]:
+    """The endpoints of ``cls`` declared with ``@concurrent_endpoint``."""
+    return _endpoints_where(cls, lambda e: e.concurrent)
+
+
+def _endpoints_where(
+    cls: type, test: Callable[[EndpointProperty[..., Any]], bool]
+) -> frozenset[str]:
     found = set()
     for klass in reversed(cls.__mro__):
         for name, value in vars(klass).items():
-            if isinstance(value, EndpointProperty) and value.explicit_response_port:
+            if isinstance(value, EndpointProperty) and test(value):
                 found.add(name)
             elif name in found:
                 found.discard(name)  # overridden by a plain method or endpoint

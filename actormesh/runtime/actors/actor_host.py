@@ -18,8 +18,17 @@ from typing import Any
 from ..faults.stacks import TOOL_ACTOR_PREFIX
 from ..messaging.codec import Message, dumps
 from ..messaging.node import Node, reply_port
-from ..messaging.protocol import CALL, OK, REPLY, SPAWN_ACTOR, STOP_ACTOR, shape_from_state
+from ..messaging.protocol import (
+    CALL,
+    OK,
+    REPLY,
+    SPAWN_ACTOR,
+    STOP_ACTOR,
+    SUPERVISE,
+    shape_from_state,
+)
 from ..shape import Shape
+from . import ownership
 from .actor import Actor
 from .runner import ActorRunner
 
@@ -56,18 +65,21 @@ class ActorHost:
         node.register(SPAWN_ACTOR, self._on_spawn)
         node.register(CALL, self._on_call)
         node.register(STOP_ACTOR, self._on_stop_actor)
+        node.register(SUPERVISE, self._on_supervise)
         self.bootstrap: ActorRunner | None = None
         global _process_host
         _process_host = self
 
     def _on_spawn(self, msg: Message) -> None:
-        _, key, name, shape, _reply = msg.envelope
+        _, key, name, shape = msg.envelope[:4]
         assert isinstance(shape, Shape)
         point = shape.point_of_global(self.proc_rank)
         if point is None or key in self.actors:
             logger.warning("ignored a spawn of %s not meant for this process", name)
             return
         runner = ActorRunner(self.node, key, name, point, self.proc_rank)
+        if len(msg.envelope) > 5:
+            runner.ownership.owner = msg.envelope[5]
         if name == BOOTSTRAP_NAME:
             self.bootstrap = runner
         else:
@@ -96,6 +108,9 @@ class ActorHost:
         port = reply_port(reply)
         if port is not None and index is not None:
             self.node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(None))
+
+    def _on_supervise(self, msg: Message) -> None:
+        ownership.deliver(self.node, msg.envelope[1], msg.value())
 
     def stop_all(self, timeout: float) -> None:
         for runner in self.actors.values():

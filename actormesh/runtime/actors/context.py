@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from ...errors import MeshUsageError
 from ..extent import Extent, Point
 from ..messaging import node as _node
 from ..shape import Shape
@@ -21,10 +25,43 @@ class ActorInstance:
     name: str
     rank: Point
     actor_id: str
+    # The ActorRunner running it (none for the controller's and a worker's own threads).
+    _runner: Any = field(default=None, compare=False, repr=False)
 
     @property
     def extent(self) -> Extent:
         return self.rank.extent
+
+    @property
+    def creator(self) -> ActorInstance | None:
+        """The actor that spawned this one's mesh; ``None`` when the script spawned it."""
+        owner = self._runner.ownership.owner if self._runner is not None else None
+        return None if owner is None else owner.instance
+
+    @property
+    def proc(self) -> Any:
+        """This actor's process as a one-proc ``ProcMesh``: spawn on it to put actors beside
+        this one."""
+        if self._runner is None:
+            raise MeshUsageError("actor_instance.proc is for actors; the script has this_proc()")
+        return proc_factory[0](self._runner)
+
+    def abort(self, reason: str = "") -> None:
+        """End this actor after the current message, as a failure its owner hears of."""
+        if self._runner is None:
+            raise MeshUsageError("abort() is for actors; the script can raise")
+        self._runner.abort(reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ActorInstance, (self.name, self.rank, self.actor_id))
+
+
+def _no_procs(runner: Any) -> Any:
+    raise MeshUsageError("actor_instance.proc needs actormesh's meshes (import actormesh)")
+
+
+# Set by the meshes layer (proc_mesh.py), which this layer does not import.
+proc_factory: list[Callable[[Any], Any]] = [_no_procs]
 
 
 class Context:
@@ -67,13 +104,30 @@ _CONTROLLER = Context(ActorInstance("controller", _EMPTY, "controller"), _EMPTY)
 _tls = threading.local()
 
 
+# A concurrent endpoint's call is a task on its actor's loop, with its own message; the
+# thread-local context is that of the message the actor's thread handles (if any).
+_task_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "actormesh_context", default=None
+)
+
+
 def set_current(ctx: Context | None) -> None:
     _tls.context = ctx
 
 
+def current() -> Context | None:
+    """The context the actor's thread set, if any (to restore after a nested handler)."""
+    return getattr(_tls, "context", None)
+
+
+def set_task_context(ctx: Context) -> None:
+    """The context of the current asyncio task (a concurrent call), whatever the thread's."""
+    _task_context.set(ctx)
+
+
 def context() -> Context:
     """The current actor and message. Outside any actor (in the controller) the rank is empty."""
-    ctx: Context | None = getattr(_tls, "context", None)
+    ctx: Context | None = _task_context.get() or getattr(_tls, "context", None)
     if ctx is None:
         ctx = getattr(_process, "context", None) or _CONTROLLER
     return ctx
@@ -94,7 +148,7 @@ def current_actor_name() -> str:
 
 
 def _sender_rank() -> int | None:
-    ctx: Context | None = getattr(_tls, "context", None)
+    ctx: Context | None = _task_context.get() or getattr(_tls, "context", None)
     return None if ctx is None else ctx.message_rank.rank
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ... import config
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
 from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, STOP_ITEM, SUPERVISE_ITEM, ActorInbox
@@ -19,10 +20,12 @@ from ..messaging.address import actor_address
 from ..messaging.codec import SIMPLE_TYPES, Message, dumps
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
-from ..messaging.protocol import FAILED, OK, REPLY, UNHANDLED, shape_from_state
+from ..messaging.protocol import FAILED, OK, REPLY, shape_from_state
 from . import context as ctxmod
-from .actor import explicit_port_endpoints
+from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed
+from .ownership import Ownership, local
+from .reentry import Reentry, task_runner
 from .response_port import ResponsePort
 
 if TYPE_CHECKING:
@@ -45,6 +48,7 @@ class ActorRunner:
         self.instance: Any = None
         self.init_failure: RemoteFailure | None = None
         self.explicit_ports: frozenset[str] = frozenset()
+        self.concurrent: frozenset[str] = frozenset()  # its @concurrent_endpoint names
         # The proc mesh's bootstrap actor, when it has one: this actor is built after it.
         self.after: ActorRunner | None = None
         self.constructed = threading.Event()
@@ -52,7 +56,10 @@ class ActorRunner:
         self._cleaned = False
         self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.actor_instance = ctxmod.ActorInstance(name, rank, key)
+        self.reentry = Reentry(self)  # what runs at an await: concurrent calls, __supervise__
+        self.ownership = Ownership(self)  # its owner, and the actor meshes it spawned
+        local[key] = self
+        self.actor_instance = ctxmod.ActorInstance(name, rank, key, self)
         self.busy: tuple[str, float] | None = None  # (endpoint, since) while handling
         # Guards `busy` against interrupts: an interrupt may only land inside an endpoint.
         self._busy_lock = threading.Lock()
@@ -91,10 +98,12 @@ class ActorRunner:
             logger.exception("actor %s could not open its inbox; the process exits", self.name)
             self._exit_process(SystemExit(1))
         get = self.inbox.get
+        reentry = self.reentry
         cancel_before = self._cancel_before
         while True:
             try:
-                item = get()
+                # While concurrent calls await, the actor's loop runs as it waits for messages.
+                item = reentry.next_item() if reentry.tasks else get()
                 if item is None:
                     if not self.stopped:  # the proc mesh stops gracefully: clean up first
                         self.stopped = True
@@ -110,8 +119,10 @@ class ActorRunner:
                         self._handle_call(msg)
                 elif kind == SPAWN_ITEM:
                     self._construct(msg)
-                else:
+                elif kind == SUPERVISE_ITEM:
                     self._handle_supervise(msg)
+                else:
+                    reentry.handle_local(kind, msg)
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
@@ -128,9 +139,10 @@ class ActorRunner:
         """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that
         the interrupt's sender sent before it and that have not started (I/O thread)."""
         self._cancel_before[request.sender] = request.seq
+        cancelled = self.reentry.interrupt()  # concurrent calls are cancelled instead
         with self._busy_lock:
             if self.busy is None or self.thread.ident is None:
-                return False
+                return cancelled
             if not self._interrupted:  # a second one could land in the first one's handling
                 raise_in_thread(self.thread.ident, KeyboardInterrupt)
                 self._interrupted = True
@@ -161,7 +173,7 @@ class ActorRunner:
             self.constructed.set()
 
     def _build(self, msg: Message) -> None:
-        _, _key, _name, shape, reply = msg.envelope
+        shape, reply = msg.envelope[3:5]
         if self.after is not None:
             self.after.constructed.wait()
             failed = self.after.init_failure
@@ -176,6 +188,7 @@ class ActorRunner:
         try:
             (cls, *args), kwargs = msg.value()
             self.explicit_ports = explicit_port_endpoints(cls)
+            self.concurrent = concurrent_endpoints(cls)
             instance = cls.__new__(cls)
             self.instance = instance
             result = instance.__init__(*args, **kwargs)
@@ -225,7 +238,6 @@ class ActorRunner:
         status, value = OK, None
         answer: ResponsePort | None = None
         fatal: BaseException | None = None
-        fatal_reported = False
         try:
             if self.init_failure is not None:
                 status, value = FAILED, unconstructed(self.init_failure, self.name, endpoint_name)
@@ -241,7 +253,12 @@ class ActorRunner:
                         reply = None  # the endpoint answers through its port, or fails below
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
                     if type(value) not in _PLAIN and inspect.isawaitable(value):
-                        value = self._run_coroutine(value)
+                        if endpoint_name in self.concurrent:
+                            ctx = ctxmod.Context(self.actor_instance, None, shape, index)
+                            call = (endpoint_name, reply, index, caller, answer)
+                            self.reentry.start(value, ctx, call)
+                            return  # it answers when it ends (Reentry.run_call)
+                        value = self._run_coroutine(value, watch=True)
                 finally:
                     self._set_idle()  # from here on no interrupt lands in this call
         except BaseException as exc:
@@ -253,6 +270,22 @@ class ActorRunner:
             ctxmod.set_current(None)
             _tls.runner = None
         _exit_if_forked(self.pid, status == FAILED)
+        self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
+
+    def finish(
+        self,
+        endpoint_name: str,
+        status: int,
+        value: Any,
+        fatal: BaseException | None,
+        reply: Port | None,
+        index: int | None,
+        caller: bytes | None,
+        answer: ResponsePort | None,
+    ) -> bool:
+        """Answer a call that ended (``fatal``: the ``BaseException`` that ends the actor);
+        whether its failure went to the owner for want of a caller."""
+        fatal_reported = False
         if fatal is not None:
             self._end(fatal)  # before the reply: whoever hears of the failure sees it ended
         if answer is not None:
@@ -265,6 +298,7 @@ class ActorRunner:
             fatal_reported = True
         if fatal is not None and not fatal_reported:
             self._escalate(ended(value))
+        return fatal_reported
 
     def _end(self, exc: BaseException) -> None:
         """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...) ends the actor,
@@ -292,6 +326,8 @@ class ActorRunner:
         built; its failure, if it raised."""
         instance = self.instance
         cleanup = getattr(instance, "__cleanup__", None) if instance is not None else None
+        self.reentry.cancel_all()  # before __cleanup__, as Monarch does
+        self.ownership.stop_children(config.STOP_GRACE / 4)
         if cleanup is None or self.init_failure is not None or self._cleaned:
             return None
         self._cleaned = True
@@ -309,18 +345,30 @@ class ActorRunner:
             _tls.runner = None
         return None
 
-    def _run_coroutine(self, coro: Any) -> Any:
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The actor's event loop (made on first use, on the actor's thread)."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
-        task = self._loop.create_task(coro)
+        return self._loop
+
+    def _run_coroutine(self, coro: Any, watch: bool = False) -> Any:
+        """Run ``coro`` to its end on the actor's loop. ``watch``: an endpoint's, during which
+        ``__supervise__`` runs at an await, as in Monarch (``Reentry.watch``)."""
+        loop = self.loop
+        task = loop.create_task(coro)
+        watcher = self.reentry.watch() if watch else None
         try:
-            return self._loop.run_until_complete(task)
+            return loop.run_until_complete(task)
         except BaseException:
             if not task.done():  # interrupted from outside: don't leave the task half-run
                 task.cancel()
-                self._loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+                loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
             raise
+        finally:
+            if watcher is not None:
+                self.reentry.unwatch(watcher)
 
     def _reply(
         self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
@@ -358,15 +406,14 @@ class ActorRunner:
         self._escalate(failure)
 
     def _escalate(self, failure: Any) -> None:
-        """Hand a failure nobody handled here to whoever owns this process's mesh."""
-        controller = self.node.controller
-        if controller is None or controller == self.node.address:
-            from ..faults.supervision import failure_of_broadcast, unhandled_fault_hook
+        """Hand a failure nobody handled here to this actor's owner (ownership.py)."""
+        self.ownership.escalate(failure)
 
-            unhandled_fault_hook(failure_of_broadcast(failure))
-            return
-        payload, buffers = dumps(failure)
-        self.node.send(controller, (UNHANDLED, self.node.mesh_id), payload, buffers)
+    def abort(self, reason: str) -> None:
+        """``context().actor_instance.abort(reason)``: the actor ends once the message it
+        handles is done (``__cleanup__`` gets the error), and its owner hears why."""
+        exc = RuntimeError(f"the actor aborted: {reason}")
+        self.reentry.end_later(exc, render_failure(exc, self.rank, self.name, "abort"))
 
     def supervise(self, failure: Any) -> None:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
@@ -375,17 +422,24 @@ class ActorRunner:
     def _handle_supervise(self, failure: Any) -> None:
         handler = getattr(self.instance, "__supervise__", None)
         handled = False
-        if handler is not None:
+        if handler is not None and not self.stopped:
+            # It may run at an await of an endpoint (Reentry.watch): that one's context stays.
+            outer, outer_runner = ctxmod.current(), getattr(_tls, "runner", None)
             ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
             _tls.runner = self
             try:
                 handled = bool(handler(failure))
             except Exception as exc:
+                # As in Monarch's ownership tree, the supervisor fails in turn: it ends, and
+                # its own owner hears of it.
                 logger.exception("__supervise__ of %s raised", self.name)
-                failure = render_failure(exc, self.rank, self.name, "__supervise__", 1)
+                raised = render_failure(exc, self.rank, self.name, "__supervise__", 1)
+                self.stopped = True  # from now on it refuses calls
+                self.reentry.end_later(exc, raised)
+                return
             finally:
-                ctxmod.set_current(None)
-                _tls.runner = None
+                ctxmod.set_current(outer)
+                _tls.runner = outer_runner
         if not handled:
             self._escalate(failure)
 
@@ -411,5 +465,5 @@ _PLAIN = SIMPLE_TYPES | {tuple, list, dict}
 
 
 def current_runner() -> ActorRunner | None:
-    """The actor whose endpoint is running on this thread, if any."""
-    return getattr(_tls, "runner", None)
+    """The actor whose endpoint is running on this thread (or task), if any."""
+    return getattr(_tls, "runner", None) or task_runner.get()

@@ -138,6 +138,21 @@ def layout(shape: Shape, hosts: Sequence[str]) -> list[RankLayout]:
     ]
 
 
+def monarch_layout(shape: Shape) -> list[RankLayout]:
+    """The rank layout by Monarch's rules (its ``SPMDActor``), in row-major order (pure): the
+    last dimension is the local one (``LOCAL_RANK`` is the coordinate along it), and every run
+    of it is one group (``GROUP_RANK = RANK // LOCAL_WORLD_SIZE``), whatever hosts the ranks
+    are on. ``layout`` instead groups by host."""
+    n = len(shape)
+    if not shape.labels:
+        return [RankLayout(0, 1, 0, 1, 0, 1)]
+    last, per_group = shape.labels[-1], shape.sizes[-1]
+    groups = -(-n // per_group)
+    return [
+        RankLayout(i, n, shape.point(i)[last], per_group, i // per_group, groups) for i in range(n)
+    ]
+
+
 def mesh_layout(mesh: ActorMesh[Any] | ProcMesh) -> list[RankLayout]:
     """``layout`` of a mesh, using the hosts its processes run on."""
     procs, shape = _parts(mesh)

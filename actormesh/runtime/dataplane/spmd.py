@@ -59,6 +59,7 @@ from .distributed import (
     _DistSetup,
     helper_mesh,
     mesh_layout,
+    monarch_layout,
     rank0,
     release_on_failure,
     single_host,
@@ -355,14 +356,20 @@ def _run_on(
 
 
 def setup_torch_elastic_env(
-    procs: ProcMesh, master_addr: str | None = None, master_port: int | None = None
+    procs: ProcMesh,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    use_ipaddr: Any = None,
 ) -> None:
     """Monarch's ``monarch.spmd.setup_torch_elastic_env``: set torchrun's variables in every
     process of ``procs``, so that its actors can call ``dist.init_process_group()`` themselves.
+    Ranks follow Monarch's rules (``monarch_layout``: the last mesh dimension is the local one).
 
     Blocks until every process has them (at most ``RENDEZVOUS_TIMEOUT`` seconds). Without
     ``master_port``, rank 0's process serves the store on a port it bound (no race); with it,
     rank 0's ``init_process_group`` starts the store on that port, as in plain torch.
+    ``use_ipaddr`` is accepted for Monarch's signature: the store's address is already one
+    every rank can reach (``master_addr`` or rank 0's host).
     """
     from .distributed import RENDEZVOUS_TIMEOUT
 
@@ -376,7 +383,8 @@ def setup_torch_elastic_env(
         helpers = helper_mesh(procs, "_spmd_env", _DistSetup)
         addr, port, agent_store = master_addr or "127.0.0.1", master_port, False
     run_id = uuid.uuid4().hex[:12]
-    envs = [torchrun_env(m, addr, port, run_id, agent_store) for m in mesh_layout(procs)]
+    layout = monarch_layout(view_shape(procs))
+    envs = [torchrun_env(m, addr, port, run_id, agent_store) for m in layout]
     helpers.set_env.call(envs).get(timeout=RENDEZVOUS_TIMEOUT)
 
 

@@ -15,7 +15,7 @@ from ..messaging.protocol import STOP_ACTOR, shape_state
 from ..shape import Shape
 from . import relay
 from .collect import Gather
-from .endpoint import Endpoint, no_values
+from .endpoint import Endpoint, NotAnEndpoint, no_values
 from .proc_table import ProcTable
 from .value_mesh import ValueMesh
 
@@ -44,6 +44,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     _initialized: Future[Any] | None
     _spawned: Shape  # the whole mesh, as spawned: ranks are named by their coordinates in it
     _routes: _Routes
+    _methods: frozenset[str]  # the class's plain methods: ``as_endpoint(mesh.method)`` calls them
 
     _not_constructed = "ActorMesh is not constructed directly; use proc_mesh.spawn(name, Cls)"
 
@@ -58,6 +59,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         endpoints: frozenset[str],
         initialized: Future[Any] | None,
         spawned: Shape | None = None,
+        methods: frozenset[str] = frozenset(),
     ) -> ActorMesh[A]:
         self = object.__new__(cls)
         self._procs = procs
@@ -69,6 +71,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         self._initialized = initialized
         self._spawned = shape if spawned is None else spawned
         self._routes = _routes_of(procs, key)
+        self._methods = methods
         return self
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
@@ -81,6 +84,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
             self._endpoints,
             self._initialized,
             self._spawned,
+            self._methods,
         )
 
     @property
@@ -118,16 +122,21 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         if name.startswith("__") or name not in self._endpoints:
             if name.startswith("_"):
                 raise AttributeError(name)
+            if name in self._methods:
+                return NotAnEndpoint(self._endpoint(name), self._class_name, name)  # type: ignore[return-value]
             known = ", ".join(sorted(self._endpoints)) or "(none)"
             raise UnknownEndpointError(
                 f"{self._class_name} has no endpoint {name!r}; its endpoints are: {known} "
                 f"(mark a method with @actormesh.endpoint to call it through a mesh)"
             )
-        endpoint: Endpoint[Any, Any] = Endpoint(
-            self._procs, self._shape, self._key, self._name, name, self._spawned, self._routes
-        )
+        endpoint = self._endpoint(name)
         self.__dict__[name] = endpoint  # made once: ``mesh.ping`` is on every call's path
         return endpoint
+
+    def _endpoint(self, name: str) -> Endpoint[Any, Any]:
+        return Endpoint(
+            self._procs, self._shape, self._key, self._name, name, self._spawned, self._routes
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -140,6 +149,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
                 self._class_name,
                 self._endpoints,
                 self._spawned,
+                self._methods,
             ),
         )
 
@@ -155,8 +165,9 @@ def _restore(
     class_name: str,
     endpoints: frozenset[str],
     spawned: Shape | None = None,
+    methods: frozenset[str] = frozenset(),
 ) -> ActorMesh[Any]:
-    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None, spawned)
+    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None, spawned, methods)
 
 
 def actor_key(mesh: ActorMesh[Any]) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from ... import config
 from ...errors import (
     MeshClosedError,
+    MeshTypeError,
     MeshUsageError,
     ProcDeath,
     RemoteFailure,
@@ -277,6 +278,48 @@ class Endpoint(Generic[P, R]):
                 transport.send_one_way(dest, envelope, payload)
         elif dests:
             transport.send_many(dests, envelope, payload, buffers, digest)
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a public method of the actor that is not marked ``@endpoint``:
+    not callable as it is; ``as_endpoint(mesh.method)`` makes it an endpoint (Monarch's)."""
+
+    def __init__(self, endpoint: Endpoint[Any, Any], class_name: str, name: str) -> None:
+        self.endpoint = endpoint
+        self._what = f"{class_name}.{name}"
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise MeshTypeError(
+            f"{self._what} is not an endpoint: mark it with @endpoint, or call it through "
+            f"as_endpoint(mesh.{self._name})"
+        )
+
+    def __repr__(self) -> str:
+        return f"<not an endpoint: {self._what}>"
+
+
+def as_endpoint(
+    method: NotAnEndpoint | Endpoint[Any, Any],
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+) -> Endpoint[Any, Any]:
+    """Monarch's ``as_endpoint``: a plain method of the actors of a mesh
+    (``as_endpoint(mesh.method)``), called with the adverbs of an endpoint. ``propagate`` is
+    accepted and has no effect (it serves Monarch's tensor engine)."""
+    if explicit_response_port:
+        raise MeshUsageError(
+            "as_endpoint(explicit_response_port=True) is not supported: declare the method "
+            "with @endpoint(explicit_response_port=True)"
+        )
+    if isinstance(method, Endpoint):
+        return method
+    if isinstance(method, NotAnEndpoint):
+        return method.endpoint
+    raise MeshUsageError(
+        f"as_endpoint takes mesh.method (a method of an actor mesh), got {method!r}"
+    )
 
 
 def send(

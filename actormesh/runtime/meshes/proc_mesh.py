@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -9,8 +10,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
-from ..actors.actor import Actor, endpoint_names
+from ..actors import context as ctxmod
+from ..actors.actor import Actor, endpoint_names, plain_method_names
 from ..actors.future import Future
+from ..actors.ownership import Owner
+from ..actors.runner import ActorRunner, current_runner
 from ..faults.stacks import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..messaging.codec import payload_digest
@@ -22,7 +26,7 @@ from . import relay
 from .actor_mesh import ActorMesh
 from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
-from .proc_table import ProcTable
+from .proc_table import ProcTable, live_table
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -56,6 +60,7 @@ class ActorSpawn(NamedTuple):
     payload: bytes
     buffers: list[Any]
     digest: bytes
+    owner: Owner | None = None
 
 
 class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
@@ -147,19 +152,27 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         shape = self._shape
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
+        methods = plain_method_names(cls) - endpoints
         mesh: ActorMesh[A] = ActorMesh._create(
-            self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future
+            self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future, None, methods
         )
         node = current_node()
         reply = gather.port = node.open_port(gather)
-        envelope = (SPAWN_ACTOR, key, name, shape, reply)
+        # Spawned inside an actor: that actor owns the mesh (its failures go to it, and it
+        # stops with that actor), whoever made these procs.
+        runner = current_runner()
+        owner = None if runner is None else Owner(node.address, runner.key, runner.actor_instance)
+        envelope: tuple[Any, ...] = (SPAWN_ACTOR, key, name, shape, reply)
+        if owner is not None:
+            envelope += (owner,)
+            runner.ownership.children.append(mesh)  # type: ignore[union-attr]
         digest = payload_digest(payload)
         # Straight to ranks on this host, one message per other host (its agent fans it out):
         # the route every later call to these ranks takes, so the spawn arrives first.
         state = shape_state(shape)
         relay.send(node, self._procs, shape, state, envelope, payload, buffers, digest, gather)
         if self._record is not None:
-            spawn = ActorSpawn(key, name, shape, payload, buffers, digest)
+            spawn = ActorSpawn(key, name, shape, payload, buffers, digest, owner)
             self._record.actor_spawns.append(spawn)
         return mesh
 
@@ -301,6 +314,27 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         columns = ["name", "value", "step", "time", "rank", *labels]
         return pandas.DataFrame(rows, columns=columns)
 
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = 3,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """How this mesh's output is shown here (Monarch's options; a completed future, to
+        ``await`` or ``get()`` as Monarch code does). ``stream_to_client=False`` hides it
+        (failures still quote the last lines of stderr); ``aggregate_window_sec``: lines
+        that several ranks print alike within that many seconds are shown once, with the
+        ranks; ``None`` (actormesh's default) shows each line as it comes. ``level`` is
+        checked and otherwise left to the ranks' own ``logging`` setup: what they print
+        is what is shown."""
+        if not 0 <= level <= 255:
+            raise MeshUsageError(f"invalid logging level: {level}")
+        if self._record is None:
+            raise MeshUsageError("logging_option is set in the process that spawned the mesh")
+        senders = [self._procs.addresses[r].mailbox for r in self._shape.ranks()]
+        self._record.ctl.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
+        return Future._completed(None)
+
     # -- lifetime --------------------------------------------------------------------------------
 
     def stop(self) -> Future[None]:
@@ -321,6 +355,22 @@ def _refuse_hidden_endpoints(cls: type, endpoints: frozenset[str]) -> None:
             f"attribute (a mesh method): mesh.{hidden[0]} would reach the mesh, never the "
             f"endpoint; rename it (taken: {', '.join(hidden)})"
         )
+
+
+def _own_proc(runner: ActorRunner) -> ProcMesh:
+    """The process of ``runner`` as a one-proc mesh (``context().actor_instance.proc``), under
+    an id of its own (``this_proc()``'s is the same in every process)."""
+    node, rank = runner.node, runner.proc_rank
+    mesh_id = f"proc-{node.address.mailbox.hex()}"
+    # Its one point is the process's own rank in its proc mesh (what its ActorHost accepts a
+    # spawn for); the table holds only that rank's address, at that index.
+    table = live_table(mesh_id) or ProcTable(
+        mesh_id, [node.address] * (rank + 1), [node.mesh_id or "controller"] * (rank + 1)
+    )
+    return ProcMesh._create(table, Shape._unchecked((), rank, (), ()), None)
+
+
+ctxmod.proc_factory[0] = _own_proc
 
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:

@@ -53,6 +53,7 @@ CALL_ITEM = "call"
 SPAWN_ITEM = "spawn"
 SUPERVISE_ITEM = "supervise"
 STOP_ITEM = "stop"
+NOTHING = object()  # what try_get answers when there is no item (None is an item: the end)
 
 
 class ActorInbox:
@@ -112,6 +113,27 @@ class ActorInbox:
                     self._wake.drain()
                 else:
                     woken = True
+
+    def try_get(self) -> Any:
+        """The next item, or ``NOTHING`` when there is none now (actor's thread): for an event
+        loop that waits on ``fds`` instead of sleeping in ``get``."""
+        self._wake.drain()  # before looking: a wake-up after the look is kept
+        if self._queue:
+            return self._queue.popleft()
+        if not self._ready:
+            self._receive(True)  # the socket's FD is edge-triggered: read until it is empty
+        return self._ready.popleft() if self._ready else NOTHING
+
+    def fds(self) -> list[int]:
+        """What ``try_get`` waits on: the wake-up pipe, and the socket when there is one."""
+        fds = [self._wake_r]
+        if self._socket is not None:
+            fds.append(int(self._socket.getsockopt(zmq.FD)))
+        return fds
+
+    def put_back(self, items: list[Any]) -> None:
+        """Return items taken out of turn, to be taken first, in their order (actor's thread)."""
+        self._queue.extendleft(reversed(items))
 
     def _receive(self, woken: bool) -> bool:
         sock = self._socket

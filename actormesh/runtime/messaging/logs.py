@@ -150,6 +150,8 @@ class LogSink:
     def __init__(self) -> None:
         self.writer: LogWriter = _default_writer
         self._tails: dict[bytes, deque[str]] = {}
+        # ProcMesh.logging_option, per sender: None (hidden) or an Aggregator (0 s: none).
+        self._modes: dict[bytes, Aggregator | None] = {}
 
     def write(self, sender: bytes, label: str, stream: str, text: str) -> None:
         if stream == "stderr":
@@ -157,10 +159,59 @@ class LogSink:
             if tail is None:
                 tail = self._tails[sender] = deque(maxlen=config.STDERR_TAIL_LINES)
             tail.extend(text.splitlines())
-        self.writer(label, stream, text)
+        if sender not in self._modes:
+            self.writer(label, stream, text)
+            return
+        mode = self._modes[sender]
+        if mode is not None:  # not streamed to the client: only the stderr tail keeps it
+            mode.add(label, stream, text)
+
+    def set_mode(self, senders: list[bytes], stream: bool, window: float | None) -> None:
+        """How the output of ``senders`` is shown (``ProcMesh.logging_option``)."""
+        mode = Aggregator(self, window or 0.0) if stream else None
+        for sender in senders:
+            self._modes[sender] = mode
 
     def stderr_tail(self, sender: bytes) -> tuple[str, ...]:
         return tuple(self._tails.get(sender, ()))
 
-    def forget(self, sender: bytes) -> None:
+    def forget(self, sender: bytes, successor: bytes | None = None) -> None:
+        """``sender`` is gone (a healed rank answers as ``successor``, shown the same way)."""
         self._tails.pop(sender, None)
+        mode = self._modes.pop(sender, _NO_MODE)
+        if successor is not None and mode is not _NO_MODE:
+            self._modes[successor] = mode  # type: ignore[assignment]
+
+
+_NO_MODE = object()
+
+
+class Aggregator:
+    """Lines that several ranks print alike within ``window`` seconds, shown once with the
+    ranks that printed them (Monarch's ``aggregate_window_sec``); 0: each line as it comes."""
+
+    def __init__(self, sink: LogSink, window: float) -> None:
+        self.sink = sink
+        self.window = window
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, str], list[str]] = {}  # (stream, line) -> labels
+        self._timer: threading.Timer | None = None
+
+    def add(self, label: str, stream: str, text: str) -> None:
+        if self.window <= 0:
+            self.sink.writer(label, stream, text)
+            return
+        with self._lock:
+            for line in text.splitlines():
+                self._pending.setdefault((stream, line), []).append(label)
+            if self._timer is None:
+                self._timer = threading.Timer(self.window, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._timer = self._pending, {}, None
+        for (stream, line), labels in pending.items():
+            label = labels[0] if len(labels) == 1 else f"{len(labels)} ranks: {', '.join(labels)}"
+            self.sink.writer(label, stream, line + "\n")

@@ -44,6 +44,7 @@ SPAWN_ACTOR = "spawn_actor"
 CALL = "call"
 STOP = "stop"
 STOP_ACTOR = "stop_actor"
+SUPERVISE = "supervise"
 STACKS = "stacks"
 INTERRUPT = "interrupt"
 MOVED = "moved"
@@ -52,6 +53,8 @@ WAITS = "waits"
 BUF_READ = "buf_read"
 BUF_WRITE = "buf_write"
 BUF_CUDA = "buf_cuda"
+# To the controller that spawned the sender's proc mesh.
+SINGLETON = "singleton"
 # To a host agent.
 SPAWN_PROCS = "spawn_procs"
 REAP = "reap"
@@ -119,10 +122,15 @@ _TABLE = [
          "A TensorBuffer owner's answer to BUF_READ (the bytes as one buffer), BUF_WRITE or "
          "BUF_CUDA (a pickled CUDA IPC handle as one buffer, when asked for)."),
     # -- worker (actors live in the controller too: this_proc()) ---------------------------
-    Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply"), (CONTROLLER, WORKER), (CONTROLLER, WORKER),
-         "runtime.actors.actor_host:ActorHost.__init__",
+    Kind(SPAWN_ACTOR, ("key", "name", "shape", "reply", "owner?"), (CONTROLLER, WORKER),
+         (CONTROLLER, WORKER), "runtime.actors.actor_host:ActorHost.__init__",
          "Make the actor of mesh ``key`` here; the payload is (class, args, kwargs). ``shape`` "
-         "is the actor mesh's Shape, a REPLY for ``__init__`` goes to ``reply``."),
+         "is the actor mesh's Shape, a REPLY for ``__init__`` goes to ``reply``. ``owner``: "
+         "the actor that spawned it (ownership.Owner), None when the script did."),
+    Kind(SUPERVISE, ("owner",), (CONTROLLER, WORKER), (CONTROLLER, WORKER),
+         "runtime.actors.actor_host:ActorHost.__init__",
+         "A failure nobody handled, of an actor mesh that the actor ``owner`` (a key) of this "
+         "process spawned: for its ``__supervise__``. The payload is the failure."),
     Kind(CALL, ("key", "endpoint", "shape", "reply"), EVERY_ROLE, (CONTROLLER, WORKER),
          "runtime.actors.actor_host:ActorHost.__init__",
          "Call an endpoint of actor mesh ``key``; the payload is (args, kwargs). ``shape`` (as "
@@ -201,6 +209,11 @@ _TABLE = [
          "runtime.procs.controller:Controller.__init__",
          "An actor failed where nobody was waiting (a broadcast): the payload is the failure, "
          "for the fault hook."),
+    Kind(SINGLETON, ("name", "reply"), (CONTROLLER, WORKER), (CONTROLLER,),
+         "runtime.procs.singletons:_install",
+         "get_or_spawn_controller: the actor named ``name`` of the root controller, spawned "
+         "there from the payload (class, args, kwargs) if it is not yet; passed on by a "
+         "controller that is a worker. The ActorMesh goes in a REPLY to ``reply``."),
     Kind(AGENT_HEARTBEAT, ("host_rank",), (AGENT,), (CONTROLLER,),
          "hosts.listener:HostListener.__init__", "A remote host agent is alive."),
     Kind(DEBUGGER, ("event", "mesh_id", "rank", "where"), (WORKER,), (CONTROLLER,),

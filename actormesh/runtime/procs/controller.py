@@ -25,6 +25,7 @@ from ...errors import (
     SupervisionError,
 )
 from ..actors.actor_host import ActorHost
+from ..actors.future import Future
 from ..faults import supervision
 from ..messaging.address import Address
 from ..messaging.codec import Message, new_key
@@ -73,6 +74,7 @@ class Controller:
             ActorHost(self.node, proc_rank=0)  # this_proc(): actors in the controller itself
         self.logs = LogSink()
         self.meshes: dict[str, MeshRecord] = {}
+        self.stopped_ids: set[str] = set()  # meshes stop() was called on (ids are unique)
         self.agents: list[AgentHandle] = []
         # Set by listen_for_hosts: workers on this host then also get a tcp:// inbox
         # ({"tcp_host": address, "curve": bool}), so actors on other hosts can reach them.
@@ -294,7 +296,11 @@ class Controller:
             logger.exception("an unhandled failure report could not be read")
             return
         record = self.meshes.get(mesh_id) if mesh_id else None
-        if record is not None:
+        if mesh_id in self.stopped_ids:
+            # A rank that is being stopped lost what it owned (its own meshes go with it):
+            # the stop's doing, not a failure to report.
+            logger.info("a stopping rank of %s reported: %s", mesh_id, failure)
+        elif record is not None:
             record.report_unhandled(failure)
         else:
             supervision.unhandled_fault_hook(failure)
@@ -355,6 +361,19 @@ def get_controller() -> Controller:
             for hook in _controller_hooks:
                 hook(_controller)
         return _controller
+
+
+def shutdown_context() -> Future[None]:
+    """Monarch's ``shutdown_context()``: stop every proc mesh and host agent this process
+    started, now rather than at exit; a completed future (for ``get()`` or ``await``). Meshes
+    cannot be spawned afterwards."""
+    ctl = controller_if_started()
+    if ctl is not None:
+        try:
+            ctl.shutdown()
+        except Exception as exc:
+            return Future._failed(exc)
+    return Future._completed(None)
 
 
 def controller_if_started() -> Controller | None:

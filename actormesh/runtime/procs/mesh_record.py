@@ -260,7 +260,7 @@ class MeshRecord:
             old = table.addresses[rank]
             table.addresses[rank] = old._replace(mailbox=new_id())
             node.forget_death(old.mailbox)
-            self.ctl.logs.forget(old.mailbox)
+            self.ctl.logs.forget(old.mailbox, table.addresses[rank].mailbox)
             relay = table.relays[rank] if table.relays is not None else None
             # Copies of the table held by workers follow (before the old mailbox is cleared
             # from their deaths: they never take the old incarnation for alive).
@@ -297,7 +297,9 @@ class MeshRecord:
         pending = []
         for spawn in self.actor_spawns:
             shape = spawn.shape
-            mine = [r for r in ranks if shape.local_index(r) is not None]
+            # An actor that ActorMesh.stop stopped stays stopped: healing brings back what died.
+            stopped = self.table.stopped_actors.get(spawn.key, ())
+            mine = [r for r in ranks if shape.local_index(r) is not None and r not in stopped]
             if not mine:
                 continue
             from ..meshes.collect import Gather
@@ -309,7 +311,9 @@ class MeshRecord:
                 if rank not in mine:
                     gather.deliver(index, False, None)
             reply = gather.port = node.open_port(gather)
-            envelope = (SPAWN_ACTOR, spawn.key, spawn.name, shape, reply)
+            envelope: tuple[Any, ...] = (SPAWN_ACTOR, spawn.key, spawn.name, shape, reply)
+            if spawn.owner is not None:
+                envelope += (spawn.owner,)
             for rank in mine:
                 address = self.table.addresses[rank]
                 node.send(address, envelope, spawn.payload, spawn.buffers, spawn.digest)
@@ -327,6 +331,7 @@ class MeshRecord:
             if self.stopping:
                 return self.stopped
             self.stopping = True
+            self.ctl.stopped_ids.add(self.table.mesh_id)
             self.table.closed = True
             alive = [r for r in range(self.n) if r not in self.exited]
         if not alive:

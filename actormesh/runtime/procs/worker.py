@@ -42,6 +42,7 @@ from ..messaging.protocol import (
 )
 from ..messaging.transport import Transport
 from . import rehost
+from .controller import controller_if_started
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,11 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         if os.getppid() != parent:
             os._exit(1)  # orphaned: whoever started us is gone
     host.stop_all(timeout=config.STOP_GRACE / 2)
+    # An actor here spawned proc meshes: they stop with this rank, while its node still runs
+    # (at exit, the controller's own handler would find it closed and leave them behind).
+    nested = controller_if_started()
+    if nested is not None:
+        nested.shutdown()
     flush_output()
     node.close()
 

@@ -1,0 +1,181 @@
+"""What an actor does while one of its endpoints awaits.
+
+An actor handles one message at a time. Two things run at an ``await`` all the same, as in
+Monarch:
+
+- ``@concurrent_endpoint`` calls. Each is a task on the actor's event loop; while any is
+  outstanding, the actor's thread waits for its next message inside that loop
+  (``next_item``) instead of sleeping on its inbox, so the tasks progress and later messages
+  still come in. Two actors whose concurrent endpoints call each other back therefore cannot
+  deadlock.
+- ``__supervise__``: a failure of a mesh the actor owns is handled at the next await of the
+  endpoint that runs (``watch``), not after it: an endpoint awaiting a mesh that died would
+  otherwise wait for a report queued behind itself. Other messages that arrive meanwhile keep
+  their turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from ...errors import RemoteFailure
+from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
+from ..messaging.protocol import FAILED, OK
+from . import context as ctxmod
+from .failures import ended, render_failure
+
+if TYPE_CHECKING:
+    from ..messaging.node import Port
+    from .response_port import ResponsePort
+    from .runner import ActorRunner
+
+logger = logging.getLogger(__name__)
+
+# The actor a concurrent call belongs to, as ``current_runner()`` sees it in that call's task
+# (the thread-local one is only set while the actor's thread handles a message).
+task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar(
+    "actormesh_task_runner", default=None
+)
+
+# A local item: end the actor once its thread is back at the top (a concurrent call or a
+# __supervise__ failed it while its loop ran, where __cleanup__ cannot run to its end).
+END_ITEM = "end"
+
+Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | None"]
+
+
+class Reentry:
+    """One actor's concurrent calls and what it takes in at an await (see the module docs)."""
+
+    def __init__(self, runner: ActorRunner) -> None:
+        self.runner = runner
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- concurrent calls ------------------------------------------------------------------------
+
+    def start(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
+        """Start a concurrent call (actor's thread, outside its loop). It runs up to its first
+        await now, so calls start in the order they arrived."""
+        loop = self.runner.loop
+        task = loop.create_task(self._run_call(coro, ctx, call))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        loop.run_until_complete(asyncio.sleep(0))
+
+    async def _run_call(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
+        endpoint_name, reply, index, caller, answer = call
+        runner = self.runner
+        ctxmod.set_task_context(ctx)  # this task's own: others on the loop keep theirs
+        task_runner.set(runner)
+        status, value, fatal = OK, None, None
+        try:
+            value = await coro
+        except BaseException as exc:
+            # CancelledError too (a stop or an interrupt): its caller learns so.
+            status, value = FAILED, render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
+            if not isinstance(exc, (Exception, KeyboardInterrupt, asyncio.CancelledError)):
+                fatal = exc  # SystemExit, a bare BaseException: the actor ends (below)
+                runner.stopped = True
+        reported = runner.finish(endpoint_name, status, value, None, reply, index, caller, answer)
+        if fatal is not None:
+            self.end_later(fatal, None if reported else ended(value))
+
+    def next_item(self) -> Any:
+        """The actor's next message, running its loop (and so its concurrent calls) until one
+        comes (actor's thread)."""
+        return self.runner.loop.run_until_complete(self._inbox_item())
+
+    def cancel_all(self) -> None:
+        """Cancel the outstanding concurrent calls and wait for them to answer (actor's thread,
+        before ``__cleanup__``)."""
+        tasks = list(self.tasks)
+        if not tasks:
+            return
+        for task in tasks:
+            task.cancel()
+        loop = self.runner.loop
+        if not loop.is_running():
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+    def interrupt(self) -> bool:
+        """``ProcMesh.interrupt()``: cancel the concurrent calls (I/O thread); whether any was
+        outstanding."""
+        tasks = list(self.tasks)
+        loop = self.runner.loop if tasks else None
+        if loop is None or loop.is_closed():
+            return False
+        for task in tasks:
+            loop.call_soon_threadsafe(task.cancel)
+        return True
+
+    # -- ending the actor from inside its loop ---------------------------------------------------
+
+    def end_later(self, exc: BaseException, report: RemoteFailure | None) -> None:
+        """End the actor with ``__cleanup__(exc)`` once its thread is back at the top, then tell
+        its owner ``report`` (any thread)."""
+        self.runner.stopped = True
+        self.runner.inbox.put((END_ITEM, (exc, report)))
+
+    def handle_local(self, kind: str, item: Any) -> None:
+        if kind != END_ITEM:
+            logger.warning("actor %s got an unknown item %r; dropped", self.runner.name, kind)
+            return
+        exc, report = item
+        self.runner._end(exc)  # noqa: SLF001  the runner's own end, deferred to its top
+        if report is not None:
+            self.runner._escalate(report)  # noqa: SLF001
+
+    # -- __supervise__ at an await ----------------------------------------------------------------
+
+    def watch(self) -> tuple[asyncio.Task[None], list[Any]] | None:
+        """While an endpoint awaits, hand supervision events to ``__supervise__``; keep the rest
+        for after it (actor's thread, before running the endpoint). Only for actors that have
+        a ``__supervise__``: the others pay nothing."""
+        if getattr(type(self.runner.instance), "__supervise__", None) is None:
+            return None
+        deferred: list[Any] = []
+        return self.runner.loop.create_task(self._watch(deferred)), deferred
+
+    def unwatch(self, watcher: tuple[asyncio.Task[None], list[Any]]) -> None:
+        task, deferred = watcher
+        task.cancel()
+        loop = self.runner.loop
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        self.runner.inbox.put_back(deferred)
+
+    async def _watch(self, deferred: list[Any]) -> None:
+        while True:
+            item = await self._inbox_item()
+            if item is not None and item[0] == SUPERVISE_ITEM:
+                self.runner._handle_supervise(item[1])  # noqa: SLF001  at this await
+            else:
+                deferred.append(item)
+
+    async def _inbox_item(self) -> Any:
+        inbox = self.runner.inbox
+        loop = asyncio.get_running_loop()
+        while True:
+            item = inbox.try_get()
+            if item is not NOTHING:
+                return item
+            ready: asyncio.Future[None] = loop.create_future()
+
+            def wake(ready: asyncio.Future[None] = ready) -> None:
+                if not ready.done():
+                    ready.set_result(None)
+
+            fds = inbox.fds()
+            for fd in fds:
+                loop.add_reader(fd, wake)
+            try:
+                item = inbox.try_get()  # what came before the readers were in place
+                if item is not NOTHING:
+                    return item
+                await ready
+            finally:
+                for fd in fds:
+                    loop.remove_reader(fd)

@@ -1,0 +1,137 @@
+"""``get_or_spawn_controller(name, Cls, *args)``: one actor per name, in the root controller.
+
+Monarch's way for actors to find a shared service (a metrics aggregator, a parameter server)
+by name instead of passing its mesh around. The first caller spawns the actor in the process
+that runs the script (the root controller, on a thread of its own as ``this_proc()``'s actors
+are); every later caller, from any process, gets the same actor mesh, whatever arguments it
+passed.
+
+A worker asks the process that spawned its proc mesh (``SINGLETON``); a worker that is itself
+a controller (it spawned meshes) passes the question on to its own, so it reaches the root,
+whose answer goes straight back to the asker.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+from ...errors import ActorError, ProcDeath, SupervisionError
+from ..actors.actor import Actor
+from ..actors.failures import render_failure
+from ..actors.future import Future
+from ..meshes.actor_mesh import ActorMesh
+from ..meshes.endpoint import pickle_arguments
+from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_table import ProcTable
+from ..messaging.codec import Message, dumps
+from ..messaging.node import Node, current_node, node_if_started, reply_port
+from ..messaging.protocol import FAILED, OK, REPLY, SINGLETON
+from ..shape import Shape
+from .controller import Controller, get_controller, on_controller
+
+A = TypeVar("A", bound=Actor)
+
+_lock = threading.Lock()
+_singletons: dict[str, ActorMesh[Any]] = {}
+
+
+def get_or_spawn_controller(
+    name: str, cls: type[A], *args: Any, **kwargs: Any
+) -> Future[ActorMesh[A]]:
+    """The actor mesh named ``name`` in the root controller, spawned there as
+    ``cls(*args, **kwargs)`` by the first caller (from any process); a future, as in Monarch.
+    The mesh has one actor and no dimensions: call it with ``call_one``."""
+    node = node_if_started()
+    if node is None or _is_root(node):
+        try:
+            return Future._completed(_get_or_spawn(name, cls, args, kwargs))
+        except Exception as exc:
+            return Future._failed(exc)
+    payload, buffers = pickle_arguments((cls, *args), kwargs, f"get_or_spawn_controller({name!r})")
+    answer: _Answer[ActorMesh[A]] = _Answer(node, name)
+    port = answer.port = node.open_port(answer)
+    assert node.controller is not None
+    node.send(
+        node.controller, (SINGLETON, name, (tuple(port.address), port.port_id)), payload, buffers
+    )
+    return answer.future
+
+
+def _is_root(node: Node) -> bool:
+    return node.controller is None or node.controller == node.address
+
+
+def _get_or_spawn(
+    name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ActorMesh[Any]:
+    with _lock:
+        mesh = _singletons.get(name)
+        if mesh is None:
+            mesh = _singletons[name] = _root_proc().spawn(name, cls, *args, **kwargs)
+        return mesh
+
+
+def _root_proc() -> ProcMesh:
+    """This process as a one-proc mesh, under an id of its own: ``this_proc()``'s table id is
+    the same in every process, so a copy unpickled in a worker that has one would be the
+    worker's."""
+    address = get_controller().node.address
+    table = ProcTable(f"controller-{address.mailbox.hex()[:16]}", [address], ["controller"])
+    return ProcMesh._create(table, Shape.from_extent({}), None)
+
+
+def _install(ctl: Controller) -> None:
+    """Every process that is a controller answers (or passes on) ``SINGLETON``."""
+    ctl.node.register(SINGLETON, partial(on_singleton, ctl.node))
+
+
+def on_singleton(node: Node, msg: Message) -> None:
+    """A ``SINGLETON`` question (I/O thread): pass it on towards the root, or answer it."""
+    _, name, reply = msg.envelope
+    if not _is_root(node):
+        assert node.controller is not None
+        node.send(node.controller, msg.envelope, msg.payload, msg.buffers)
+        return
+    value: Any
+    try:
+        (cls, *args), kwargs = msg.value()
+        status, value = OK, _get_or_spawn(name, cls, tuple(args), kwargs)
+    except Exception as exc:
+        status, value = FAILED, render_failure(exc, "controller", name, "get_or_spawn_controller")
+    port = reply_port(reply)
+    current_node().send(port.address, (REPLY, port.port_id, 0, status), *dumps(value))
+
+
+T = TypeVar("T")
+
+
+class _Answer(Generic[T]):
+    """The port the root's answer comes to."""
+
+    def __init__(self, node: Node, name: str) -> None:
+        self.node = node
+        self.future: Future[T] = Future(lambda: f"the controller actor {name!r}")
+        self.port: Any = None
+
+    def on_message(self, msg: Message) -> None:
+        self.node.close_port(self.port)
+        status, value = msg.envelope[3], msg.value()
+        if status == OK:
+            self.future._set_result(value)
+        else:
+            self.future._set_exception(ActorError([value]))
+
+    def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None:
+        controller = self.node.controller
+        if controller is None or mailbox != controller.mailbox:
+            return None
+        self.node.close_port(self.port)
+        self.future._set_exception(
+            SupervisionError([death], "the controller died before it answered")
+        )
+        return True
+
+
+on_controller(_install)

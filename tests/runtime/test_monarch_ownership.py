@@ -1,0 +1,41 @@
+"""Ownership with real processes: what ``heal()`` brings back of actors that were stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from support import wait_until
+
+import actormesh as am
+
+
+class Counted(am.Actor):
+    """Counts its constructions in a file named after it (one mark per ``__init__``)."""
+
+    def __init__(self, where: str, name: str) -> None:
+        with open(Path(where, name), "a") as f:
+            f.write("x")
+
+    @am.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_heal_does_not_recreate_an_actor_mesh_that_was_stopped(
+    spawn_procs, tmp_path, unhandled_failures
+) -> None:
+    procs = spawn_procs(per_host={"gpus": 1})
+    kept = procs.spawn("kept", Counted, str(tmp_path), "kept")
+    gone = procs.spawn("gone", Counted, str(tmp_path), "gone")
+    pid = kept.pid.call_one().get(timeout=30)
+    gone.initialized.get(timeout=30)
+    gone.stop().get(timeout=30)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: procs.health().values()[0] != "alive", 10, "the death")
+    procs.heal().get(timeout=60)
+    unhandled_failures.clear()  # the kill, which no call observed
+    assert kept.pid.call_one().get(timeout=30) != pid
+    assert (tmp_path / "kept").read_text() == "xx"
+    assert (tmp_path / "gone").read_text() == "x"
