@@ -22,6 +22,7 @@ from ..faults import supervision
 from ..messaging.address import Address
 from ..messaging.codec import dumps
 from ..messaging.protocol import SUPERVISE, UNHANDLED
+from .failures import render_failure
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
@@ -70,6 +71,34 @@ class Ownership:
         else:
             payload, buffers = dumps(failure)
             node.send(owner.address, (SUPERVISE, owner.key), payload, buffers)
+
+    def handle(self, failure: Any) -> None:
+        """A failure of a mesh this actor owns, on the actor's thread: its ``__supervise__``
+        handles it (returns true), or it goes up to this actor's owner. One that raises fails
+        the actor in turn, as in Monarch: it ends, and its owner hears why."""
+        runner = self.runner
+        handler = getattr(runner.instance, "__supervise__", None)
+        if handler is None or runner.stopped:
+            self.escalate(failure)
+            return
+        with runner.acting():
+            try:
+                handled = bool(handler(failure))
+            except Exception as exc:
+                logger.exception("__supervise__ of %s raised", runner.name)
+                raised = render_failure(exc, runner.rank, runner.name, "__supervise__", 1)
+                runner.stopped = True  # from now on it refuses calls
+                runner.reentry.end_later(exc, raised)
+                return
+        if not handled:
+            self.escalate(failure)
+
+    def abort(self, reason: str) -> None:
+        """``context().actor_instance.abort(reason)``: the actor ends once the message it
+        handles is done (``__cleanup__`` gets the error), and its owner hears why."""
+        runner = self.runner
+        exc = RuntimeError(f"the actor aborted: {reason}")
+        runner.reentry.end_later(exc, render_failure(exc, runner.rank, runner.name, "abort"))
 
     def stop_children(self, timeout: float) -> None:
         """Stop the actor meshes this actor spawned, waiting up to ``timeout`` seconds (actor's

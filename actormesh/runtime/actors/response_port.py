@@ -1,16 +1,23 @@
-"""The port an ``@endpoint(explicit_response_port=True)`` method answers its call through."""
+"""How an actor answers a call: ``send_reply``, and the port an
+``@endpoint(explicit_response_port=True)`` method answers its call through."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ...errors import MeshUsageError
-from ..messaging.protocol import FAILED, OK
+from ...errors import MeshUsageError, RemoteFailure
+from ..messaging.codec import dumps
+from ..messaging.logs import flush_output
+from ..messaging.protocol import FAILED, OK, REPLY
+from .failures import render_failure
 
 if TYPE_CHECKING:
     from ..messaging.node import Port
     from .runner import ActorRunner
+
+logger = logging.getLogger(__name__)
 
 
 class ResponsePort:
@@ -52,3 +59,38 @@ class ResponsePort:
             "a response port answers from the actor's own process; send the value back to it "
             "instead of passing the port on"
         )
+
+
+def send_reply(
+    runner: ActorRunner, port: Port, index: int, status: int, value: Any, caller: Any = None
+) -> None:
+    """Answer a call of ``runner``'s actor: ``value`` (or a rendered failure, ``status``) to
+    ``port`` as the answer of point ``index``; ``caller``: see ``Node.in_order``."""
+    flush_output()  # what the endpoint printed arrives before its reply
+    try:
+        payload, buffers = dumps(value)
+    except BaseException as exc:
+        # Even a KeyboardInterrupt raised by a __reduce__: the caller must get a reply.
+        if isinstance(exc, SystemExit):
+            raise
+        failure = render_failure(exc, runner.rank, runner.name, "<reply>")
+        failure = RemoteFailure(
+            failure.rank,
+            runner.name,
+            failure.endpoint,
+            failure.exc_type,
+            f"the result ({type(value).__name__}) could not be pickled: "
+            f"{failure.exc_type}: {failure.message}",
+            failure.traceback,
+        )
+        status, (payload, buffers) = FAILED, dumps(failure)
+    node = runner.node
+    try:
+        envelope: tuple[Any, ...] = (REPLY, port.port_id, index, status)
+        if caller is not None:
+            after = node.transport.last_seq_to(caller)
+            if after:
+                envelope = (*envelope, after)
+        node.send(port.address, envelope, payload, buffers)
+    except Exception:
+        logger.exception("could not send the reply of %s", runner.name)

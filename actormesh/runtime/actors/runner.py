@@ -4,12 +4,14 @@ calls the endpoint, and sends the reply or the rendered failure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ... import config
@@ -17,16 +19,16 @@ from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
 from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, STOP_ITEM, SUPERVISE_ITEM, ActorInbox
 from ..messaging.address import actor_address
-from ..messaging.codec import SIMPLE_TYPES, Message, dumps
+from ..messaging.codec import SIMPLE_TYPES, Message
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
-from ..messaging.protocol import FAILED, OK, REPLY, shape_from_state
+from ..messaging.protocol import FAILED, OK, shape_from_state
 from . import context as ctxmod
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
-from .response_port import ResponsePort
+from .response_port import ResponsePort, send_reply
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -183,23 +185,19 @@ class ActorRunner:
                 if reply is not None and index is not None:
                     self._reply(reply, index, FAILED, self.init_failure)
                 return
-        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
-        _tls.runner = self
-        try:
-            (cls, *args), kwargs = msg.value()
-            self.explicit_ports = explicit_port_endpoints(cls)
-            self.concurrent = concurrent_endpoints(cls)
-            instance = cls.__new__(cls)
-            self.instance = instance
-            result = instance.__init__(*args, **kwargs)
-            if inspect.isawaitable(result):
-                self._run_coroutine(result)
-        except BaseException as exc:
-            self.init_failure = render_failure(exc, self.rank, self.name, "__init__", skip=1)
-            logger.debug("actor %s failed to start", self.name, exc_info=True)
-        finally:
-            ctxmod.set_current(None)
-            _tls.runner = None
+        with self.acting():
+            try:
+                (cls, *args), kwargs = msg.value()
+                self.explicit_ports = explicit_port_endpoints(cls)
+                self.concurrent = concurrent_endpoints(cls)
+                instance = cls.__new__(cls)
+                self.instance = instance
+                result = instance.__init__(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    self._run_coroutine(result)
+            except BaseException as exc:
+                self.init_failure = render_failure(exc, self.rank, self.name, "__init__", 1)
+                logger.debug("actor %s failed to start", self.name, exc_info=True)
         _exit_if_forked(self.pid, self.init_failure is not None)
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
@@ -331,18 +329,14 @@ class ActorRunner:
         if cleanup is None or self.init_failure is not None or self._cleaned:
             return None
         self._cleaned = True
-        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
-        _tls.runner = self
-        try:
-            result = cleanup(exc)
-            if inspect.isawaitable(result):
-                self._run_coroutine(result)
-        except BaseException as failure:
-            logger.warning("__cleanup__ of %s raised %r", self.name, failure)
-            return render_failure(failure, self.rank, self.name, "__cleanup__", 1)
-        finally:
-            ctxmod.set_current(None)
-            _tls.runner = None
+        with self.acting():
+            try:
+                result = cleanup(exc)
+                if inspect.isawaitable(result):
+                    self._run_coroutine(result)
+            except BaseException as failure:
+                logger.warning("__cleanup__ of %s raised %r", self.name, failure)
+                return render_failure(failure, self.rank, self.name, "__cleanup__", 1)
         return None
 
     @property
@@ -373,33 +367,7 @@ class ActorRunner:
     def _reply(
         self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
     ) -> None:
-        flush_output()  # what the endpoint printed arrives before its reply
-        try:
-            payload, buffers = dumps(value)
-        except BaseException as exc:
-            # Even a KeyboardInterrupt raised by a __reduce__: the caller must get a reply.
-            if isinstance(exc, SystemExit):
-                raise
-            failure = render_failure(exc, self.rank, self.name, "<reply>")
-            failure = RemoteFailure(
-                failure.rank,
-                self.name,
-                failure.endpoint,
-                failure.exc_type,
-                f"the result ({type(value).__name__}) could not be pickled: "
-                f"{failure.exc_type}: {failure.message}",
-                failure.traceback,
-            )
-            status, (payload, buffers) = FAILED, dumps(failure)
-        try:
-            envelope: tuple[Any, ...] = (REPLY, port.port_id, index, status)
-            if caller is not None:
-                after = self.node.transport.last_seq_to(caller)
-                if after:
-                    envelope = (*envelope, after)
-            self.node.send(port.address, envelope, payload, buffers)
-        except Exception:
-            logger.exception("could not send the reply of %s", self.name)
+        send_reply(self, port, index, status, value, caller)
 
     def _report_unhandled(self, failure: RemoteFailure) -> None:
         flush_output()
@@ -410,38 +378,29 @@ class ActorRunner:
         self.ownership.escalate(failure)
 
     def abort(self, reason: str) -> None:
-        """``context().actor_instance.abort(reason)``: the actor ends once the message it
-        handles is done (``__cleanup__`` gets the error), and its owner hears why."""
-        exc = RuntimeError(f"the actor aborted: {reason}")
-        self.reentry.end_later(exc, render_failure(exc, self.rank, self.name, "abort"))
+        """``context().actor_instance.abort(reason)`` (ownership.py)."""
+        self.ownership.abort(reason)
 
     def supervise(self, failure: Any) -> None:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
         self.inbox.put((SUPERVISE_ITEM, failure))
 
     def _handle_supervise(self, failure: Any) -> None:
-        handler = getattr(self.instance, "__supervise__", None)
-        handled = False
-        if handler is not None and not self.stopped:
-            # It may run at an await of an endpoint (Reentry.watch): that one's context stays.
-            outer, outer_runner = ctxmod.current(), getattr(_tls, "runner", None)
-            ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
-            _tls.runner = self
-            try:
-                handled = bool(handler(failure))
-            except Exception as exc:
-                # As in Monarch's ownership tree, the supervisor fails in turn: it ends, and
-                # its own owner hears of it.
-                logger.exception("__supervise__ of %s raised", self.name)
-                raised = render_failure(exc, self.rank, self.name, "__supervise__", 1)
-                self.stopped = True  # from now on it refuses calls
-                self.reentry.end_later(exc, raised)
-                return
-            finally:
-                ctxmod.set_current(outer)
-                _tls.runner = outer_runner
-        if not handled:
-            self._escalate(failure)
+        self.ownership.handle(failure)
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[None]:
+        """Run code as this actor outside any call (``__init__``, ``__supervise__``,
+        ``__cleanup__``): ``context()`` and ``current_runner()`` name it, and what they named
+        before comes back after (``__supervise__`` may run at an await of an endpoint)."""
+        outer, outer_runner = ctxmod.current(), getattr(_tls, "runner", None)
+        ctxmod.set_current(ctxmod.Context(self.actor_instance, self.rank))
+        _tls.runner = self
+        try:
+            yield
+        finally:
+            ctxmod.set_current(outer)
+            _tls.runner = outer_runner
 
 
 def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
