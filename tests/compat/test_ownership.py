@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 
 import pytest
 from support import wait_until
@@ -16,6 +17,7 @@ from actormesh import (
     SupervisionError,
     context,
     endpoint,
+    this_host,
 )
 
 
@@ -145,3 +147,40 @@ def test_stopping_an_actor_stops_the_meshes_it_spawned(procs, tmp_path) -> None:
     assert (tmp_path / "child").read_text() == "cleaned up"
     with pytest.raises((ActorError, SupervisionError), match="stopped"):
         child.ping.call_one().get(timeout=30)
+
+
+class Mortal(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Guardian(Actor):
+    def __init__(self, child_procs) -> None:
+        self.child = child_procs.spawn("mortal", Mortal)
+        self.seen: list[tuple[bool, str]] = []
+
+    @endpoint
+    def child_pid(self) -> int:
+        return self.child.pid.call_one().get()
+
+    @endpoint
+    def seen_failures(self) -> list[tuple[bool, str]]:
+        return self.seen
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append((isinstance(failure, SupervisionError), failure.report()))
+        return True
+
+
+def test_a_lost_process_goes_to_the_owner_of_the_actor_mesh_on_it(unhandled_failures) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        guardian = procs.slice(gpus=0).spawn("guardian", Guardian, procs.slice(gpus=1))
+        os.kill(guardian.child_pid.call_one().get(timeout=30), signal.SIGKILL)
+        wait_until(lambda: guardian.seen_failures.call_one().get() != [], 10, "__supervise__")
+        [(lost_process, report)] = guardian.seen_failures.call_one().get()
+        assert lost_process and "SIGKILL" in report
+        assert unhandled_failures == []  # not the fault hook: the owner handled it
+    finally:
+        procs.stop().get(timeout=30)

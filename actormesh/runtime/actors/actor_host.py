@@ -21,6 +21,7 @@ from ..messaging.node import Node, reply_port
 from ..messaging.protocol import (
     CALL,
     OK,
+    OWNED,
     REPLY,
     SPAWN_ACTOR,
     STOP_ACTOR,
@@ -79,7 +80,11 @@ class ActorHost:
             return
         runner = ActorRunner(self.node, key, name, point, self.proc_rank)
         if len(msg.envelope) > 5:
-            runner.ownership.owner = msg.envelope[5]
+            owner = runner.ownership.owner = msg.envelope[5]
+            node = self.node
+            if node.mesh_id is not None and node.controller not in (None, node.address):
+                # Whoever watches this process tells the owner if it is lost.
+                node.send(node.controller, (OWNED, node.mesh_id, self.proc_rank, owner))
         if name == BOOTSTRAP_NAME:
             self.bootstrap = runner
         else:

@@ -63,14 +63,10 @@ class Ownership:
     def escalate(self, failure: Any) -> None:
         """Hand a failure nobody handled here to this actor's owner (any thread)."""
         node = self.runner.node
-        owner = self.owner
-        if owner is None:
+        if self.owner is None:
             to_controller(node, failure)
-        elif owner.address.mailbox == node.address.mailbox:
-            deliver(node, owner.key, failure)
         else:
-            payload, buffers = dumps(failure)
-            node.send(owner.address, (SUPERVISE, owner.key), payload, buffers)
+            send_to_owner(node, self.owner, failure)
 
     def handle(self, failure: Any) -> None:
         """A failure of a mesh this actor owns, on the actor's thread: its ``__supervise__``
@@ -116,6 +112,15 @@ class Ownership:
                 stop.get(timeout=max(0.0, deadline - time.monotonic()))
             except MeshError as exc:  # a child's __cleanup__ raised, or it died: stopping anyway
                 logger.info("stopping an actor mesh owned by %s: %s", self.runner.name, exc)
+
+
+def send_to_owner(node: Node, owner: Owner, failure: Any) -> None:
+    """``failure`` to the ``__supervise__`` of the actor ``owner`` (any thread)."""
+    if owner.address.mailbox == node.address.mailbox:
+        deliver(node, owner.key, failure)
+    else:
+        payload, buffers = dumps(failure)
+        node.send(owner.address, (SUPERVISE, owner.key), payload, buffers)
 
 
 def deliver(node: Node, owner_key: str, failure: Any) -> None:

@@ -71,6 +71,7 @@ EXIT = "exit"
 LOG = "log"
 FDLOG = "fdlog"
 UNHANDLED = "unhandled"
+OWNED = "owned"
 AGENT_HEARTBEAT = "agent_hb"
 DEBUGGER = "debugger"
 METRICS = "metrics"
@@ -209,6 +210,10 @@ _TABLE = [
          "runtime.procs.controller:Controller.__init__",
          "An actor failed where nobody was waiting (a broadcast): the payload is the failure, "
          "for the fault hook."),
+    Kind(OWNED, ("mesh_id", "rank", "owner"), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "Rank ``rank`` of proc mesh ``mesh_id`` hosts an actor that the actor ``owner`` "
+         "(ownership.Owner) spawned: if the rank is lost, that owner hears of it."),
     Kind(SINGLETON, ("name", "reply"), (CONTROLLER, WORKER), (CONTROLLER,),
          "runtime.procs.singletons:_install",
          "get_or_spawn_controller: the actor named ``name`` of the root controller, spawned "

@@ -38,6 +38,7 @@ from ..messaging.protocol import (
     FDLOG,
     LOG,
     METRICS,
+    OWNED,
     READY,
     RESOURCES,
     UNHANDLED,
@@ -90,6 +91,7 @@ class Controller:
         register(LOG, self._on_log)
         register(FDLOG, self._on_log)
         register(UNHANDLED, self._on_unhandled)
+        register(OWNED, self._on_owned)
         register(METRICS, self._on_metrics)
         register(RESOURCES, self._on_resources)
         self.tensorboard = TensorBoardExport.from_environment()
@@ -176,7 +178,7 @@ class Controller:
         if self._closed:
             return
         for record in list(self.meshes.values()):
-            lost = []
+            lost, ranks = [], []
             for rank in range(record.n):
                 if record.agent_of(rank) is agent and rank not in record.exited:
                     address = record.table.addresses[rank]
@@ -191,8 +193,9 @@ class Controller:
                     )
                     if record.on_exit(rank, death, report=False):
                         lost.append(death)
+                        ranks.append(rank)
             if lost:  # one event, one report: not one per rank
-                record.report_unhandled(SupervisionError(lost, summary))
+                record.report_lost(ranks, lost, summary)
 
     def _on_agent_ready(self, msg: Message) -> None:
         _, host_rank, address, hostname = msg.envelope
@@ -286,6 +289,12 @@ class Controller:
             record = meshes.get(mesh_id)
             if record is not None:
                 record.resources.add(rank, Sample(t, *reading))
+
+    def _on_owned(self, msg: Message) -> None:
+        _, mesh_id, rank, owner = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is not None:
+            record.on_owned(rank, owner)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""

@@ -20,6 +20,7 @@ from ...errors import (
     SupervisionError,
 )
 from ..actors.future import Future, settle, when_all
+from ..actors.ownership import Owner, send_to_owner
 from ..actors.runner import ActorRunner, current_runner
 from ..extent import Extent
 from ..faults import supervision
@@ -131,6 +132,8 @@ class MeshRecord:
         self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
         self.resources = ResourceHistory()  # what its ranks use, sampled by their agents
         self.host_mesh: HostMesh | None = None  # where it was spawned (ProcMesh.host_mesh)
+        # rank -> the actors that own actor meshes on it (OWNED): they hear of its loss.
+        self.owned: dict[int, dict[tuple[bytes, str], Owner]] = {}
         # ProcMesh.initialized when spawned with a bootstrap: True once it ran on every rank.
         self.initialized: Future[bool] | None = None
 
@@ -185,9 +188,30 @@ class MeshRecord:
         self.ctl.notify_death(self, address, death)
         unhandled = not observed and self.ready.done()
         if unhandled and report:
-            lost = SupervisionError([death], "a worker died while no call waited on it")
-            self.report_unhandled(lost)
+            self.report_lost([rank], [death], "a worker died while no call waited on it")
         return unhandled
+
+    def on_owned(self, rank: int, owner: Owner) -> None:
+        self.owned.setdefault(rank, {})[(owner.address.mailbox, owner.key)] = owner
+
+    def report_lost(self, ranks: list[int], deaths: list[ProcDeath], summary: str) -> None:
+        """Processes lost while nothing waited on them: to the actors that own actor meshes
+        on them (each hears of it once), as in Monarch; failing those, to this proc mesh's
+        owner or the fault hook. ``mesh_name`` is the proc mesh's id either way."""
+        gone = {self.table.addresses[r].mailbox for r in ranks} | set(self.ctl.node.dead)
+        owners: dict[tuple[bytes, str], Owner] = {}
+        for rank in ranks:
+            owners.update(self.owned.get(rank, {}))
+        # An owner that died with the rank (or before) hears nothing: others must.
+        alive = [o for o in owners.values() if o.address.mailbox not in gone]
+        if not alive:
+            self.report_unhandled(SupervisionError(deaths, summary))
+            return
+        for owner in alive:
+            failure = SupervisionError(deaths, summary)
+            failure.mesh_name = self.table.mesh_id
+            failure.mesh = self.proc_mesh()
+            send_to_owner(self.ctl.node, owner, failure)
 
     def report_unhandled(self, failure: MeshError) -> None:
         """A failure nobody waited for: to the owning actor's ``__supervise__``, else the hook."""
