@@ -39,3 +39,30 @@ def test_heal_does_not_recreate_an_actor_mesh_that_was_stopped(
     assert kept.pid.call_one().get(timeout=30) != pid
     assert (tmp_path / "kept").read_text() == "xx"
     assert (tmp_path / "gone").read_text() == "x"
+
+
+class Stopper(am.Actor):
+    @am.endpoint
+    def stop_mesh(self, mesh: am.ActorMesh[Counted]) -> None:
+        mesh.stop().get(timeout=30)
+
+
+def test_heal_does_not_recreate_actors_stopped_from_another_process(
+    spawn_procs, tmp_path, unhandled_failures
+) -> None:
+    # The script spawns the actors (so heal would re-create them), an actor elsewhere stops
+    # them: their worker tells the controller that heals them.
+    children = spawn_procs(per_host={"gpus": 1})
+    gone = children.spawn("gone", Counted, str(tmp_path), "gone")
+    kept = children.spawn("kept", Counted, str(tmp_path), "kept")
+    pid = kept.pid.call_one().get(timeout=30)
+    gone.initialized.get(timeout=30)
+    stopper = spawn_procs(per_host={"gpus": 1}).spawn("stopper", Stopper)
+    stopper.stop_mesh.call_one(gone).get(timeout=60)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: children.health().values()[0] != "alive", 10, "the death")
+    children.heal().get(timeout=60)
+    unhandled_failures.clear()  # the kill, which no call observed
+    assert kept.pid.call_one().get(timeout=30) != pid
+    assert (tmp_path / "kept").read_text() == "xx"
+    assert (tmp_path / "gone").read_text() == "x"

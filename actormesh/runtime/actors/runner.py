@@ -22,7 +22,7 @@ from ..messaging.address import actor_address
 from ..messaging.codec import SIMPLE_TYPES, Message
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
-from ..messaging.protocol import FAILED, OK, shape_from_state
+from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from . import context as ctxmod
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed
@@ -312,6 +312,10 @@ class ActorRunner:
             for _kind, call in self.inbox.pending_calls():
                 self._handle_call(call)
             self.stopped = True
+            node = self.node
+            if node.mesh_id is not None and node.controller not in (None, node.address):
+                # The stop may come from any process: the one that heals this rank must know.
+                node.send(node.controller, (ACTOR_STOPPED, node.mesh_id, self.proc_rank, self.key))
         failure = self._cleanup(None)
         self.instance = None  # what the actor held is released; its thread stays to refuse calls
         index = shape_from_state(state).local_index(self.proc_rank)

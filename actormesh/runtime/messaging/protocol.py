@@ -72,6 +72,7 @@ LOG = "log"
 FDLOG = "fdlog"
 UNHANDLED = "unhandled"
 OWNED = "owned"
+ACTOR_STOPPED = "actor_stopped"
 AGENT_HEARTBEAT = "agent_hb"
 DEBUGGER = "debugger"
 METRICS = "metrics"
@@ -214,6 +215,10 @@ _TABLE = [
          "runtime.procs.controller:Controller.__init__",
          "Rank ``rank`` of proc mesh ``mesh_id`` hosts an actor that the actor ``owner`` "
          "(ownership.Owner) spawned: if the rank is lost, that owner hears of it."),
+    Kind(ACTOR_STOPPED, ("mesh_id", "rank", "key"), (WORKER,), (CONTROLLER,),
+         "runtime.procs.controller:Controller.__init__",
+         "The actor of mesh ``key`` on rank ``rank`` of proc mesh ``mesh_id`` was stopped "
+         "(ActorMesh.stop, from any process): ``heal()`` does not bring it back."),
     Kind(SINGLETON, ("name", "reply"), (CONTROLLER, WORKER), (CONTROLLER,),
          "runtime.procs.singletons:_install",
          "get_or_spawn_controller: the actor named ``name`` of the root controller, spawned "

@@ -32,6 +32,7 @@ from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.node import Node, node_if_started, set_node_factory
 from ..messaging.protocol import (
+    ACTOR_STOPPED,
     AGENT_READY,
     DIED,
     EXIT,
@@ -92,6 +93,7 @@ class Controller:
         register(FDLOG, self._on_log)
         register(UNHANDLED, self._on_unhandled)
         register(OWNED, self._on_owned)
+        register(ACTOR_STOPPED, self._on_actor_stopped)
         register(METRICS, self._on_metrics)
         register(RESOURCES, self._on_resources)
         self.tensorboard = TensorBoardExport.from_environment()
@@ -295,6 +297,12 @@ class Controller:
         record = self.meshes.get(mesh_id)
         if record is not None:
             record.on_owned(rank, owner)
+
+    def _on_actor_stopped(self, msg: Message) -> None:
+        _, mesh_id, rank, key = msg.envelope
+        record = self.meshes.get(mesh_id)
+        if record is not None:
+            record.table.stopped_actors.setdefault(key, set()).add(rank)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""
