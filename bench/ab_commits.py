@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 
+CPU = "added_cpu_us_over_raw_tcp"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -75,8 +76,12 @@ def main() -> None:
         for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
             out = run_once(paths[side], args.only, args.quick)
             results[side].append(out)
-            row = {k: round(out[k]["added_us_over_raw_tcp"], 1) for k in names if k in out}
-            print(f"run {r} {side}: added µs {row}", file=sys.stderr, flush=True)
+            row = {
+                k: (round(out[k]["added_us_over_raw_tcp"], 1), out[k].get(CPU))
+                for k in names
+                if k in out
+            }
+            print(f"run {r} {side}: added µs, added CPU µs {row}", file=sys.stderr, flush=True)
     summary: dict = {"a": args.a, "b": args.b, "runs": args.runs}
     for k in names:
         per = {}
@@ -84,8 +89,10 @@ def main() -> None:
             added = [o[k]["added_us_over_raw_tcp"] for o in results[side]]
             ratio = [o[k]["ratio_over_raw_tcp"] for o in results[side]]
             floor = [o[k]["raw_tcp"]["median_us"] for o in results[side]]
+            cpu = [o[k].get("added_cpu_us_over_raw_tcp") for o in results[side]]
             per[side] = {
                 "added_us_median": round(statistics.median(added), 1),
+                "added_cpu_us_median": None if None in cpu else round(statistics.median(cpu), 1),
                 "added_us_runs": [round(x, 1) for x in added],
                 "ratio_median": round(statistics.median(ratio), 3),
                 "floor_us_median": round(statistics.median(floor), 1),
@@ -95,6 +102,13 @@ def main() -> None:
             for a, b in zip(results["A"], results["B"], strict=True)
         ]
         per["B_minus_A_added_us_median"] = round(statistics.median(diffs), 1)
+        cpu_diffs = [
+            b[k]["added_cpu_us_over_raw_tcp"] - a[k]["added_cpu_us_over_raw_tcp"]
+            for a, b in zip(results["A"], results["B"], strict=True)
+            if "added_cpu_us_over_raw_tcp" in a[k] and "added_cpu_us_over_raw_tcp" in b[k]
+        ]
+        if cpu_diffs:
+            per["B_minus_A_added_cpu_us_median"] = round(statistics.median(cpu_diffs), 1)
         summary[k] = per
     print(json.dumps(summary, indent=1))
 
