@@ -36,6 +36,47 @@ def test_round_trip_with_out_of_band_buffers() -> None:
     assert out["n"] == 5
 
 
+def _round_trip(value: Any) -> Any:
+    payload, buffers = wire.dumps(value)
+    # what a receiver gets: writable frames of its own, not the sender's memory
+    return wire.loads(payload, [bytearray(bytes(b.raw())) for b in buffers])
+
+
+def test_tensors_of_every_kind_round_trip_by_either_pickler() -> None:
+    import torch
+
+    big = torch.arange(100_000, dtype=torch.float64)
+    cases = [
+        torch.arange(10.0),
+        torch.ones(3, 4).t(),  # not contiguous
+        big[::2],  # not contiguous, out of band
+        torch.ones(2, requires_grad=True),
+        torch.ones(3, dtype=torch.bfloat16),  # numpy has no bfloat16
+        torch.randn(3, dtype=torch.complex64).conj(),  # conjugate bit
+        torch.tensor(3),
+        torch.empty(0, 3),
+        torch.nn.Parameter(torch.ones(2)),
+    ]
+    for value in cases:
+        for tree in (value, ((value,), {}), [value, lambda: 1]):  # the last: cloudpickle
+            got = _round_trip(tree)
+            out = got if tree is value else got[0][0] if isinstance(tree, tuple) else got[0]
+            assert type(out) is type(value) and out.dtype == value.dtype
+            assert out.shape == value.shape and out.requires_grad == value.requires_grad
+            assert torch.equal(out.detach(), value.detach().resolve_conj())
+
+
+def test_a_tensor_shared_in_a_tree_stays_shared() -> None:
+    import torch
+
+    t = torch.arange(100_000, dtype=torch.float32)
+    payload, buffers = wire.dumps({"a": [t, t], "b": (t, 1)})
+    assert len(buffers) == 1
+    out = wire.loads(payload, [bytearray(bytes(b.raw())) for b in buffers])
+    assert out["a"][0] is out["a"][1] is out["b"][0]
+    assert torch.equal(out["a"][0], t)
+
+
 def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
     signer, verifier, dest = _pair()
     frames = signer.frames(dest, ("call",), b"payload")

@@ -97,19 +97,62 @@ def _rebuild_tensor(
 ) -> Any:
     import torch
 
-    dtype = getattr(torch, dtype_name)
     if isinstance(data, (bytes, bytearray)):
-        data = bytearray(data)  # torch.frombuffer needs a writable buffer
+        data = bytearray(data)  # a tensor needs a writable buffer
     if len(memoryview(data)) == 0:
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=_torch_dtype(dtype_name))
     else:
         # The frame is ours alone (ZeroMQ gave us the message), so the tensor may own it.
-        t = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+        # Through numpy where it has the dtype: one torch call instead of three, and torch's
+        # calls are what a tensor costs here (microseconds each).
+        np_dtype = _NUMPY_DTYPES.get(dtype_name)
+        if np_dtype is not None:
+            import numpy
+
+            t = torch.from_numpy(numpy.frombuffer(data, dtype=np_dtype).reshape(shape))
+        else:
+            t = torch.frombuffer(data, dtype=_torch_dtype(dtype_name)).reshape(shape)
     if param:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
     if requires_grad:
         t.requires_grad_(True)
     return t
+
+
+# torch dtypes that numpy has under the same name
+_NUMPY_DTYPES = {
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "complex64": "complex64",
+    "complex128": "complex128",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+_DTYPES: dict[str, Any] = {}  # dtype name -> torch dtype, filled as tensors come and go
+_DTYPE_NAMES: dict[Any, str] = {}  # and the other way
+
+
+def _torch_dtype(name: str) -> Any:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        import torch
+
+        dtype = getattr(torch, name)
+        _dtype_name(dtype)
+    return dtype
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        _DTYPES[name] = dtype
+    return name
 
 
 def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
@@ -137,9 +180,28 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
 
 
 def _reduce_tensor(t: Any, torch: Any) -> Any:
+    param = type(t) is torch.nn.Parameter
+    try:
+        # numpy() refuses what is not a plain CPU tensor (device, layout, quantized, nested,
+        # conjugate bit) and dtypes numpy lacks (bfloat16): those take the general path below.
+        # Its checks are in C, several times cheaper than asking each property from Python.
+        arr = (t.detach() if t.requires_grad else t).numpy()
+    except (RuntimeError, TypeError):
+        return _reduce_tensor_general(t, torch, param)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    nbytes = arr.nbytes
+    if nbytes >= OOB_THRESHOLD:
+        buf: Any = pickle.PickleBuffer(arr)
+    else:
+        buf = arr.tobytes() if nbytes else b""
+    return (_rebuild_tensor, (buf, _dtype_name(t.dtype), tuple(t.shape), t.requires_grad, param))
+
+
+def _reduce_tensor_general(t: Any, torch: Any, param: bool) -> Any:
     if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
         return None  # torch's own pickling handles the rest
-    data = t.detach()
+    data = t.detach().resolve_conj().resolve_neg()
     if not data.is_contiguous():
         data = data.contiguous()
     nbytes = data.numel() * data.element_size()
@@ -150,9 +212,74 @@ def _reduce_tensor(t: Any, torch: Any) -> Any:
         buf = pickle.PickleBuffer(flat.numpy())
     else:
         buf = flat.numpy().tobytes()
-    dtype_name = str(data.dtype).removeprefix("torch.")
-    param = isinstance(t, torch.nn.Parameter)
-    return (_rebuild_tensor, (buf, dtype_name, tuple(t.shape), bool(t.requires_grad), param))
+    return (_rebuild_tensor, (buf, _dtype_name(data.dtype), tuple(t.shape), t.requires_grad, param))
+
+
+class _Reduced:
+    """A tensor in a tree that the C pickler takes whole (see ``_tensor_tree``): pickles as the
+    call that rebuilds it."""
+
+    __slots__ = ("reduced",)
+
+    def __init__(self, reduced: Any) -> None:
+        self.reduced = reduced
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.reduced
+
+
+_NOT_PLAIN: Any = object()
+_MAX_TREE_DEPTH = 3
+_MAX_TREE_ITEMS = 64
+
+
+def _tensor_tree(obj: Any, tensor: type, memo: dict[int, Any], depth: int = 0) -> Any:
+    """``obj`` with its tensors replaced by ``_Reduced``, when it is a small tree of builtin
+    scalars, tuples, lists, dicts with str keys and plain tensors, else ``_NOT_PLAIN``.
+
+    Such a tree (a call's arguments, a result) pickles with the C pickler alone, which has no
+    Python hook per object: cloudpickle's costs tens of µs even for ``((t,), {})``. What is
+    shared stays shared (``memo``, by id), as pickle's own memo keeps it.
+    """
+    kind = type(obj)
+    if kind in SIMPLE_TYPES:
+        return obj
+    done = memo.get(id(obj))
+    if done is not None:
+        return done
+    if kind is tensor:
+        torch = sys.modules["torch"]
+        reduced = _reduce_tensor(obj, torch)
+        if reduced is None:
+            return _NOT_PLAIN
+        out: Any = _Reduced(reduced)
+    elif depth >= _MAX_TREE_DEPTH:
+        return _NOT_PLAIN
+    elif kind is tuple or kind is list:
+        if len(obj) > _MAX_TREE_ITEMS:
+            return _NOT_PLAIN
+        items = []
+        for x in obj:
+            y = _tensor_tree(x, tensor, memo, depth + 1)
+            if y is _NOT_PLAIN:
+                return _NOT_PLAIN
+            items.append(y)
+        out = tuple(items) if kind is tuple else items
+    elif kind is dict:
+        if len(obj) > _MAX_TREE_ITEMS:
+            return _NOT_PLAIN
+        out = {}
+        for k, v in obj.items():
+            if type(k) is not str:
+                return _NOT_PLAIN
+            y = _tensor_tree(v, tensor, memo, depth + 1)
+            if y is _NOT_PLAIN:
+                return _NOT_PLAIN
+            out[k] = y
+    else:
+        return _NOT_PLAIN
+    memo[id(obj)] = out
+    return out
 
 
 def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -171,6 +298,11 @@ def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuff
             return False  # out of band
         return True  # small: inline
 
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        tree = _tensor_tree(obj, torch.Tensor, {})
+        if tree is not _NOT_PLAIN:
+            return pickle.dumps(tree, protocol=5, buffer_callback=keep_large), buffers
     f = io.BytesIO()
     _Pickler(f, protocol=5, buffer_callback=keep_large).dump(obj)
     return f.getvalue(), buffers
