@@ -86,11 +86,12 @@ def send_reply(
         status, (payload, buffers) = FAILED, dumps(failure)
     node = runner.node
     try:
-        envelope: tuple[Any, ...] = (REPLY, port.port_id, index, status)
-        if caller is not None:
-            after = node.transport.last_seq_to(caller)
-            if after:
-                envelope = (*envelope, after)
-        node.send(port.address, envelope, payload, buffers)
+        after = 0 if caller is None else node.transport.last_seq_to(caller)
+        envelope: tuple[Any, ...] = (
+            (REPLY, port.port_id, index, status, after)
+            if after
+            else (REPLY, port.port_id, index, status)
+        )
+        node.transport.send(port.address, envelope, payload, buffers)
     except Exception:
         logger.exception("could not send the reply of %s", runner.name)

@@ -70,6 +70,10 @@ class ActorRunner:
         self._cancel_before: dict[bytes, int] = {}
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
         self.pid = os.getpid()  # a child forked by an endpoint sees its parent's
+        self._forks = _forks[0]  # forks of this process so far (see _exit_if_forked)
+        # shape_state of a call -> (its Shape, this rank's index in it): a mesh's calls repeat
+        # a handful of shapes, and building the index costs microseconds per call.
+        self._views: dict[tuple[Any, ...], tuple[Shape, int | None]] = {}
 
     def start(self, spawn_msg: Message) -> None:
         self.inbox.put((SPAWN_ITEM, spawn_msg))
@@ -198,7 +202,8 @@ class ActorRunner:
             except BaseException as exc:
                 self.init_failure = render_failure(exc, self.rank, self.name, "__init__", 1)
                 logger.debug("actor %s failed to start", self.name, exc_info=True)
-        _exit_if_forked(self.pid, self.init_failure is not None)
+        if _forks[0] != self._forks:
+            _exit_if_forked(self.pid, self.init_failure is not None)
         index = shape.local_index(self.proc_rank)
         if reply is not None and index is not None:
             self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
@@ -224,13 +229,16 @@ class ActorRunner:
             self._reply(port, index, FAILED, failure, _caller(reply))
 
     def _handle_call(self, msg: Message) -> None:
-        env = msg.envelope
-        # ("call", key, endpoint, shape, reply_port)
-        endpoint_name: str = env[2]
-        shape: Shape = shape_from_state(env[3])
-        reply: Port | None = reply_port(env[4])
-        caller = _caller(env[4])
-        index = shape.local_index(self.proc_rank)
+        _, _, endpoint_name, state, reply_state = msg.envelope  # (CALL, key, endpoint, ...)
+        view = self._views.get(state)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            shape = shape_from_state(state)
+            view = self._views[state] = (shape, shape.local_index(self.proc_rank))
+        shape, index = view
+        reply: Port | None = reply_port(reply_state)
+        caller = _caller(reply_state)
         ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
         _tls.runner = self
         status, value = OK, None
@@ -267,7 +275,8 @@ class ActorRunner:
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
-        _exit_if_forked(self.pid, status == FAILED)
+        if _forks[0] != self._forks:
+            _exit_if_forked(self.pid, status == FAILED)
         self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
 
     def finish(
@@ -412,6 +421,12 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
     sends that process directly (to a thread's own reply inbox, or through a host agent that
     gathers replies): the reply then says where to wait up to (Node.in_order)."""
     return reply[2] if reply is not None and len(reply) > 2 else None
+
+
+# Counts the forks this process made (os.register_at_fork): a runner compares it with the count
+# when it was made, a list index rather than a getpid() system call after every call.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 def _exit_if_forked(parent: int, failed: bool) -> None:
