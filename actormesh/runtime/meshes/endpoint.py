@@ -130,6 +130,7 @@ class Endpoint(Generic[P, R]):
         self._key = key
         self._what = f"{mesh_name}.{name}"
         self._name = name
+        self._state = shape_state(shape)  # the envelope's form of the mesh's shape
 
     def __repr__(self) -> str:
         return f"<endpoint {self._what} on {self._shape.extent}>"
@@ -249,9 +250,10 @@ class Endpoint(Generic[P, R]):
             else:
                 port = collector.port = node.open_port(collector, inbox.address)
                 # The repliers also learn this process's mailbox (see Node.in_order).
-                reply = (tuple(port.address), port.port_id, node.address.mailbox)
+                reply = (inbox.address_state, port.port_id, node.address.mailbox)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
-        envelope = (CALL, self._key, self._name, shape_state(shape), reply)
+        state = self._state if shape is self._shape else shape_state(shape)
+        envelope = (CALL, self._key, self._name, state, reply)
         digest = payload_digest(payload)
         if procs.relays is not None:  # ranks on other hosts: one message per host (relay.py)
             # and, for call(), one message per host back: the agents gather the replies
@@ -276,6 +278,8 @@ class Endpoint(Generic[P, R]):
         if collector is None and not buffers:
             for dest in dests:  # batched with the casts that follow (send_one_way)
                 transport.send_one_way(dest, envelope, payload)
+        elif len(dests) == 1:
+            transport.send(dests[0], envelope, payload, buffers, digest)
         elif dests:
             transport.send_many(dests, envelope, payload, buffers, digest)
 

@@ -45,6 +45,11 @@ logger = logging.getLogger(__name__)
 MAGIC = b"AM02"
 # magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length
 _FIXED = struct.Struct("<4s8sQ32sIII")
+_FIXED_PACK = _FIXED.pack
+_FIXED_UNPACK = _FIXED.unpack_from
+_HEAD_START = 32 + _FIXED.size  # the signature, then the fixed part
+_sha256 = hashlib.sha256
+_compare_digest = hmac.compare_digest
 _LEN = struct.Struct("<Q")
 _ID_SIZE = 8
 _MAX_DESTS = 1 << 16
@@ -341,11 +346,11 @@ class Signer:
         message to the same destinations is framed (the sender holds its send lock).
         """
         if digest is None:
-            digest = hashlib.sha256(payload).digest()
+            digest = _sha256(payload).digest()
         dests = dest if isinstance(dest, bytes) else b"".join(dest)
         env = pickle.dumps(envelope, protocol=5)
         seq = self.last_seq = next(self._seq)
-        fixed = _FIXED.pack(
+        fixed = _FIXED_PACK(
             MAGIC,
             self.sender,
             seq,
@@ -359,9 +364,14 @@ class Signer:
             head = b"".join([fixed, dests, *sizes, env])
         else:
             head = b"".join((fixed, dests, env))
-        sig = self._mac.sign(head)
+        # _KeyedMac.sign, inline: this runs for every message sent
+        mac = self._mac
+        inner = mac.inner.copy()
+        inner.update(head)
+        outer = mac.outer.copy()
+        outer.update(inner.digest())
         # One frame for the signed head and the payload: every frame costs a syscall's worth.
-        return [b"".join((sig, head, payload)), *buffers]
+        return [b"".join((outer.digest(), head, payload)), *buffers]
 
 
 # RFC 2104: HMAC(key, m) = H((key ^ opad) || H((key ^ ipad) || m)), key padded to H's block.
@@ -375,19 +385,21 @@ class _KeyedMac:
     states, about half what copying an OpenSSL HMAC context costs (and a third of
     ``hmac.digest``, which hashes both padded blocks again for every message)."""
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("inner", "outer")
 
     def __init__(self, key: bytes) -> None:
         if len(key) > _BLOCK:
             key = hashlib.sha256(key).digest()
         key = key.ljust(_BLOCK, b"\0")
-        self._inner = hashlib.sha256(key.translate(_IPAD))
-        self._outer = hashlib.sha256(key.translate(_OPAD))
+        # The two padded key blocks, hashed: copied for each message (Signer.frames and
+        # Verifier.decode do what sign does, inline).
+        self.inner = hashlib.sha256(key.translate(_IPAD))
+        self.outer = hashlib.sha256(key.translate(_OPAD))
 
     def sign(self, data: Any) -> bytes:
-        inner = self._inner.copy()
+        inner = self.inner.copy()
         inner.update(data)
-        outer = self._outer.copy()
+        outer = self.outer.copy()
         outer.update(inner.digest())
         return outer.digest()
 
@@ -428,37 +440,48 @@ class Verifier:
         if not frames:
             raise WireError("empty message")
         first = memoryview(frames[0])
-        if first.nbytes < SIG_SIZE + _FIXED.size:
+        if first.nbytes < _HEAD_START:
             raise WireError("truncated head")
-        magic, sender, seq, digest, ndest, nbuf, env_len = _FIXED.unpack_from(first, SIG_SIZE)
-        dests_end = SIG_SIZE + _FIXED.size + ndest * _ID_SIZE
-        head_end = dests_end + nbuf * _LEN.size + env_len
+        magic, sender, seq, digest, ndest, nbuf, env_len = _FIXED_UNPACK(first, SIG_SIZE)
+        dests_end = _HEAD_START + ndest * _ID_SIZE
+        env_start = dests_end + nbuf * _LEN.size
+        head_end = env_start + env_len
         if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
             raise WireError("truncated head")
-        expected = self._mac.sign(first[SIG_SIZE:head_end])
-        if not hmac.compare_digest(first[:SIG_SIZE], expected):
+        # _KeyedMac.sign, inline: this runs for every message received
+        mac = self._mac
+        inner = mac.inner.copy()
+        inner.update(first[SIG_SIZE:head_end])
+        outer = mac.outer.copy()
+        outer.update(inner.digest())
+        if not _compare_digest(first[:SIG_SIZE], outer.digest()):
             raise WireError("bad signature")
         # From here on the head is authentic: it was written by a holder of the key.
         if magic != MAGIC:
             raise WireError(f"unknown protocol {bytes(magic)!r}")
-        if not self._addressed_to_me(first, SIG_SIZE + _FIXED.size, ndest):
+        if not (
+            first[_HEAD_START:dests_end] == self.me
+            if ndest == 1
+            else self._addressed_to_me(first, _HEAD_START, ndest)
+        ):
             raise WireError("message addressed to another process (replayed?)")
-        if seq <= self._last_seq.get(sender, 0):
+        last_seq = self._last_seq
+        if seq <= last_seq.get(sender, 0):
             raise WireError(f"replayed or reordered message (seq {seq})")
-        self._last_seq[sender] = seq
+        last_seq[sender] = seq
         if len(frames) != 1 + nbuf:
             raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
+        buffers = list(frames[1:]) if nbuf else []
         off = dests_end
-        buffers = list(frames[1:])
         for i in range(nbuf):
             (size,) = _LEN.unpack_from(first, off)
             off += _LEN.size
             if memoryview(buffers[i]).nbytes != size:
                 raise WireError(f"buffer {i} has the wrong size")
         payload = first[head_end:]
-        if hashlib.sha256(payload).digest() != digest:
+        if _sha256(payload).digest() != digest:
             raise WireError("payload does not match its signed digest")
-        envelope = pickle.loads(first[off:head_end])
+        envelope = pickle.loads(first[env_start:head_end])
         if not isinstance(envelope, tuple) or not envelope:
             raise WireError("malformed envelope")
         return Message(sender, envelope, payload, buffers, seq)

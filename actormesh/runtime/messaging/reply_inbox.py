@@ -53,6 +53,7 @@ class ReplyInbox:
         self.node = node
         self.owner = owner
         self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
+        self.address_state = tuple(self.address)  # as a call's envelope carries it
         self._verifier = Verifier(node.key, self.address.mailbox)
         self._lock = threading.Lock()
         self._socket: zmq.Socket[Any] = actor_context().socket(zmq.PULL)
