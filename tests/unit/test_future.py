@@ -223,3 +223,36 @@ def test_settle_copies_the_outcome_or_replaces_the_value() -> None:
     settle(Future._failed(Boom("src")), failed, "ignored on failure")
     with pytest.raises(Boom, match="src"):
         failed.get()
+
+
+def test_a_completed_future_does_not_keep_its_result_in_a_cycle() -> None:
+    # A collector holds its future and the future holds the collector's bound methods: once
+    # done, dropping both must free the result at once (a tensor's receive buffer), without
+    # waiting for the garbage collector.
+    import gc
+    import weakref
+
+    class Holder:
+        def __init__(self) -> None:
+            self.future: Future[Any] = Future(self.describe, self.pending)
+
+        def describe(self) -> str:
+            return "x"
+
+        def pending(self) -> list[tuple[str, int]]:
+            return []
+
+    class Result:
+        pass
+
+    holder = Holder()
+    result = Result()
+    alive = weakref.ref(result)
+    holder.future._set_result(result)
+    del result
+    gc.disable()
+    try:
+        del holder
+        assert alive() is None
+    finally:
+        gc.enable()

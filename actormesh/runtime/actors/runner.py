@@ -129,6 +129,9 @@ class ActorRunner:
                     self._handle_supervise(msg)
                 else:
                     reentry.handle_local(kind, msg)
+                # Not held while waiting for the next one: a call's buffers (a tensor argument's
+                # frame) are freed as soon as it is done.
+                item = msg = None
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
