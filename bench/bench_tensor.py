@@ -75,6 +75,9 @@ class Spmd(am.Actor):
     def _mesh(self, key: str) -> Any:
         from actormesh.tensor.engine import engine_in_this_process
 
+        # What `python -m actormesh run` gives a script with several ranks per host (torchrun's
+        # default), and what the tensor engine uses: one intra-op thread per rank.
+        torch.set_num_threads(1)
         engine = engine_in_this_process(key)
         assert engine is not None, "the tensor engine runs in this process"
         return engine.mesh

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .handlers import as_dtensor
 from .registry import handler
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class ModuleState:
     fsdp: bool
     tp_dim: str | None
     graphs: dict[int, Any] = field(default_factory=dict)
+    last_input: tuple[int, Any] = (0, None)  # (constant id, this rank's slice of it)
 
 
 def _data_placements(engine: _TensorEngine, data_dim: str | None) -> list[Any]:
@@ -52,7 +54,7 @@ def _as_global(engine: _TensorEngine, t: Any) -> Any:
     t = t.detach()
     if isinstance(t, DTensor):
         return t
-    return DTensor.from_local(t, engine.mesh, [Replicate()] * engine.mesh.ndim, run_check=False)
+    return as_dtensor(t, engine.mesh, [Replicate()] * engine.mesh.ndim)
 
 
 @handler("module_build")
@@ -97,16 +99,19 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     import torch
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    ref, x, global_shape, grad_enabled, input_grad = payload
+    ref, xref, global_shape, grad_enabled, input_grad = payload
     state: ModuleState = engine.resolve(ref)
-    x = engine.resolve(x)
+    x = engine.resolve(xref)
     placements = _data_placements(engine, state.data_dim)
     if isinstance(x, DTensor):
         local = x.redistribute(x.device_mesh, placements).to_local()
+    elif state.last_input[0] == xref.id:  # the same controller batch as the last call
+        local = state.last_input[1]
     else:  # a controller tensor: every rank has the batch, each keeps its slice
         local = distribute_tensor(
             x.to(engine.device), engine.mesh, placements, src_data_rank=None
         ).to_local()
+        state.last_input = (xref.id, local)  # ids are never reused: no stale hit
     local = local.detach()
     if input_grad:
         local.requires_grad_(True)
@@ -161,11 +166,7 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
         g = local.grad if local.grad is not None else torch.zeros_like(local)
         placements = _data_placements(engine, state.data_dim)
         shape = torch.Size(input_shape)
-        grads.append(
-            DTensor.from_local(
-                g, engine.mesh, placements, run_check=False, shape=shape, stride=_contiguous(shape)
-            )
-        )
+        grads.append(as_dtensor(g, engine.mesh, placements, shape, _contiguous(shape)))
     return grads
 
 

@@ -14,18 +14,17 @@ therefore raises here, at the user's line, and nothing is recorded.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
 from . import compat
 from .mesh import TensorMesh
-from .records import Ref, issue_site
+from .records import IN, Ref, issue_site
+from .shapes import plans, propagate, remember, signature
 
-_CACHE_SIZE = 4096
-_cache: dict[Any, Any] = {}
 _names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
 
 # Ops whose value is needed on the controller: each is a sync point.
@@ -54,6 +53,7 @@ class MeshTensor(torch.Tensor):
     value_id: int
     mesh: TensorMesh
     per_rank: bool
+    shape_sig: int  # shapes.signature(): what a recorded op's cache key holds for this input
 
     # Straight to __torch_dispatch__: below autograd, so the controller's autograd records.
     # (torch's documented way for a __torch_dispatch__ subclass to skip __torch_function__)
@@ -69,7 +69,15 @@ class MeshTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # torch types it as the disabled impl
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return dispatch(func, args, kwargs or {})
+        return dispatch(func, args, kwargs or _NO_KWARGS)
+
+    def __del__(self) -> None:
+        # Not weakref.finalize: that costs a third of a recorded op. The worker's value is
+        # dropped after the batch that may still read it (stream.py).
+        try:
+            self.mesh.stream.dead.append(self.value_id)
+        except AttributeError:  # never fully built
+            pass
 
     # -- never fetches -------------------------------------------------------------------------
 
@@ -174,19 +182,17 @@ def new_mesh_tensor(
     per_rank: bool,
     stride: Any = None,
     requires_grad: bool = False,
+    sig: int | None = None,
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
     # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
-    t = torch.Tensor._make_wrapper_subclass(  # noqa: SLF001
-        MeshTensor, shape, strides=stride, dtype=dtype, device=tm.device,
-        requires_grad=requires_grad,
-    )  # fmt: skip
-    stream = tm.stream
-    t.value_id = stream.new_id()
+    t = _wrap(MeshTensor, shape, stride, None, None, dtype, _STRIDED, tm.device, False,
+              requires_grad)  # fmt: skip
+    t.value_id = tm.stream.new_id()
     t.mesh = tm
     t.per_rank = per_rank
-    weakref.finalize(t, stream.died, t.value_id)
+    t.shape_sig = signature(shape, stride, dtype, per_rank) if sig is None else sig
     return t
 
 
@@ -229,6 +235,122 @@ def _contiguous(shape: Any) -> tuple[int, ...]:
 
 # -- dispatch ----------------------------------------------------------------------------------
 
+_NO_KWARGS: dict[str, Any] = {}
+_GENERAL: Any = object()  # an argument the fast path does not take
+# Scalars keyed by value (an int may be a size or a dim, and so change the output's shape).
+_BY_VALUE = frozenset(
+    {int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
+)
+_BOOL_KEYS = {True: ("bool", True), False: ("bool", False)}  # True == 1 as a dict key
+_NEW, _ALIAS, _VALUE = 0, 1, 2
+_wrap = torch.Tensor._make_wrapper_subclass  # noqa: SLF001
+_STRIDED = torch.strided
+
+
+def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
+    """Append ``a``'s part of the plan key; return it as sent, or ``_GENERAL``."""
+    t = type(a)
+    if t is MeshTensor:
+        key.append(a.shape_sig)
+        ins.append(a.value_id)
+        return IN
+    if t is float:
+        key.append(float)  # by type only, as in shapes.propagate
+        return a
+    if t in _BY_VALUE:
+        key.append(a)
+        return a
+    if t is bool:
+        key.append(_BOOL_KEYS[a])
+        return a
+    if t is list or t is tuple:
+        for e in a:
+            if type(e) is not int:
+                return _GENERAL
+        key.append((t, *a))
+        return a
+    return _GENERAL
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    fid = id(func)  # ops live as long as torch.ops: their ids are stable, and hash at C speed
+    if fid in _SYNC_IDS:
+        return _SYNC[func](*args, **kwargs)
+    # The fast path: MeshTensors and scalars as arguments (most ops, every op of an optimizer
+    # step), and a plan from an earlier op of the same signature. Written out, not factored:
+    # this is the cost of every recorded op (bench T2).
+    key: list[Any] = [fid]
+    ins: list[int] = []
+    eargs = []
+    tm = None
+    for a in args:
+        if type(a) is MeshTensor:
+            if tm is None:
+                tm = a.mesh
+            elif a.mesh is not tm:
+                return _record(func, args, kwargs, None)  # raises the mixed-mesh error
+            key.append(a.shape_sig)
+            ins.append(a.value_id)
+            eargs.append(IN)
+            continue
+        e = _fast_arg(a, key, ins)
+        if e is _GENERAL:
+            return _record(func, args, kwargs, None)
+        eargs.append(e)
+    ekwargs = _NO_KWARGS
+    if kwargs:
+        ekwargs = {}
+        for k, a in kwargs.items():
+            key.append(k)
+            e = _fast_arg(a, key, ins)
+            if e is _GENERAL:
+                return _record(func, args, kwargs, None)
+            if e is IN:
+                if tm is None:
+                    tm = a.mesh
+                elif a.mesh is not tm:
+                    return _record(func, args, kwargs, None)
+            ekwargs[k] = e
+    if tm is None:
+        return _record(func, args, kwargs, None)
+    pkey = tuple(key)
+    plan = plans.get(pkey)
+    if plan is None:
+        return _record(func, args, kwargs, pkey)
+    name, outs, meta, single, spec, random = plan
+    stream = tm.stream
+    out_ids = []
+    leaves: list[Any] = []
+    for o in outs:
+        kind = o[0]
+        if kind == _NEW:
+            # new_mesh_tensor, inlined (positional: keyword parsing costs a microsecond)
+            t = _wrap(MeshTensor, o[1], o[4], None, None, o[2], _STRIDED, tm.device, False, False)
+            t.value_id = vid = stream.new_id()
+            t.mesh = tm
+            t.per_rank = o[3]
+            t.shape_sig = o[5]
+            out_ids.append(vid)
+            leaves.append(t)
+        elif kind == _ALIAS:
+            t = _meshes((*args, *kwargs.values()))[o[1]]  # an in-place op's target
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        else:
+            leaves.append(o[1])
+    # The inputs travel as IN and ``ins`` (one tuple object, pickled once for both places).
+    ins_t = tuple(ins)
+    stream.record(
+        ("aten", tuple(out_ids), ins_t, meta,
+         (name, tuple(eargs), ekwargs, _seed() if random else None, ins_t), issue_site(3))
+    )  # fmt: skip
+    return leaves[0] if single else tree_unflatten(leaves, spec)
+
+
+def _seed() -> int:
+    # One seed from the controller's generator: every rank draws the same global tensor.
+    return int(torch.randint(0, 2**62, ()).item())
+
 
 def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bool = False) -> Any:
     t = type(x)
@@ -238,7 +360,7 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bo
         sig.append((0, x.shape, x.stride(), x.dtype))
         return Ref(x.value_id)
     if isinstance(x, torch.Tensor):
-        found.append(x)  # a controller tensor: sent with the op, as a constant
+        found.append(x)  # a controller tensor: uploaded once (Stream.constant), then by id
         sig.append((1, x.shape, x.stride(), x.dtype))
         return x
     if t is list or t is tuple:
@@ -251,45 +373,28 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bo
         # cached shape a wrong program.
         sig.append(float)
         return x
-    sig.append(x)
+    sig.append(_BOOL_KEYS[x] if t is bool else x)
     return x
 
 
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+def _constants(x: Any, tm: TensorMesh, ins: list[int]) -> Any:
+    """``x`` with each controller tensor replaced by its copy on the workers."""
     if type(x) is list or type(x) is tuple:
-        return type(x)(_to_meta(e) for e in x)
+        return type(x)(_constants(e, tm, ins) for e in x)
+    if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
+        cid = tm.stream.constant(x)
+        ins.append(cid)
+        return Ref(cid)
     return x
 
 
-def _propagate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``func`` on meta tensors; describe each output leaf as new (shape, stride, dtype),
-    an alias of the n-th tensor input (in-place ops), or a plain value."""
-    margs = _to_meta(args)
-    mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-    inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
-    out = func(*margs, **mkwargs)
-    leaves, spec = tree_flatten(out)
-    entries: list[Any] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            alias = next((j for j, m in enumerate(inputs) if m is leaf), None)
-            if alias is not None:
-                entries.append(("alias", alias))
-            else:
-                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype, tuple(leaf.shape)))
-        else:
-            entries.append(("value", leaf))
-    # One tensor out (most ops): no pytree rebuild per op.
-    single = isinstance(out, torch.Tensor)
-    return spec, entries, single
+def _meshes(found: Sequence[Any]) -> list[MeshTensor]:
+    return [x for x in found if type(x) is MeshTensor]
 
 
-def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    sync = _SYNC.get(func)
-    if sync is not None:
-        return sync(*args, **kwargs)
+def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any) -> Any:
+    """Record any op (nested lists of tensors, controller tensors); with ``pkey``, also keep
+    the plan that lets the fast path record the next op of this signature."""
     found: list[Any] = []
     sig: list[Any] = []
     ins: list[int] = []
@@ -297,6 +402,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ekwargs = {k: _encode(v, found, sig, ins) for k, v in kwargs.items()}
     tm = None
     per_rank = False
+    constants = False
     for x in found:
         if type(x) is MeshTensor:
             if tm is None:
@@ -311,26 +417,20 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                     f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
                     "make the global one per-rank or combine the per-rank one with reduce()"
                 )
+        else:
+            constants = True
     assert tm is not None
     if tm.stream.lost is not None:
         tm.stream.check()
-    key = (func, tuple(sig), tuple(kwargs))
-    entry = _cache.get(key)
-    if entry is None:
-        entry = _propagate(func, args, kwargs)  # raises here, at the user's line: nothing sent
-        if len(_cache) >= _CACHE_SIZE:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = entry
-    spec, entries, single = entry
-    out_ids = []
+    # Raises here, at the user's line: nothing is sent.
+    spec, entries, single = propagate(func, (func, tuple(sig), tuple(kwargs)), args, kwargs)
+    outs: list[Any] = []
     meta = []
-    leaves = []
     for e in entries:
         if e[0] == "new":
-            t = new_mesh_tensor(tm, e[1], e[3], per_rank=per_rank, stride=e[2])
-            out_ids.append(t.value_id)
+            s = signature(e[1], e[2], e[3], per_rank)
+            outs.append((_NEW, e[1], e[3], per_rank, e[2], s))
             meta.append((e[4], e[3], per_rank))
-            leaves.append(t)
         elif e[0] == "alias":
             t = found[e[1]]
             if type(t) is not MeshTensor:
@@ -338,18 +438,36 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                     f"{func} would write into a controller tensor from a MeshTensor; fetch the "
                     "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
                 )
-            out_ids.append(t.value_id)
+            # By identity: == on tensors is an op.
+            position = next(i for i, m in enumerate(_meshes(found)) if m is t)
+            outs.append((_ALIAS, position))
             meta.append((tuple(t.shape), t.dtype, per_rank))
-            leaves.append(t)
         else:
-            leaves.append(e[1])
+            outs.append((_VALUE, e[1]))
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
-    seed = None
-    if name in _RANDOM:
-        # One seed from the controller's generator: every rank draws the same global tensor.
-        seed = int(torch.randint(0, 2**62, ()).item())
+    plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
+    if pkey is not None:
+        remember(plans, pkey, plan)
+    if constants:
+        eargs = _constants(eargs, tm, ins)
+        ekwargs = {k: _constants(v, tm, ins) for k, v in ekwargs.items()}
+    out_ids = []
+    leaves: list[Any] = []
+    meshes = _meshes(found)
+    for o in outs:
+        if o[0] == _NEW:
+            t = new_mesh_tensor(tm, o[1], o[2], per_rank=o[3], stride=o[4], sig=o[5])
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        elif o[0] == _ALIAS:
+            t = meshes[o[1]]
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        else:
+            leaves.append(o[1])
+    seed = _seed() if plan[5] else None
     tm.stream.record(
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
          issue_site())
@@ -372,3 +490,4 @@ def _sync_equal(a: Any, b: Any) -> bool:
 _SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar  # noqa: SLF001  (an op's name)
 _SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
 _SYNC[torch.ops.aten.equal.default] = _sync_equal
+_SYNC_IDS = frozenset(id(op) for op in _SYNC)
