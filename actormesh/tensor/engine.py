@@ -24,7 +24,7 @@ from typing import Any
 
 from .compat import Actor, Extent, Point, endpoint, loads
 from .records import FailureInfo, Op, Ref, op_name
-from .registry import HANDLERS
+from .registry import HANDLERS, StoodIn
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +119,17 @@ class _TensorEngine(Actor):
                     f"{len(out)}; the controller's shape propagation and this rank disagree"
                 )
         except Exception as exc:
+            computed = None
+            if isinstance(exc, StoodIn):  # the handler made its own stand-ins
+                computed, exc = exc.values, exc.cause
             if root is None:
                 root = self._new_failure(op, exc)
             else:
                 logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
             for k, o in enumerate(out):
-                if o not in ins:  # an in-place op keeps its (stand-in) value
+                if computed is not None:
+                    self.env[o] = computed[k]
+                elif o not in ins:  # an in-place op keeps its (stand-in) value
                     self.env[o] = self.stand_in(meta[k] if k < len(meta) else None, ins)
                 self._set_poison(o, root)
             if not out:
