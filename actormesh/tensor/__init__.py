@@ -32,6 +32,7 @@ from .proxy import MeshTensor as MeshTensor
 from .recording import dispatch as _dispatch  # noqa: F401  (installs MeshTensor's op recorder)
 from .remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .remote import remote as remote
+from .rref import rref as _rref  # noqa: F401  (installs endpoint.rref)
 from .stream import flush_all as flush_all
 from .tensor_api import distribute as distribute
 from .tensor_api import rand as rand

@@ -46,7 +46,7 @@ class _TensorEngine(Actor):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from . import handlers, module_worker  # noqa: F401  (they register their handlers)
+        from . import handlers, module_worker, rref_worker  # noqa: F401  (register handlers)
 
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
