@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .records import IN
 from .registry import handler
+from .shard_ops import as_dtensor, on_shards
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -65,33 +66,6 @@ def _flat(args: Any, kwargs: dict[str, Any]) -> Iterator[Any]:
             yield x
 
 
-_specs: dict[Any, Any] = {}
-
-
-def as_dtensor(
-    local: Any, mesh: Any, placements: Any, shape: Any = None, stride: Any = None
-) -> Any:
-    """``DTensor.from_local(local, ..., run_check=False)`` without autograd (the engine runs
-    under no_grad) and with its spec cached: from_local costs 140 µs of Python on a CPU, this
-    about 5. ``shape``/``stride``: the global ones (default: the local ones, as for Replicate)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-    shape = local.shape if shape is None else torch.Size(shape)
-    stride = local.stride() if stride is None else tuple(stride)
-    key = (id(mesh), tuple(placements), shape, stride, local.dtype)
-    spec = _specs.get(key)
-    if spec is None or spec.mesh is not mesh:
-        if len(_specs) > 4096:
-            _specs.clear()
-        spec = _specs[key] = DTensorSpec(
-            mesh, tuple(placements), tensor_meta=TensorMeta(shape, stride, local.dtype)
-        )
-    # DTensor.__new__ is torch's C constructor; DTensor(...) adds a decorated no-op __init__.
-    return DTensor.__new__(DTensor, local, spec, requires_grad=False)
-
-
 def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """Controller tensors in an op with DTensors become Replicate DTensors (DTensor rejects
     mixed Tensor/DTensor arguments); on the DTensor arguments' mesh."""
@@ -135,12 +109,11 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
         args, kwargs = lift_constants(engine, args, kwargs)
     if seed is not None and name in _RANDOM and engine.device == "cpu":
         return [seeded_random(name, args, kwargs, seed)]
+    local = on_shards(name, func, args, kwargs)
+    if local is not None:
+        return [local]
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
-    if _is_pointwise(func):
-        out = _pointwise_on_shards(func, args, kwargs)
-        if out is not None:
-            return [out]
     try:
         return tensor_leaves(func(*args, **kwargs))
     except NotImplementedError as exc:
@@ -148,73 +121,6 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             raise
         _decompose.add(func)
         return tensor_leaves(_decomposed(func, args, kwargs))
-
-
-_pointwise: dict[Any, bool] = {}
-
-
-def _is_pointwise(func: Any) -> bool:
-    known = _pointwise.get(func)
-    if known is None:
-        import torch
-
-        tags = func.tags  # random ops draw per rank: DTensor (or seeded_random) handles them
-        known = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
-        _pointwise[func] = known
-    return known
-
-
-def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
-    is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
-    sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
-    ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
-    result of another dtype or layout): then DTensor runs it."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    # Exact type checks: isinstance against torch.Tensor classes runs a Python __instancecheck__.
-    plain = torch._C.TensorBase  # noqa: SLF001  (the C base: no Python __instancecheck__)
-    first = first_local = None
-    local_args = []
-    for a in args:
-        t = type(a)
-        if t is DTensor:
-            spec = a._spec  # noqa: SLF001  (DTensor's own fields: what from_local would build)
-            if first is None:
-                first, first_local = spec, a._local_tensor  # noqa: SLF001
-                for p in spec.placements:
-                    if p.is_partial():
-                        return None
-            elif spec is not first and (
-                spec.mesh is not first.mesh
-                or spec.placements != first.placements
-                or spec.shape != first.shape
-            ):
-                return None
-            local_args.append(a._local_tensor)  # noqa: SLF001
-        elif t is list or t is tuple or issubclass(t, plain):
-            return None
-        else:
-            local_args.append(a)
-    if first is None or first_local is None:
-        return None
-    for v in kwargs.values():
-        t = type(v)
-        if t is list or t is tuple or issubclass(t, plain):
-            return None
-    out = func(*local_args, **kwargs)
-    for a, local in zip(args, local_args, strict=True):
-        if out is local:
-            return a  # in place: the DTensor already holds this local tensor
-    if (
-        not issubclass(type(out), plain)
-        or out.dtype != first.tensor_meta.dtype
-        or out.stride() != first_local.stride()
-        or out.shape != first_local.shape
-    ):
-        return None  # not the input's spec (and not in place, so DTensor may run it again)
-    return DTensor.__new__(DTensor, out, first, requires_grad=False)  # see as_dtensor
 
 
 def _decomposed(func: Any, args: Any, kwargs: Any) -> Any:

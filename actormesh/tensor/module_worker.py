@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .handlers import as_dtensor
 from .registry import StoodIn, handler
+from .shard_ops import as_dtensor
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine

@@ -117,3 +117,23 @@ def test_engine_uses_one_intra_op_thread_per_rank_as_torchrun_does(mesh: Any) ->
     dt = distribute(torch.ones(2, 2), mesh)
     inspect(dt)  # the engine has run a batch: its thread is set up
     assert fetch(_threads(dt), dp=1, tp=1).get(timeout=WAIT) == 1
+
+
+def test_loss_and_its_gradient_on_shards_equal_the_local_ones(mesh: Any) -> None:
+    # mse_loss runs on each rank's block (target sharded alike, or replicated and sliced).
+    torch.manual_seed(0)
+    for rows in (4, 3):
+        x, y = torch.randn(rows, 4, dtype=torch.float64), torch.randn(rows, 4, dtype=torch.float64)
+        for spec in SPECS:
+            for reduction in ("mean", "sum"):
+                for target in (y, distribute(y, mesh, sharding_spec=spec)):
+                    dx = distribute(x.clone().requires_grad_(True), mesh, sharding_spec=spec)
+                    loss = torch.nn.functional.mse_loss(dx, target, reduction=reduction)
+                    loss.backward()
+                    lx = x.clone().requires_grad_(True)
+                    want = torch.nn.functional.mse_loss(lx, y, reduction=reduction)
+                    want.backward()
+                    got, grad = inspect([loss, dx.grad])
+                    assert torch.allclose(got, want), (spec, reduction)
+                    assert torch.allclose(grad, lx.grad), (spec, reduction)
+                    assert torch.equal(inspect(dx.detach()), x)
