@@ -2,9 +2,9 @@
 
 All on one 4-rank mesh {dp: 2, tp: 2} over gloo; the floors run on the *same* processes, as
 an endpoint of an actor there that loops in the worker (what a ``python -m actormesh run``
-script does, without its start-up), using the tensor engine's own DeviceMesh and groups. The
-two sides alternate in blocks for ``ROUNDS`` rounds, and the medians of all samples are
-compared (ratio, and the µs the controller adds).
+script does, without its start-up, and with its one intra-op thread per rank), using the tensor
+engine's own DeviceMesh and groups. The two sides alternate in blocks for ``ROUNDS`` rounds, and
+the medians of all samples are compared (ratio, and the µs the controller adds).
 
 - T1: a training step of an MLP 16 -> 32 -> 4 (batch 16, AdamW, ``loss.item()`` every step):
   ``module_to_mesh`` with its defaults (parameters replicated, inputs split along dp, gradients
@@ -75,6 +75,9 @@ class Spmd(am.Actor):
     def _mesh(self, key: str) -> Any:
         from actormesh.tensor.engine import engine_in_this_process
 
+        # What `python -m actormesh run` gives a script with several ranks per host (torchrun's
+        # default), and what the tensor engine uses: one intra-op thread per rank.
+        torch.set_num_threads(1)
         engine = engine_in_this_process(key)
         assert engine is not None, "the tensor engine runs in this process"
         return engine.mesh

@@ -10,7 +10,8 @@ r = dt @ dt.T                     # recorded and streamed; returns at once
 print(r.shape, am.inspect(r))     # metadata is local; inspect is a sync point
 ```
 
-Modules: ``proxy`` (MeshTensor, recording), ``stream`` (ids, batches), ``engine`` and
+Modules: ``proxy`` (MeshTensor), ``recording`` and ``shapes`` (ops into the stream, shapes
+on the controller), ``stream`` (ids, batches, constants), ``engine`` and
 ``handlers`` (the workers), ``fetch`` (sync points), ``module`` (``module_to_mesh``),
 ``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's tensor engine style).
 """
@@ -28,8 +29,10 @@ from .mesh import device_mesh as device_mesh
 from .module import MeshModule as MeshModule
 from .module import module_to_mesh as module_to_mesh
 from .proxy import MeshTensor as MeshTensor
+from .recording import dispatch as _dispatch  # noqa: F401  (installs MeshTensor's op recorder)
 from .remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .remote import remote as remote
+from .rref import rref as _rref  # noqa: F401  (installs endpoint.rref)
 from .stream import flush_all as flush_all
 from .tensor_api import distribute as distribute
 from .tensor_api import rand as rand

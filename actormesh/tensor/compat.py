@@ -12,11 +12,13 @@ from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
 from ..runtime.actors.actor import Actor, endpoint
+from ..runtime.actors.actor_host import actor_host
 from ..runtime.actors.future import Future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
+from ..runtime.meshes.endpoint import RREF
 from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
@@ -38,8 +40,10 @@ __all__ = [
     "failed",
     "helper_mesh_with_args",
     "init_process_group",
+    "install_rref",
     "is_stopped",
     "loads",
+    "local_actor",
     "mesh_id",
     "report_unhandled",
     "then",
@@ -83,3 +87,17 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
     return ProcMesh._create(proc_table(procs), view_shape(procs), None).spawn(name, cls, *args)
+
+
+def install_rref(impl: Any) -> None:
+    """Make ``impl(actor_key, endpoint_name, args, kwargs)`` what ``endpoint.rref(...)`` does
+    (the runtime's Endpoint cannot import the tensor layer above it)."""
+    RREF[:] = [impl]
+
+
+def local_actor(key: str, timeout: float) -> Any:
+    """The runner of actor mesh ``key``'s actor in this process, waiting up to ``timeout`` s for
+    its spawn (``None`` if none comes): ``rref`` runs an endpoint on its thread (``run_task``)
+    with the engine's local values."""
+    host = actor_host()
+    return None if host is None else host.wait_for_actor(key, timeout)

@@ -10,7 +10,9 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .records import IN
 from .registry import handler
+from .shard_ops import as_dtensor, on_shards
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -49,7 +51,7 @@ def tensor_leaves(result: Any) -> list[Any]:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    if isinstance(result, torch.Tensor):
+    if issubclass(type(result), torch._C.TensorBase):  # noqa: SLF001  (see _pointwise_on_shards)
         return [result]
     return [x for x in tree_leaves(result) if isinstance(x, torch.Tensor)]
 
@@ -86,7 +88,7 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
         if type(x) is list or type(x) is tuple:
             return type(x)(lift(e) for e in x)
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
-            return DTensor.from_local(x.to(device), mesh, placements, run_check=False)
+            return as_dtensor(x.to(device), mesh, placements)
         return x
 
     return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
@@ -94,11 +96,22 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
 
 @handler("aten")
 def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    name, args, kwargs, seed = payload
+    name, args, kwargs, seed = payload[:4]
     func = resolve_op(name)
-    args, kwargs = lift_constants(engine, engine.resolve(args), engine.resolve(kwargs))
+    if len(payload) > 4:  # from the controller's fast path: inputs as IN, in the order of ins
+        # (and no controller tensors: nothing to lift)
+        values = map(engine.value, payload[4])
+        args = tuple([next(values) if a is IN else a for a in args])
+        if kwargs:
+            kwargs = {k: next(values) if v is IN else v for k, v in kwargs.items()}
+    else:
+        args, kwargs = engine.resolve(args), engine.resolve(kwargs)
+        args, kwargs = lift_constants(engine, args, kwargs)
     if seed is not None and name in _RANDOM and engine.device == "cpu":
         return [seeded_random(name, args, kwargs, seed)]
+    local = on_shards(name, func, args, kwargs)
+    if local is not None:
+        return [local]
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
     try:
@@ -165,6 +178,13 @@ def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) ->
     return [
         distribute_tensor(tensor.to(engine.device), engine.mesh, placements, src_data_rank=None)
     ]
+
+
+@handler("constant")
+def run_constant(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    # A controller tensor that ops read by id (Stream.constant): kept plain, and lifted to a
+    # Replicate DTensor where an op mixes it with DTensors (lift_constants).
+    return [payload.to(engine.device)]
 
 
 @handler("random")

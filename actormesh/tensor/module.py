@@ -44,10 +44,10 @@ class _ModuleCall(torch.autograd.Function):
         graph = _Owned(tm, tm.stream.new_id())
         is_mesh = isinstance(x, MeshTensor)
         input_grad = bool(grad_on and is_mesh and x.requires_grad)
-        ins: tuple[int, ...] = (
-            (call.remote_state.id, x.value_id) if is_mesh else (call.remote_state.id,)
-        )
-        arg = Ref(x.value_id) if is_mesh else x.detach()
+        # A controller input (a batch) is uploaded once, not with every step that reuses it.
+        xid = x.value_id if is_mesh else tm.stream.constant(x)
+        ins: tuple[int, ...] = (call.remote_state.id, xid)
+        arg = Ref(xid)
         payload = (Ref(call.remote_state.id), arg, tuple(shape), grad_on, input_grad)
         # The output is split over the data dimension: a failed rank's stand-in must be too.
         meta = ((tuple(shape), dtype, False, call.data_dim), None)

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .registry import handler
+from .registry import StoodIn, handler
+from .shard_ops import as_dtensor
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -36,6 +37,7 @@ class ModuleState:
     fsdp: bool
     tp_dim: str | None
     graphs: dict[int, Any] = field(default_factory=dict)
+    last_input: tuple[int, Any] = (0, None)  # (constant id, this rank's slice of it)
 
 
 def _data_placements(engine: _TensorEngine, data_dim: str | None) -> list[Any]:
@@ -52,7 +54,7 @@ def _as_global(engine: _TensorEngine, t: Any) -> Any:
     t = t.detach()
     if isinstance(t, DTensor):
         return t
-    return DTensor.from_local(t, engine.mesh, [Replicate()] * engine.mesh.ndim, run_check=False)
+    return as_dtensor(t, engine.mesh, [Replicate()] * engine.mesh.ndim)
 
 
 @handler("module_build")
@@ -97,21 +99,32 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     import torch
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    ref, x, global_shape, grad_enabled, input_grad = payload
+    ref, xref, global_shape, grad_enabled, input_grad = payload
     state: ModuleState = engine.resolve(ref)
-    x = engine.resolve(x)
+    x = engine.resolve(xref)
     placements = _data_placements(engine, state.data_dim)
     if isinstance(x, DTensor):
         local = x.redistribute(x.device_mesh, placements).to_local()
+    elif state.last_input[0] == xref.id:  # the same controller batch as the last call
+        local = state.last_input[1]
     else:  # a controller tensor: every rank has the batch, each keeps its slice
         local = distribute_tensor(
             x.to(engine.device), engine.mesh, placements, src_data_rank=None
         ).to_local()
+        state.last_input = (xref.id, local)  # ids are never reused: no stale hit
     local = local.detach()
     if input_grad:
         local.requires_grad_(True)
+    before = _collectives(engine)
+    failure = None
     with torch.set_grad_enabled(grad_enabled):
-        y = state.module(local)
+        try:
+            y = state.module(local)
+        except Exception as exc:
+            if not _may_stand_in(engine, state, before):
+                raise
+            failure = exc
+            y = _forward_on_zeros(state, local, exc)
         if isinstance(y, DTensor):  # e.g. a tensor-parallel plan that keeps DTensor outputs
             y = y.redistribute(y.device_mesh, [Replicate()] * y.device_mesh.ndim).to_local()
         result = DTensor.from_local(
@@ -119,7 +132,56 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
             stride=_contiguous(global_shape),
         )  # fmt: skip
     graph = (result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
+    if failure is not None:
+        raise StoodIn([result.detach(), graph], failure)
     return [result.detach(), graph]
+
+
+# -- a forward that failed on some ranks -----------------------------------------------------------
+#
+# With FSDP or a tensor-parallel plan, forward and backward run collectives: a rank whose
+# forward raised would leave the others blocked in them until the process group's timeout. So
+# the failed rank stands in, as for plain ops: it runs the forward again on a batch of zeros,
+# which takes part in the collectives the others run, and keeps that graph, so that its
+# backward takes part in theirs too (the results stay poisoned). That is only right when the
+# failure came before the forward's own collectives (input checks, bad values in the batch), or
+# after FSDP's all-gather alone (the failed forward left the parameters unsharded, and a second
+# forward does not gather them again). The process groups' sequence numbers say which: in any
+# other case the re-run would pair different collectives across ranks, so the failure is left
+# as it is (and the others wait for the group's timeout, a documented limit).
+
+
+def _collectives(engine: _TensorEngine) -> dict[int, tuple[Any, int]]:
+    """id(group) -> (group, collectives issued so far) for the mesh's process groups."""
+    import torch.distributed as dist
+
+    groups: list[Any] = [dist.group.WORLD, *(engine.mesh.get_group(d) for d in engine.labels)]
+    return {id(g): (g, g._get_sequence_number_for_group()) for g in groups}  # noqa: SLF001
+
+
+def _may_stand_in(engine: _TensorEngine, state: ModuleState, before: dict[int, Any]) -> bool:
+    fsdp_group = engine.mesh.get_group(state.data_dim) if state.fsdp else None
+    for key, (group, count) in _collectives(engine).items():
+        if count != before[key][1] and group is not fsdp_group:
+            return False
+    return True
+
+
+def _forward_on_zeros(state: ModuleState, local: Any, cause: BaseException) -> Any:
+    """The module's output for a batch of zeros, its buffers (running statistics) untouched."""
+    import torch
+
+    saved = [b.detach().clone() for b in state.module.buffers()]
+    zeros = torch.zeros_like(local).requires_grad_(local.requires_grad)
+    try:
+        y = state.module(zeros)
+    except Exception:
+        raise cause from None  # no stand-in: report the original failure
+    finally:
+        with torch.no_grad():
+            for b, old in zip(state.module.buffers(), saved, strict=True):
+                b.copy_(old)
+    return y
 
 
 @handler("module_backward")
@@ -161,11 +223,7 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
         g = local.grad if local.grad is not None else torch.zeros_like(local)
         placements = _data_placements(engine, state.data_dim)
         shape = torch.Size(input_shape)
-        grads.append(
-            DTensor.from_local(
-                g, engine.mesh, placements, run_check=False, shape=shape, stride=_contiguous(shape)
-            )
-        )
+        grads.append(as_dtensor(g, engine.mesh, placements, shape, _contiguous(shape)))
     return grads
 
 

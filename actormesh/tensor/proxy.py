@@ -2,13 +2,13 @@
 
 A ``torch.Tensor`` wrapper subclass (no storage here): shape, dtype and strides are answered
 locally, and every aten op that reaches ``__torch_dispatch__`` is recorded into the mesh's op
-stream and returns new MeshTensors at once. Autograd runs on the controller, above dispatch, so
-``loss.backward()`` and ``torch.optim`` record ordinary aten ops too.
+stream (``recording.py``) and returns new MeshTensors at once. Autograd runs on the controller,
+above dispatch, so ``loss.backward()`` and ``torch.optim`` record ordinary aten ops too.
 
 Shapes without a round trip: the op runs on meta tensors of the global shapes (DTensor has
 single-device semantics, so placements do not change the global shape), and the result is
-cached by the op and its inputs' shapes, strides, dtypes and non-float scalars. A shape error
-therefore raises here, at the user's line, and nothing is recorded.
+cached (``shapes.py``). A shape error therefore raises at the user's line, and nothing is
+recorded.
 """
 
 from __future__ import annotations
@@ -18,25 +18,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import compat
 from .mesh import TensorMesh
 from .records import Ref, issue_site
+from .shapes import signature
 
-_CACHE_SIZE = 4096
-_cache: dict[Any, Any] = {}
-_names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
-
-# Ops whose value is needed on the controller: each is a sync point.
-_SYNC: dict[Any, Callable[..., Any]] = {}
-
-# Set by fetch.py and activate.py as they are imported (the package imports both): they build on
-# MeshTensor, so MeshTensor's methods reach them through here rather than importing them.
+# Set by recording.py, fetch.py and activate.py as they are imported (the package imports them
+# all): they build on MeshTensor, so MeshTensor's methods reach them through here rather than
+# importing them.
 hooks: dict[str, Callable[..., Any]] = {}
-
-_RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
-           "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
+NO_KWARGS: dict[str, Any] = {}
+make_wrapper = torch.Tensor._make_wrapper_subclass  # noqa: SLF001
+STRIDED = torch.strided
 
 
 class MeshTensor(torch.Tensor):
@@ -51,9 +45,13 @@ class MeshTensor(torch.Tensor):
     fetches.
     """
 
+    # Slots: set on every recorded op's outputs and read on its inputs, a few µs faster than
+    # the instance dict (which a tensor still has, for other attributes).
+    __slots__ = ("mesh", "per_rank", "shape_sig", "value_id")
     value_id: int
     mesh: TensorMesh
     per_rank: bool
+    shape_sig: int  # shapes.signature(): what a recorded op's cache key holds for this input
 
     # Straight to __torch_dispatch__: below autograd, so the controller's autograd records.
     # (torch's documented way for a __torch_dispatch__ subclass to skip __torch_function__)
@@ -69,7 +67,15 @@ class MeshTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # torch types it as the disabled impl
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return dispatch(func, args, kwargs or {})
+        return hooks["dispatch"](func, args, kwargs or NO_KWARGS)  # recording.dispatch
+
+    def __del__(self) -> None:
+        # Not weakref.finalize: that costs a third of a recorded op. The worker's value is
+        # dropped after the batch that may still read it (stream.py).
+        try:
+            self.mesh.stream.dead.append(self.value_id)
+        except AttributeError:  # never fully built
+            pass
 
     # -- never fetches -------------------------------------------------------------------------
 
@@ -174,19 +180,17 @@ def new_mesh_tensor(
     per_rank: bool,
     stride: Any = None,
     requires_grad: bool = False,
+    sig: int | None = None,
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
     # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
-    t = torch.Tensor._make_wrapper_subclass(  # noqa: SLF001
-        MeshTensor, shape, strides=stride, dtype=dtype, device=tm.device,
-        requires_grad=requires_grad,
-    )  # fmt: skip
-    stream = tm.stream
-    t.value_id = stream.new_id()
+    t = make_wrapper(MeshTensor, shape, stride, None, None, dtype, STRIDED, tm.device, False,
+              requires_grad)  # fmt: skip
+    t.value_id = tm.stream.new_id()
     t.mesh = tm
     t.per_rank = per_rank
-    weakref.finalize(t, stream.died, t.value_id)
+    t.shape_sig = signature(shape, stride, dtype, per_rank) if sig is None else sig
     return t
 
 
@@ -225,150 +229,3 @@ def _contiguous(shape: Any) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(strides))
-
-
-# -- dispatch ----------------------------------------------------------------------------------
-
-
-def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bool = False) -> Any:
-    t = type(x)
-    if t is MeshTensor:
-        found.append(x)
-        ins.append(x.value_id)
-        sig.append((0, x.shape, x.stride(), x.dtype))
-        return Ref(x.value_id)
-    if isinstance(x, torch.Tensor):
-        found.append(x)  # a controller tensor: sent with the op, as a constant
-        sig.append((1, x.shape, x.stride(), x.dtype))
-        return x
-    if t is list or t is tuple:
-        sig.append((t, len(x)))
-        return t(_encode(e, found, sig, ins, True) for e in x)
-    if t is float and not nested:
-        # A scalar float (a learning rate, an eps) never changes an output's shape, and keying
-        # on it would miss the cache on every optimizer step. A list of floats could (a list of
-        # scale factors), so those keep their values: a cache miss costs microseconds, a wrong
-        # cached shape a wrong program.
-        sig.append(float)
-        return x
-    sig.append(x)
-    return x
-
-
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if type(x) is list or type(x) is tuple:
-        return type(x)(_to_meta(e) for e in x)
-    return x
-
-
-def _propagate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``func`` on meta tensors; describe each output leaf as new (shape, stride, dtype),
-    an alias of the n-th tensor input (in-place ops), or a plain value."""
-    margs = _to_meta(args)
-    mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-    inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
-    out = func(*margs, **mkwargs)
-    leaves, spec = tree_flatten(out)
-    entries: list[Any] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            alias = next((j for j, m in enumerate(inputs) if m is leaf), None)
-            if alias is not None:
-                entries.append(("alias", alias))
-            else:
-                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype, tuple(leaf.shape)))
-        else:
-            entries.append(("value", leaf))
-    # One tensor out (most ops): no pytree rebuild per op.
-    single = isinstance(out, torch.Tensor)
-    return spec, entries, single
-
-
-def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    sync = _SYNC.get(func)
-    if sync is not None:
-        return sync(*args, **kwargs)
-    found: list[Any] = []
-    sig: list[Any] = []
-    ins: list[int] = []
-    eargs = tuple(_encode(a, found, sig, ins) for a in args)
-    ekwargs = {k: _encode(v, found, sig, ins) for k, v in kwargs.items()}
-    tm = None
-    per_rank = False
-    for x in found:
-        if type(x) is MeshTensor:
-            if tm is None:
-                tm, per_rank = x.mesh, x.per_rank
-            elif x.mesh is not tm:
-                raise compat.MeshUsageError(
-                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
-                    "op; move one to the other's mesh first"
-                )
-            elif x.per_rank != per_rank:
-                raise compat.MeshUsageError(
-                    f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
-                    "make the global one per-rank or combine the per-rank one with reduce()"
-                )
-    assert tm is not None
-    if tm.stream.lost is not None:
-        tm.stream.check()
-    key = (func, tuple(sig), tuple(kwargs))
-    entry = _cache.get(key)
-    if entry is None:
-        entry = _propagate(func, args, kwargs)  # raises here, at the user's line: nothing sent
-        if len(_cache) >= _CACHE_SIZE:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = entry
-    spec, entries, single = entry
-    out_ids = []
-    meta = []
-    leaves = []
-    for e in entries:
-        if e[0] == "new":
-            t = new_mesh_tensor(tm, e[1], e[3], per_rank=per_rank, stride=e[2])
-            out_ids.append(t.value_id)
-            meta.append((e[4], e[3], per_rank))
-            leaves.append(t)
-        elif e[0] == "alias":
-            t = found[e[1]]
-            if type(t) is not MeshTensor:
-                raise compat.MeshUsageError(
-                    f"{func} would write into a controller tensor from a MeshTensor; fetch the "
-                    "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
-                )
-            out_ids.append(t.value_id)
-            meta.append((tuple(t.shape), t.dtype, per_rank))
-            leaves.append(t)
-        else:
-            leaves.append(e[1])
-    name = _names.get(func)
-    if name is None:
-        name = _names[func] = str(func)
-    seed = None
-    if name in _RANDOM:
-        # One seed from the controller's generator: every rank draws the same global tensor.
-        seed = int(torch.randint(0, 2**62, ()).item())
-    tm.stream.record(
-        ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
-         issue_site())
-    )  # fmt: skip
-    return leaves[0] if single else tree_unflatten(leaves, spec)
-
-
-def _sync_scalar(t: Any, *rest: Any, **kw: Any) -> Any:
-    return t.get().item()
-
-
-def _sync_bool(t: Any) -> bool:
-    return bool(t.get())
-
-
-def _sync_equal(a: Any, b: Any) -> bool:
-    return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
-
-
-_SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar  # noqa: SLF001  (an op's name)
-_SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
-_SYNC[torch.ops.aten.equal.default] = _sync_equal

@@ -39,6 +39,23 @@ class Ref:
         return f"Ref({self.id})"
 
 
+class _Input:
+    """``IN``: in the arguments of an op from the controller's fast path, the op's next input
+    (its ``ins``, in order). One object: pickle writes it once per batch, where each ``Ref``
+    would cost a call to build and another to pickle."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "IN"
+
+    def __repr__(self) -> str:
+        return "IN"
+
+
+IN = _Input()
+
+
 @dataclass(frozen=True)
 class FailureInfo:
     """One rank's record of the op that originally failed (text only, see errors.py)."""
@@ -77,10 +94,15 @@ def _skip_prefixes() -> tuple[str, ...]:
     return _SKIP
 
 
-def issue_site() -> str:
-    """``file:line`` of the innermost frame outside this package and torch (about 1 µs)."""
+def issue_site(depth: int = 1) -> str:
+    """``file:line`` of the innermost frame outside this package and torch (about 1 µs).
+    ``depth``: where the search starts, as for ``sys._getframe`` (a caller that knows how many
+    frames of its own lie above the user's saves creating their frame objects)."""
     skip = _skip_prefixes()
-    frame = sys._getframe(1)
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:  # fewer frames than that
+        frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:

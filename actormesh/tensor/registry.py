@@ -21,3 +21,14 @@ def handler(kind: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
+
+
+class StoodIn(Exception):
+    """Raised by a handler whose op failed on this rank but that still computed ``values`` to
+    stand in for its results (so that the rank took part in the op's collectives): the engine
+    keeps them, and reports ``cause`` as the op's failure."""
+
+    def __init__(self, values: Sequence[Any], cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.values = values
+        self.cause = cause

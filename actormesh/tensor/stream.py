@@ -3,9 +3,10 @@
 Ids are allocated here and never reused, so naming a result never waits for a worker. Ops are
 appended to a buffer that goes out as *one* ``engine.run.broadcast(ops, drops)``: one pickle,
 one message per process, and per-sender FIFO keeps the order. The buffer is sent at a sync
-point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the controller has been
-idle for ``IDLE_FLUSH`` seconds (a timer thread, so that the workers start on the ops while the
-controller computes the next step). Ids of garbage-collected MeshTensors are sent as ``drops``
+point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the controller recorded
+nothing for a whole ``IDLE_FLUSH`` window (a timer thread, so that the workers start on the ops
+while the controller computes the next step; it compares an op count across the window, so that
+recording an op reads no clock). Ids of garbage-collected MeshTensors are sent as ``drops``
 in the same message, *after* its ops: an op already buffered may still read them.
 
 "Idle" means the user's thread did not *want* to run: on a loaded machine (the workers busy
@@ -24,10 +25,11 @@ import pickle
 import threading
 import time
 import weakref
+from functools import partial
 from typing import Any
 
 from ..errors import MeshClosedError, SupervisionError
-from .records import Op
+from .records import Op, issue_site
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +55,13 @@ class Stream:
         self.error: BaseException | None = None  # a failed send from the timer thread
         self.closed = False
         self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
-        self.last_record = 0.0
+        self.recorded = 0  # ops recorded so far (the idle timer compares it across a window)
         self.armed = False
         self.wake_event = threading.Event()
         self._timer: threading.Thread | None = None
-        self.recorder_tid = 0  # native id of the thread that recorded last
+        self.recorder_tid = 0  # native id of the thread that recorded the first buffered op
+        # id(controller tensor) -> (weakref to it, its version when uploaded, the copy's id)
+        self.consts: dict[int, tuple[weakref.ref[Any], int, int]] = {}
         _streams.add(self)
 
     def died(self, id: int) -> None:
@@ -67,6 +71,31 @@ class Stream:
 
     def new_id(self) -> int:
         return next(self._ids)  # itertools.count is atomic under the GIL
+
+    def constant(self, x: Any) -> int:
+        """The id of the workers' copy of controller tensor ``x`` (an op's argument), uploaded
+        with the first op that uses it and again only after ``x`` changed in place; the copy is
+        dropped when ``x`` is collected. A training loop's inputs and targets are sent once,
+        not with every op."""
+        key = id(x)
+        entry = self.consts.get(key)
+        # Inference tensors have no version counter: those are sent with each op.
+        version = None if x.is_inference() else x._version  # noqa: SLF001
+        if entry is not None and entry[0]() is x:
+            if entry[1] == version:
+                return entry[2]
+            self.died(entry[2])  # dropped after the ops already buffered that read it
+        cid = self.new_id()
+        # A snapshot: the op is pickled later, and x may change in place before that.
+        data = x.detach().clone()
+        self.record(("constant", (cid,), (), ((tuple(x.shape), x.dtype, True),), data,
+                     issue_site()))  # fmt: skip
+        if version is None:
+            self.died(cid)
+        else:
+            gone = partial(_constant_gone, weakref.ref(self), key, cid)
+            self.consts[key] = (weakref.ref(x, gone), version, cid)
+        return cid
 
     def check(self) -> None:
         if self.lost is not None:
@@ -80,12 +109,13 @@ class Stream:
         if self.lost is not None:
             self.check()
         with self.lock:
-            self.ops.append(op)
-            full = len(self.ops) >= BATCH_OPS
-            self.last_record = time.monotonic()
-            self.recorder_tid = _native_id()
+            ops = self.ops
+            ops.append(op)
+            self.recorded += 1  # the idle timer's clock: no time call per op
+            full = len(ops) >= BATCH_OPS
             if not self.armed and not full:
                 self.armed = True
+                self.recorder_tid = _native_id()
                 self._start_timer()
                 self.wake_event.set()
         if full:
@@ -143,6 +173,16 @@ class Stream:
         self.wake_event.set()
 
 
+def _constant_gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None:
+    stream = ref()
+    if stream is None:
+        return
+    entry = stream.consts.get(key)
+    if entry is not None and entry[2] == cid:
+        del stream.consts[key]
+    stream.died(cid)
+
+
 def _idle_loop(ref: weakref.ref[Stream]) -> None:
     """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
     while it sleeps, so a dropped mesh's stream can go)."""
@@ -159,11 +199,12 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         if not wake.is_set():
             continue
         while True:
-            delay = stream.last_record + IDLE_FLUSH - time.monotonic()
-            if delay > 0:
-                # A timer, not synchronisation: the next check decides (in short slices, so a
-                # changed IDLE_FLUSH or a closed stream is seen soon).
-                time.sleep(min(delay, 0.05))
+            seen = stream.recorded
+            # A timer, not synchronisation: the count decides whether the window was quiet.
+            time.sleep(IDLE_FLUSH)
+            if stream.closed:
+                return
+            if stream.recorded != seen:
                 continue
             with stream.lock:
                 if not stream.ops:
@@ -184,8 +225,8 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
 # cloudpickle (whose per-object hook dominated the controller's cost per op). Others carry user
 # functions, modules or arguments that may need pickling by value (defined in a notebook).
 _PLAIN_KINDS = frozenset(
-    {"aten", "distribute", "random", "redistribute", "placements", "factory", "rank", "reduce",
-     "unpack", "module_forward", "module_backward", "module_mode"}
+    {"aten", "constant", "distribute", "random", "redistribute", "placements", "factory", "rank",
+     "reduce", "unpack", "module_forward", "module_backward", "module_mode"}
 )  # fmt: skip
 
 
@@ -223,9 +264,10 @@ def _starved(stream: Stream) -> bool:
     before = _runqueue_wait(stream.recorder_tid)
     if before is None:
         return False
+    seen = stream.recorded
     start = time.monotonic()
     time.sleep(IDLE_FLUSH)
-    if stream.last_record > start:
+    if stream.recorded != seen:
         return True
     after = _runqueue_wait(stream.recorder_tid)
     return after is not None and after - before > (time.monotonic() - start) / 2

@@ -105,8 +105,9 @@ class FailsOnRank3(nn.Module):
 
 
 def test_module_failing_on_one_rank_is_reported_without_a_hang(mesh: Any) -> None:
-    # (Replicated parameters. With fsdp=True the failed rank has no autograd graph to run
-    # FSDP's reduce-scatter from, and the others wait for it until the group's timeout.)
+    # (Replicated parameters. This forward fails on rank 3 whatever the batch, so rank 3 has no
+    # stand-in graph: it joins the gradient sum with zeros. Under fsdp or a tp_plan such a
+    # failure is left to the group's timeout; the test below covers what a stand-in covers.)
     from actormesh.tensor import RemoteTensorError
 
     model = module_to_mesh(FailsOnRank3(), mesh)
@@ -126,3 +127,41 @@ def test_module_failing_on_one_rank_is_reported_without_a_hang(mesh: Any) -> Non
 
     d = distribute(x, mesh, sharding_spec=["dp", None])
     assert torch.equal(inspect(d @ d.T), x @ x.T)
+
+
+class FailsOnRank3Batch(nn.Module):
+    """Raises on rank 3's real batch; a batch of zeros passes (what a failed rank stands in
+    with). Its forward has tensor-parallel collectives under a tp_plan, FSDP's under fsdp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 3 and bool(x.ne(0).any()):
+            raise FloatingPointError("bad batch on rank 3")
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "tp_plan", "fsdp+tp_plan"])
+def test_module_with_collectives_failing_on_one_rank_does_not_hang(mesh: Any, mode: str) -> None:
+    # Without a stand-in, rank 2 waited for rank 3 in fc2's all-reduce (tp_plan), the others
+    # in FSDP's reduce-scatter in backward (fsdp), until the process group's timeout.
+    from actormesh.tensor import RemoteTensorError, distribute, fetch
+
+    model = module_to_mesh(FailsOnRank3Batch(), mesh, **MODES[mode])
+    optimizer = torch.optim.AdamW(model.parameters())
+    loss = nn.functional.mse_loss(model(torch.randn(6, 4)), torch.randn(6, 2))
+    loss.backward()
+    optimizer.step()
+    with pytest.raises(RemoteTensorError, match="bad batch on rank 3") as info:
+        fetch(loss).get(timeout=60)  # a hang fails here, well before the group's timeout
+    assert info.value.ranks == ["{dp=1, tp=1}"]
+    with pytest.raises(RemoteTensorError, match="bad batch on rank 3"):
+        fetch(next(iter(model.parameters()))).get(timeout=60)
+    x = torch.arange(8.0).reshape(4, 2)
+    d = distribute(x, mesh, sharding_spec=["dp", None])
+    assert torch.equal(fetch(d @ d.T).get(timeout=60), x @ x.T)  # the mesh still works

@@ -133,3 +133,50 @@ def test_a_gpu_program_runs_on_the_cpu_mesh(mesh: Any) -> None:
     gpus = visible_gpus() if torch.backends.cuda.is_built() else []
     assert t.device.type == ("cuda" if len(gpus) >= 4 else "cpu")
     assert torch.equal(fetch(total, dp=1, tp=1).get(timeout=WAIT), torch.full((2, 2), 12.0))
+
+
+class Scaler(am.Actor):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @am.endpoint
+    def scale(self, t: torch.Tensor, k: int) -> torch.Tensor:
+        import threading
+
+        import torch.distributed as dist
+
+        self.calls += 1
+        assert threading.current_thread().name == "actor-scaler"  # the actor's own thread
+        return t * k + dist.get_rank()
+
+    @am.endpoint
+    def count(self) -> int:
+        return self.calls
+
+
+def test_endpoint_rref_is_a_mesh_tensor_in_the_stream(mesh: Any) -> None:
+    from actormesh.tensor import MeshTensor
+    from actormesh.tensor.mesh import tensor_mesh
+
+    actors = mesh.spawn("scaler", Scaler)
+    x = torch.arange(8.0).reshape(4, 2)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    pending = dt + 1  # not sent yet: the endpoint must see it
+    r = actors.scale.rref(pending, 10)
+    assert isinstance(r, MeshTensor) and r.per_rank and r.shape == (2, 2)
+    doubled = r * 2  # a later op reads the result where it is
+    total = r.reduce("dp", "sum")
+    for dp in range(2):
+        for tp in range(2):
+            want = (x[dp * 2 : dp * 2 + 2] + 1) * 10 + (dp * 2 + tp)
+            assert torch.equal(fetch(r, dp=dp, tp=tp).get(timeout=60), want)
+            assert torch.equal(fetch(doubled, dp=dp, tp=tp).get(timeout=60), want * 2)
+    expected = sum((x[d * 2 : d * 2 + 2] + 1) * 10 + d * 2 for d in range(2))
+    assert torch.equal(fetch(total, dp=0, tp=0).get(timeout=60), expected)
+    # The same signature again: its shape is known, so nothing is sent until a sync point.
+    stream = tensor_mesh(mesh).stream
+    sent = stream.batches
+    again = actors.scale.rref(pending, 10)
+    assert stream.batches == sent and again.shape == (2, 2)
+    assert torch.equal(fetch(again, dp=1, tp=1).get(timeout=60), (x[2:4] + 1) * 10 + 3)
+    assert actors.count.call().get(timeout=60).values() == [2, 2, 2, 2]

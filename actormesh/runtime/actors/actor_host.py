@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,7 @@ class ActorHost:
         self.node = node
         self.proc_rank = proc_rank
         self.actors: dict[str, ActorRunner] = {}
+        self._spawned = threading.Condition()  # notified as each actor starts (wait_for_actor)
         self._early: defaultdict[str, list[Message]] = defaultdict(list)
         node.register(SPAWN_ACTOR, self._on_spawn)
         node.register(CALL, self._on_call)
@@ -93,6 +95,15 @@ class ActorHost:
         runner.start(msg)
         for early in self._early.pop(key, ()):
             runner.post(early)
+        with self._spawned:
+            self._spawned.notify_all()
+
+    def wait_for_actor(self, key: str, timeout: float) -> ActorRunner | None:
+        """The runner of actor mesh ``key`` here, once its spawn arrived (it may trail a message
+        that names it, sent by another route); ``None`` after ``timeout`` seconds."""
+        with self._spawned:
+            self._spawned.wait_for(lambda: key in self.actors, timeout)
+        return self.actors.get(key)
 
     def _on_call(self, msg: Message) -> None:
         key = msg.envelope[1]  # (CALL, key, endpoint, shape, reply)

@@ -11,13 +11,20 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ... import config
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import CALL_ITEM, SPAWN_ITEM, STOP_ITEM, SUPERVISE_ITEM, ActorInbox
+from ..messaging.actor_inbox import (
+    CALL_ITEM,
+    SPAWN_ITEM,
+    STOP_ITEM,
+    SUPERVISE_ITEM,
+    TASK_ITEM,
+    ActorInbox,
+)
 from ..messaging.address import actor_address
 from ..messaging.codec import SIMPLE_TYPES, Message
 from ..messaging.logs import flush_output
@@ -87,6 +94,12 @@ class ActorRunner:
         """``exc`` rendered as a failure of this actor (for its response ports)."""
         return render_failure(exc, self.rank, self.name, endpoint)
 
+    def run_task(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on this actor's thread, after the messages already in its inbox (any
+        thread): how the tensor engine runs an endpoint's ``rref`` where the actor's own calls
+        run. ``fn`` reports its own outcome; what it raises is logged."""
+        self.inbox.put((TASK_ITEM, fn))
+
     def post_stop(self, msg: Message) -> None:
         """ActorMesh.stop reached this actor (any thread)."""
         self.inbox.put((STOP_ITEM, msg))
@@ -125,6 +138,8 @@ class ActorRunner:
                         self._handle_call(msg)
                 elif kind == SPAWN_ITEM:
                     self._construct(msg)
+                elif kind == TASK_ITEM:
+                    self._run_task(msg)
                 elif kind == SUPERVISE_ITEM:
                     self._handle_supervise(msg)
                 else:
@@ -143,6 +158,14 @@ class ActorRunner:
         self.inbox.close()
         if self._loop is not None:
             self._loop.close()
+
+    def _run_task(self, fn: Callable[[], None]) -> None:
+        with self.acting():
+            self.busy = ("task", time.monotonic())
+            try:
+                fn()
+            finally:
+                self._set_idle()
 
     def interrupt(self, request: Message) -> bool:
         """Raise KeyboardInterrupt in the running endpoint, if any, and cancel the calls that

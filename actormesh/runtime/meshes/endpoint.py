@@ -10,6 +10,7 @@ host, gathered by its agent: relay.py). A process that dies fails the collector 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -98,6 +99,11 @@ def _first(values: list[Any]) -> Any:
 def no_values(_: list[Any]) -> None:
     """The result of a gather whose replies only say "done" (spawns, re-spawns)."""
     return None
+
+
+# How an endpoint's result becomes a tensor on the mesh (``Endpoint.rref``): the tensor layer,
+# which sits above the runtime, installs itself here when it is imported (``actormesh`` does).
+RREF: list[Callable[[str, str, tuple[Any, ...], dict[str, Any]], Any]] = []
 
 
 class Endpoint(Generic[P, R]):
@@ -212,6 +218,17 @@ class Endpoint(Generic[P, R]):
         stream: Stream[R] = Stream(self._what, self._procs, shape, self._full)
         self.cast(shape, args, kwargs, stream)
         return stream
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Monarch's ``rref``: a step of the tensor engine's op stream that calls this endpoint
+        on every actor (on its own thread, after the tensor ops issued before it, with each
+        MeshTensor argument as that rank's local value) and keeps the results on the ranks:
+        they come back at once as per-rank MeshTensors that later ops read without a round
+        trip. The actors must live on the processes of the tensor mesh of a MeshTensor argument
+        (or of ``procs.activate()``'s mesh)."""
+        if not RREF:
+            raise MeshUsageError("endpoint.rref needs the tensor layer: import actormesh.tensor")
+        return RREF[0](self._key, self._name, args, kwargs)
 
     # -- sending ---------------------------------------------------------------------------------
 

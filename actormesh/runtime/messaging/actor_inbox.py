@@ -47,12 +47,14 @@ def actor_context() -> zmq.Context[Any]:
 
 # What an actor's thread takes from its inbox: ``(CALL_ITEM, message)``, ``(SPAWN_ITEM,
 # message)`` (its construction, first) or ``(SUPERVISE_ITEM, failure)`` (a mesh it owns failed);
-# ``(STOP_ITEM, message)`` (ActorMesh.stop) ends its actor; ``None`` ends its thread. Local tags,
-# not wire kinds.
+# ``(STOP_ITEM, message)`` (ActorMesh.stop) ends its actor; ``(TASK_ITEM, function)`` runs a
+# function of this process on its thread (ActorRunner.run_task); ``None`` ends its thread. Local
+# tags, not wire kinds.
 CALL_ITEM = "call"
 SPAWN_ITEM = "spawn"
 SUPERVISE_ITEM = "supervise"
 STOP_ITEM = "stop"
+TASK_ITEM = "task"
 NOTHING = object()  # what try_get answers when there is no item (None is an item: the end)
 
 

@@ -1,0 +1,288 @@
+"""Recording: every aten op that reaches ``MeshTensor.__torch_dispatch__`` becomes an op in its
+mesh's stream, and returns new MeshTensors at once (``proxy.py`` is the tensor itself).
+
+The general path (``_record``) takes any arguments: nested lists of tensors, controller tensors
+(uploaded once as constants, ``Stream.constant``), and finds the outputs' shapes on meta tensors
+(``shapes.propagate``, cached); a shape error raises here, at the user's line, and nothing is
+recorded. It leaves a *plan* for its (op, input signatures, scalars), and the fast path
+(``dispatch``) records the next such op from the plan: its cost is that of every recorded op
+(bench T2), so it is written out rather than factored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+from . import compat
+from .mesh import TensorMesh
+from .proxy import NO_KWARGS, STRIDED, MeshTensor, hooks, make_wrapper, new_mesh_tensor
+from .records import IN, Ref, issue_site
+from .shapes import plans, propagate, remember, signature
+
+_names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
+
+# Ops whose value is needed on the controller: each is a sync point.
+_SYNC: dict[Any, Callable[..., Any]] = {}
+
+_RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
+           "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
+_GENERAL: Any = object()  # an argument the fast path does not take
+# Scalars keyed by value (an int may be a size or a dim, and so change the output's shape).
+_BY_VALUE = frozenset(
+    {int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout}
+)
+_BOOL_KEYS = {True: ("bool", True), False: ("bool", False)}  # True == 1 as a dict key
+_NEW, _ALIAS, _VALUE = 0, 1, 2
+
+
+def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
+    """Append ``a``'s part of the plan key; return it as sent, or ``_GENERAL``."""
+    t = type(a)
+    if t is MeshTensor:
+        key.append(a.shape_sig)
+        ins.append(a.value_id)
+        return IN
+    if t is float:
+        key.append(float)  # by type only, as in shapes.propagate
+        return a
+    if t in _BY_VALUE:
+        key.append(a)
+        return a
+    if t is bool:
+        key.append(_BOOL_KEYS[a])
+        return a
+    if t is list or t is tuple:
+        for e in a:
+            if type(e) is not int:
+                return _GENERAL
+        key.append((t, *a))
+        return a
+    return _GENERAL
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    fid = id(func)  # ops live as long as torch.ops: their ids are stable, and hash at C speed
+    if fid in _SYNC_IDS:
+        return _SYNC[func](*args, **kwargs)
+    # The fast path: MeshTensors and scalars as arguments (most ops, every op of an optimizer
+    # step), and a plan from an earlier op of the same signature. Written out, not factored:
+    # this is the cost of every recorded op (bench T2).
+    key: list[Any] = [fid]
+    ins: list[int] = []
+    eargs = []
+    tm = None
+    for a in args:
+        if type(a) is MeshTensor:
+            if tm is None:
+                tm = a.mesh
+            elif a.mesh is not tm:
+                return _record(func, args, kwargs, None)  # raises the mixed-mesh error
+            key.append(a.shape_sig)
+            ins.append(a.value_id)
+            eargs.append(IN)
+            continue
+        e = _fast_arg(a, key, ins)
+        if e is _GENERAL:
+            return _record(func, args, kwargs, None)
+        eargs.append(e)
+    ekwargs = NO_KWARGS
+    if kwargs:
+        ekwargs = {}
+        for k, a in kwargs.items():
+            key.append(k)
+            e = _fast_arg(a, key, ins)
+            if e is _GENERAL:
+                return _record(func, args, kwargs, None)
+            if e is IN:
+                if tm is None:
+                    tm = a.mesh
+                elif a.mesh is not tm:
+                    return _record(func, args, kwargs, None)
+            ekwargs[k] = e
+    if tm is None:
+        return _record(func, args, kwargs, None)
+    pkey = tuple(key)
+    plan = plans.get(pkey)
+    if plan is None:
+        return _record(func, args, kwargs, pkey)
+    name, outs, meta, single, spec, random = plan
+    stream = tm.stream
+    out_ids = []
+    leaves: list[Any] = []
+    for o in outs:
+        kind = o[0]
+        if kind == _NEW:
+            # new_mesh_tensor, inlined (positional: keyword parsing costs a microsecond)
+            t = make_wrapper(
+                MeshTensor, o[1], o[4], None, None, o[2], STRIDED, tm.device, False, False
+            )
+            t.value_id = vid = stream.new_id()
+            t.mesh = tm
+            t.per_rank = o[3]
+            t.shape_sig = o[5]
+            out_ids.append(vid)
+            leaves.append(t)
+        elif kind == _ALIAS:
+            t = _meshes((*args, *kwargs.values()))[o[1]]  # an in-place op's target
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        else:
+            leaves.append(o[1])
+    # The inputs travel as IN and ``ins`` (one tuple object, pickled once for both places).
+    ins_t = tuple(ins)
+    stream.record(
+        ("aten", tuple(out_ids), ins_t, meta,
+         (name, tuple(eargs), ekwargs, _seed() if random else None, ins_t), issue_site(3))
+    )  # fmt: skip
+    return leaves[0] if single else tree_unflatten(leaves, spec)
+
+
+def _seed() -> int:
+    # One seed from the controller's generator: every rank draws the same global tensor.
+    return int(torch.randint(0, 2**62, ()).item())
+
+
+def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bool = False) -> Any:
+    t = type(x)
+    if t is MeshTensor:
+        found.append(x)
+        ins.append(x.value_id)
+        sig.append((0, x.shape, x.stride(), x.dtype))
+        return Ref(x.value_id)
+    if isinstance(x, torch.Tensor):
+        found.append(x)  # a controller tensor: uploaded once (Stream.constant), then by id
+        sig.append((1, x.shape, x.stride(), x.dtype))
+        return x
+    if t is list or t is tuple:
+        sig.append((t, len(x)))
+        return t(_encode(e, found, sig, ins, True) for e in x)
+    if t is float and not nested:
+        # A scalar float (a learning rate, an eps) never changes an output's shape, and keying
+        # on it would miss the cache on every optimizer step. A list of floats could (a list of
+        # scale factors), so those keep their values: a cache miss costs microseconds, a wrong
+        # cached shape a wrong program.
+        sig.append(float)
+        return x
+    sig.append(_BOOL_KEYS[x] if t is bool else x)
+    return x
+
+
+def _constants(x: Any, tm: TensorMesh, ins: list[int]) -> Any:
+    """``x`` with each controller tensor replaced by its copy on the workers."""
+    if type(x) is list or type(x) is tuple:
+        return type(x)(_constants(e, tm, ins) for e in x)
+    if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
+        cid = tm.stream.constant(x)
+        ins.append(cid)
+        return Ref(cid)
+    return x
+
+
+def _meshes(found: Sequence[Any]) -> list[MeshTensor]:
+    return [x for x in found if type(x) is MeshTensor]
+
+
+def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any) -> Any:
+    """Record any op (nested lists of tensors, controller tensors); with ``pkey``, also keep
+    the plan that lets the fast path record the next op of this signature."""
+    found: list[Any] = []
+    sig: list[Any] = []
+    ins: list[int] = []
+    eargs = tuple(_encode(a, found, sig, ins) for a in args)
+    ekwargs = {k: _encode(v, found, sig, ins) for k, v in kwargs.items()}
+    tm = None
+    per_rank = False
+    constants = False
+    for x in found:
+        if type(x) is MeshTensor:
+            if tm is None:
+                tm, per_rank = x.mesh, x.per_rank
+            elif x.mesh is not tm:
+                raise compat.MeshUsageError(
+                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
+                    "op; move one to the other's mesh first"
+                )
+            elif x.per_rank != per_rank:
+                raise compat.MeshUsageError(
+                    f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
+                    "make the global one per-rank or combine the per-rank one with reduce()"
+                )
+        else:
+            constants = True
+    assert tm is not None
+    if tm.stream.lost is not None:
+        tm.stream.check()
+    # Raises here, at the user's line: nothing is sent.
+    spec, entries, single = propagate(func, (func, tuple(sig), tuple(kwargs)), args, kwargs)
+    outs: list[Any] = []
+    meta = []
+    for e in entries:
+        if e[0] == "new":
+            s = signature(e[1], e[2], e[3], per_rank)
+            outs.append((_NEW, e[1], e[3], per_rank, e[2], s))
+            meta.append((e[4], e[3], per_rank))
+        elif e[0] == "alias":
+            t = found[e[1]]
+            if type(t) is not MeshTensor:
+                raise compat.MeshUsageError(
+                    f"{func} would write into a controller tensor from a MeshTensor; fetch the "
+                    "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
+                )
+            # By identity: == on tensors is an op.
+            position = next(i for i, m in enumerate(_meshes(found)) if m is t)
+            outs.append((_ALIAS, position))
+            meta.append((tuple(t.shape), t.dtype, per_rank))
+        else:
+            outs.append((_VALUE, e[1]))
+    name = _names.get(func)
+    if name is None:
+        name = _names[func] = str(func)
+    plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
+    if pkey is not None:
+        remember(plans, pkey, plan)
+    if constants:
+        eargs = _constants(eargs, tm, ins)
+        ekwargs = {k: _constants(v, tm, ins) for k, v in ekwargs.items()}
+    out_ids = []
+    leaves: list[Any] = []
+    meshes = _meshes(found)
+    for o in outs:
+        if o[0] == _NEW:
+            t = new_mesh_tensor(tm, o[1], o[2], per_rank=o[3], stride=o[4], sig=o[5])
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        elif o[0] == _ALIAS:
+            t = meshes[o[1]]
+            out_ids.append(t.value_id)
+            leaves.append(t)
+        else:
+            leaves.append(o[1])
+    seed = _seed() if plan[5] else None
+    tm.stream.record(
+        ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
+         issue_site())
+    )  # fmt: skip
+    return leaves[0] if single else tree_unflatten(leaves, spec)
+
+
+def _sync_scalar(t: Any, *rest: Any, **kw: Any) -> Any:
+    return t.get().item()
+
+
+def _sync_bool(t: Any) -> bool:
+    return bool(t.get())
+
+
+def _sync_equal(a: Any, b: Any) -> bool:
+    return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
+
+
+_SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar  # noqa: SLF001  (an op's name)
+_SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
+_SYNC[torch.ops.aten.equal.default] = _sync_equal
+_SYNC_IDS = frozenset(id(op) for op in _SYNC)
+hooks["dispatch"] = dispatch

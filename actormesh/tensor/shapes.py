@@ -1,0 +1,77 @@
+"""Shapes without a round trip: an op's outputs computed on meta tensors, and the caches that
+make a repeated op cost a dictionary lookup (pure: no MeshTensor, no I/O).
+
+DTensor has single-device semantics, so the *global* output shape does not depend on the
+placements: running the op on meta tensors of the global shapes gives it. That costs 50-70 µs,
+most of a recorded op, so results are cached per (op, input signature). Two levels:
+
+- ``propagate`` keys on the op and every argument's shape, stride and dtype (floats by type
+  only: a learning rate never changes a shape, and keying on it would miss on every step);
+- a *plan* per (op, interned input signatures, scalars) turns a hit into building the outputs,
+  with every per-op decision (output metadata, the name sent to the workers, whether the op
+  draws random numbers) taken once. A MeshTensor carries its signature as a small int
+  (``signature()``), so the key is a short tuple of ints and scalars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+CACHE_SIZE = 4096
+
+_propagated: dict[Any, Any] = {}
+_sigs: dict[tuple[Any, ...], int] = {}
+plans: dict[Any, Any] = {}
+
+
+def signature(shape: Any, stride: Any, dtype: torch.dtype, per_rank: bool) -> int:
+    """A small int naming (shape, stride, dtype, per_rank): what a plan's key holds per tensor."""
+    key = (tuple(shape), tuple(stride), dtype, per_rank)
+    sig = _sigs.get(key)
+    if sig is None:
+        sig = _sigs[key] = len(_sigs)  # never reused: a cleared table must not alias old plans
+    return sig
+
+
+def remember(table: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(table) >= CACHE_SIZE:
+        table.pop(next(iter(table)))  # the oldest entry
+    table[key] = value
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if type(x) is list or type(x) is tuple:
+        return type(x)(_to_meta(e) for e in x)
+    return x
+
+
+def propagate(func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func`` run on meta tensors (cached under ``key``): the pytree spec, one entry per output
+    leaf (new ``(shape, stride, dtype, shape tuple)``, an alias of the n-th tensor input, or a
+    plain value), and whether the result is one tensor. Raises what the op raises."""
+    entry = _propagated.get(key)
+    if entry is not None:
+        return entry
+    margs = _to_meta(args)
+    mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
+    out = func(*margs, **mkwargs)
+    leaves, spec = tree_flatten(out)
+    entries: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            alias = next((j for j, m in enumerate(inputs) if m is leaf), None)
+            if alias is not None:
+                entries.append(("alias", alias))
+            else:
+                entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype, tuple(leaf.shape)))
+        else:
+            entries.append(("value", leaf))
+    entry = (spec, entries, isinstance(out, torch.Tensor))
+    remember(_propagated, key, entry)
+    return entry

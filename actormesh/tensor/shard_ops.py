@@ -1,0 +1,246 @@
+"""Ops the engine runs on each rank's local shard, skipping DTensor's dispatch.
+
+DTensor works out each op's output placements in Python (sharding propagation): on a CPU that
+costs 50-300 µs per op, many times the op itself, and an optimizer step is dozens of small ops.
+Where the answer is known without it, the engine runs the op on the local tensors and wraps the
+result with the spec it must have:
+
+- pointwise ops whose DTensor inputs share one mesh, shape and placements (none ``Partial``):
+  the op on each rank's shards is the op (AdamW's steps, activations, scaling);
+- ``detach``/``alias`` and ``*_like`` factories: the input's spec;
+- ``mse_loss`` and its backward on a sharded input and a target that is sharded alike or
+  replicated (each rank takes its block): the local sum is a ``Partial`` sum over the sharded
+  mesh dimensions. (DTensor's own rule for it gave wrong values, see handlers.py.)
+
+Each returns ``None`` when the op does not qualify, and DTensor runs it as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_specs: dict[Any, Any] = {}
+
+
+def as_dtensor(
+    local: Any, mesh: Any, placements: Any, shape: Any = None, stride: Any = None
+) -> Any:
+    """``DTensor.from_local(local, ..., run_check=False)`` without autograd (the engine runs
+    under no_grad) and with its spec cached: from_local costs 140 µs of Python on a CPU, this
+    about 5. ``shape``/``stride``: the global ones (default: the local ones, as for Replicate)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    shape = local.shape if shape is None else torch.Size(shape)
+    stride = local.stride() if stride is None else tuple(stride)
+    key = (id(mesh), tuple(placements), shape, stride, local.dtype)
+    spec = _specs.get(key)
+    if spec is None or spec.mesh is not mesh:
+        if len(_specs) > 4096:
+            _specs.clear()
+        spec = _specs[key] = DTensorSpec(
+            mesh, tuple(placements), tensor_meta=TensorMeta(shape, stride, local.dtype)
+        )
+    # DTensor.__new__ is torch's C constructor; DTensor(...) adds a decorated no-op __init__.
+    return DTensor.__new__(DTensor, local, spec, requires_grad=False)
+
+
+_pointwise: dict[Any, bool] = {}
+
+
+def _is_pointwise(func: Any) -> bool:
+    known = _pointwise.get(func)
+    if known is None:
+        import torch
+
+        tags = func.tags  # random ops draw per rank: DTensor (or seeded_random) handles them
+        known = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+        _pointwise[func] = known
+    return known
+
+
+def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
+    is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
+    sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
+    ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
+    result of another dtype or layout): then DTensor runs it."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    # Exact type checks: isinstance against torch.Tensor classes runs a Python __instancecheck__.
+    plain = torch._C.TensorBase  # noqa: SLF001  (the C base: no Python __instancecheck__)
+    first = first_local = None
+    local_args = []
+    for a in args:
+        t = type(a)
+        if t is DTensor:
+            spec = a._spec  # noqa: SLF001  (DTensor's own fields: what from_local would build)
+            if first is None:
+                first, first_local = spec, a._local_tensor  # noqa: SLF001
+                for p in spec.placements:
+                    if p.is_partial():
+                        return None
+            elif spec is not first and (
+                spec.mesh is not first.mesh
+                or spec.placements != first.placements
+                or spec.shape != first.shape
+            ):
+                return None
+            local_args.append(a._local_tensor)  # noqa: SLF001
+        elif t is list or t is tuple or issubclass(t, plain):
+            return None
+        else:
+            local_args.append(a)
+    if first is None or first_local is None:
+        return None
+    for v in kwargs.values():
+        t = type(v)
+        if t is list or t is tuple or issubclass(t, plain):
+            return None
+    out = func(*local_args, **kwargs)
+    for a, local in zip(args, local_args, strict=True):
+        if out is local:
+            return a  # in place: the DTensor already holds this local tensor
+    if (
+        not issubclass(type(out), plain)
+        or out.dtype != first.tensor_meta.dtype
+        or out.stride() != first_local.stride()
+        or out.shape != first_local.shape
+    ):
+        return None  # not the input's spec (and not in place, so DTensor may run it again)
+    return DTensor.__new__(DTensor, out, first, requires_grad=False)  # see as_dtensor
+
+
+def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The op's result computed on local shards, or ``None`` (then DTensor runs it)."""
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special(func, args, kwargs)
+    if _is_pointwise(func):
+        return _pointwise_on_shards(func, args, kwargs)
+    return None
+
+
+def _plain_spec(spec: Any) -> bool:
+    """Only Shard and Replicate placements (no Partial, no strided shards)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return all(type(p) is Shard or type(p) is Replicate for p in spec.placements)
+
+
+def _same_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    x = args[0]
+    if type(x) is not DTensor or len(args) != 1 or kwargs:
+        return None
+    return DTensor.__new__(DTensor, func(x._local_tensor), x._spec, requires_grad=False)  # noqa: SLF001
+
+
+def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    x = args[0]
+    if type(x) is not DTensor or len(args) != 1 or not _plain_spec(x._spec):  # noqa: SLF001
+        return None
+    for k, v in kwargs.items():
+        if v is not None and not (k == "memory_format" and v is torch.preserve_format):
+            return None
+    local = x._local_tensor  # noqa: SLF001
+    out = func(local, **kwargs)
+    if out.stride() != local.stride():
+        return None
+    return DTensor.__new__(DTensor, out, x._spec, requires_grad=False)  # noqa: SLF001
+
+
+def _block(target: Any, spec: Any) -> Any:
+    """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
+    local tensor when its spec matches, its slice when it is replicated; else ``None``."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if type(target) is not DTensor or target.shape != spec.shape:
+        return None
+    tspec = target._spec  # noqa: SLF001
+    if tspec.mesh is not spec.mesh:
+        return None
+    if tspec.placements == spec.placements:
+        return target._local_tensor  # noqa: SLF001
+    if not all(p.is_replicate() for p in tspec.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
+    block = target._local_tensor  # noqa: SLF001
+    for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
+        block = block.narrow(dim, start, size)
+    return block
+
+
+def _reduction(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> Any:
+    return args[position] if len(args) > position else kwargs.get("reduction", 1)
+
+
+def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import math
+
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    x = args[0]
+    reduction = _reduction(args, kwargs, 2)
+    if type(x) is not DTensor or reduction not in (1, 2) or not _plain_spec(x._spec):  # noqa: SLF001
+        return None
+    spec = x._spec  # noqa: SLF001
+    target = _block(args[1], spec)
+    if target is None:
+        return None
+    diff = x._local_tensor - target  # noqa: SLF001
+    total = (diff * diff).sum()
+    if reduction == 1:  # mean over the global tensor
+        total = total / math.prod(spec.shape)
+    placements = [Partial("sum") if p.is_shard() else Replicate() for p in spec.placements]
+    return as_dtensor(total, spec.mesh, placements, (), ())
+
+
+def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import math
+
+    from torch.distributed.tensor import DTensor
+
+    grad, x = args[0], args[1]
+    reduction = _reduction(args, kwargs, 3)
+    if type(x) is not DTensor or type(grad) is not DTensor or reduction not in (1, 2):
+        return None
+    spec = x._spec  # noqa: SLF001
+    if (
+        not _plain_spec(spec)
+        or grad.dim() != 0
+        or not all(
+            p.is_replicate()
+            for p in grad._spec.placements  # noqa: SLF001
+        )
+    ):
+        return None
+    target = _block(args[2], spec)
+    if target is None:
+        return None
+    local = x._local_tensor  # noqa: SLF001
+    scale = 2 * grad._local_tensor  # noqa: SLF001
+    if reduction == 1:
+        scale = scale / math.prod(spec.shape)
+    out = (local - target) * scale
+    if out.dtype != local.dtype or out.stride() != local.stride():
+        return None
+    return DTensor.__new__(DTensor, out, spec, requires_grad=False)
+
+
+_SPECIAL = {
+    "aten.detach.default": _same_spec,
+    "aten.alias.default": _same_spec,
+    "aten.ones_like.default": _like,
+    "aten.zeros_like.default": _like,
+    "aten.empty_like.default": _like,
+    "aten.mse_loss.default": _mse_loss,
+    "aten.mse_loss_backward.default": _mse_loss_backward,
+}

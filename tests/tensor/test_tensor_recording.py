@@ -1,0 +1,139 @@
+"""The recording path's shortcuts give what the general path gives: the controller's plans (one
+per op and input signature), controller tensors uploaded once per version, and the workers'
+pointwise ops on local shards. 4 real ranks, gloo, CPU."""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from actormesh.tensor import distribute, fetch, inspect, live, remote
+from actormesh.tensor.mesh import tensor_mesh
+
+WAIT = 60
+
+SPECS: list[list[Any]] = [
+    [None, None],
+    ["dp", None],
+    [None, "tp"],
+    ["dp", "tp"],
+    [("dp", "tp"), None],
+]
+
+
+def kinds(procs: Any) -> list[str]:
+    return [op[0] for op in tensor_mesh(procs).stream.ops]
+
+
+def test_controller_tensor_is_uploaded_once_per_version(mesh: Any) -> None:
+    x = torch.arange(16.0).reshape(4, 4)
+    c = torch.full((4, 4), 2.0)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    inspect(dt)
+    gc.collect()
+    baseline = live(mesh).values()
+    r1 = dt + c
+    r2 = dt * c
+    assert kinds(mesh).count("constant") == 1  # both ops read the one upload
+    c.add_(1)  # changed in place: the next op uploads the new value
+    r3 = dt - c
+    assert kinds(mesh).count("constant") == 2
+    got = inspect([r1, r2, r3])
+    assert torch.equal(got[0], x + 2) and torch.equal(got[1], x * 2)  # the old value's ops
+    assert torch.equal(got[2], x - 3)
+    # A module's batch is a constant too: the same batch, step after step, is sent once.
+    del r1, r2, r3, c
+    gc.collect()
+    tensor_mesh(mesh).stream.flush()
+    assert live(mesh).values() == baseline  # the controller tensor went: its copies too
+
+
+def test_fast_path_gives_what_the_general_path_gives(mesh: Any) -> None:
+    for rows in (4, 3):  # 3: uneven shards over dp
+        x = torch.arange(rows * 4, dtype=torch.float64).reshape(rows, 4) - 5
+        for spec in SPECS:
+            dt = distribute(x, mesh, sharding_spec=spec)
+            rep = distribute(x, mesh)  # replicated: pointwise with dt mixes placements
+            for _ in range(2):  # the second round runs on the plans the first one made
+                got = inspect(
+                    [
+                        dt * 2 + 1,
+                        torch.add(dt, dt, alpha=3),
+                        dt.clamp(min=-1.0, max=4.0),
+                        (dt / 4).sqrt(),
+                        dt.sum(dim=[0]),
+                        dt.permute([1, 0]),
+                        dt + rep,
+                        (dt > 0).to(torch.float64),
+                        torch.where(dt > 0, dt, -dt),
+                    ]
+                )
+                want = [
+                    x * 2 + 1,
+                    x + 3 * x,
+                    x.clamp(min=-1.0, max=4.0),
+                    (x / 4).sqrt(),
+                    x.sum(dim=[0]),
+                    x.permute([1, 0]),
+                    x + x,
+                    (x > 0).to(torch.float64),
+                    torch.where(x > 0, x, -x),
+                ]
+                for g, w in zip(got, want, strict=True):
+                    assert torch.allclose(g, w, equal_nan=True), (spec, g, w)
+            inplace = distribute(x.clone(), mesh, sharding_spec=spec)
+            for _ in range(3):
+                inplace.mul_(0.5).add_(1)
+            expected = x.clone()
+            for _ in range(3):
+                expected = expected * 0.5 + 1
+            assert torch.allclose(inspect(inplace), expected), spec
+            places = (dt * 2).placements().get(timeout=WAIT)
+            assert places == dt.placements().get(timeout=WAIT), spec  # pointwise keeps them
+
+
+def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
+    ints = distribute(torch.arange(6).reshape(3, 2), mesh, sharding_spec=["dp", None])
+    flags = distribute(torch.tensor([True, False, True]), mesh)
+    assert (ints * 2).dtype == torch.int64 and (ints * 2.5).dtype == torch.float32
+    assert (flags + True).dtype == torch.bool and (flags + 1).dtype == torch.int64
+    got = inspect([ints * 2, ints * 2.5, flags + True, flags + 1])
+    li, lf = torch.arange(6).reshape(3, 2), torch.tensor([True, False, True])
+    for g, w in zip(got, [li * 2, li * 2.5, lf + True, lf + 1], strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@remote(propagate="inspect")
+def _threads(t: Any) -> int:
+    return torch.get_num_threads()
+
+
+@pytest.mark.skipif("OMP_NUM_THREADS" in os.environ, reason="the user chose the thread count")
+def test_engine_uses_one_intra_op_thread_per_rank_as_torchrun_does(mesh: Any) -> None:
+    dt = distribute(torch.ones(2, 2), mesh)
+    inspect(dt)  # the engine has run a batch: its thread is set up
+    assert fetch(_threads(dt), dp=1, tp=1).get(timeout=WAIT) == 1
+
+
+def test_loss_and_its_gradient_on_shards_equal_the_local_ones(mesh: Any) -> None:
+    # mse_loss runs on each rank's block (target sharded alike, or replicated and sliced).
+    torch.manual_seed(0)
+    for rows in (4, 3):
+        x, y = torch.randn(rows, 4, dtype=torch.float64), torch.randn(rows, 4, dtype=torch.float64)
+        for spec in SPECS:
+            for reduction in ("mean", "sum"):
+                for target in (y, distribute(y, mesh, sharding_spec=spec)):
+                    dx = distribute(x.clone().requires_grad_(True), mesh, sharding_spec=spec)
+                    loss = torch.nn.functional.mse_loss(dx, target, reduction=reduction)
+                    loss.backward()
+                    lx = x.clone().requires_grad_(True)
+                    want = torch.nn.functional.mse_loss(lx, y, reduction=reduction)
+                    want.backward()
+                    got, grad = inspect([loss, dx.grad])
+                    assert torch.allclose(got, want), (spec, reduction)
+                    assert torch.allclose(grad, lx.grad), (spec, reduction)
+                    assert torch.equal(inspect(dx.detach()), x)
