@@ -130,7 +130,7 @@ def test_group_over_four_actors_all_reduces_with_the_right_ranks(spawn_procs: An
     seen = members.seen.call().get(timeout=WAIT)
     for point, info in seen.items():
         r = point["gpus"]
-        assert (info["rank"], info["world"], info["backend"]) == (r, 4, "gloo")
+        assert (info["rank"], info["world"], info["backend"]) == (r, 4, expected)
         assert info["env"]["RANK"] == str(r)
         assert info["env"]["WORLD_SIZE"] == "4"
         assert info["env"]["LOCAL_RANK"] == str(r)
