@@ -58,7 +58,12 @@ class Panel:
             self.messages.append(content["data"])
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        content = {"protocol": 1, "request_id": uuid.uuid4().hex, "op": op, **fields}
+        content = {
+            "protocol": protocol.PROTOCOL_VERSION,
+            "request_id": uuid.uuid4().hex,
+            "op": op,
+            **fields,
+        }
         msg = self.kc.session.msg(protocol.REQUEST_TYPE, content)
         self.kc.control_channel.send(msg)
         while True:
