@@ -84,6 +84,21 @@ export const formats: Record<Resource, Format> = {
   gpu_util: v => `${Math.round(v)} %`
 };
 
+/** Axis labels: `format`, unless that gives two ticks the same label (166 MiB, 166 MiB). */
+export function axisLabels(splits: number[], format: Format): string[] {
+  const labels = splits.map(v => format(v));
+  if (new Set(labels).size === labels.length) {
+    return labels;
+  }
+  const step = Math.abs(splits[1] - splits[0]) || 1;
+  const mib = 2 ** 20;
+  return splits.map(v =>
+    format === formats.rss || format === formats.gpu_mem
+      ? `${(v / mib).toFixed(step >= mib ? 0 : step >= mib / 10 ? 1 : 2)} MiB`
+      : formatValue(v)
+  );
+}
+
 export function formatValue(v: number): string {
   const a = Math.abs(v);
   if (a !== 0 && (a >= 1e5 || a < 1e-3)) {
@@ -113,6 +128,8 @@ export class LineChart {
     private readonly _bandAbove = Infinity
   ) {
     this.node.appendChild(div('chart-title', title));
+    this._legend = div('chart-legend');
+    this.node.appendChild(this._legend);
     this._stray = div('chart-stray');
     this.node.appendChild(this._stray);
     this.node.appendChild(this._plot);
@@ -125,7 +142,8 @@ export class LineChart {
     this._resize.observe(this.node);
   }
 
-  update(lines: ILabeled[], stray: number | null): void {
+  /** Redraw; the ranks in `dead` are drawn dashed (their lines end where they died). */
+  update(lines: ILabeled[], stray: number | null, dead: ReadonlySet<number> = new Set()): void {
     const banded = lines.length > this._bandAbove;
     const shown = banded ? lines.filter(l => l.rank === stray) : lines;
     const aligned = align(lines.map(l => l.line));
@@ -141,10 +159,11 @@ export class LineChart {
       data = aligned as uPlot.AlignedData;
       labels = lines.map(l => `rank ${l.rank}`);
     }
-    const key = `${banded}|${labels.join(',')}|${stray}`;
+    const deadShown = lines.filter(l => dead.has(l.rank)).map(l => l.rank);
+    const key = `${banded}|${labels.join(',')}|${stray}|${deadShown}`;
     if (key !== this._key || !this._u) {
       this._key = key;
-      this._build(data, lines, banded, stray);
+      this._build(data, lines, banded, stray, dead);
     } else {
       this._u.setData(data);
     }
@@ -176,15 +195,22 @@ export class LineChart {
     return Math.floor(this.node.clientWidth) || 0;
   }
 
-  private _build(data: uPlot.AlignedData, lines: ILabeled[], banded: boolean, stray: number | null): void {
+  private _build(
+    data: uPlot.AlignedData,
+    lines: ILabeled[],
+    banded: boolean,
+    stray: number | null,
+    dead: ReadonlySet<number>
+  ): void {
     this._u?.destroy();
     const text = themeColor('--jp-ui-font-color2', '#666');
     const grid = themeColor('--jp-border-color2', '#ddd');
     const series: uPlot.Series[] = [{}];
-    const line = (label: string, stroke: string, width: number): uPlot.Series => ({
+    const line = (label: string, stroke: string, width: number, dash?: number[]): uPlot.Series => ({
       label,
       stroke,
       width,
+      dash,
       spanGaps: true,
       points: { show: false }
     });
@@ -196,7 +222,9 @@ export class LineChart {
     } else {
       lines.forEach((l, i) => {
         const strays = l.rank === stray;
-        series.push(line(`rank ${l.rank}`, strays ? STRAY : PALETTE[i % PALETTE.length], strays ? 2.25 : 1.25));
+        const color = strays ? STRAY : PALETTE[i % PALETTE.length];
+        const dash = dead.has(l.rank) ? [3, 2] : undefined;
+        series.push(line(`rank ${l.rank}`, color, strays ? 2.25 : 1.25, dash));
       });
     }
     const font = '10px var(--jp-ui-font-family, sans-serif)';
@@ -215,13 +243,26 @@ export class LineChart {
         { ...axis, size: 20, space: 50 },
         {
           ...axis,
-          size: 46,
-          values: (_u: uPlot, splits: number[]) => splits.map(v => format(v))
+          // Wide enough for the longest label (10px font: about 6px a character).
+          size: (_u: uPlot, values: string[]) =>
+            values ? Math.max(30, 10 + 6 * Math.max(...values.map(v => v.length))) : 30,
+          values: (_u: uPlot, splits: number[]) => axisLabels(splits, format)
         }
       ],
       hooks: { setCursor: [u => this._hover(u)] }
     };
     this._u = new uPlot(opts, data, this._plot);
+    // Which colour is which rank (the hover says it too, for one point at a time).
+    this._legend.textContent = '';
+    for (const s of series.slice(1)) {
+      const item = document.createElement('span');
+      const swatch = document.createElement('i');
+      swatch.style.background = `${s.stroke}`;
+      item.appendChild(swatch);
+      const rank = `${s.label}`.replace('rank ', '');
+      item.appendChild(document.createTextNode(dead.has(Number(rank)) ? `${rank} (dead)` : rank));
+      this._legend.appendChild(item);
+    }
     this._tip = div('tooltip');
     this._tip.style.display = 'none';
     this._u.over.appendChild(this._tip);
@@ -268,6 +309,7 @@ export class LineChart {
 
   private _plot = div('plot');
   private _stray: HTMLDivElement;
+  private _legend: HTMLDivElement;
   private _u: uPlot | null = null;
   private _tip: HTMLDivElement | null = null;
   private _key = '';
@@ -289,7 +331,7 @@ export class Sparkline {
     if (!this._u) {
       this._u = new uPlot(
         {
-          width: 46,
+          width: 42,
           height: 16,
           pxAlign: false,
           legend: { show: false },
@@ -352,6 +394,21 @@ export class MeshCharts {
     return spark.node;
   }
 
+  /** The ranks now dead (from the snapshot): their lines are drawn dashed. */
+  setDead(dead: Set<number>): void {
+    const key = [...dead].sort((a, b) => a - b).join(',');
+    if (key === this._deadKey) {
+      return;
+    }
+    this._deadKey = key;
+    this._dead = dead;
+    this._seenResources = -1;
+    this._seenMetrics.clear();
+    if (this._mesh) {
+      this.update(this._mesh);
+    }
+  }
+
   /** Redraw, at the next frame, what changed in `mesh` since the last call. */
   update(mesh: MeshSeries): void {
     if (mesh !== this._mesh) {
@@ -400,7 +457,7 @@ export class MeshCharts {
       return;
     }
     const lines = [...byRank.entries()].sort((a, b) => a[0] - b[0]).map(([rank, line]) => ({ rank, line }));
-    this._metric(name).update(lines, straying(byRank));
+    this._metric(name).update(lines, straying(byRank), this._dead);
   }
 
   private _drawResources(mesh: MeshSeries): void {
@@ -422,7 +479,8 @@ export class MeshCharts {
       }
       chart.update(
         ranks.map(([rank, rr]) => ({ rank, line: rr.line(resource) })),
-        null
+        null,
+        this._dead
       );
     }
     for (const [rank, rr] of ranks) {
@@ -431,6 +489,8 @@ export class MeshCharts {
   }
 
   private _mesh: MeshSeries | null = null;
+  private _dead = new Set<number>();
+  private _deadKey = '';
   private _seenResources = -1;
   private _seenMetrics = new Map<string, number>();
   private _metrics = new Map<string, LineChart>();

@@ -109,8 +109,9 @@ function stateDetail(rank: IRank): string {
       if (!rank.busy) {
         return 'busy';
       }
+      // One location form for busy and paused ranks: "In [2]:3".
       return rank.busy.line !== null
-        ? `in ${rank.busy.what}, line ${rank.busy.line}`
+        ? `in ${rank.busy.what}:${rank.busy.line}`
         : `in ${rank.busy.what}`;
     case 'paused':
       return rank.paused ? `at ${rank.paused.file}:${rank.paused.line}` : '';
@@ -274,6 +275,7 @@ export class MeshSidebar extends Widget {
     const ranks = allRanks(mesh);
     const selected = this._selection(mesh);
     const charts = this._chartsOf(mesh.mesh_id);
+    charts.setDead(new Set(ranks.filter(r => r.state === 'dead').map(r => r.rank)));
     const series = this.model.series.meshes.get(mesh.mesh_id);
     if (series) {
       charts.update(series);
@@ -390,26 +392,32 @@ export class MeshSidebar extends Widget {
     };
     row.appendChild(box);
     const label = el('span', 'rank-label', `${rank.rank}`);
-    label.title = rank.label;
+    label.title = rank.pid !== null ? `${rank.label} · pid ${rank.pid}` : rank.label;
     row.appendChild(label);
     const state = el('span', 'state');
     state.appendChild(el('span', `badge state-${rank.state}`, rank.state));
-    if (rank.since !== null && rank.state !== 'idle') {
-      const elapsed = el('span', 'elapsed');
-      elapsed.dataset.since = `${rank.since}`;
-      state.appendChild(elapsed);
-    }
     row.appendChild(state);
     row.appendChild(el('span', 'pid', rank.pid !== null ? `${rank.pid}` : '–'));
     row.appendChild(charts.sparkline(rank.rank));
     row.appendChild(el('span', 'memory', formatBytes(rank.rss)));
+    // The second line: for how long, and where (the elapsed time no longer squeezes beside
+    // the badge, where a narrow sidebar wrapped it).
+    const info = el('span', 'info');
+    if (rank.since !== null && rank.state !== 'idle') {
+      const elapsed = el('span', 'elapsed');
+      elapsed.dataset.since = `${rank.since}`;
+      info.appendChild(elapsed);
+    }
     const detail = stateDetail(rank);
     if (detail) {
       const line = el('span', 'detail', detail);
       if (rank.dead && rank.dead.reason) {
         line.title = rank.dead.reason;
       }
-      row.appendChild(line);
+      info.appendChild(line);
+    }
+    if (info.childNodes.length) {
+      row.appendChild(info);
     }
     if (rank.gpu_mem !== null) {
       row.appendChild(el('span', 'gpu', `GPU ${formatBytes(rank.gpu_mem)}`));
