@@ -82,7 +82,8 @@ def main(out: Path) -> None:
                 expect(loss).to_have_attribute("data-lines", "4")
                 expect(loss).to_have_attribute("data-stray", "1")
                 cpu = page.locator("#actormesh-sidebar .jp-actormesh-chart[data-resource='cpu']")
-                expect(cpu).to_have_attribute("data-lines", "4")
+                # rank 3 may die before its agent's first sample: 3 lines then
+                expect(cpu).to_have_attribute("data-lines", re.compile("^[34]$"))
                 page.locator(".jp-NotebookPanel .jp-Cell").nth(5).click()
                 page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
                 elapsed = rows.first.locator(".jp-actormesh-elapsed")
