@@ -11,7 +11,11 @@
  *
  * Charts live across the sidebar's re-renders (their nodes are moved, never rebuilt), and all
  * chart work waits for the next animation frame, batched (FrameBatch), measured with the
- * performance API as `actormesh-charts` (the UI test reads it).
+ * performance API as `actormesh-charts`, uPlot's drawing included (the UI test reads it). To
+ * stay cheap with 64 ranks and 10 metrics (tests/ui/test_charts.py: under 20 ms of main thread
+ * a second): a chart redraws at most once a second, not at all while scrolled out of sight,
+ * with at most a point per pixel column, and above BAND_ABOVE ranks as bands plus the rank
+ * that strays.
  */
 
 import uPlot from 'uplot';
@@ -25,10 +29,44 @@ export const BAND_ABOVE = 16;
 const PALETTE = ['#2f74c0', '#3f9a55', '#8e5bb5', '#c27c1a', '#1a9a9a', '#b8467a', '#6b7a8f', '#7f9a1a'];
 const STRAY = '#d32f2f';
 const SPARK_SECONDS = 60;
+const REDRAW_EVERY_MS = 1000;
 
-/** Runs the chart work queued during a frame once, at the next animation frame. */
+/**
+ * Runs the chart work queued during a frame once, at the next animation frame; work for a
+ * chart scrolled out of sight waits until it scrolls in (64 rank rows push most charts out).
+ */
 export class FrameBatch {
-  schedule(key: object, job: () => void): void {
+  /** Keep track of whether `node` is in sight; its work waits while it is not. */
+  watch(node: Element): void {
+    this._io.observe(node);
+  }
+
+  unwatch(node: Element): void {
+    this._io.unobserve(node);
+    this._pending.delete(node);
+  }
+
+  schedule(key: Element, job: () => void): void {
+    if (this._visible.get(key) === false) {
+      this._pending.set(key, job);
+      return;
+    }
+    // At most one redraw a second per chart: the kernel sends news every 0.4 s.
+    const wait = (this._ran.get(key) ?? -Infinity) + REDRAW_EVERY_MS - performance.now();
+    if (wait > 0) {
+      const first = !this._later.has(key);
+      this._later.set(key, job);
+      if (first) {
+        setTimeout(() => {
+          const later = this._later.get(key);
+          this._later.delete(key);
+          if (later) {
+            this.schedule(key, later);
+          }
+        }, wait);
+      }
+      return;
+    }
     this._jobs.set(key, job);
     if (!this._frame) {
       this._frame = requestAnimationFrame(() => this._run());
@@ -37,14 +75,31 @@ export class FrameBatch {
 
   dispose(): void {
     cancelAnimationFrame(this._frame);
+    this._io.disconnect();
     this._jobs.clear();
+    this._pending.clear();
+    this._later.clear();
+  }
+
+  private _seen(entries: IntersectionObserverEntry[]): void {
+    for (const entry of entries) {
+      this._visible.set(entry.target, entry.isIntersecting);
+      const job = this._pending.get(entry.target);
+      if (entry.isIntersecting && job) {
+        this._pending.delete(entry.target);
+        this.schedule(entry.target, job);
+      }
+    }
   }
 
   private _run(): void {
     this._frame = 0;
     const jobs = [...this._jobs.values()];
-    this._jobs.clear();
     const start = performance.now();
+    for (const key of this._jobs.keys()) {
+      this._ran.set(key, start);
+    }
+    this._jobs.clear();
     for (const job of jobs) {
       try {
         job();
@@ -52,10 +107,16 @@ export class FrameBatch {
         console.error('actormesh: a chart update failed', err);
       }
     }
-    performance.measure('actormesh-charts', { start, end: performance.now() });
+    // uPlot draws in a microtask queued by setData: measure once those have run too.
+    queueMicrotask(() => performance.measure('actormesh-charts', { start, end: performance.now() }));
   }
 
-  private _jobs = new Map<object, () => void>();
+  private _jobs = new Map<Element, () => void>();
+  private _pending = new Map<Element, () => void>();
+  private _later = new Map<Element, () => void>();
+  private _ran = new WeakMap<Element, number>();
+  private _visible = new WeakMap<Element, boolean>();
+  private _io = new IntersectionObserver(entries => this._seen(entries));
   private _frame = 0;
 }
 
@@ -116,6 +177,26 @@ interface ILabeled {
   line: ILine;
 }
 
+/**
+ * At most one point per pixel column (every k-th, the last one kept): more cannot be seen,
+ * and bands and drawing cost grow with the points.
+ */
+function thinToWidth(
+  data: [number[], ...(number | null)[][]],
+  width: number
+): [number[], ...(number | null)[][]] {
+  const n = data[0].length;
+  const k = Math.ceil(n / Math.max(width, 50));
+  if (k <= 1) {
+    return data;
+  }
+  const keep: number[] = [];
+  for (let i = (n - 1) % k; i < n; i += k) {
+    keep.push(i);
+  }
+  return data.map(col => keep.map(i => col[i])) as [number[], ...(number | null)[][]];
+}
+
 /** A chart with a line per rank (or bands), a title and a hover readout. */
 export class LineChart {
   readonly node = div('chart');
@@ -146,12 +227,13 @@ export class LineChart {
   update(lines: ILabeled[], stray: number | null, dead: ReadonlySet<number> = new Set()): void {
     const banded = lines.length > this._bandAbove;
     const shown = banded ? lines.filter(l => l.rank === stray) : lines;
-    const aligned = align(lines.map(l => l.line));
+    const aligned = thinToWidth(align(lines.map(l => l.line)), this._width() || 240);
     const [xs, ...ys] = aligned;
     let data: uPlot.AlignedData;
     let labels: string[];
     if (banded) {
-      const [lo, mid, hi] = bands(ys);
+      // The bands of the others: the straying rank is drawn on its own, in red.
+      const [lo, mid, hi] = bands(ys.filter((_, i) => lines[i].rank !== stray));
       const strayYs = shown.map(l => ys[lines.indexOf(l)]);
       data = [xs, hi, mid, lo, ...strayYs] as uPlot.AlignedData;
       labels = ['max', 'median', 'min', ...shown.map(l => `rank ${l.rank}`)];
@@ -385,10 +467,11 @@ export class MeshCharts {
     if (!spark) {
       spark = new Sparkline();
       this._sparks.set(rank, spark);
+      this._batch.watch(spark.node);
       const rr = this._mesh?.resources.get(rank);
       if (rr) {
         const s = spark;
-        this._batch.schedule(s, () => s.update(rr.line('cpu')));
+        this._batch.schedule(s.node, () => s.update(rr.line('cpu')));
       }
     }
     return spark.node;
@@ -418,21 +501,23 @@ export class MeshCharts {
     }
     if (mesh.resourcesVersion !== this._seenResources) {
       this._seenResources = mesh.resourcesVersion;
-      this._batch.schedule(this.resourceBlock, () => this._drawResources(mesh));
+      this._scheduleResources(mesh);
     }
     for (const [name, version] of mesh.metricVersions) {
       if (this._seenMetrics.get(name) !== version) {
         this._seenMetrics.set(name, version);
-        this._batch.schedule(this._metric(name), () => this._drawMetric(mesh, name));
+        this._batch.schedule(this._metric(name).node, () => this._drawMetric(mesh, name));
       }
     }
   }
 
   dispose(): void {
     for (const chart of [...this._resources.values(), ...this._metrics.values()]) {
+      this._batch.unwatch(chart.node);
       chart.dispose();
     }
     for (const spark of this._sparks.values()) {
+      this._batch.unwatch(spark.node);
       spark.dispose();
     }
   }
@@ -440,9 +525,10 @@ export class MeshCharts {
   private _metric(name: string): LineChart {
     let chart = this._metrics.get(name);
     if (!chart) {
-      chart = new LineChart(name, formatValue, false);
+      chart = new LineChart(name, formatValue, false, BAND_ABOVE);
       chart.node.dataset.metric = name;
       this._metrics.set(name, chart);
+      this._batch.watch(chart.node);
       // Metric charts in name order.
       const after = [...this._metrics.keys()].sort().find(other => other > name);
       this.metricBlock.insertBefore(chart.node, after ? this._metrics.get(after)!.node : null);
@@ -460,7 +546,7 @@ export class MeshCharts {
     this._metric(name).update(lines, straying(byRank), this._dead);
   }
 
-  private _drawResources(mesh: MeshSeries): void {
+  private _scheduleResources(mesh: MeshSeries): void {
     const ranks = [...mesh.resources.entries()].sort((a, b) => a[0] - b[0]);
     if (!ranks.length) {
       return;
@@ -476,15 +562,22 @@ export class MeshCharts {
         chart.node.dataset.resource = resource;
         this._resources.set(resource, chart);
         this.resourceBlock.appendChild(chart.node);
+        this._batch.watch(chart.node);
       }
-      chart.update(
-        ranks.map(([rank, rr]) => ({ rank, line: rr.line(resource) })),
-        null,
-        this._dead
+      const c = chart;
+      this._batch.schedule(c.node, () =>
+        c.update(
+          ranks.map(([rank, rr]) => ({ rank, line: rr.line(resource) })),
+          null,
+          this._dead
+        )
       );
     }
     for (const [rank, rr] of ranks) {
-      this._sparks.get(rank)?.update(rr.line('cpu'));
+      const spark = this._sparks.get(rank);
+      if (spark) {
+        this._batch.schedule(spark.node, () => spark.update(rr.line('cpu')));
+      }
     }
   }
 

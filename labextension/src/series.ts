@@ -140,6 +140,10 @@ export class SeriesStore {
  * no point; a line's last point stays its last (a dead rank's line ends where it died).
  */
 export function align(lines: ILine[]): [number[], ...(number | null)[][]] {
+  if (lines.length && sameAxis(lines)) {
+    // The common case (every rank at the same steps, or sampled by one agent): no merge.
+    return [lines[0].x.slice(), ...lines.map(l => l.y.slice())];
+  }
   const seen = new Set<number>();
   for (const line of lines) {
     for (const x of line.x) {
@@ -159,36 +163,57 @@ export function align(lines: ILine[]): [number[], ...(number | null)[][]] {
   return [Array.from(xs), ...ys];
 }
 
+function sameAxis(lines: ILine[]): boolean {
+  const x0 = lines[0].x;
+  for (let i = 1; i < x0.length; i++) {
+    if (!(x0[i] > x0[i - 1])) {
+      return false;
+    }
+  }
+  for (const line of lines) {
+    const x = line.x;
+    if (x.length !== x0.length) {
+      return false;
+    }
+    for (let i = x.length - 1; i >= 0; i--) {
+      if (x[i] !== x0[i]) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 /** Per x: the min, median and max of the lines that have a value there. */
 export function bands(ys: (number | null)[][]): [(number | null)[], (number | null)[], (number | null)[]] {
   const n = ys.length ? ys[0].length : 0;
   const lo: (number | null)[] = [];
   const mid: (number | null)[] = [];
   const hi: (number | null)[] = [];
-  const col: number[] = [];
+  const buffer = new Float64Array(ys.length); // a typed array sorts numbers natively, fast
   for (let i = 0; i < n; i++) {
-    col.length = 0;
+    let count = 0;
     for (const y of ys) {
       const v = y[i];
       if (v !== null) {
-        col.push(v);
+        buffer[count++] = v;
       }
     }
-    if (!col.length) {
+    if (!count) {
       lo.push(null);
       mid.push(null);
       hi.push(null);
       continue;
     }
-    col.sort((a, b) => a - b);
+    const col = buffer.subarray(0, count).sort();
     lo.push(col[0]);
     mid.push(median(col));
-    hi.push(col[col.length - 1]);
+    hi.push(col[count - 1]);
   }
   return [lo, mid, hi];
 }
 
-function median(sorted: number[]): number {
+function median(sorted: ArrayLike<number>): number {
   const m = sorted.length >> 1;
   return sorted.length % 2 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
 }

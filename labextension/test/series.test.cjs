@@ -66,6 +66,18 @@ test('align: one sorted x axis, null where a line has no point', () => {
   ]);
 });
 
+test('align: lines on the same axis are copied, not merged', () => {
+  const lines = [
+    { x: [0, 1, 2], y: [1, 2, 3] },
+    { x: [0, 1, 2], y: [4, null, 6] }
+  ];
+  const data = series.align(lines);
+  assert.deepStrictEqual(data, [[0, 1, 2], [1, 2, 3], [4, null, 6]]);
+  assert.notStrictEqual(data[1], lines[0].y);
+  // steps that go back (a loop started again) are merged into one sorted axis
+  assert.deepStrictEqual(series.align([{ x: [5, 0], y: [1, 2] }]), [[0, 5], [2, 1]]);
+});
+
 test('bands: min, median and max of the lines present', () => {
   const [lo, mid, hi] = series.bands([
     [1, null, 5],
