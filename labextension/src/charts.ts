@@ -41,9 +41,12 @@ export class FrameBatch {
     this._io.observe(node);
   }
 
+  /** Forget `node` (its chart is gone): its waiting work is dropped. */
   unwatch(node: Element): void {
     this._io.unobserve(node);
     this._pending.delete(node);
+    this._later.delete(node);
+    this._jobs.delete(node);
   }
 
   schedule(key: Element, job: () => void): void {
