@@ -1,8 +1,8 @@
 """Take the README's picture of the sidebar beside a notebook: ``docs/sidebar.png``.
 
-Runs JupyterLab in a temp dir (as tests/ui does), a notebook with a 4-rank mesh where three
-ranks run a long cell, one is paused at a breakpoint and one was killed, the stacks of the busy
-ranks open.
+Runs JupyterLab in a temp dir (as tests/ui does), a notebook with a 4-rank mesh that trained a
+few hundred steps logging its loss and learning rate (rank 1's loss drifts away, so its chart
+marks it), then one rank was killed, one is paused at a breakpoint and two run a long cell.
 Usage: ``python scripts/sidebar_screenshot.py [OUT.png]`` (needs the dev extras and chromium).
 """
 
@@ -27,6 +27,14 @@ CELLS = [
     "        return lr * am.current_rank().rank\n\n"
     'trainers = procs.spawn("trainer", Trainer)\n'
     "trainers.step.call(0.1).get()",
+    "%%mesh procs\n"
+    "import math, random\n"
+    "import actormesh as am\n"
+    "for step in range(300):\n"
+    "    loss = 2.4 * math.exp(-step / 80) + 0.08 * random.random()\n"
+    "    if rank == 1 and step > 200:\n"
+    "        loss += 0.01 * (step - 200)  # this rank drifts away\n"
+    '    am.log_metrics({"loss": loss, "lr": 0.1 * 0.995**step}, step=step)',
     "%%mesh procs --ranks 3\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "%%mesh procs --ranks 2\nloss = 0.25\nbreakpoint()\nloss = loss / 2",
     "%%mesh procs --ranks 0:2\nimport time\n\nfor step in range(3000):\n    time.sleep(0.1)",
@@ -43,7 +51,7 @@ def main(out: Path) -> None:
                 browser = p.chromium.launch(
                     executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
                 )
-                page = browser.new_page(viewport={"width": 1360, "height": 880})
+                page = browser.new_page(viewport={"width": 1360, "height": 1000})
                 page.set_default_timeout(WAIT_MS)
                 expect.set_options(timeout=WAIT_MS)
                 page.goto(f"{lab.url}/lab/workspaces/shot/tree/{name}?token={lab.token}")
@@ -56,7 +64,7 @@ def main(out: Path) -> None:
                 assert box is not None
                 page.mouse.move(box["x"] + 2, box["y"] + 300)
                 page.mouse.down()
-                page.mouse.move(box["x"] + 130, box["y"] + 300, steps=5)
+                page.mouse.move(box["x"] + 200, box["y"] + 300, steps=5)
                 page.mouse.up()
                 cells = page.locator(".jp-NotebookPanel .jp-Cell")
                 for i in range(len(CELLS)):
@@ -70,13 +78,13 @@ def main(out: Path) -> None:
                 expect(busy).to_have_count(2)
                 paused = page.locator("#actormesh-sidebar .jp-actormesh-rank[data-state='paused']")
                 expect(paused).to_have_count(1)
-                for rank in (0, 1):
-                    page.locator(
-                        f"#actormesh-sidebar .jp-actormesh-rank[data-rank='{rank}'] input"
-                    ).check()
-                page.locator("#actormesh-sidebar button[data-op='stacks']").click()
-                expect(page.locator("#actormesh-sidebar .jp-actormesh-stacks")).to_have_count(1)
-                page.locator(".jp-NotebookPanel .jp-Cell").nth(4).click()
+                loss = page.locator("#actormesh-sidebar .jp-actormesh-chart[data-metric='loss']")
+                expect(loss).to_have_attribute("data-lines", "4")
+                expect(loss).to_have_attribute("data-stray", "1")
+                cpu = page.locator("#actormesh-sidebar .jp-actormesh-chart[data-resource='cpu']")
+                # rank 3 may die before its agent's first sample: 3 lines then
+                expect(cpu).to_have_attribute("data-lines", re.compile("^[34]$"))
+                page.locator(".jp-NotebookPanel .jp-Cell").nth(5).click()
                 page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
                 elapsed = rows.first.locator(".jp-actormesh-elapsed")
                 expect(elapsed).to_have_text(re.compile(r"^[4-9] s$"))

@@ -5,7 +5,9 @@
  * `subscribe` request on the control channel; the kernel answers by opening a comm (target
  * `actormesh.panel`) that carries every later snapshot. Control requests and iopub comm
  * messages both flow while the kernel's shell runs a cell. On restart the comm is gone; the
- * model subscribes again when the new kernel reports idle or busy.
+ * model subscribes again when the new kernel reports idle or busy. Chart data (`series`
+ * messages) goes to `series` and signals `seriesChanged` alone: the charts redraw, the rest
+ * of the panel stays as it is.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -25,6 +27,7 @@ import {
   parseReply,
   REQUEST_TYPE
 } from './protocol';
+import { SeriesStore } from './series';
 
 export const KERNEL_NAME = 'actormesh';
 const SUBSCRIBE_TIMEOUT_MS = 20000;
@@ -56,9 +59,15 @@ export class MeshModel {
   /** The last stacks of each mesh, until closed. */
   readonly stacks = new Map<string, IStacks>();
   notice: INotice | null = null;
+  /** Each mesh's chart data, as the `series` messages brought it. */
+  readonly series = new SeriesStore();
 
   get changed(): ISignal<this, void> {
     return this._changed;
+  }
+
+  get seriesChanged(): ISignal<this, void> {
+    return this._seriesChanged;
   }
 
   /** Follow this notebook's session (null: no notebook open). */
@@ -141,6 +150,7 @@ export class MeshModel {
     this._kernel = kernel;
     this.snapshot = null;
     this.stacks.clear();
+    this.series.meshes.clear();
     this.notice = null;
     if (!this._session) {
       this._set('no-notebook', '');
@@ -274,7 +284,15 @@ export class MeshModel {
             this.stacks.delete(meshId);
           }
         }
+        this.series.retain(new Set(message.meshes.map(m => m.mesh_id)));
         break;
+      case 'series': {
+        const start = performance.now();
+        this.series.apply(message);
+        performance.measure('actormesh-series', { start, end: performance.now() });
+        this._seriesChanged.emit();
+        return;
+      }
       case 'stacks':
         this.stacks.set(message.mesh_id, message);
         break;
@@ -312,6 +330,7 @@ export class MeshModel {
     this._comm = null; // the kernel that had it is gone
     this.snapshot = null;
     this.stacks.clear();
+    this.series.meshes.clear();
     this.notice = null;
     this._set(connection, detail);
   }
@@ -328,4 +347,5 @@ export class MeshModel {
   private _subscribing = false;
   private _targets = new WeakSet<Kernel.IKernelConnection>();
   private _changed = new Signal<this, void>(this);
+  private _seriesChanged = new Signal<this, void>(this);
 }

@@ -1,5 +1,5 @@
 /**
- * The messages between the actormesh kernel and this panel, protocol version 1.
+ * The messages between the actormesh kernel and this panel, protocol version 2.
  *
  * Written down once in docs/panel-protocol.md; every message has a JSON fixture under
  * tests/fixtures/panel/ that both the Python and the TypeScript tests check. This module is
@@ -8,10 +8,12 @@
  * Panel -> kernel: a control-channel request `actormesh_panel_request` (the control channel
  * is answered even while a cell runs), answered by `actormesh_panel_reply`.
  * Kernel -> panel: a comm with target `actormesh.panel` that the kernel opens on `subscribe`,
- * carrying `hello`, then `snapshot`, `stacks` and `result` messages over iopub.
+ * carrying `hello`, then `snapshot`, `series` (chart data), `stacks` and `result` messages
+ * over iopub.
  */
 
-export const PROTOCOL_VERSION = 1;
+/** 2 added `series`: a version-1 panel would refuse it as an unknown type. */
+export const PROTOCOL_VERSION = 2;
 export const COMM_TARGET = 'actormesh.panel';
 export const REQUEST_TYPE = 'actormesh_panel_request';
 export const REPLY_TYPE = 'actormesh_panel_reply';
@@ -143,7 +145,48 @@ export interface IResult {
   message: string;
 }
 
-export type KernelMessage = IHello | ISnapshot | IStacks | IResult;
+/** One rank's new resource samples, as columns of equal length. */
+export interface IResourceColumns {
+  rank: number;
+  /** Unix time of each sample (the host agent's clock). */
+  time: number[];
+  /** % of one core. */
+  cpu: number[];
+  /** Resident memory, bytes. */
+  rss: number[];
+  /** GPU memory (bytes) and utilisation (%): null without NVML. */
+  gpu_mem: (number | null)[] | null;
+  gpu_util: (number | null)[] | null;
+}
+
+/** One metric's new points on one rank; a value is null where it was NaN or infinite. */
+export interface IMetricPoints {
+  rank: number;
+  step: number[];
+  value: (number | null)[];
+}
+
+export interface IMetricSeries {
+  name: string;
+  ranks: IMetricPoints[];
+}
+
+export interface IMeshSeries {
+  mesh_id: string;
+  resources: IResourceColumns[];
+  metrics: IMetricSeries[];
+}
+
+/** The points new since the last `series` (all that the kernel keeps when `reset`). */
+export interface ISeries {
+  protocol: number;
+  type: 'series';
+  time: number;
+  reset: boolean;
+  meshes: IMeshSeries[];
+}
+
+export type KernelMessage = IHello | ISnapshot | ISeries | IStacks | IResult;
 
 /** A message that does not follow the protocol (or speaks another version). */
 export class ProtocolError extends Error {}
@@ -232,6 +275,77 @@ function checkVersion(o: Json, where: string): number {
     );
   }
   return v;
+}
+
+function numbers(
+  o: Json,
+  key: string,
+  where: string,
+  nullable: boolean,
+  integer = false
+): (number | null)[] {
+  return arr(o, key, where).map((v, i) => {
+    if (v === null && nullable) {
+      return null;
+    }
+    if (typeof v !== 'number' || !isFinite(v) || (integer && !Number.isInteger(v))) {
+      throw new ProtocolError(`${where}.${key}[${i}]: expected ${integer ? 'an integer' : 'a number'}`);
+    }
+    return v;
+  });
+}
+
+function sameLengths(o: Record<string, unknown>, where: string): void {
+  const lengths = Object.values(o)
+    .filter(Array.isArray)
+    .map(v => (v as unknown[]).length);
+  if (lengths.some(n => n !== lengths[0])) {
+    throw new ProtocolError(`${where}: columns of different lengths`);
+  }
+}
+
+function parseResources(v: unknown, where: string): IResourceColumns {
+  const o = obj(v, where);
+  const gpu = (key: string) =>
+    o[key] === null ? null : numbers(o, key, where, true, true);
+  const columns: IResourceColumns = {
+    rank: num(o, 'rank', where),
+    time: numbers(o, 'time', where, false) as number[],
+    cpu: numbers(o, 'cpu', where, false) as number[],
+    rss: numbers(o, 'rss', where, false, true) as number[],
+    gpu_mem: gpu('gpu_mem'),
+    gpu_util: gpu('gpu_util')
+  };
+  sameLengths(columns as unknown as Record<string, unknown>, where);
+  return columns;
+}
+
+function parseMeshSeries(v: unknown, where: string): IMeshSeries {
+  const o = obj(v, where);
+  return {
+    mesh_id: str(o, 'mesh_id', where),
+    resources: arr(o, 'resources', where).map((r, i) =>
+      parseResources(r, `${where}.resources[${i}]`)
+    ),
+    metrics: arr(o, 'metrics', where).map((m, i) => {
+      const mw = `${where}.metrics[${i}]`;
+      const mo = obj(m, mw);
+      return {
+        name: str(mo, 'name', mw),
+        ranks: arr(mo, 'ranks', mw).map((p, j) => {
+          const pw = `${mw}.ranks[${j}]`;
+          const po = obj(p, pw);
+          const points: IMetricPoints = {
+            rank: num(po, 'rank', pw),
+            step: numbers(po, 'step', pw, false, true) as number[],
+            value: numbers(po, 'value', pw, true)
+          };
+          sameLengths(points as unknown as Record<string, unknown>, pw);
+          return points;
+        })
+      };
+    })
+  };
 }
 
 const STATES: readonly RankState[] = ['starting', 'idle', 'busy', 'paused', 'dead'];
@@ -331,6 +445,14 @@ export function parseKernelMessage(data: unknown): KernelMessage {
         time: num(o, 'time', 'snapshot'),
         debugger: bool(o, 'debugger', 'snapshot'),
         meshes: arr(o, 'meshes', 'snapshot').map((m, i) => parseMesh(m, `snapshot.meshes[${i}]`))
+      };
+    case 'series':
+      return {
+        protocol,
+        type,
+        time: num(o, 'time', 'series'),
+        reset: bool(o, 'reset', 'series'),
+        meshes: arr(o, 'meshes', 'series').map((m, i) => parseMeshSeries(m, `series.meshes[${i}]`))
       };
     case 'stacks':
       return {

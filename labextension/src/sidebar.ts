@@ -2,11 +2,15 @@
  * The sidebar's view: every mesh of the current notebook's kernel, host by host and rank by
  * rank, with controls for a rank, a selection or a whole mesh. Plain DOM, rebuilt from the
  * model on each change (a few dozen rows); elapsed times tick once a second without a rebuild.
+ * The charts (charts.ts) are not rebuilt: their nodes move into each new rendering, and they
+ * redraw on `seriesChanged`, once per animation frame.
  */
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
+import { MeshCharts, FrameBatch } from './charts';
+import { formatBytes } from './format';
 import { MeshModel } from './model';
 import { IMesh, IRank, IStacks, Op, rankRanges, RankState } from './protocol';
 
@@ -87,15 +91,6 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
-/** 1.2 GiB, 340 MiB. */
-export function formatBytes(n: number | null): string {
-  if (n === null) {
-    return '–';
-  }
-  const mib = n / 2 ** 20;
-  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
-}
-
 /** 5 s, 3 min 2 s, 1 h 4 min. */
 export function formatDuration(seconds: number): string {
   const s = Math.max(0, Math.floor(seconds));
@@ -114,8 +109,9 @@ function stateDetail(rank: IRank): string {
       if (!rank.busy) {
         return 'busy';
       }
+      // One location form for busy and paused ranks: "In [2]:3".
       return rank.busy.line !== null
-        ? `in ${rank.busy.what}, line ${rank.busy.line}`
+        ? `in ${rank.busy.what}:${rank.busy.line}`
         : `in ${rank.busy.what}`;
     case 'paused':
       return rank.paused ? `at ${rank.paused.file}:${rank.paused.line}` : '';
@@ -131,6 +127,8 @@ function stateDetail(rank: IRank): string {
   }
 }
 
+export { formatBytes };
+
 export class MeshSidebar extends Widget {
   constructor(model: MeshModel) {
     super();
@@ -139,6 +137,7 @@ export class MeshSidebar extends Widget {
     this.addClass(`${PREFIX}-sidebar`);
     this.title.caption = 'actormesh: the live mesh';
     model.changed.connect(this._render, this);
+    model.seriesChanged.connect(this._onSeries, this);
     this._ticker = window.setInterval(() => this._tick(), 1000);
     this._render();
   }
@@ -151,10 +150,36 @@ export class MeshSidebar extends Widget {
     }
     window.clearInterval(this._ticker);
     this.model.changed.disconnect(this._render, this);
+    this.model.seriesChanged.disconnect(this._onSeries, this);
+    this._batch.dispose();
+    for (const charts of this._charts.values()) {
+      charts.dispose();
+    }
     super.dispose();
   }
 
+  private _chartsOf(meshId: string): MeshCharts {
+    let charts = this._charts.get(meshId);
+    if (!charts) {
+      charts = new MeshCharts(this._batch);
+      this._charts.set(meshId, charts);
+    }
+    return charts;
+  }
+
+  private _onSeries(): void {
+    for (const [meshId, mesh] of this.model.series.meshes) {
+      this._chartsOf(meshId).update(mesh);
+    }
+  }
+
   private _render(): void {
+    const start = performance.now();
+    this._renderAll();
+    performance.measure('actormesh-render', { start, end: performance.now() });
+  }
+
+  private _renderAll(): void {
     const root = this.node;
     const scroll = root.scrollTop;
     root.textContent = '';
@@ -185,6 +210,12 @@ export class MeshSidebar extends Widget {
     for (const meshId of [...this._selected.keys()]) {
       if (!live.has(meshId)) {
         this._selected.delete(meshId);
+      }
+    }
+    for (const [meshId, charts] of [...this._charts]) {
+      if (!live.has(meshId)) {
+        charts.dispose();
+        this._charts.delete(meshId);
       }
     }
     for (const mesh of snapshot.meshes) {
@@ -243,6 +274,12 @@ export class MeshSidebar extends Widget {
   private _renderMesh(mesh: IMesh, debuggerOn: boolean): HTMLElement {
     const ranks = allRanks(mesh);
     const selected = this._selection(mesh);
+    const charts = this._chartsOf(mesh.mesh_id);
+    charts.setDead(new Set(ranks.filter(r => r.state === 'dead').map(r => r.rank)));
+    const series = this.model.series.meshes.get(mesh.mesh_id);
+    if (series) {
+      charts.update(series);
+    }
     const section = el('section', 'mesh');
     section.dataset.meshId = mesh.mesh_id;
     section.dataset.meshName = mesh.names[0] ?? '';
@@ -313,17 +350,19 @@ export class MeshSidebar extends Widget {
         this._render();
       };
       headRow.appendChild(allBox);
-      for (const name of ['rank', 'state', 'pid', 'memory']) {
+      for (const name of ['rank', 'state', 'pid', 'cpu', 'memory']) {
         headRow.appendChild(el('span', null, name));
       }
       table.appendChild(headRow);
       for (const rank of host.ranks) {
-        table.appendChild(this._renderRank(rank, selected));
+        table.appendChild(this._renderRank(rank, selected, charts));
       }
       hostBlock.appendChild(table);
       section.appendChild(hostBlock);
     }
 
+    section.appendChild(charts.metricBlock);
+    section.appendChild(charts.resourceBlock);
     const stacks = this.model.stacks.get(mesh.mesh_id);
     if (stacks) {
       section.appendChild(this._renderStacks(stacks));
@@ -331,8 +370,8 @@ export class MeshSidebar extends Widget {
     return section;
   }
 
-  /** One rank: a grid row (box, rank, state, pid, memory) with the detail line below. */
-  private _renderRank(rank: IRank, selected: Set<number>): HTMLElement {
+  /** One rank: a grid row (box, rank, state, pid, CPU sparkline, memory), the detail below. */
+  private _renderRank(rank: IRank, selected: Set<number>, charts: MeshCharts): HTMLElement {
     const row = el('div', 'rank');
     row.dataset.rank = `${rank.rank}`;
     row.dataset.state = rank.state;
@@ -353,25 +392,32 @@ export class MeshSidebar extends Widget {
     };
     row.appendChild(box);
     const label = el('span', 'rank-label', `${rank.rank}`);
-    label.title = rank.label;
+    label.title = rank.pid !== null ? `${rank.label} · pid ${rank.pid}` : rank.label;
     row.appendChild(label);
     const state = el('span', 'state');
     state.appendChild(el('span', `badge state-${rank.state}`, rank.state));
+    row.appendChild(state);
+    row.appendChild(el('span', 'pid', rank.pid !== null ? `${rank.pid}` : '–'));
+    row.appendChild(charts.sparkline(rank.rank));
+    row.appendChild(el('span', 'memory', formatBytes(rank.rss)));
+    // The second line: for how long, and where (the elapsed time no longer squeezes beside
+    // the badge, where a narrow sidebar wrapped it).
+    const info = el('span', 'info');
     if (rank.since !== null && rank.state !== 'idle') {
       const elapsed = el('span', 'elapsed');
       elapsed.dataset.since = `${rank.since}`;
-      state.appendChild(elapsed);
+      info.appendChild(elapsed);
     }
-    row.appendChild(state);
-    row.appendChild(el('span', 'pid', rank.pid !== null ? `${rank.pid}` : '–'));
-    row.appendChild(el('span', 'memory', formatBytes(rank.rss)));
     const detail = stateDetail(rank);
     if (detail) {
       const line = el('span', 'detail', detail);
       if (rank.dead && rank.dead.reason) {
         line.title = rank.dead.reason;
       }
-      row.appendChild(line);
+      info.appendChild(line);
+    }
+    if (info.childNodes.length) {
+      row.appendChild(info);
     }
     if (rank.gpu_mem !== null) {
       row.appendChild(el('span', 'gpu', `GPU ${formatBytes(rank.gpu_mem)}`));
@@ -445,5 +491,7 @@ export class MeshSidebar extends Widget {
   }
 
   private _selected = new Map<string, Set<number>>();
+  private _charts = new Map<string, MeshCharts>();
+  private _batch = new FrameBatch();
   private _ticker: number;
 }

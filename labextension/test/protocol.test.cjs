@@ -35,19 +35,31 @@ test('the snapshot fixture carries every rank state', () => {
 });
 
 test('another protocol version is refused with a hint', () => {
-  const data = { ...fixture('snapshot_empty'), protocol: 2 };
-  assert.throws(() => protocol.parseKernelMessage(data), /protocol 2.*install the same actormesh/);
+  const data = { ...fixture('snapshot_empty'), protocol: 1 };
+  assert.throws(() => protocol.parseKernelMessage(data), /protocol 1.*install the same actormesh/);
 });
 
 test('bad messages say what is wrong', () => {
   const snap = fixture('snapshot');
   snap.meshes[0].hosts[0].ranks[2].state = 'sleeping';
   assert.throws(() => protocol.parseKernelMessage(snap), /ranks\[2\]\.state: unknown state "sleeping"/);
-  assert.throws(() => protocol.parseKernelMessage({ protocol: 1, type: 'gossip' }), /unknown type/);
+  assert.throws(() => protocol.parseKernelMessage({ protocol: protocol.PROTOCOL_VERSION, type: 'gossip' }), /unknown type/);
   const req = { ...fixture('request_interrupt'), op: 'reboot' };
   assert.throws(() => protocol.parseRequest(req), /unknown operation "reboot"/);
   const reply = { ...fixture('reply_ok'), status: 'maybe' };
   assert.throws(() => protocol.parseReply(reply), /reply\.status/);
+});
+
+test('series: columns are checked', () => {
+  const series = protocol.parseKernelMessage(fixture('series'));
+  assert.strictEqual(series.meshes[0].metrics[0].ranks[1].value[1], null);
+  assert.strictEqual(series.meshes[0].resources[1].gpu_util[0], 87);
+  const uneven = fixture('series');
+  uneven.meshes[0].resources[0].cpu.push(1);
+  assert.throws(() => protocol.parseKernelMessage(uneven), /resources\[0\]: columns of different lengths/);
+  const badStep = fixture('series');
+  badStep.meshes[0].metrics[0].ranks[0].step[1] = 1.5;
+  assert.throws(() => protocol.parseKernelMessage(badStep), /step\[1\]: expected an integer/);
 });
 
 test('requests made by the panel match the fixtures', () => {

@@ -58,7 +58,12 @@ class Panel:
             self.messages.append(content["data"])
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        content = {"protocol": 1, "request_id": uuid.uuid4().hex, "op": op, **fields}
+        content = {
+            "protocol": protocol.PROTOCOL_VERSION,
+            "request_id": uuid.uuid4().hex,
+            "op": op,
+            **fields,
+        }
         msg = self.kc.session.msg(protocol.REQUEST_TYPE, content)
         self.kc.control_channel.send(msg)
         while True:
@@ -219,3 +224,48 @@ def test_bad_requests_get_clear_errors(panel_kernel: tuple[Kernel, Panel]) -> No
     assert reply["status"] == "error" and "no live proc mesh nope" in reply["message"]
     old = panel.request("subscribe", client="c", protocol=99)
     assert "protocol 99" in old["message"] and "same actormesh version" in old["message"]
+
+
+def test_series_carry_metrics_and_samples_once(panel_kernel: tuple[Kernel, Panel]) -> None:
+    """The charts' data: what the ranks log and what their agent samples reaches the panel,
+    each point once; a new subscription starts over with the whole history."""
+    kernel, panel = panel_kernel
+    kernel.ok(spawn_code(2))
+    panel.ok("subscribe", client=panel.client)
+    first = panel.wait("the first series", lambda m: m["type"] == "series")
+    assert first["reset"] is True
+    kernel.ok(
+        "%%mesh procs\nimport actormesh as am\n"
+        "for i in range(5):\n    am.log_metrics({'loss': 1.0 / (i + 1) + rank}, step=i)"
+    )
+
+    def points() -> dict[int, list[int]]:
+        got: dict[int, list[int]] = {}
+        for m in panel.messages:
+            if m["type"] != "series":
+                continue
+            for mesh in m["meshes"]:
+                for metric in mesh["metrics"]:
+                    for p in metric["ranks"]:
+                        got.setdefault(p["rank"], []).extend(p["step"])
+        return got
+
+    panel.wait(
+        "5 steps of both ranks", lambda m: points() == {0: list(range(5)), 1: list(range(5))}
+    )
+    sampled = panel.wait(
+        "samples of both ranks",
+        lambda m: (
+            m["type"] == "series"
+            and any({r["rank"] for r in mesh["resources"]} == {0, 1} for mesh in m["meshes"])
+        ),
+    )
+    cpu = sampled["meshes"][0]["resources"][0]
+    assert len(cpu["time"]) == len(cpu["cpu"]) == len(cpu["rss"]) >= 1
+    assert cpu["rss"][0] > 10 << 20
+
+    panel.forget()
+    panel.ok("subscribe", client=panel.client)
+    again = panel.wait("a reset", lambda m: m["type"] == "series" and m["reset"])
+    (loss,) = again["meshes"][0]["metrics"]
+    assert {p["rank"]: p["step"] for p in loss["ranks"]} == {0: list(range(5)), 1: list(range(5))}

@@ -27,7 +27,7 @@ def names(prefix: str = "") -> list[str]:
 
 def test_there_is_a_fixture_per_message() -> None:
     kinds = {fixture(n)["type"] for n in names() if "type" in fixture(n)}
-    assert kinds == {"hello", "snapshot", "stacks", "result"}
+    assert kinds == {"hello", "snapshot", "series", "stacks", "result"}
     assert {fixture(n)["op"] for n in names("request_")} >= {"subscribe", "interrupt", "stacks"}
     assert {fixture(n)["status"] for n in names("reply_")} == {"ok", "error"}
 
@@ -62,6 +62,24 @@ def test_builders_match_the_fixtures() -> None:
     assert protocol.stacks(stacks["request_id"], stacks["mesh_id"], stacks["groups"]) == stacks
     snap = fixture("snapshot")
     assert protocol.snapshot(snap["time"], snap["debugger"], snap["meshes"]) == snap
+    series = fixture("series")
+    assert protocol.series(series["time"], series["reset"], series["meshes"]) == series
+
+
+def test_series_columns_are_checked() -> None:
+    series = fixture("series")
+    bad = copy.deepcopy(series)
+    bad["meshes"][0]["resources"][0]["cpu"].append(3.0)
+    with pytest.raises(ValueError, match=r"resources\[0\]: columns of different lengths"):
+        protocol.check_message(bad)
+    bad = copy.deepcopy(series)
+    bad["meshes"][0]["metrics"][0]["ranks"][0]["step"][1] = 1.5
+    with pytest.raises(ValueError, match=r"step\[1\]"):
+        protocol.check_message(bad)
+    bad = copy.deepcopy(series)
+    bad["meshes"][0]["resources"][1]["gpu_util"] = 87
+    with pytest.raises(ValueError, match="gpu_util"):
+        protocol.check_message(bad)
 
 
 def test_schema_violations_say_where() -> None:
@@ -79,16 +97,16 @@ def test_schema_violations_say_where() -> None:
     with pytest.raises(ValueError, match="pid"):
         protocol.check_message(bad)
     with pytest.raises(ValueError, match="unknown message type"):
-        protocol.check_message({"protocol": 1, "type": "gossip"})
+        protocol.check_message({"protocol": protocol.PROTOCOL_VERSION, "type": "gossip"})
     with pytest.raises(ValueError, match="protocol"):
-        protocol.check_message({**fixture("snapshot_empty"), "protocol": 2})
+        protocol.check_message({**fixture("snapshot_empty"), "protocol": 1})
 
 
 @pytest.mark.parametrize(
     ("content", "error"),
     [
         ([], "expected an object"),
-        ({**fixture("request_stacks"), "protocol": 2}, "same actormesh version"),
+        ({**fixture("request_stacks"), "protocol": 1}, "same actormesh version"),
         ({**fixture("request_stacks"), "op": "reboot"}, "unknown operation 'reboot'"),
         ({**fixture("request_stacks"), "mesh_id": 3}, "needs the mesh_id"),
         ({**fixture("request_stacks"), "ranks": [0, -1]}, "integers >= 0"),

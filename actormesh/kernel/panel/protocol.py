@@ -1,4 +1,4 @@
-"""The messages between the kernel and the JupyterLab panel (protocol version 1).
+"""The messages between the kernel and the JupyterLab panel (protocol version 2).
 
 Written down in ``docs/panel-protocol.md``; every message has a JSON fixture under
 ``tests/fixtures/panel/`` that the Python and the TypeScript tests both check.
@@ -6,7 +6,7 @@ Written down in ``docs/panel-protocol.md``; every message has a JSON fixture und
 Panel -> kernel: a control-channel request ``actormesh_panel_request`` (the control channel is
 answered while a cell runs), answered by ``actormesh_panel_reply``. Kernel -> panel: a comm
 with target ``actormesh.panel`` that the kernel opens on ``subscribe``; it carries ``hello``,
-then ``snapshot``, ``stacks`` and ``result`` messages over iopub.
+then ``snapshot``, ``series`` (chart data), ``stacks`` and ``result`` messages over iopub.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PROTOCOL_VERSION = 1
+# 2: the ``series`` message (per-rank resource and metric series for the charts); a version-1
+# panel would refuse it as an unknown type.
+PROTOCOL_VERSION = 2
 COMM_TARGET = "actormesh.panel"
 REQUEST_TYPE = "actormesh_panel_request"
 REPLY_TYPE = "actormesh_panel_reply"
@@ -102,6 +104,16 @@ def stacks(request_id: str, mesh_id: str, groups: list[dict[str, Any]]) -> dict[
     }
 
 
+def series(time: float, reset: bool, meshes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "type": "series",
+        "time": time,
+        "reset": reset,
+        "meshes": meshes,
+    }
+
+
 def result(request_id: str, op: str, ok: bool, message: str) -> dict[str, Any]:
     return {
         "protocol": PROTOCOL_VERSION,
@@ -142,6 +154,23 @@ _MESH = {
     "actors": [str],
     "hosts": [{"host_rank": int, "hostname": str, "ranks": [_RANK]}],
 }
+_OPT_NUM = (*_NUM, _NONE)
+# Columns of one rank's new resource samples: equal lengths; GPU columns null without NVML.
+_RESOURCES = {
+    "rank": int,
+    "time": [_NUM],
+    "cpu": [_NUM],
+    "rss": [int],
+    "gpu_mem": ([(int, _NONE)], _NONE),
+    "gpu_util": ([(int, _NONE)], _NONE),
+}
+# One metric's new points on one rank; a value is null where it was NaN or infinite.
+_POINTS = {"rank": int, "step": [int], "value": [_OPT_NUM]}
+_SERIES_MESH = {
+    "mesh_id": str,
+    "resources": [_RESOURCES],
+    "metrics": [{"name": str, "ranks": [_POINTS]}],
+}
 _HEAD = {"protocol": (PROTOCOL_VERSION,)}
 _MESSAGES: dict[Any, dict[str, Any]] = {
     "hello": {**_HEAD, "type": ("hello",), "client": str, "debugger": bool},
@@ -151,6 +180,13 @@ _MESSAGES: dict[Any, dict[str, Any]] = {
         "time": _NUM,
         "debugger": bool,
         "meshes": [_MESH],
+    },
+    "series": {
+        **_HEAD,
+        "type": ("series",),
+        "time": _NUM,
+        "reset": bool,
+        "meshes": [_SERIES_MESH],
     },
     "stacks": {
         **_HEAD,
@@ -187,6 +223,8 @@ def _check(value: Any, spec: Any, where: str) -> None:
             raise ValueError(f"{where}: expected a list")
         for i, item in enumerate(value):
             _check(item, spec[0], f"{where}[{i}]")
+        if spec[0] is _RESOURCES or spec[0] is _POINTS:
+            _check_columns(value, where)
     elif isinstance(spec, tuple):
         for option in spec:
             if isinstance(option, type):
@@ -194,8 +232,8 @@ def _check(value: Any, spec: Any, where: str) -> None:
                     isinstance(value, bool) and option is not bool
                 ):
                     return
-            elif isinstance(option, dict):
-                if isinstance(value, dict):
+            elif isinstance(option, (dict, list)):
+                if isinstance(value, type(option)):
                     _check(value, option, where)
                     return
             elif value == option and type(value) is type(option):
@@ -203,3 +241,10 @@ def _check(value: Any, spec: Any, where: str) -> None:
         raise ValueError(f"{where}: {value!r} is not one of {spec}")
     elif not isinstance(value, spec) or (isinstance(value, bool) and spec is not bool):
         raise ValueError(f"{where}: expected {spec.__name__}, got {value!r}")
+
+
+def _check_columns(rows: list[dict[str, Any]], where: str) -> None:
+    for i, row in enumerate(rows):
+        lengths = {k: len(v) for k, v in row.items() if isinstance(v, list)}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"{where}[{i}]: columns of different lengths {lengths}")

@@ -5,7 +5,8 @@ ipykernel serves on its own thread: the panel's buttons and its subscription wor
 keeps the shell busy. Updates go out on a comm that the kernel opens (``subscribe``): comm
 messages travel on iopub, which any thread may use, so a background thread pushes a new
 snapshot whenever something changed (checked every ``POLL`` seconds, at once when the debugger
-reports a pause). A snapshot is only sent when it differs from the last one sent.
+reports a pause). A snapshot is only sent when it differs from the last one sent. The charts'
+data follows each check as a ``series`` message of the points that are new (``series.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...runtime.procs.mesh_record import MeshRecord
 from ..targets import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
+from .series import SeriesFeed
 from .watch import MeshWatcher, debugger_state, paused_ranks
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class PanelService:
     def __init__(self, registry: MeshRegistry, user_ns: dict[str, Any] | None) -> None:
         self.registry = registry
         self.watcher = MeshWatcher(registry, user_ns)
+        self.series = SeriesFeed()
         self._comms: dict[str, Any] = {}  # client token -> comm
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -77,6 +80,7 @@ class PanelService:
             old = self._comms.pop(client, None)
             self._comms[client] = comm
             self._last = None  # the new panel needs a full snapshot
+            self.series.reset()  # and the charts' whole history
         if old is not None:
             old.close()
         self._start()
@@ -178,6 +182,7 @@ class PanelService:
             try:
                 self.watcher.ask()
                 self.push()
+                self.push_series()
             except Exception:
                 logger.exception("the panel's update failed")
 
@@ -194,6 +199,16 @@ class PanelService:
                 return
             self._last = snap
         self._send(snap)
+
+    def push_series(self) -> None:
+        """Send the chart points that came since the last ``series`` message, if any."""
+        with self._lock:
+            if not self._comms:
+                return
+        ctl = controller_if_started()
+        msg = self.series.update([] if ctl is None else ctl.live_records())
+        if msg is not None:
+            self._send(msg)
 
     def _send(self, msg: dict[str, Any]) -> None:
         with self._lock:

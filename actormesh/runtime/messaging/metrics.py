@@ -159,17 +159,30 @@ class MetricsLog:
     def __init__(self, keep: int = KEEP) -> None:
         self.keep = keep
         self.rows: list[tuple[int, str, float, int | None, float]] = []
+        self.total = 0  # values ever added (trimmed ones too): the cursor of ``since``
+        self._lock = threading.Lock()  # ``since`` needs rows and total to agree
         self._listeners: list[Callable[[], None]] = []
 
     def add(self, rank: int, records: Any) -> None:
-        self.rows.extend((rank, name, value, step, t) for name, value, step, t in records)
-        if len(self.rows) > self.keep:
-            del self.rows[: len(self.rows) - self.keep]
+        with self._lock:
+            before = len(self.rows)
+            self.rows.extend((rank, name, value, step, t) for name, value, step, t in records)
+            self.total += len(self.rows) - before
+            if len(self.rows) > self.keep:
+                del self.rows[: len(self.rows) - self.keep]
         for listener in list(self._listeners):
             try:
                 listener()
             except Exception:
                 pass  # a live view that failed must not stop the others (or the I/O thread)
+
+    def since(self, cursor: int) -> tuple[list[tuple[int, str, float, int | None, float]], int]:
+        """The rows added after ``cursor`` (a ``total`` seen before; 0: all that are kept), and
+        the cursor to pass next time. Rows trimmed meanwhile are lost to the caller."""
+        with self._lock:
+            new = self.total - cursor
+            rows = self.rows[-new:] if 0 < new < len(self.rows) else self.rows[:] if new > 0 else []
+            return rows, self.total
 
     def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn`` (on the I/O thread) whenever values arrive; returns the undo."""
