@@ -91,10 +91,12 @@ class Future(Generic[T]):
             self._value = value
             event, callbacks, waker = self._event, self._callbacks, self._waker
             self._callbacks = []
-            # Only a pending future describes what it waits for; these are bound methods of
-            # the collector that holds this future, a cycle that would keep the result (a
-            # tensor's receive buffer) alive until the garbage collector's next pass.
-            self._describe_pending = self._pending_ranks = None
+            if state == _DONE:
+                # These are bound methods of the collector that holds this future, a cycle
+                # that would keep the result (a tensor's receive buffer) alive until the
+                # garbage collector's next pass. A failed call keeps them: its other ranks'
+                # replies still come in, and pending_ranks() says which are still out.
+                self._describe_pending = self._pending_ranks = None
         if event is not None:
             event.set()
         if waker is not None and waker.owner is not threading.current_thread():
