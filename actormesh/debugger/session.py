@@ -33,7 +33,7 @@ from ..runtime.messaging.protocol import DEBUGGER
 from ..runtime.procs.controller import controller_if_started, get_controller, on_controller
 from ..runtime.procs.mesh_record import MeshRecord
 from .dap import DapError
-from .rank import DEBUG_AGENT_NAME, DebugAgent
+from .rank import ATTACH_TIMEOUT, DEBUG_AGENT_NAME, DebugAgent
 from .rank_debug import Key, RankDebug
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,14 @@ class Debugger:
                 f"{rd.pg_timeout:g} s timeout: peers waiting for it in a collective fail when "
                 "it runs out (%mesh dbg list shows the time left)"
             )
+        try:
+            # The rank's `_mesh_debug` actor first, while the rank waits for us: started as the
+            # rank stops, its thread could be suspended along with the rank's other threads
+            # before it has an ident, and pydevd then prints "thread._ident is None in
+            # _get_related_thread!" into the cell's output. Its answer says it runs.
+            self.agent(rd.mesh_id, rd.rank).listen.call_one().get(timeout=ATTACH_TIMEOUT)
+        except MeshError as exc:
+            logger.debug("rank %s: its debug agent did not answer: %s", rd.rank, exc)
         try:
             rd.attach(int(where["port"]))
         except Exception as exc:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from kernel_support import Kernel
+import re
+
+from kernel_support import Kernel, spawn_code
 from support import wait_until
+
+# How pydevd starts its log lines ("0.85s - ..."), after the rank prefix of a mesh cell.
+PYDEVD_LOG = re.compile(r"^\[[^\]]*\] \d+\.\d+s - ", re.MULTILINE)
 
 
 def count(result: object) -> int:
@@ -50,6 +55,24 @@ def test_breakpoint_in_a_cell_pauses_one_rank_and_the_cell_returns(dbg4: Kernel)
         10,
         "rank 2 to be running again",
     )
+
+
+def test_the_first_pause_of_a_mesh_shows_no_pydevd_warning(dbg4: Kernel) -> None:
+    """The first breakpoint() of a mesh spawns the kernel's ``_mesh_debug`` actor there. When
+    its thread started as the rank stopped, pydevd printed "thread._ident is None in
+    _get_related_thread!" into the cell: about one mesh in three, hence the fresh meshes."""
+    for attempt in range(16):
+        dbg4.ok(spawn_code(1, "fresh"))
+        cells = []
+        try:
+            cells.append(dbg4.ok("%%mesh fresh\nbefore = 1\nbreakpoint()\nafter = 2\n"))
+            assert "paused at In [" in cells[0].stream(), cells[0].stream()
+            cells.append(dbg4.ok("%mesh dbg list"))
+            cells.append(dbg4.ok("%mesh dbg continue\n_mesh.get(timeout=30)"))
+        finally:
+            cells.append(dbg4.ok("fresh.stop().get(timeout=30)"))
+        out = "".join(c.stream() + c.stream("stderr") for c in cells)
+        assert "_get_related_thread" not in out and not PYDEVD_LOG.search(out), (attempt, out)
 
 
 def test_a_paused_rank_in_a_process_group_warns_of_its_timeout(dbg4: Kernel) -> None:
