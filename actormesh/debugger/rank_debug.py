@@ -89,15 +89,22 @@ class RankDebug:
         where = self.location
         if self.status == "paused" and where is not None:
             text = f"paused at {self.debugger.label(where.path)}:{where.line} in {where.function}"
-            if self.pg_timeout and self.paused_since is not None:
-                left = self.pg_timeout - (time.monotonic() - self.paused_since)
-                text += f" (process group timeout in {max(left, 0):.0f} s)"
+            left = self.timeout_left()
+            if left is not None:
+                text += f" (process group timeout in {left:.0f} s)"
             return text
         if self.status == "paused":
             return "paused"
         if self.pause_requested and self.status == "running":
             return "running (pause requested)"
         return self.status
+
+    def timeout_left(self) -> float | None:
+        """Seconds left, while paused, before peers waiting for this rank in a collective give
+        up (its process group's timeout); None without one."""
+        if self.status != "paused" or not self.pg_timeout or self.paused_since is None:
+            return None
+        return max(self.pg_timeout - (time.monotonic() - self.paused_since), 0.0)
 
     # -- attaching (pool thread) -----------------------------------------------------------------
 

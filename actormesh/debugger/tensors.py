@@ -17,6 +17,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from ..runtime.meshes.display import value_cell
+
 DEFAULT_CAP = 10_000_000  # elements summarized per tensor
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -223,10 +225,11 @@ class Comparison:
         )
         body = []
         for row, cells in self.rows:
+            # Values shown rounded (0.3, not 0.30000000000000004), the exact text on hover.
+            texts = [cells.get(r, "") for r in ranks]
             tds = "".join(
-                f"<td{_HIGHLIGHT if self._odd(row, r, cells.get(r, '')) else ''}>"
-                f"{html.escape(cells.get(r, ''))}</td>"
-                for r in ranks
+                value_cell(text, None, _HIGHLIGHT if self._odd(row, r, text) else "")
+                for r, text in zip(ranks, texts, strict=True)
             )
             body.append(f"<tr><th>{html.escape(row)}</th>{tds}</tr>")
         return (

@@ -8,13 +8,13 @@ must not wait on its own connection).
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshError
 from .dap import DapError
+from .widget_html import MeshRows, RankRow, locals_table, note, rank_table, stack_table, wrap
 
 if TYPE_CHECKING:
     from .magics import DebugMagics
@@ -34,29 +34,40 @@ class DebuggerWidget:
         self.debug = debug
         self.debugger = debug.debugger
         self.table = w.HTML()
-        self.rank = w.Dropdown(description="rank", options=[])
-        self.scope = w.ToggleButtons(options=["this rank", "selection", "all"], value="this rank")
-        self.selection = w.Text(placeholder="SEL, e.g. 0,2 or 1:4", layout=w.Layout(width="14em"))
+        self.rank = w.Dropdown(
+            description="rank", options=[], layout=w.Layout(width="21em"),
+            style={"description_width": "3em"},
+        )  # fmt: skip
+        self.scope = w.ToggleButtons(
+            options=["this rank", "selection", "all"], value="this rank",
+            style={"button_width": "auto"},
+        )  # fmt: skip
+        self.selection = w.Text(placeholder="SEL, e.g. 0,2 or 1:4", layout=w.Layout(width="12em"))
         self.buttons = []
         for command, text in _ACTIONS:
             button = w.Button(description=text, layout=w.Layout(width="auto"))
             button.on_click(lambda _, c=command: self._act(c))
             self.buttons.append(button)
-        self.stack = w.HTML()
+        self.stack = w.HTML(layout=w.Layout(margin="0 24px 0 0"))
         self.locals = w.HTML()
-        self.name = w.Text(placeholder="variable, e.g. loss or model", description="inspect")
+        self.name = w.Text(
+            placeholder="variable, e.g. loss or model", description="inspect",
+            layout=w.Layout(width="24em"), style={"description_width": "4.5em"},
+        )  # fmt: skip
         inspect = w.Button(description="compare ranks", layout=w.Layout(width="auto"))
         inspect.on_click(lambda _: self._inspect())
         self.summary = w.HTML()
         self.status = w.HTML()
-        self.rank.observe(lambda _: self._refresh_rank(), names="value")
+        self._meshes: list[tuple[Any, str, dict[int, str]]] = []
+        self.rank.observe(lambda _: self._show_rank(), names="value")
+        wrap = w.Layout(flex_flow="row wrap", align_items="flex-start")
         self.box = w.VBox(
             [
                 self.table,
-                w.HBox([self.rank, self.scope, self.selection]),
-                w.HBox(self.buttons),
-                w.HBox([self.stack, self.locals]),
-                w.HBox([self.name, inspect]),
+                w.HBox([self.rank, self.scope, self.selection], layout=wrap),
+                w.HBox(self.buttons, layout=wrap),
+                w.HBox([self.stack, self.locals], layout=wrap),
+                w.HBox([self.name, inspect], layout=wrap),
                 self.summary,
                 self.status,
             ]
@@ -85,23 +96,19 @@ class DebuggerWidget:
 
     def refresh(self) -> None:
         """Rebuild the rank table and the selected rank's view (any thread but a DAP reader)."""
-        rows, options = [], []
-        for tools in self.debug.magics.registry.live():
+        live = self.debug.magics.registry.live()
+        names = self._mesh_names() if len(live) > 1 else {}
+        meshes: list[tuple[Any, str, dict[int, str]]] = []
+        options = []
+        for tools in live:
             mesh_id = tools.table.mesh_id
+            name = ", ".join(names.get(mesh_id, [])) or mesh_id
+            lines = {}
             for r in tools.shape.ranks():
-                state = self.debugger.describe(mesh_id, r)
-                css = state.split(" ")[0]
-                label = f"rank {r} {{{tools.table.labels[r]}}}"
-                rows.append(
-                    f"<tr class='jp-actormesh-dbg-{css}'><td>{html.escape(label)}</td>"
-                    f"<td>{html.escape(state)}</td></tr>"
-                )
-                options.append((f"{label}: {state}", (mesh_id, r)))
-        self.table.value = (
-            "<table class='jp-actormesh-dbg-ranks'><tr><th>rank</th><th>state</th></tr>"
-            + "".join(rows)
-            + "</table>"
-        )
+                lines[r] = f"rank {r} {{{tools.table.labels[r]}}} "
+                lines[r] += self.debugger.describe(mesh_id, r)
+                options.append((f"{name}: {lines[r]}" if len(live) > 1 else lines[r], (mesh_id, r)))
+            meshes.append((tools, f"{name} {tools.shape.extent}", lines))
         current = self.rank.value
         self.rank.options = options
         values = [v for _, v in options]
@@ -110,32 +117,78 @@ class DebuggerWidget:
         else:
             paused = [rd.key for rd in self.debugger.paused()]
             self.rank.value = paused[0] if paused else (values[0] if values else None)
+        self._meshes = meshes
+        self._show_rank()
+
+    def _show_rank(self) -> None:
+        """The table (the chosen rank highlighted) and the chosen rank's stack and locals."""
+        self.table.value = rank_table(
+            [
+                MeshRows(title, [self._row(tools, r, line) for r, line in lines.items()])
+                for tools, title, lines in self._meshes
+            ]
+        )
         self._refresh_rank()
+
+    def _row(self, tools: Any, rank: int, line: str) -> RankRow:
+        """A rank's state, where it is paused (``In [2]:3``, as the sidebar writes it)."""
+        mesh_id, point = tools.table.mesh_id, tools.table.labels[rank]
+        title, selected = line, self.rank.value == (mesh_id, rank)
+        if self.debugger.is_dead(mesh_id, rank):
+            return RankRow(rank, point, "dead", title=title, selected=selected)
+        rd = self.debugger.ranks.get((mesh_id, rank))
+        if rd is None:
+            return RankRow(rank, point, "running", title=title, selected=selected)
+        where = rd.location if rd.status == "paused" else None
+        left = rd.timeout_left()
+        if left is not None:
+            note = f"process group timeout in {left:.0f} s"
+        elif rd.pause_requested and rd.status == "running":
+            note = "pause requested"
+        else:
+            note = ""
+        return RankRow(
+            rank,
+            point,
+            rd.status,
+            "" if where is None else f"{self.debug.label(where.path)}:{where.line}",
+            "" if where is None else where.function,
+            note,
+            title,
+            selected,
+        )
+
+    def _mesh_names(self) -> dict[str, list[str]]:
+        """The notebook variables holding each proc mesh (or an actor mesh on it), as the
+        sidebar names meshes."""
+        from ..runtime.meshes.actor_mesh import ActorMesh
+        from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
+
+        names: dict[str, list[str]] = {}
+        try:
+            items = list(self.debug.shell.user_ns.items())
+        except (AttributeError, RuntimeError):  # no shell; a cell assigned as we copied
+            return names
+        for name, value in items:
+            if not name.startswith("_") and isinstance(value, (ProcMesh, ActorMesh)):
+                names.setdefault(proc_table(value).mesh_id, []).append(name)
+        return names
 
     def _refresh_rank(self) -> None:
         key = self.rank.value
         rd = None if key is None else self.debugger.ranks.get(key)
         if rd is None or rd.status != "paused":
-            self.stack.value = "<i>not paused</i>"
+            self.stack.value = note("not paused")
             self.locals.value = ""
             return
         try:
             frames = rd.frames or rd.stack()
-            items = "".join(
-                f"<li>{html.escape(self.debug.label(f.path))}:{f.line} in "
-                f"<b>{html.escape(f.function)}</b></li>"
-                for f in frames
+            self.stack.value = stack_table(
+                [(f"{self.debug.label(f.path)}:{f.line}", f.function) for f in frames]
             )
-            self.stack.value = f"<b>stack</b><ol>{items}</ol>"
-            variables = rd.variables()
-            cells = "".join(
-                f"<tr><td>{html.escape(n)}</td><td>{html.escape(t)}</td>"
-                f"<td>{html.escape(v[:120])}</td></tr>"
-                for n, t, v in variables
-            )
-            self.locals.value = f"<b>locals</b><table>{cells}</table>"
+            self.locals.value = locals_table(rd.variables())
         except DapError as exc:
-            self.stack.value = f"<i>{html.escape(str(exc))}</i>"
+            self.stack.value = note(str(exc), error=True)
 
     # -- controls --------------------------------------------------------------------------------
 
@@ -158,7 +211,7 @@ class DebuggerWidget:
         try:
             return mesh_id, list(select(tools.shape, self.selection.value or None).ranks)
         except SelectionError as exc:
-            self.status.value = f"<span style='color:#c00'>{html.escape(str(exc))}</span>"
+            self.status.value = note(str(exc), error=True)
             return None
 
     def _act(self, command: str) -> None:
@@ -166,7 +219,7 @@ class DebuggerWidget:
         if targets is None:
             return
         mesh_id, ranks = targets
-        self.status.value = f"{command} {ranks}…"
+        self.status.value = note(f"{command} {ranks}…")
         self.debugger.pool.submit(self._act_now, command, mesh_id, ranks)
 
     def _act_now(self, command: str, mesh_id: str, ranks: list[int]) -> None:
@@ -177,9 +230,9 @@ class DebuggerWidget:
                 self.debugger.pause(mesh_id, ranks)
             else:
                 self.debugger.resume(mesh_id, ranks, STEP_COMMANDS[command])
-            self.status.value = f"{command}: sent to ranks {', '.join(map(str, ranks))}"
+            self.status.value = note(f"{command}: sent to ranks {', '.join(map(str, ranks))}")
         except (DapError, MeshError) as exc:
-            self.status.value = f"<span style='color:#c00'>{html.escape(str(exc))}</span>"
+            self.status.value = note(str(exc), error=True)
 
     def _inspect(self) -> None:
         targets = self._targets()
@@ -190,6 +243,6 @@ class DebuggerWidget:
         try:
             comparison = self.debug.compare(mesh_id, ranks, name)
         except (DapError, MeshError, ValueError) as exc:
-            self.summary.value = f"<span style='color:#c00'>{html.escape(str(exc))}</span>"
+            self.summary.value = note(str(exc), error=True)
             return
-        self.summary.value = comparison._repr_html_()
+        self.summary.value = wrap(comparison._repr_html_())

@@ -10,6 +10,7 @@ from ...errors import MeshIndexError, MeshTypeError
 from ..extent import Point
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..shape import Shape
+from .display import value_cell
 
 __all__ = ["ValueMesh"]
 
@@ -20,9 +21,13 @@ _HTML_LIMIT = 64  # rows shown by _repr_html_
 _VALUE_REPR_CHARS = 60
 
 
+def _one_line(value: object) -> str:
+    # Values are often tensors whose repr spans many lines; keep one entry on one line.
+    return " ".join(repr(value).split())
+
+
 def _short_repr(value: object) -> str:
-    # Values are often tensors whose repr spans many lines; keep one entry on one short line.
-    text = " ".join(repr(value).split())
+    text = _one_line(value)
     if len(text) > _VALUE_REPR_CHARS:
         text = text[: _VALUE_REPR_CHARS - 3] + "..."
     return text
@@ -169,7 +174,8 @@ class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
                 break
             rows.append(
                 f"<tr><td>{html.escape(self._render_point(point, shown))}</td>"
-                f"<td>{html.escape(_short_repr(value))}</td></tr>"
+                # Shown rounded (0.3, not 0.30000000000000004), the exact repr on hover.
+                f"{value_cell(_one_line(value), _VALUE_REPR_CHARS)}</tr>"
             )
         caption = html.escape(f"ValueMesh {self._shape.extent}")
         return (
