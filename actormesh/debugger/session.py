@@ -153,14 +153,15 @@ class Debugger:
                 f"{rd.pg_timeout:g} s timeout: peers waiting for it in a collective fail when "
                 "it runs out (%mesh dbg list shows the time left)"
             )
-        try:
-            # The rank's `_mesh_debug` actor first, while the rank waits for us: started as the
-            # rank stops, its thread could be suspended along with the rank's other threads
-            # before it has an ident, and pydevd then prints "thread._ident is None in
-            # _get_related_thread!" into the cell's output. Its answer says it runs.
-            self.agent(rd.mesh_id, rd.rank).listen.call_one().get(timeout=ATTACH_TIMEOUT)
-        except MeshError as exc:
-            logger.debug("rank %s: its debug agent did not answer: %s", rd.rank, exc)
+        if rd.port is None:  # never attached: its `_mesh_debug` actor may not run yet
+            try:
+                # That actor first, while the rank waits for us: started as the rank stops,
+                # its thread could be suspended along with the rank's other threads before it
+                # has an ident, and pydevd then prints "thread._ident is None in
+                # _get_related_thread!" into the cell's output. Its answer says it runs.
+                self.agent(rd.mesh_id, rd.rank).listen.call_one().get(timeout=ATTACH_TIMEOUT)
+            except MeshError as exc:
+                logger.debug("rank %s: its debug agent did not answer: %s", rd.rank, exc)
         try:
             rd.attach(int(where["port"]))
         except Exception as exc:
