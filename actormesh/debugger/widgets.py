@@ -60,14 +60,14 @@ class DebuggerWidget:
         self.status = w.HTML()
         self._meshes: list[tuple[Any, str, dict[int, str]]] = []
         self.rank.observe(lambda _: self._show_rank(), names="value")
-        wrap = w.Layout(flex_flow="row wrap", align_items="flex-start")
+        flow = w.Layout(flex_flow="row wrap", align_items="flex-start")
         self.box = w.VBox(
             [
                 self.table,
-                w.HBox([self.rank, self.scope, self.selection], layout=wrap),
-                w.HBox(self.buttons, layout=wrap),
-                w.HBox([self.stack, self.locals], layout=wrap),
-                w.HBox([self.name, inspect], layout=wrap),
+                w.HBox([self.rank, self.scope, self.selection], layout=flow),
+                w.HBox(self.buttons, layout=flow),
+                w.HBox([self.stack, self.locals], layout=flow),
+                w.HBox([self.name, inspect], layout=flow),
                 self.summary,
                 self.status,
             ]
@@ -103,7 +103,7 @@ class DebuggerWidget:
         for tools in live:
             mesh_id = tools.table.mesh_id
             name = ", ".join(names.get(mesh_id, [])) or mesh_id
-            lines = {}
+            lines: dict[int, str] = {}
             for r in tools.shape.ranks():
                 lines[r] = f"rank {r} {{{tools.table.labels[r]}}} "
                 lines[r] += self.debugger.describe(mesh_id, r)
@@ -142,18 +142,18 @@ class DebuggerWidget:
         where = rd.location if rd.status == "paused" else None
         left = rd.timeout_left()
         if left is not None:
-            note = f"process group timeout in {left:.0f} s"
+            detail = f"process group timeout in {left:.0f} s"
         elif rd.pause_requested and rd.status == "running":
-            note = "pause requested"
+            detail = "pause requested"
         else:
-            note = ""
+            detail = ""
         return RankRow(
             rank,
             point,
             rd.status,
             "" if where is None else f"{self.debug.label(where.path)}:{where.line}",
             "" if where is None else where.function,
-            note,
+            detail,
             title,
             selected,
         )
