@@ -165,15 +165,6 @@ class RawPool:
 # -- interleaving ----------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[int], object], start: int, count: int) -> list[int]:
-    out = []
-    for i in range(start, start + count):
-        t0 = time.perf_counter_ns()
-        fn(i)
-        out.append(time.perf_counter_ns() - t0)
-    return out
-
-
 def interleave(
     sides: dict[str, Callable[[int], object]],
     shape: tuple[int, int],
@@ -185,7 +176,7 @@ def interleave(
     blocks, per_block = shape
     names = list(sides)
     for name in names:
-        timed(sides[name], 0, max(5, per_block // 2))  # warm-up
+        C.timed(sides[name], 0, max(5, per_block // 2))  # warm-up
     samples: dict[str, list[int]] = {k: [] for k in names}
     block_medians: dict[str, list[float]] = {k: [] for k in names}
     for b in range(blocks):
@@ -193,7 +184,7 @@ def interleave(
         for name in order:
 
             def run(name: str = name, start: int = b * per_block) -> list[int]:
-                return timed(sides[name], start, per_block)
+                return C.timed(sides[name], start, per_block)
 
             got = on_block(name, run) if on_block else run()
             samples[name] += got

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,15 +47,6 @@ class Pinger(am.Actor):
         return i
 
 
-def timed(fn: Callable[[int], object], start: int, count: int) -> list[int]:
-    out = []
-    for i in range(start, start + count):
-        t0 = time.perf_counter_ns()
-        fn(i)
-        out.append(time.perf_counter_ns() - t0)
-    return out
-
-
 def interleave(
     ours: Callable[[int], object],
     base: Callable[[int], object],
@@ -65,19 +55,19 @@ def interleave(
 ) -> dict[str, Any]:
     """Time ``ours`` and ``base`` in ``shape`` = (blocks, calls per block), alternating."""
     blocks, per_block = shape
-    timed(ours, 0, warmup)
-    timed(base, 0, warmup)
+    C.timed(ours, 0, warmup)
+    C.timed(base, 0, warmup)
     mine: list[int] = []
     theirs: list[int] = []
     pair_ratios: list[float] = []
     for b in range(blocks):
         start = b * per_block
         if b % 2 == 0:
-            a = timed(ours, start, per_block)
-            f = timed(base, start, per_block)
+            a = C.timed(ours, start, per_block)
+            f = C.timed(base, start, per_block)
         else:
-            f = timed(base, start, per_block)
-            a = timed(ours, start, per_block)
+            f = C.timed(base, start, per_block)
+            a = C.timed(ours, start, per_block)
         mine += a
         theirs += f
         pair_ratios.append(statistics.median(a) / statistics.median(f))

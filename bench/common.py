@@ -81,18 +81,23 @@ def stats_ns(samples_ns: Iterable[int], nbytes: int | None = None) -> Stats:
     return d
 
 
+def timed(fn: Callable[[int], object], start: int, count: int) -> list[int]:
+    """Nanoseconds of each of ``fn(start) .. fn(start + count - 1)``, timed one by one."""
+    out = []
+    for i in range(start, start + count):
+        t0 = time.perf_counter_ns()
+        fn(i)
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
 def time_loop(
     fn: Callable[[int], object], warmup: int, iters: int, nbytes: int | None = None
 ) -> Stats:
     """Run ``fn(i)`` ``warmup`` times untimed, then ``iters`` times timed one by one."""
     for i in range(warmup):
         fn(i)
-    out = []
-    for i in range(iters):
-        t0 = time.perf_counter_ns()
-        fn(i)
-        out.append(time.perf_counter_ns() - t0)
-    return stats_ns(out, nbytes)
+    return stats_ns(timed(fn, 0, iters), nbytes)
 
 
 def machine_info() -> dict[str, Any]:

@@ -20,10 +20,10 @@
 
 import uPlot from 'uplot';
 
+import { el } from './dom';
 import { formatBytes } from './format';
 import { align, bands, ILine, MeshSeries, Resource, straying } from './series';
 
-const PREFIX = 'jp-actormesh';
 /** More ranks than this: a resource chart draws min/median/max, not a line per rank. */
 export const BAND_ABOVE = 16;
 const PALETTE = ['#2f74c0', '#3f9a55', '#8e5bb5', '#c27c1a', '#1a9a9a', '#b8467a', '#6b7a8f', '#7f9a1a'];
@@ -124,15 +124,7 @@ export class FrameBatch {
 }
 
 function div(cls: string, text?: string): HTMLDivElement {
-  const node = document.createElement('div');
-  node.className = cls
-    .split(' ')
-    .map(c => `${PREFIX}-${c}`)
-    .join(' ');
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
+  return el('div', cls, text);
 }
 
 function themeColor(name: string, fallback: string): string {

@@ -10,11 +10,11 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { MeshCharts, FrameBatch } from './charts';
+import { el, PREFIX } from './dom';
 import { formatBytes } from './format';
 import { MeshModel } from './model';
 import { IMesh, IRank, IStacks, Op, rankRanges, RankState } from './protocol';
 
-const PREFIX = 'jp-actormesh';
 
 interface IControl {
   op: Op;
@@ -71,24 +71,6 @@ const CONTROLS: IControl[] = [
 
 function allRanks(mesh: IMesh): IRank[] {
   return ([] as IRank[]).concat(...mesh.hosts.map(h => h.ranks));
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  cls: string | null,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (cls) {
-    node.className = cls
-      .split(' ')
-      .map(c => `${PREFIX}-${c}`)
-      .join(' ');
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
 }
 
 /** 5 s, 3 min 2 s, 1 h 4 min. */
