@@ -14,7 +14,8 @@ move data between them at device speed).
 
 The owner's CUDA work for readers (finishing the device's work, staging copies) runs on one
 thread of its own, in arrival order, never on the I/O thread: a long kernel must not stall the
-process's messages.
+process's messages. The reader's copy runs on its I/O thread when the owner's answer arrives:
+a device-to-device copy, about 0.7 ms per GiB on an H100.
 """
 
 from __future__ import annotations
