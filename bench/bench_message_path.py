@@ -31,6 +31,7 @@ Prints one JSON object (``BENCH_OUT=path`` also writes it) and a Markdown summar
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import pickle
@@ -148,6 +149,15 @@ class RawPool:
             self.sock.bind(self.ep)
         self.ids: list[bytes] = []
         self.pids: dict[int, bytes] = {}  # worker pid -> its DEALER's identity
+
+    def close(self) -> None:
+        """Stop the workers' DEALER threads, close the socket, remove an ipc socket's file."""
+        for ident in self.ids:
+            self.sock.send_multipart([ident, b"x", b""])
+        self.sock.close(linger=100)
+        if self.ep.startswith("ipc://"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.ep.removeprefix("ipc://"))
 
     def wait_ready(self, n: int) -> None:
         for _ in range(n):
@@ -495,9 +505,7 @@ def main() -> None:
         out["load_average_end"] = round(os.getloadavg()[0], 2)
     finally:
         for pool in pools.values():
-            for ident in pool.ids:
-                pool.sock.send_multipart([ident, b"x", b""])
-            pool.sock.close(linger=100)
+            pool.close()
         procs.stop().get(timeout=60)
     C.print_result(out)
     print(summary(out), file=sys.stderr)
