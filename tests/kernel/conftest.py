@@ -19,6 +19,7 @@ pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_client")
 
 from kernel_support import Kernel, spawn_code, start_kernel
+from panel_support import Panel
 from support import wait_until
 
 
@@ -46,6 +47,18 @@ def kernel() -> Iterator[Kernel]:
     try:
         yield k
     finally:
+        k.shutdown()
+
+
+@pytest.fixture
+def panel_kernel() -> Iterator[tuple[Kernel, Panel]]:
+    """A fresh kernel and a sidebar client subscribed to nothing yet, both closed afterwards."""
+    k = start_kernel()
+    p = Panel(k)
+    try:
+        yield k, p
+    finally:
+        p.close()
         k.shutdown()
 
 

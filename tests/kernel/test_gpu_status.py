@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from kernel_support import Kernel, spawn_code
+from panel_support import Panel, ranks_of
 
 from actormesh.runtime.procs.osutil import visible_gpus
 
@@ -30,8 +31,6 @@ def test_status_shows_each_ranks_gpu_memory(kernel: Kernel) -> None:
 
 
 def test_the_sidebar_feed_carries_each_ranks_gpu_memory(kernel: Kernel) -> None:
-    from test_panel import Panel, ranks_of
-
     panel = Panel(kernel)
     try:
         panel.ok("subscribe", client=panel.client)

@@ -5,31 +5,19 @@ sidebar shows a rank busy in the tensor engine with the op it runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_support import Kernel, start_kernel
-from test_panel import Panel, ranks_of
+from kernel_support import Kernel
+from panel_support import Panel, ranks_of
 
 pytest.importorskip("torch")
 
 WAIT = 120  # forming the process group and the engines on a loaded 2-core machine
 
 
-@pytest.fixture
-def tensor_kernel() -> Iterator[tuple[Kernel, Panel]]:
-    k = start_kernel()
-    p = Panel(k)
-    try:
-        yield k, p
-    finally:
-        p.close()
-        k.shutdown()
-
-
-def test_kernel_mesh_tensor(tensor_kernel: tuple[Kernel, Panel], tmp_path: Path) -> None:
-    kernel, panel = tensor_kernel
+def test_kernel_mesh_tensor(panel_kernel: tuple[Kernel, Panel], tmp_path: Path) -> None:
+    kernel, panel = panel_kernel
     # The kernel does not load the tensor layer (nor torch) until a notebook uses it.
     kernel.ok("import sys\nassert 'actormesh.tensor' not in sys.modules, sorted(sys.modules)")
     kernel.ok(
