@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from support import wait_until
 
@@ -23,6 +24,21 @@ class Counted(am.Actor):
         return os.getpid()
 
 
+def kill_and_heal(procs: Any, kept: Any, pid: int, unhandled_failures: list[object]) -> None:
+    """SIGKILL the one process, heal the mesh; ``kept`` answers from its new process."""
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: procs.health().values()[0] != "alive", 10, "the death")
+    procs.heal().get(timeout=60)
+    unhandled_failures.clear()  # the kill, which no call observed
+    assert kept.pid.call_one().get(timeout=30) != pid
+
+
+def assert_only_kept_was_recreated(tmp_path: Path) -> None:
+    # Counted writes an "x" per __init__: the stopped mesh's actor was built once, not twice.
+    assert (tmp_path / "kept").read_text() == "xx"
+    assert (tmp_path / "gone").read_text() == "x"
+
+
 def test_heal_does_not_recreate_an_actor_mesh_that_was_stopped(
     spawn_procs, tmp_path, unhandled_failures
 ) -> None:
@@ -32,13 +48,8 @@ def test_heal_does_not_recreate_an_actor_mesh_that_was_stopped(
     pid = kept.pid.call_one().get(timeout=30)
     gone.initialized.get(timeout=30)
     gone.stop().get(timeout=30)
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: procs.health().values()[0] != "alive", 10, "the death")
-    procs.heal().get(timeout=60)
-    unhandled_failures.clear()  # the kill, which no call observed
-    assert kept.pid.call_one().get(timeout=30) != pid
-    assert (tmp_path / "kept").read_text() == "xx"
-    assert (tmp_path / "gone").read_text() == "x"
+    kill_and_heal(procs, kept, pid, unhandled_failures)
+    assert_only_kept_was_recreated(tmp_path)
 
 
 class Stopper(am.Actor):
@@ -59,10 +70,5 @@ def test_heal_does_not_recreate_actors_stopped_from_another_process(
     gone.initialized.get(timeout=30)
     stopper = spawn_procs(per_host={"gpus": 1}).spawn("stopper", Stopper)
     stopper.stop_mesh.call_one(gone).get(timeout=60)
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: children.health().values()[0] != "alive", 10, "the death")
-    children.heal().get(timeout=60)
-    unhandled_failures.clear()  # the kill, which no call observed
-    assert kept.pid.call_one().get(timeout=30) != pid
-    assert (tmp_path / "kept").read_text() == "xx"
-    assert (tmp_path / "gone").read_text() == "x"
+    kill_and_heal(children, kept, pid, unhandled_failures)
+    assert_only_kept_was_recreated(tmp_path)
