@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from support import gpus_here
 
-from actormesh.runtime.procs.osutil import visible_gpus
-
-GPUS = visible_gpus() if torch.backends.cuda.is_built() else []
+GPUS = gpus_here()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

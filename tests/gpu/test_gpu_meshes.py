@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from support import wait_until
+from support import gpus_here, wait_until
 
 import actormesh as am
 from actormesh import MeshUsageError, TensorBuffer
-from actormesh.runtime.procs.osutil import visible_gpus
 
-GPUS = visible_gpus() if torch.backends.cuda.is_built() else []  # conftest skips without
+GPUS = gpus_here()  # conftest skips without
 
 
 class Gpu(am.Actor):

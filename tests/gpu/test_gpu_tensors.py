@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import torch
+from support import gpus_here
 from training import MLP, train
 
 import actormesh as am
-from actormesh.runtime.procs.osutil import visible_gpus
 from actormesh.tensor import activate, fetch, inspect, module_to_mesh, randn
 
-GPUS = visible_gpus() if torch.backends.cuda.is_built() else []  # conftest skips without
+GPUS = gpus_here()  # conftest skips without
 
 WAIT = 120
 

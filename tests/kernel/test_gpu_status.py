@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 from kernel_support import Kernel, spawn_code
 from panel_support import Panel, ranks_of
-
-from actormesh.runtime.procs.osutil import visible_gpus
+from support import gpus_here
 
 pytestmark = pytest.mark.skipif(
-    not (torch.backends.cuda.is_built() and visible_gpus()),
+    not gpus_here(),
     reason="needs an NVIDIA GPU and a CUDA build of torch (this machine has none)",
 )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import gpus_here
 
 import actormesh as am
 from actormesh.runtime.dataplane.distributed import (
@@ -19,7 +20,6 @@ from actormesh.runtime.dataplane.distributed import (
     init_process_group,
     layout,
 )
-from actormesh.runtime.procs.osutil import visible_gpus
 from actormesh.runtime.shape import Shape
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -101,9 +101,8 @@ def test_layout_of_a_slice_counts_from_zero() -> None:
 
 def default_backend_for(ranks: int) -> str:
     """What a default group of ``ranks`` pinned ranks ('gpus' dimension) uses on this machine."""
-    import torch
 
-    gpus = visible_gpus() if torch.backends.cuda.is_built() else []
+    gpus = gpus_here()
     if not gpus:
         return "gloo"
     return "cpu:gloo,cuda:nccl" if len(gpus) >= ranks else SHARED_GPU_BACKEND

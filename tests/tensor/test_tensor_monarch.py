@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import torch
+from support import gpus_here
 
 import actormesh as am
-from actormesh.runtime.procs.osutil import visible_gpus
 from actormesh.tensor import (
     MeshTensor,
     activate,
@@ -130,7 +130,7 @@ def test_a_gpu_program_runs_on_the_cpu_mesh(mesh: Any) -> None:
         t = torch.ones(2, 3, device="cuda")
         total = (t @ t.T).reduce(("dp", "tp"), "sum")
     # On GPUs only with one per rank (four here); ranks that share one compute on the CPU.
-    gpus = visible_gpus() if torch.backends.cuda.is_built() else []
+    gpus = gpus_here()
     assert t.device.type == ("cuda" if len(gpus) >= 4 else "cpu")
     assert torch.equal(fetch(total, dp=1, tp=1).get(timeout=WAIT), torch.full((2, 2), 12.0))
 
