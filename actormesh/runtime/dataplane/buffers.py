@@ -362,8 +362,8 @@ def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> N
 
 
 def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:
-    """The buffer a read or write asks for; a dropped one is refused here, for both."""
-    _, buffer_id, reply = msg.envelope
+    """The buffer a read, write or CUDA fence asks for; a dropped one is refused here, for all."""
+    _, buffer_id, reply, *_ = msg.envelope
     with _owned_lock:
         owned = _owned.get(buffer_id)
     if owned is None:
@@ -403,12 +403,10 @@ def _on_write(msg: Message) -> None:
 
 
 def _on_cuda(msg: Message) -> None:
-    _, buffer_id, reply, want_handle = msg.envelope
-    with _owned_lock:
-        owned = _owned.get(buffer_id)
+    owned, reply = _requested(msg)
     if owned is None:
-        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
         return
+    want_handle = msg.envelope[3]
     tensor = owned.tensor
 
     def ready() -> list[Any]:
