@@ -122,11 +122,19 @@ def _assemble(
         if pieces[0][0] == "value":
             out[id] = pieces[0][1]
             continue
-        _, first, _, shape = pieces[0]
-        full = torch.empty(shape, dtype=first.dtype)
-        for _, local, offset, _ in pieces:
+        _, first, _, shape, divisor = pieces[0]
+        if divisor is None:  # disjoint blocks
+            full = torch.empty(shape, dtype=first.dtype)
+        else:  # each rank's term of a partial sum (engine._combinable)
+            full = torch.zeros(shape, dtype=first.dtype)
+        for _, local, offset, _, _ in pieces:
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
-            full[where] = local.cpu()
+            if divisor is None:
+                full[where] = local.cpu()
+            else:
+                full[where] += local.cpu()
+        if divisor is not None and divisor != 1:
+            full /= divisor
         out[id] = full
     return out
 
