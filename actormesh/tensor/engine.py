@@ -81,6 +81,18 @@ class _TensorEngine(Actor):
 
     @endpoint
     def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
+        self._run_batch(ops, drops)
+
+    @endpoint
+    def run_and_fetch(
+        self, ops: list[Op] | bytes, drops: list[int], requests: list[tuple[int, int | None]]
+    ) -> dict[str, Any]:
+        """A batch and the fetch that ends it, in one message (what a sync point sends): one
+        message fewer per process and step than ``run`` then ``fetch``."""
+        self._run_batch(ops, drops)
+        return self._fetch(requests)
+
+    def _run_batch(self, ops: list[Op] | bytes, drops: list[int]) -> None:
         import torch
 
         self.counts["run"] += 1
@@ -244,6 +256,9 @@ class _TensorEngine(Actor):
 
     @endpoint
     def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
+        return self._fetch(requests)
+
+    def _fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
         """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
 
         ``want`` is a rank index (that rank's local value) or ``None`` (the global value: every

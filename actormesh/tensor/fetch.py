@@ -53,8 +53,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
             leaf = leaves[i]
             want = index if index is not None else (0 if leaf.per_rank else None)
             requests.append((leaf.value_id, want))
-        tm.stream.flush()
-        reply = _watch(tm, tm.engine.fetch.call(requests))
+        reply = _watch(tm, tm.stream.fetch_after_batch(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
     def combine(results: list[dict[int, Any]]) -> Any:
@@ -92,9 +91,8 @@ def inspect(obj: Any, **coords: int) -> Any:
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
-    tm.stream.flush()
     requests = [(ref.value_id, index)]
-    reply = _watch(tm, tm.engine.fetch.call(requests))
+    reply = _watch(tm, tm.stream.fetch_after_batch(requests))
     return compat.then(
         reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref.value_id])
     )
