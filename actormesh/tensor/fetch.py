@@ -91,7 +91,7 @@ def inspect(obj: Any, **coords: int) -> Any:
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
-    requests = [(ref.value_id, index)]
+    requests: list[tuple[int, int | None]] = [(ref.value_id, index)]
     reply = _watch(tm, tm.stream.fetch_after_batch(requests))
     return compat.then(
         reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref.value_id])
