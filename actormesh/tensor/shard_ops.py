@@ -46,55 +46,42 @@ def as_dtensor(
     return DTensor.__new__(DTensor, local, spec, requires_grad=False)
 
 
-_pointwise: dict[Any, Any] = {}  # op -> its C entry point if it is pointwise, else None
-# The classes the pointwise path checks, imported on first use (importing the package must not
-# import torch.distributed), then read from a global: an import statement per op costs a µs.
-_classes: tuple[Any, Any] | None = None
-_no_partial: dict[int, tuple[Any, bool]] = {}  # id(spec) -> (spec, none of its placements Partial)
+_pointwise: dict[Any, bool] = {}
 
 
-def _pointwise_entry(func: Any) -> Any:
-    if func not in _pointwise:
+def _is_pointwise(func: Any) -> bool:
+    known = _pointwise.get(func)
+    if known is None:
         import torch
 
         tags = func.tags  # random ops draw per rank: DTensor (or seeded_random) handles them
-        is_pointwise = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
-        # OpOverload.__call__ is a Python frame around this C function.
-        _pointwise[func] = func._op if is_pointwise else None  # noqa: SLF001
-    return _pointwise[func]
+        known = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+        _pointwise[func] = known
+    return known
 
 
-def _pointwise_on_shards(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
     is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
     sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
     ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
-    result of another dtype or layout): then DTensor runs it. ``op``: the op's C entry point.
-    Every optimizer step runs dozens of these, so the checks are cached per spec object."""
-    global _classes
-    if _classes is None:
-        import torch
-        from torch.distributed.tensor import DTensor
+    result of another dtype or layout): then DTensor runs it."""
+    import torch
+    from torch.distributed.tensor import DTensor
 
-        _classes = (DTensor, torch._C.TensorBase)  # noqa: SLF001
     # Exact type checks: isinstance against torch.Tensor classes runs a Python __instancecheck__.
-    dtensor, plain = _classes  # TensorBase: the C base, no Python __instancecheck__
+    plain = torch._C.TensorBase  # noqa: SLF001  (the C base: no Python __instancecheck__)
     first = first_local = None
     local_args = []
     for a in args:
         t = type(a)
-        if t is dtensor:
+        if t is DTensor:
             spec = a._spec  # noqa: SLF001  (DTensor's own fields: what from_local would build)
             if first is None:
                 first, first_local = spec, a._local_tensor  # noqa: SLF001
-                known = _no_partial.get(id(spec))
-                if known is None or known[0] is not spec:
-                    if len(_no_partial) > 4096:
-                        _no_partial.clear()
-                    ok = not any(p.is_partial() for p in spec.placements)
-                    known = _no_partial[id(spec)] = (spec, ok)  # holding spec pins its id
-                if not known[1]:
-                    return None
+                for p in spec.placements:
+                    if p.is_partial():
+                        return None
             elif spec is not first and (
                 spec.mesh is not first.mesh
                 or spec.placements != first.placements
@@ -112,7 +99,7 @@ def _pointwise_on_shards(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         t = type(v)
         if t is list or t is tuple or issubclass(t, plain):
             return None
-    out = op(*local_args, **kwargs)
+    out = func(*local_args, **kwargs)
     for a, local in zip(args, local_args, strict=True):
         if out is local:
             return a  # in place: the DTensor already holds this local tensor
@@ -123,7 +110,7 @@ def _pointwise_on_shards(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         or out.shape != first_local.shape
     ):
         return None  # not the input's spec (and not in place, so DTensor may run it again)
-    return dtensor.__new__(dtensor, out, first, requires_grad=False)  # see as_dtensor
+    return DTensor.__new__(DTensor, out, first, requires_grad=False)  # see as_dtensor
 
 
 def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -131,9 +118,8 @@ def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     special = _SPECIAL.get(name)
     if special is not None:
         return special(func, args, kwargs)
-    op = _pointwise_entry(func)
-    if op is not None:
-        return _pointwise_on_shards(op, args, kwargs)
+    if _is_pointwise(func):
+        return _pointwise_on_shards(func, args, kwargs)
     return None
 
 
