@@ -1,9 +1,11 @@
 """Sync points: bring values from the workers to the controller.
 
-A fetch sends what is buffered, then calls ``engine.fetch`` on *every* rank of the mesh: each
-says whether the value failed there (so a failure on rank 3 surfaces even when fetching rank 0's
-shard), and only the ranks holding a wanted piece send data. A global value arrives as local
-shards with their global offsets and is assembled here. Failures that no fetch ever touched
+A fetch calls ``engine.fetch`` on *every* rank of the mesh, in the same message as the ops still
+buffered (``Stream.fetch_after_batch``): each rank says whether the value failed there (so a
+failure on rank 3 surfaces even when fetching rank 0's shard), and only the ranks holding a
+wanted piece send data. A global value arrives as local shards with their global offsets and is
+assembled here; a small partial sum (a loss) arrives as every rank's term and is added up here,
+so that reading it runs no collective on the workers. Failures that no fetch ever touched
 (their values were dropped) ride on the replies and go to the fault hook.
 """
 

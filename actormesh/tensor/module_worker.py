@@ -115,15 +115,13 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     local = local.detach()
     if input_grad:
         local.requires_grad_(True)
-    # Only a module with collectives of its own (FSDP, a tensor-parallel plan) needs to know
-    # whether a failed forward got past them; counting them costs a call per process group.
-    before = _collectives(engine) if state.fsdp or state.tp_dim is not None else None
+    before = _collectives(engine)
     failure = None
     with torch.set_grad_enabled(grad_enabled):
         try:
             y = state.module(local)
         except Exception as exc:
-            if before is not None and not _may_stand_in(engine, state, before):
+            if not _may_stand_in(engine, state, before):
                 raise
             failure = exc
             y = _forward_on_zeros(state, local, exc)
