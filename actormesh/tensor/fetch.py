@@ -1,9 +1,11 @@
 """Sync points: bring values from the workers to the controller.
 
-A fetch sends what is buffered, then calls ``engine.fetch`` on *every* rank of the mesh: each
-says whether the value failed there (so a failure on rank 3 surfaces even when fetching rank 0's
-shard), and only the ranks holding a wanted piece send data. A global value arrives as local
-shards with their global offsets and is assembled here. Failures that no fetch ever touched
+A fetch calls ``engine.fetch`` on *every* rank of the mesh, in the same message as the ops still
+buffered (``Stream.fetch_after_batch``): each rank says whether the value failed there (so a
+failure on rank 3 surfaces even when fetching rank 0's shard), and only the ranks holding a
+wanted piece send data. A global value arrives as local shards with their global offsets and is
+assembled here; a small partial sum (a loss) arrives as every rank's term and is added up here,
+so that reading it runs no collective on the workers. Failures that no fetch ever touched
 (their values were dropped) ride on the replies and go to the fault hook.
 """
 
@@ -53,8 +55,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
             leaf = leaves[i]
             want = index if index is not None else (0 if leaf.per_rank else None)
             requests.append((leaf.value_id, want))
-        tm.stream.flush()
-        reply = _watch(tm, tm.engine.fetch.call(requests))
+        reply = _watch(tm, tm.stream.fetch_after_batch(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
     def combine(results: list[dict[int, Any]]) -> Any:
@@ -92,9 +93,8 @@ def inspect(obj: Any, **coords: int) -> Any:
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
-    tm.stream.flush()
-    requests = [(ref.value_id, index)]
-    reply = _watch(tm, tm.engine.fetch.call(requests))
+    requests: list[tuple[int, int | None]] = [(ref.value_id, index)]
+    reply = _watch(tm, tm.stream.fetch_after_batch(requests))
     return compat.then(
         reply, lambda vm: compat.completed(_assemble(tm, requests, vm)[ref.value_id])
     )
@@ -122,11 +122,19 @@ def _assemble(
         if pieces[0][0] == "value":
             out[id] = pieces[0][1]
             continue
-        _, first, _, shape = pieces[0]
-        full = torch.empty(shape, dtype=first.dtype)
-        for _, local, offset, _ in pieces:
+        _, first, _, shape, divisor = pieces[0]
+        if divisor is None:  # disjoint blocks
+            full = torch.empty(shape, dtype=first.dtype)
+        else:  # each rank's term of a partial sum (engine._combinable)
+            full = torch.zeros(shape, dtype=first.dtype)
+        for _, local, offset, _, _ in pieces:
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
-            full[where] = local.cpu()
+            if divisor is None:
+                full[where] = local.cpu()
+            else:
+                full[where] += local.cpu()
+        if divisor is not None and divisor != 1:
+            full /= divisor
         out[id] = full
     return out
 

@@ -127,14 +127,14 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
             y = _forward_on_zeros(state, local, exc)
         if isinstance(y, DTensor):  # e.g. a tensor-parallel plan that keeps DTensor outputs
             y = y.redistribute(y.device_mesh, [Replicate()] * y.device_mesh.ndim).to_local()
-        result = DTensor.from_local(
-            y, engine.mesh, placements, run_check=False, shape=torch.Size(global_shape),
-            stride=_contiguous(global_shape),
-        )  # fmt: skip
-    graph = (result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
+    # The output as a global DTensor split over the data dimension, wrapped without DTensor's
+    # autograd (from_local costs 140 µs of Python): backward starts from the local ``y`` itself.
+    shape = torch.Size(global_shape)
+    result = as_dtensor(y.detach(), engine.mesh, placements, shape, _contiguous(shape))
+    graph = (y, result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
     if failure is not None:
-        raise StoodIn([result.detach(), graph], failure)
-    return [result.detach(), graph]
+        raise StoodIn([result, graph], failure)
+    return [result, graph]
 
 
 # -- a forward that failed on some ranks -----------------------------------------------------------
@@ -205,17 +205,19 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
             "backward through this module call a second time (or after forward ran under "
             "no_grad): the graph on the workers is freed after the first backward"
         )
-    result, local, input_shape = graph
+    y, result, local, input_shape = graph
     engine.env[graph_ref.id] = None  # the graph is freed by its first backward
     grad = engine.resolve(grad_ref)
+    spec = result._spec  # noqa: SLF001  (the output's mesh and placements)
     if not isinstance(grad, DTensor):  # a controller tensor: the whole gradient
         from torch.distributed.tensor import distribute_tensor
 
-        grad = distribute_tensor(
-            grad.to(engine.device), result.device_mesh, result.placements, src_data_rank=None
-        )
+        grad = distribute_tensor(grad.to(engine.device), spec.mesh, spec.placements,
+                                 src_data_rank=None)  # fmt: skip
+    elif grad._spec.placements != spec.placements:  # noqa: SLF001
+        grad = grad.redistribute(spec.mesh, spec.placements)
     with torch.enable_grad():
-        torch.autograd.backward([result], [grad])
+        torch.autograd.backward([y], [grad._local_tensor])  # noqa: SLF001
     if not state.fsdp and state.data_dim is not None:
         _sum_over_data(engine, state)
     grads = _hand_out(engine, state, wanted)

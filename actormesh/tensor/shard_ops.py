@@ -144,16 +144,62 @@ def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torch.distributed.tensor import DTensor
 
     x = args[0]
-    if type(x) is not DTensor or len(args) != 1 or not _plain_spec(x._spec):  # noqa: SLF001
+    if type(x) is not DTensor or len(args) != 1:
         return None
-    for k, v in kwargs.items():
-        if v is not None and not (k == "memory_format" and v is torch.preserve_format):
-            return None
+    spec = _without_partial(x._spec)  # noqa: SLF001
+    if spec is None:
+        return None
     local = x._local_tensor  # noqa: SLF001
-    out = func(local, **kwargs)
+    for k, v in kwargs.items():
+        # What autograd passes for a gradient seed (ones_like(loss, dtype=..., device=...)):
+        # the input's own dtype, layout and device (on the controller: the workers' kind).
+        if v is None or (k == "memory_format" and v is torch.preserve_format):
+            continue
+        if (k == "dtype" and v == local.dtype) or (k == "layout" and v == torch.strided):
+            continue
+        if (k == "device" and torch.device(v).type == local.device.type) or (
+            k == "pin_memory" and v is False
+        ):
+            continue
+        return None
+    out = func(local)
     if out.stride() != local.stride():
         return None
-    return DTensor.__new__(DTensor, out, x._spec, requires_grad=False)  # noqa: SLF001
+    return DTensor.__new__(DTensor, out, spec, requires_grad=False)
+
+
+_replicated: dict[int, tuple[Any, Any]] = {}
+
+
+def _without_partial(spec: Any) -> Any:
+    """``spec`` with each ``Partial`` placement made ``Replicate`` (a ``*_like`` factory's
+    result does not depend on the input's values, so every rank holds all of it: the gradient
+    seed ``ones_like(loss)`` of a loss that is a partial sum needs no all-reduce); ``None`` for
+    strided shards. Cached per spec object (the engine reuses specs, see ``as_dtensor``)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    found = _replicated.get(id(spec))
+    if found is not None and found[0] is spec:
+        return found[1]
+    placements = spec.placements
+    if not all(type(p) is Shard or type(p) is Replicate or isinstance(p, Partial)
+               for p in placements):  # fmt: skip
+        out = None
+    elif not any(isinstance(p, Partial) for p in placements):
+        out = spec
+    else:
+        new = tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+        out = DTensorSpec(spec.mesh, new, tensor_meta=spec.tensor_meta)
+    if len(_replicated) > 4096:
+        _replicated.clear()
+    _replicated[id(spec)] = (spec, out)  # holding spec keeps its id from being reused
+    return out
+
+
+# id(spec) -> (spec, this rank's local shape and global offset): DTensor computes them in Python
+# (tens of µs), and a training loop's loss asks for the same spec every step.
+_blocks: dict[int, tuple[Any, Any]] = {}
 
 
 def _block(target: Any, spec: Any) -> Any:
@@ -171,7 +217,13 @@ def _block(target: Any, spec: Any) -> Any:
         return target._local_tensor  # noqa: SLF001
     if not all(p.is_replicate() for p in tspec.placements):
         return None
-    shape, offset = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
+    found = _blocks.get(id(spec))
+    if found is None or found[0] is not spec:
+        if len(_blocks) > 4096:
+            _blocks.clear()
+        found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
+            spec.shape, spec.mesh, spec.placements))  # fmt: skip
+    shape, offset = found[1]
     block = target._local_tensor  # noqa: SLF001
     for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
         block = block.narrow(dim, start, size)

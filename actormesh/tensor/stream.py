@@ -135,6 +135,31 @@ class Stream:
                 self.lose(error)
             raise error
 
+    def fetch_after_batch(self, requests: list[tuple[int, int | None]]) -> Any:
+        """``engine.fetch.call(requests)`` after what is buffered: the batch and the fetch go in
+        one message per process (``run_and_fetch``). Returns the call's future; raises as
+        ``flush`` does."""
+        self.check()
+        try:
+            with self.lock:
+                ops, self.ops = self.ops, []
+                dead, self.dead = self.dead, []
+                if (not ops and not dead) or self.closed:
+                    reply = self.engine.fetch.call(requests)
+                else:
+                    # Under the lock: a batch sent by another thread must not overtake it.
+                    reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests)
+                    self.batches += 1
+        except SupervisionError as exc:
+            self.lose(exc)
+            raise
+        error, self.error = self.error, None
+        if error is not None:
+            if isinstance(error, SupervisionError):
+                self.lose(error)
+            raise error
+        return reply
+
     def lose(self, error: BaseException) -> None:
         """A rank of the mesh died: its values (and the group's collectives) are gone."""
         if self.lost is None:

@@ -57,6 +57,24 @@ def test_every_sharding_gives_the_local_result(mesh: Any, rows: int) -> None:
     assert torch.equal(fetch(dt, dp=0, tp=1).get(timeout=WAIT), x[:first, 3:])
 
 
+def test_partial_values_fetch_whole(mesh: Any) -> None:
+    """A value that is a partial sum or average over mesh dimensions: small ones are added up on
+    the controller from every rank's term, large ones reduced on the workers first."""
+    x = torch.arange(48, dtype=torch.float64).reshape(8, 6) / 7
+    for spec in (["dp", "tp"], ["dp", None], [None, ("dp", "tp")]):
+        dt = distribute(x, mesh, sharding_spec=spec)
+        assert torch.allclose(inspect(dt.sum()), x.sum()), spec
+        assert torch.allclose(inspect(dt.mean()), x.mean()), spec
+        assert torch.allclose(inspect(dt.T @ dt), x.T @ x), spec
+        assert dt.sum().item() == pytest.approx(x.sum().item()), spec
+    # 300 x 300 = 90,000 elements, Partial over dp: above the size added up on the controller.
+    big = torch.randn(300, 8, dtype=torch.float64)
+    dt = distribute(big, mesh, sharding_spec=[None, "dp"])
+    r = dt @ dt.T
+    assert "Partial" in [type(p).__name__ for p in r.placements().get(timeout=WAIT)]
+    assert torch.allclose(inspect(r), big @ big.T)
+
+
 def test_sync_points_and_pytrees(mesh: Any) -> None:
     x = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
     dt = distribute(x, mesh, sharding_spec=["dp", None])
