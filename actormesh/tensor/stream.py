@@ -25,6 +25,7 @@ import pickle
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -123,33 +124,32 @@ class Stream:
 
     def flush(self) -> None:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
-        self.check()
-        try:
-            self.send_now()
-        except SupervisionError as exc:
-            self.lose(exc)
-            raise
-        error, self.error = self.error, None
-        if error is not None:
-            if isinstance(error, SupervisionError):
-                self.lose(error)
-            raise error
+        self._sending(self.send_now)
 
     def fetch_after_batch(self, requests: list[tuple[int, int | None]]) -> Any:
         """``engine.fetch.call(requests)`` after what is buffered: the batch and the fetch go in
         one message per process (``run_and_fetch``). Returns the call's future; raises as
         ``flush`` does."""
-        self.check()
-        try:
+
+        def send() -> Any:
             with self.lock:
                 ops, self.ops = self.ops, []
                 dead, self.dead = self.dead, []
                 if (not ops and not dead) or self.closed:
-                    reply = self.engine.fetch.call(requests)
-                else:
-                    # Under the lock: a batch sent by another thread must not overtake it.
-                    reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests)
-                    self.batches += 1
+                    return self.engine.fetch.call(requests)
+                # Under the lock: a batch sent by another thread must not overtake it.
+                reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests)
+                self.batches += 1
+                return reply
+
+        return self._sending(send)
+
+    def _sending(self, send: Callable[[], Any]) -> Any:
+        """Run ``send``; a rank's death loses the stream, and an error a background send hit
+        since the last sync point is raised here."""
+        self.check()
+        try:
+            result = send()
         except SupervisionError as exc:
             self.lose(exc)
             raise
@@ -158,7 +158,7 @@ class Stream:
             if isinstance(error, SupervisionError):
                 self.lose(error)
             raise error
-        return reply
+        return result
 
     def lose(self, error: BaseException) -> None:
         """A rank of the mesh died: its values (and the group's collectives) are gone."""
