@@ -25,6 +25,7 @@ from typing import Any
 from .compat import Actor, Extent, Point, endpoint, loads
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
+from .side_effects import written
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class _TensorEngine(Actor):
         self.holders: dict[int, int] = {}  # failure serial -> how many ids carry it
         self.surfaced: set[int] = set()
         self.orphans: list[FailureInfo] = []
+        self.siblings: dict[int, tuple[int, ...]] = {}  # id -> all outputs of its op (if > 1)
         self.serial = 0
         self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
         self.cond = threading.Condition()
@@ -132,15 +134,27 @@ class _TensorEngine(Actor):
                 elif o not in ins:  # an in-place op keeps its (stand-in) value
                     self.env[o] = self.stand_in(meta[k] if k < len(meta) else None, ins)
                 self._set_poison(o, root)
-            if not out:
+            self._poison_written(op, root)
+            if root.serial not in self.holders:  # nothing holds it: report it at once
                 self._hold(root, 0)
             return
         env = self.env
         for o, v in zip(out, values, strict=True):
             env[o] = v
+        if len(out) > 1:
+            for o in out:
+                self.siblings[o] = out
         if root is not None:
             for o in out:
                 self._set_poison(o, root)
+            self._poison_written(op, root)
+
+    def _poison_written(self, op: Op, root: FailureInfo) -> None:
+        """A failed (or poisoned) op also poisons what it changed besides its outputs: the
+        arguments it writes, or for a check with no outputs what it checked (side_effects.py)."""
+        for i in written(op, self.siblings):
+            if i in self.env:
+                self._set_poison(i, root)
 
     def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
         self.serial += 1
@@ -236,6 +250,8 @@ class _TensorEngine(Actor):
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
+        if self.siblings:
+            self.siblings.pop(id, None)
         root = self.poison.pop(id, None)
         if root is not None:
             self._hold(root, -1)
