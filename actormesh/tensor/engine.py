@@ -74,7 +74,8 @@ class _TensorEngine(Actor):
         self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
         self.cond = threading.Condition()
         self.current: Op | None = None  # the op running now (what a status poll shows)
-        self.counts = {"run": 0, "fetch": 0}
+        self.counts = {"run": 0, "fetch": 0, "staged_bytes": 0}
+        self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
         self.threads_set = False
         _REGISTRY[key] = self
@@ -103,6 +104,13 @@ class _TensorEngine(Actor):
             with self.cond:
                 self.done += 1
                 self.cond.notify_all()
+
+    @endpoint
+    def stage(self, id: int, block: Any) -> None:
+        """This rank's block of a large tensor, sent to it alone ahead of the ``distribute``
+        op that places it (tensor_api.py); per-sender FIFO keeps it ahead of that op."""
+        self.staged[id] = block
+        self.counts["staged_bytes"] += block.nbytes
 
     def _execute(self, op: Op) -> None:
         kind, out, ins, meta, payload, _site = op

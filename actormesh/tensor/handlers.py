@@ -180,6 +180,25 @@ def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) ->
     ]
 
 
+@handler("distribute_staged")
+def run_distribute_staged(
+    engine: _TensorEngine, payload: Any, out: tuple[int, ...]
+) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    staged_id, placements, shape = payload
+    # The block came on its own, sent to this rank alone (engine.stage): no communication.
+    block = engine.staged.pop(staged_id).to(engine.device)
+    stride = torch.empty(shape, device="meta").stride()
+    return [
+        DTensor.from_local(
+            block, engine.mesh, placements, run_check=False, shape=torch.Size(shape),
+            stride=stride,
+        )
+    ]  # fmt: skip
+
+
 @handler("constant")
 def run_constant(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     # A controller tensor that ops read by id (Stream.constant): kept plain, and lifted to a
