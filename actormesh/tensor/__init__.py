@@ -21,6 +21,7 @@ from __future__ import annotations
 from .activate import activate as activate
 from .activate import no_mesh as no_mesh
 from .activate import rank as rank
+from .adopt import adopt as adopt
 from .errors import RemoteTensorError as RemoteTensorError
 from .fetch import fetch as fetch
 from .fetch import inspect as inspect
@@ -43,6 +44,7 @@ __all__ = [
     "MeshTensor",
     "RemoteTensorError",
     "activate",
+    "adopt",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",

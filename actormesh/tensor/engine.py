@@ -16,25 +16,34 @@ on the next fetch reply so that the controller hands it to the fault hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .compat import Actor, Extent, Point, endpoint, loads
+from .local import REGISTRY, Adopted
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
 from .side_effects import written
 
 logger = logging.getLogger(__name__)
 
-# How long an actor that received a MeshTensor waits for the engine to run the ops before it.
-LOCAL_VALUE_WAIT = 300.0
-
-# This process's engines by key, for actors and %%mesh cells that are handed MeshTensors.
-_REGISTRY: dict[str, _TensorEngine] = {}
 _MISSING: Any = object()
+
+
+def _holding_lock(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an endpoint under the engine's lock: a ``%%mesh`` cell that touches engine values
+    takes it too (local.py), so the collectives of a cell and of a batch never interleave."""
+
+    @functools.wraps(method)
+    def locked(self: _TensorEngine, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class _TensorEngine(Actor):
@@ -73,16 +82,18 @@ class _TensorEngine(Actor):
         self.serial = 0
         self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
         self.cond = threading.Condition()
+        self.lock = threading.Lock()  # held while a batch runs, or a %%mesh cell (local.py)
         self.current: Op | None = None  # the op running now (what a status poll shows)
         self.counts = {"run": 0, "fetch": 0, "staged_bytes": 0}
         self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
         self.threads_set = False
-        _REGISTRY[key] = self
+        REGISTRY[key] = self
 
     # -- the stream --------------------------------------------------------------------------
 
     @endpoint
+    @_holding_lock
     def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
         import torch
 
@@ -267,6 +278,7 @@ class _TensorEngine(Actor):
     # -- sync points -------------------------------------------------------------------------
 
     @endpoint
+    @_holding_lock
     def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
         """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
 
@@ -327,6 +339,7 @@ class _TensorEngine(Actor):
         return _describe_value(self.value(id))
 
     @endpoint
+    @_holding_lock
     def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
         """Run a remote function now (``fn.call``); tensors go back as local tensors."""
         import torch
@@ -344,6 +357,13 @@ class _TensorEngine(Actor):
         with torch.enable_grad():
             result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
         return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
+
+    @endpoint
+    def adopt(self, id: int, name: str) -> Adopted:
+        """Take ``name`` from this process's ``%%mesh`` namespace as value ``id`` (local.py)."""
+        from .local import adopt_value
+
+        return adopt_value(self, id, name)
 
     @endpoint
     def live(self) -> int:
@@ -395,41 +415,6 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(strides))
-
-
-def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
-    """On a worker: the local value of a MeshTensor that was passed to an endpoint (with
-    ``dtensor``, a global one stays this rank's DTensor, as ``%mesh push`` hands it over).
-
-    Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
-    on their own threads, so the engine may still be behind), then returns the local tensor.
-    """
-    from torch.distributed.tensor import DTensor
-
-    engine = _REGISTRY.get(key)
-    if engine is None:
-        raise RuntimeError(
-            "a MeshTensor was sent to a process that does not hold its mesh; pass MeshTensors "
-            "only to actors on the same processes as the tensor's mesh"
-        )
-    with engine.cond:
-        if not engine.cond.wait_for(lambda: engine.done >= seq, timeout=LOCAL_VALUE_WAIT):
-            raise TimeoutError(
-                f"the tensor engine on {engine.rank_str} did not reach batch {seq} in "
-                f"{LOCAL_VALUE_WAIT:g} s (it ran {engine.done}); is it blocked in a collective?"
-            )
-    root = engine.poison.get(id)
-    if root is not None:
-        raise RuntimeError(
-            f"this MeshTensor failed on {root.rank}: {root.exc_type}: {root.message} "
-            f"(op {root.op} issued at {root.site})"
-        )
-    v = engine.value(id)
-    return v.to_local() if isinstance(v, DTensor) and not dtensor else v
-
-
-def engine_in_this_process(key: str) -> _TensorEngine | None:
-    return _REGISTRY.get(key)
 
 
 def _describe_value(v: Any) -> tuple[Any, list[Any]]:

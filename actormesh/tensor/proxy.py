@@ -95,7 +95,7 @@ class MeshTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Passed to an endpoint: the worker's actor gets this rank's local value, after the
         # ops issued before the call (it waits for the engine to run batch ``seq``).
-        from .engine import local_value
+        from .local import local_value
 
         stream = self.mesh.stream
         stream.flush()
@@ -181,13 +181,14 @@ def new_mesh_tensor(
     stride: Any = None,
     requires_grad: bool = False,
     sig: int | None = None,
+    value_id: int | None = None,
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
     # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
     t = make_wrapper(MeshTensor, shape, stride, None, None, dtype, STRIDED, tm.device, False,
               requires_grad)  # fmt: skip
-    t.value_id = tm.stream.new_id()
+    t.value_id = tm.stream.new_id() if value_id is None else value_id
     t.mesh = tm
     t.per_rank = per_rank
     t.shape_sig = signature(shape, stride, dtype, per_rank) if sig is None else sig
