@@ -36,6 +36,21 @@ _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.d
            "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
 
 
+# In-place ops that change only a tensor's shape or strides: DTensor has no sharding rule for
+# them (torch 2.13), so on a DTensor the engine runs the view they stand for, under the same id.
+_IN_PLACE_VIEWS = {
+    "aten.unsqueeze_.default": "aten.unsqueeze.default",
+    "aten.squeeze_.default": "aten.squeeze.default",
+    "aten.squeeze_.dim": "aten.squeeze.dim",
+    "aten.squeeze_.dims": "aten.squeeze.dims",
+    "aten.t_.default": "aten.t.default",
+    "aten.transpose_.default": "aten.transpose.int",
+    "aten.swapdims_.default": "aten.swapdims.default",
+    "aten.swapaxes_.default": "aten.swapaxes.default",
+    "aten.as_strided_.default": "aten.as_strided.default",
+}
+
+
 def resolve_op(name: str) -> Any:
     op = _ops.get(name)
     if op is None:
@@ -109,6 +124,13 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
         args, kwargs = lift_constants(engine, args, kwargs)
     if seed is not None and name in _RANDOM and engine.device == "cpu":
         return [seeded_random(name, args, kwargs, seed)]
+    view = _IN_PLACE_VIEWS.get(name)
+    if view is not None:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(args[0], DTensor):
+            # The op keeps its id (an alias output): the id now names the view.
+            func = resolve_op(view)
     local = on_shards(name, func, args, kwargs)
     if local is not None:
         return [local]

@@ -195,6 +195,29 @@ def new_mesh_tensor(
     return t
 
 
+def check_fits(t: MeshTensor, shape: Any, stride: Any, op: Any) -> None:
+    """Raise, at the user's line, if ``t`` cannot take ``shape``/``stride`` in place
+    (``reshape_in_place``): a wrapper has no data, but its size is fixed when it is made."""
+    needed = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    if needed * t.element_size() > t.untyped_storage().nbytes():
+        raise compat.MeshUsageError(
+            f"{op}: a MeshTensor cannot grow in place (from {tuple(t.shape)} to {tuple(shape)}); "
+            "make a new one of that size instead (t.new_empty(size), torch.empty under "
+            "activate(), or distribute)"
+        )
+
+
+def reshape_in_place(t: MeshTensor, shape: Any, stride: Any) -> None:
+    """Give ``t`` the shape and strides an in-place op gave its value on the workers
+    (``unsqueeze_``, ``t_``, ``resize_``...), as the op did locally. Below dispatch: on the
+    wrapper itself, which has no data to move."""
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        torch.Tensor.as_strided_(t, shape, stride)
+    t.shape_sig = signature(shape, stride, t.dtype, t.per_rank)
+
+
 def record(
     tm: TensorMesh,
     kind: str,
