@@ -7,7 +7,10 @@
   ``full_tensor()`` on a pushed DTensor) share this process's group with the engine's. So the
   cell first waits until the engine ran every batch sent before the cell (the kernel says how
   many), then holds the lock the engine holds while it runs a batch: later batches wait for the
-  cell, on every rank alike.
+  cell, on every rank alike. That holds for ops issued after the cell *ended*, as with a
+  blocking cell. Ops issued while a ``--noblock`` cell still runs may reach some ranks' engines
+  before their cell took the lock and others after: if both sides run collectives, their order
+  can differ between ranks (the ranks then wait on each other until the group's timeout).
 - ``adopt_value``: the engine's side of ``actormesh.tensor.adopt``: a value a ``%%mesh`` cell
   made becomes an engine value.
 """
