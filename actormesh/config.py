@@ -19,6 +19,19 @@ def _float(name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
 
 
+def _bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} is not a number of bytes (a whole number, 0 or more)")
+    return value
+
+
 # How long spawn_procs waits for every worker to report ready.
 SPAWN_TIMEOUT = _float("ACTORMESH_SPAWN_TIMEOUT", 120.0)
 # Default deadline of Future.get() when none is given; 0 means wait without a deadline (a dead
@@ -38,6 +51,16 @@ START_METHOD = os.environ.get("ACTORMESH_START_METHOD", "forkserver")
 WORKER_SCHED = os.environ.get("ACTORMESH_WORKER_SCHED", "batch").strip().lower()
 if WORKER_SCHED not in ("batch", "other"):
     raise ValueError(f"ACTORMESH_WORKER_SCHED={WORKER_SCHED!r}: use 'batch' or 'other'")
+# Tensor ops (actormesh.tensor) remember where the user issued them, for the error a failed op
+# raises: "0" (default) the file:line of the user's frame (about 0.5 µs per op), "1" the whole
+# controller stack of each op (about 10 µs per op: for finding which call path issued it).
+TENSOR_TRACEBACKS = os.environ.get("ACTORMESH_TENSOR_TRACEBACKS", "0").strip()
+if TENSOR_TRACEBACKS not in ("0", "1"):
+    raise ValueError(f"ACTORMESH_TENSOR_TRACEBACKS={TENSOR_TRACEBACKS!r}: use '0' or '1'")
+# actormesh.distribute() of a tensor larger than this many bytes sends each rank only its own
+# block (one message per distinct block, ahead of the op); a smaller tensor travels whole with
+# the op, and every rank keeps its slice.
+TENSOR_SHARD_BYTES = _bytes("ACTORMESH_TENSOR_SHARD_BYTES", 64 * 2**20)
 # Where ipc:// sockets live; the path of a unix socket must stay short (108 bytes).
 RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
 # Lines of a dead worker's stderr kept for its SupervisionError.

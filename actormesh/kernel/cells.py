@@ -214,7 +214,7 @@ class CellRun:
         opts = self.options
         shape = opts.selection.shape
         views = [shape] if shape is not None else [tools.rank_shape(r) for r in self.ranks]
-        args = (opts.filename, opts.source, port, self.target.actor_key)
+        args = (opts.filename, opts.source, port, self.target.actor_key, _engine_batches())
         for view in views:
             collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
             executor._new_with_shape(view).run.cast(view, args, {}, collector)
@@ -337,6 +337,16 @@ class CellRun:
             raise CellTimeout(interruption_report(head, outcomes, still))
         head = f"KeyboardInterrupt: %%mesh cell interrupted on {prefix(running)[1:-1]}"
         raise CellInterrupted(interruption_report(head, outcomes, still))
+
+
+def _engine_batches() -> dict[str, int] | None:
+    """Tensor engines' batches sent so far (sending what is buffered): a cell that touches an
+    engine's values runs after those on each rank (``actormesh.tensor.local.CellTurn``)."""
+    if "actormesh.tensor" not in sys.modules:  # no tensor was made here: no engine anywhere
+        return None
+    from ..tensor.tools import batches_sent
+
+    return batches_sent() or None
 
 
 def _nothing() -> None:

@@ -17,6 +17,7 @@ import ast
 import asyncio
 import base64
 import builtins
+import contextlib
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -284,10 +285,16 @@ class MeshExecutor(Actor):
 
     @endpoint
     def run(
-        self, filename: str, source: str, port: Port, actor_key: str | None = None
+        self,
+        filename: str,
+        source: str,
+        port: Port,
+        actor_key: str | None = None,
+        engine_batches: dict[str, int] | None = None,
     ) -> tuple[Any, CellFailure | None]:
         """Run ``source`` here: ``(value of the last expression, None)`` or ``(None, failure)``.
-        Rich output goes to ``port`` while the cell runs."""
+        Rich output goes to ``port`` while the cell runs. ``engine_batches``: the tensor
+        engines' batches sent before the cell (see ``_engine_turn``)."""
         ns = self.ns
         if actor_key is not None:
             ns["actor"] = _local_actor(actor_key)
@@ -297,7 +304,8 @@ class MeshExecutor(Actor):
         _running.update(cell=filename, since=time.monotonic(), thread=threading.get_ident())
         value, failure = None, None
         try:
-            value = _transportable(self._execute(source, filename))
+            with _engine_turn(ns, source, engine_batches):
+                value = _transportable(self._execute(source, filename))
             _flush_figures()
         except BaseException as exc:  # KeyboardInterrupt (interrupt) and SystemExit included
             failure = _failure(exc, filename)
@@ -344,6 +352,24 @@ class MeshExecutor(Actor):
             return _transportable(self.ns[name])
         except KeyError:
             raise NameError(f"name {name!r} is not defined on rank {self.rank}") from None
+
+
+def _engine_turn(
+    ns: dict[str, Any], source: str, engine_batches: dict[str, int] | None
+) -> contextlib.AbstractContextManager[Any]:
+    """A cell that reads a tensor engine's values in this process runs between the engine's
+    batches, holding its lock (``actormesh.tensor.local.CellTurn``), so that the cell's and the
+    engine's collectives come in the same order on every rank; other cells do not wait."""
+    if not engine_batches or "actormesh.tensor.engine" not in sys.modules:
+        return contextlib.nullcontext()  # no engine in this process
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return contextlib.nullcontext()  # _execute reports it
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    from ..tensor.local import CellTurn
+
+    return CellTurn(ns, names, engine_batches)
 
 
 def _local_actor(key: str) -> Any:

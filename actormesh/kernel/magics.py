@@ -120,7 +120,9 @@ class MeshMagics(Magics):
             ValueMesh, stored in `_mesh` (or NAME). Interrupting the kernel interrupts the
             ranks. SEL: 0 | 0,2 | 1:4 | ::2 | gpus=1 | hosts=0,gpus=0:2. --noblock returns at
             once (`_mesh.get()` waits); --timeout interrupts the ranks after S seconds;
-            --no-dedup shows every rank's lines.
+            --no-dedup shows every rank's lines. A cell that reads a tensor engine's values
+            (a pushed MeshTensor's DTensor) runs after the tensor ops sent before it, and the
+            engine waits for it; `am.tensor.adopt(procs, "NAME")` makes a MeshTensor of NAME.
 
             In [2]: %%mesh procs
                ...: print("hello")

@@ -13,7 +13,10 @@ print(r.shape, am.inspect(r))     # metadata is local; inspect is a sync point
 Modules: ``proxy`` (MeshTensor), ``recording`` and ``shapes`` (ops into the stream, shapes
 on the controller), ``stream`` (ids, batches, constants), ``engine`` and
 ``handlers`` (the workers), ``fetch`` (sync points), ``module`` (``module_to_mesh``),
-``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's tensor engine style).
+``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's tensor engine style),
+``side_effects`` (what a failed op poisons besides its outputs), ``local`` (the engines for code
+beside them on a worker: actors, ``%%mesh`` cells) and ``adopt`` (a cell's tensor as a
+MeshTensor).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from .activate import activate as activate
 from .activate import no_mesh as no_mesh
 from .activate import rank as rank
+from .adopt import adopt as adopt
 from .errors import RemoteTensorError as RemoteTensorError
 from .fetch import fetch as fetch
 from .fetch import inspect as inspect
@@ -43,6 +47,7 @@ __all__ = [
     "MeshTensor",
     "RemoteTensorError",
     "activate",
+    "adopt",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",

@@ -34,6 +34,7 @@ __all__ = [
     "ProcMesh",
     "RemoteFailure",
     "ValueMesh",
+    "cell_namespaces",
     "completed",
     "destroy_process_group",
     "endpoint",
@@ -101,3 +102,17 @@ def local_actor(key: str, timeout: float) -> Any:
     with the engine's local values."""
     host = actor_host()
     return None if host is None else host.wait_for_actor(key, timeout)
+
+
+def cell_namespaces() -> list[dict[str, Any]]:
+    """The namespaces of this process's actors that run notebook cells (``%%mesh``). The kernel's
+    executor says it runs user code (``runs_user_code``, which the runtime's stack view reads
+    too) and keeps its names in ``ns``; looked up here, not imported: the kernel sits above the
+    tensor layer."""
+    host = actor_host()
+    found = []
+    for runner in list(host.actors.values()) if host is not None else ():
+        ns = getattr(runner.instance, "ns", None)
+        if getattr(runner.instance, "runs_user_code", False) and isinstance(ns, dict):
+            found.append(ns)
+    return found

@@ -16,24 +16,34 @@ on the next fetch reply so that the controller hands it to the fault hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .compat import Actor, Extent, Point, endpoint, loads
+from .local import REGISTRY, Adopted
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
+from .side_effects import written
 
 logger = logging.getLogger(__name__)
 
-# How long an actor that received a MeshTensor waits for the engine to run the ops before it.
-LOCAL_VALUE_WAIT = 300.0
-
-# This process's engines by key, for actors and %%mesh cells that are handed MeshTensors.
-_REGISTRY: dict[str, _TensorEngine] = {}
 _MISSING: Any = object()
+
+
+def _holding_lock(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an endpoint under the engine's lock: a ``%%mesh`` cell that touches engine values
+    takes it too (local.py), so the collectives of a cell and of a batch never interleave."""
+
+    @functools.wraps(method)
+    def locked(self: _TensorEngine, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class _TensorEngine(Actor):
@@ -68,18 +78,22 @@ class _TensorEngine(Actor):
         self.holders: dict[int, int] = {}  # failure serial -> how many ids carry it
         self.surfaced: set[int] = set()
         self.orphans: list[FailureInfo] = []
+        self.siblings: dict[int, tuple[int, ...]] = {}  # id -> all outputs of its op (if > 1)
         self.serial = 0
         self.done = 0  # batches run; an actor handed a MeshTensor waits for its batch
         self.cond = threading.Condition()
+        self.lock = threading.Lock()  # held while a batch runs, or a %%mesh cell (local.py)
         self.current: Op | None = None  # the op running now (what a status poll shows)
-        self.counts = {"run": 0, "fetch": 0}
+        self.counts = {"run": 0, "fetch": 0, "staged_bytes": 0}
+        self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
         self.threads_set = False
-        _REGISTRY[key] = self
+        REGISTRY[key] = self
 
     # -- the stream --------------------------------------------------------------------------
 
     @endpoint
+    @_holding_lock
     def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
         self._run_batch(ops, drops)
 
@@ -114,6 +128,13 @@ class _TensorEngine(Actor):
                 self.done += 1
                 self.cond.notify_all()
 
+    @endpoint
+    def stage(self, id: int, block: Any) -> None:
+        """This rank's block of a large tensor, sent to it alone ahead of the ``distribute``
+        op that places it (tensor_api.py); per-sender FIFO keeps it ahead of that op."""
+        self.staged[id] = block
+        self.counts["staged_bytes"] += block.nbytes
+
     def _execute(self, op: Op) -> None:
         kind, out, ins, meta, payload, _site = op
         root = None
@@ -144,15 +165,27 @@ class _TensorEngine(Actor):
                 elif o not in ins:  # an in-place op keeps its (stand-in) value
                     self.env[o] = self.stand_in(meta[k] if k < len(meta) else None, ins)
                 self._set_poison(o, root)
-            if not out:
+            self._poison_written(op, root)
+            if root.serial not in self.holders:  # nothing holds it: report it at once
                 self._hold(root, 0)
             return
         env = self.env
         for o, v in zip(out, values, strict=True):
             env[o] = v
+        if len(out) > 1:
+            for o in out:
+                self.siblings[o] = out
         if root is not None:
             for o in out:
                 self._set_poison(o, root)
+            self._poison_written(op, root)
+
+    def _poison_written(self, op: Op, root: FailureInfo) -> None:
+        """A failed (or poisoned) op also poisons what it changed besides its outputs: the
+        arguments it writes, or for a check with no outputs what it checked (side_effects.py)."""
+        for i in written(op, self.siblings):
+            if i in self.env:
+                self._set_poison(i, root)
 
     def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
         self.serial += 1
@@ -248,6 +281,8 @@ class _TensorEngine(Actor):
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
+        if self.siblings:
+            self.siblings.pop(id, None)
         root = self.poison.pop(id, None)
         if root is not None:
             self._hold(root, -1)
@@ -255,6 +290,7 @@ class _TensorEngine(Actor):
     # -- sync points -------------------------------------------------------------------------
 
     @endpoint
+    @_holding_lock
     def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
         return self._fetch(requests)
 
@@ -324,6 +360,7 @@ class _TensorEngine(Actor):
         return _describe_value(self.value(id))
 
     @endpoint
+    @_holding_lock
     def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
         """Run a remote function now (``fn.call``); tensors go back as local tensors."""
         import torch
@@ -341,6 +378,13 @@ class _TensorEngine(Actor):
         with torch.enable_grad():
             result = self.fns[fn_id](*self.resolve(args), **self.resolve(kwargs))
         return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, result)
+
+    @endpoint
+    def adopt(self, id: int, name: str) -> Adopted:
+        """Take ``name`` from this process's ``%%mesh`` namespace as value ``id`` (local.py)."""
+        from .local import adopt_value
+
+        return adopt_value(self, id, name)
 
     @endpoint
     def live(self) -> int:
@@ -421,41 +465,6 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(strides))
-
-
-def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
-    """On a worker: the local value of a MeshTensor that was passed to an endpoint (with
-    ``dtensor``, a global one stays this rank's DTensor, as ``%mesh push`` hands it over).
-
-    Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
-    on their own threads, so the engine may still be behind), then returns the local tensor.
-    """
-    from torch.distributed.tensor import DTensor
-
-    engine = _REGISTRY.get(key)
-    if engine is None:
-        raise RuntimeError(
-            "a MeshTensor was sent to a process that does not hold its mesh; pass MeshTensors "
-            "only to actors on the same processes as the tensor's mesh"
-        )
-    with engine.cond:
-        if not engine.cond.wait_for(lambda: engine.done >= seq, timeout=LOCAL_VALUE_WAIT):
-            raise TimeoutError(
-                f"the tensor engine on {engine.rank_str} did not reach batch {seq} in "
-                f"{LOCAL_VALUE_WAIT:g} s (it ran {engine.done}); is it blocked in a collective?"
-            )
-    root = engine.poison.get(id)
-    if root is not None:
-        raise RuntimeError(
-            f"this MeshTensor failed on {root.rank}: {root.exc_type}: {root.message} "
-            f"(op {root.op} issued at {root.site})"
-        )
-    v = engine.value(id)
-    return v.to_local() if isinstance(v, DTensor) and not dtensor else v
-
-
-def engine_in_this_process(key: str) -> _TensorEngine | None:
-    return _REGISTRY.get(key)
 
 
 def _describe_value(v: Any) -> tuple[Any, list[Any]]:

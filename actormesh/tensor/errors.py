@@ -13,7 +13,8 @@ class RemoteTensorError(ActorError):
     ``failures`` has one entry per failed rank (``rank`` is the first one's coordinates, e.g.
     ``"{dp=1, tp=1}"``; ``ranks`` all of them). ``op`` is the op that failed (the original
     failure, not an op that merely depended on it), ``site`` the ``file:line`` of the user's code
-    that issued it, and ``remote_traceback`` the worker's traceback as text.
+    that issued it (with ``ACTORMESH_TENSOR_TRACEBACKS=1``, the whole controller stack that
+    issued it, outermost frame first), and ``remote_traceback`` the worker's traceback as text.
     """
 
     def __init__(self, failures: Sequence[RemoteFailure], op: str = "", site: str = ""):
@@ -28,16 +29,22 @@ class RemoteTensorError(ActorError):
     def ranks(self) -> list[str]:
         return [f.rank for f in self.failures]
 
+    def _where(self) -> str:
+        # One file:line, or the whole controller stack (ACTORMESH_TENSOR_TRACEBACKS=1).
+        if "\n" in self.site:
+            return f"from (controller stack, most recent call last):\n{self.site}"
+        return f"at {self.site}"
+
     def _summary(self) -> str:
         head = super()._summary()
-        return f"{head}\n(op {self.op} issued at {self.site})" if self.site else head
+        return f"{head}\n(op {self.op} issued {self._where()})" if self.site else head
 
     def __str__(self) -> str:
         text = super().__str__()
-        return f"{text}\nThe op {self.op} was issued at {self.site}" if self.site else text
+        return f"{text}\nThe op {self.op} was issued {self._where()}" if self.site else text
 
     def _render_traceback_(self) -> list[str]:
         lines = super()._render_traceback_()
         if self.site:
-            lines.append(f"(op {self.op} issued at {self.site})")
+            lines.extend(f"(op {self.op} issued {self._where()})".splitlines())
         return lines

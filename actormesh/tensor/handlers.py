@@ -36,6 +36,21 @@ _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.d
            "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
 
 
+# In-place ops that change only a tensor's shape or strides: DTensor has no sharding rule for
+# them (torch 2.13), so on a DTensor the engine runs the view they stand for, under the same id.
+_IN_PLACE_VIEWS = {
+    "aten.unsqueeze_.default": "aten.unsqueeze.default",
+    "aten.squeeze_.default": "aten.squeeze.default",
+    "aten.squeeze_.dim": "aten.squeeze.dim",
+    "aten.squeeze_.dims": "aten.squeeze.dims",
+    "aten.t_.default": "aten.t.default",
+    "aten.transpose_.default": "aten.transpose.int",
+    "aten.swapdims_.default": "aten.swapdims.default",
+    "aten.swapaxes_.default": "aten.swapaxes.default",
+    "aten.as_strided_.default": "aten.as_strided.default",
+}
+
+
 def resolve_op(name: str) -> Any:
     op = _ops.get(name)
     if op is None:
@@ -109,6 +124,13 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
         args, kwargs = lift_constants(engine, args, kwargs)
     if seed is not None and name in _RANDOM and engine.device == "cpu":
         return [seeded_random(name, args, kwargs, seed)]
+    view = _IN_PLACE_VIEWS.get(name)
+    if view is not None:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(args[0], DTensor):
+            # The op keeps its id (an alias output): the id now names the view.
+            func = resolve_op(view)
     local = on_shards(name, func, args, kwargs)
     if local is not None:
         return [local]
@@ -178,6 +200,25 @@ def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) ->
     return [
         distribute_tensor(tensor.to(engine.device), engine.mesh, placements, src_data_rank=None)
     ]
+
+
+@handler("distribute_staged")
+def run_distribute_staged(
+    engine: _TensorEngine, payload: Any, out: tuple[int, ...]
+) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    staged_id, placements, shape = payload
+    # The block came on its own, sent to this rank alone (engine.stage): no communication.
+    block = engine.staged.pop(staged_id).to(engine.device)
+    stride = torch.empty(shape, device="meta").stride()
+    return [
+        DTensor.from_local(
+            block, engine.mesh, placements, run_check=False, shape=torch.Size(shape),
+            stride=stride,
+        )
+    ]  # fmt: skip
 
 
 @handler("constant")

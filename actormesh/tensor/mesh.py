@@ -213,6 +213,12 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
     return tm
 
 
+def meshes() -> list[TensorMesh]:
+    """The tensor meshes this controller started (and did not forget since)."""
+    with _lock:
+        return list(_meshes.values())
+
+
 def device_mesh(mesh: Any) -> TensorMesh:
     """The tensor engine of a proc mesh (its ``labels`` and ``sizes``), started if needed."""
     return tensor_mesh(mesh)

@@ -95,7 +95,7 @@ class MeshTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Passed to an endpoint: the worker's actor gets this rank's local value, after the
         # ops issued before the call (it waits for the engine to run batch ``seq``).
-        from .engine import local_value
+        from .local import local_value
 
         stream = self.mesh.stream
         stream.flush()
@@ -181,17 +181,41 @@ def new_mesh_tensor(
     stride: Any = None,
     requires_grad: bool = False,
     sig: int | None = None,
+    value_id: int | None = None,
 ) -> MeshTensor:
     if stride is None:
         stride = _contiguous(shape)
     # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
     t = make_wrapper(MeshTensor, shape, stride, None, None, dtype, STRIDED, tm.device, False,
               requires_grad)  # fmt: skip
-    t.value_id = tm.stream.new_id()
+    t.value_id = tm.stream.new_id() if value_id is None else value_id
     t.mesh = tm
     t.per_rank = per_rank
     t.shape_sig = signature(shape, stride, dtype, per_rank) if sig is None else sig
     return t
+
+
+def check_fits(t: MeshTensor, shape: Any, stride: Any, op: Any) -> None:
+    """Raise, at the user's line, if ``t`` cannot take ``shape``/``stride`` in place
+    (``reshape_in_place``): a wrapper has no data, but its size is fixed when it is made."""
+    needed = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    if needed * t.element_size() > t.untyped_storage().nbytes():
+        raise compat.MeshUsageError(
+            f"{op}: a MeshTensor cannot grow in place (from {tuple(t.shape)} to {tuple(shape)}); "
+            "make a new one of that size instead (t.new_empty(size), torch.empty under "
+            "activate(), or distribute)"
+        )
+
+
+def reshape_in_place(t: MeshTensor, shape: Any, stride: Any) -> None:
+    """Give ``t`` the shape and strides an in-place op gave its value on the workers
+    (``unsqueeze_``, ``t_``, ``resize_``...), as the op did locally. Below dispatch: on the
+    wrapper itself, which has no data to move."""
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        torch.Tensor.as_strided_(t, shape, stride)
+    t.shape_sig = signature(shape, stride, t.dtype, t.per_rank)
 
 
 def record(

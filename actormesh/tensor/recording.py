@@ -19,7 +19,16 @@ from torch.utils._pytree import tree_unflatten
 
 from . import compat
 from .mesh import TensorMesh
-from .proxy import NO_KWARGS, STRIDED, MeshTensor, hooks, make_wrapper, new_mesh_tensor
+from .proxy import (
+    NO_KWARGS,
+    STRIDED,
+    MeshTensor,
+    check_fits,
+    hooks,
+    make_wrapper,
+    new_mesh_tensor,
+    reshape_in_place,
+)
 from .records import IN, Ref, issue_site
 from .shapes import plans, propagate, remember, signature
 
@@ -220,6 +229,7 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     spec, entries, single = propagate(func, (func, tuple(sig), tuple(kwargs)), args, kwargs)
     outs: list[Any] = []
     meta = []
+    reshaped: list[Any] = []
     for e in entries:
         if e[0] == "new":
             s = signature(e[1], e[2], e[3], per_rank)
@@ -234,15 +244,20 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
                 )
             # By identity: == on tensors is an op.
             position = next(i for i, m in enumerate(_meshes(found)) if m is t)
+            if len(e) > 2:  # an in-place op that changed t's shape or strides (resize_, t_)
+                check_fits(t, e[2], e[3], func)
+                reshaped.append((position, e[2], e[3]))
+                meta.append((e[2], t.dtype, per_rank))
+            else:
+                meta.append((tuple(t.shape), t.dtype, per_rank))
             outs.append((_ALIAS, position))
-            meta.append((tuple(t.shape), t.dtype, per_rank))
         else:
             outs.append((_VALUE, e[1]))
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
     plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
-    if pkey is not None:
+    if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)
     if constants:
         eargs = _constants(eargs, tm, ins)
@@ -266,6 +281,8 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
          issue_site())
     )  # fmt: skip
+    for position, shape, stride in reshaped:
+        reshape_in_place(meshes[position], shape, stride)
     return leaves[0] if single else tree_unflatten(leaves, spec)
 
 

@@ -8,7 +8,8 @@ An op is a plain tuple ``(kind, out, ins, meta, payload, site)``:
 - ``meta`` one ``(shape, dtype, per_rank)`` per output: what a failed rank's stand-in must look
   like, known on the controller from shape propagation;
 - ``payload`` the handler's arguments, with :class:`Ref` where a remote value goes;
-- ``site`` the ``file:line`` of the user's code that issued it (for error reports).
+- ``site`` the ``file:line`` of the user's code that issued it (for error reports; the whole
+  controller stack with ``ACTORMESH_TENSOR_TRACEBACKS=1``).
 
 Tuples and small classes pickle several times faster than dataclasses, and a batch holds
 hundreds of ops.
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
+
+from .. import config
 
 Op = tuple[str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], Any, str]
 
@@ -82,7 +86,9 @@ def op_name(op: Op) -> str:
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SKIP: tuple[str, ...] = (_HERE,)
-_sites: dict[tuple[Any, int], str] = {}
+_sites: dict[Any, str] = {}
+# ACTORMESH_TENSOR_TRACEBACKS=1: a site is the whole controller stack, not one file:line.
+FULL_STACKS = config.TENSOR_TRACEBACKS == "1"
 
 
 def _skip_prefixes() -> tuple[str, ...]:
@@ -107,6 +113,8 @@ def issue_site(depth: int = 1) -> str:
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:
         return "<unknown>"
+    if FULL_STACKS:
+        return _stack(frame)
     key = (frame.f_code, frame.f_lineno)
     site = _sites.get(key)
     if site is None:
@@ -114,4 +122,24 @@ def issue_site(depth: int = 1) -> str:
             _sites.clear()
         # One string object per site: pickle then writes it once per batch.
         site = _sites[key] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return site
+
+
+def _stack(frame: Any) -> str:
+    """The controller's stack from ``frame`` outwards, as a traceback prints it (outermost
+    first), without this package's frames; torch's stay (an optimizer's step shows its line).
+    One string per distinct stack, so that a batch pickles it once."""
+    frames = []
+    f = frame
+    while f is not None:
+        if not f.f_code.co_filename.startswith(_HERE):
+            frames.append((f, f.f_lineno))
+        f = f.f_back
+    key = tuple((f.f_code, line) for f, line in frames)
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) > 4096:
+            _sites.clear()
+        summary = traceback.StackSummary.extract(reversed(frames))
+        site = _sites[key] = "".join(summary.format()).rstrip("\n")
     return site

@@ -15,6 +15,7 @@ most of a recorded op, so results are cached per (op, input signature). Two leve
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -24,15 +25,22 @@ CACHE_SIZE = 4096
 
 _propagated: dict[Any, Any] = {}
 _sigs: dict[tuple[Any, ...], int] = {}
+_sig_ids = itertools.count()
 plans: dict[Any, Any] = {}
 
 
 def signature(shape: Any, stride: Any, dtype: torch.dtype, per_rank: bool) -> int:
-    """A small int naming (shape, stride, dtype, per_rank): what a plan's key holds per tensor."""
+    """A small int naming (shape, stride, dtype, per_rank): what a plan's key holds per tensor.
+
+    The table is bounded: when it is full it starts over, and a signature seen again gets a new
+    int. Ints are never reused, so a MeshTensor that still carries an old one keys the plans
+    made for its own signature, never another's."""
     key = (tuple(shape), tuple(stride), dtype, per_rank)
     sig = _sigs.get(key)
     if sig is None:
-        sig = _sigs[key] = len(_sigs)  # never reused: a cleared table must not alias old plans
+        if len(_sigs) >= CACHE_SIZE:
+            _sigs.clear()
+        sig = _sigs[key] = next(_sig_ids)
     return sig
 
 
@@ -52,7 +60,8 @@ def _to_meta(x: Any) -> Any:
 
 def propagate(func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func`` run on meta tensors (cached under ``key``): the pytree spec, one entry per output
-    leaf (new ``(shape, stride, dtype, shape tuple)``, an alias of the n-th tensor input, or a
+    leaf (new ``(shape, stride, dtype, shape tuple)``, an alias of the n-th tensor input (with
+    its new shape and stride if the op changed them in place), or a
     plain value), and whether the result is one tensor. Raises what the op raises."""
     entry = _propagated.get(key)
     if entry is not None:
@@ -60,14 +69,17 @@ def propagate(func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     margs = _to_meta(args)
     mkwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     inputs = [x for x in tree_flatten((margs, mkwargs))[0] if isinstance(x, torch.Tensor)]
+    before = [(x.shape, x.stride()) for x in inputs]
     out = func(*margs, **mkwargs)
     leaves, spec = tree_flatten(out)
     entries: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             alias = next((j for j, m in enumerate(inputs) if m is leaf), None)
-            if alias is not None:
+            if alias is not None and before[alias] == (leaf.shape, leaf.stride()):
                 entries.append(("alias", alias))
+            elif alias is not None:  # unsqueeze_, t_, resize_...: the input's metadata changed
+                entries.append(("alias", alias, tuple(leaf.shape), leaf.stride()))
             else:
                 entries.append(("new", leaf.shape, leaf.stride(), leaf.dtype, tuple(leaf.shape)))
         else:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .. import config
 from . import compat
-from .mesh import tensor_mesh
+from .mesh import TensorMesh, tensor_mesh
 from .proxy import MeshTensor, new_mesh_tensor
 from .records import issue_site
 
@@ -28,8 +30,10 @@ def distribute(
     The size-1 ``hosts`` dimension of a proc mesh is ignored.
 
     Does not block once the mesh's engine is up (the first use of a mesh starts it, which takes
-    a few seconds). The whole tensor travels with the op; each rank keeps its slice, with no
-    communication between ranks. Bad specs raise ``ValueError`` here and send nothing.
+    a few seconds). A tensor up to ``ACTORMESH_TENSOR_SHARD_BYTES`` (64 MiB) travels whole with
+    the op and each rank keeps its slice; a larger one is cut here, and each rank is sent only
+    its own block (ranks holding the same block share one message). Either way the ranks do not
+    communicate. Bad specs raise ``ValueError`` here and send nothing.
     """
     if isinstance(tensor, MeshTensor):
         raise compat.MeshUsageError(
@@ -48,8 +52,37 @@ def distribute(
         tm, tensor.shape, tensor.dtype, per_rank=False, requires_grad=tensor.requires_grad
     )
     meta = ((tuple(tensor.shape), tensor.dtype, False),)
-    tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places), issue_site()))
+    staged = _send_blocks(tm, data, places) if data.nbytes > config.TENSOR_SHARD_BYTES else None
+    if staged is None:
+        tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places), issue_site()))
+    else:
+        payload = (staged, places, tuple(tensor.shape))
+        tm.stream.record(("distribute_staged", (out.value_id,), (), meta, payload, issue_site()))
     return out
+
+
+def _send_blocks(tm: TensorMesh, data: torch.Tensor, places: tuple[Any, ...]) -> int | None:
+    """Send each rank its block of ``data`` (``engine.stage``), ahead of the op that places it;
+    the id the blocks are staged under, or ``None`` for placements other than Shard/Replicate
+    (then the whole tensor goes with the op, as for a small one)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    if not all(type(p) is Shard or type(p) is Replicate for p in places):
+        return None
+    tm.stream.check()
+    staged = tm.stream.new_id()
+    sharded = [i for i, p in enumerate(places) if type(p) is Shard]
+    # Ranks that differ only along replicated mesh dims hold the same block: one cast each.
+    for coords in itertools.product(*(range(tm.sizes[i]) for i in sharded)):
+        point = [0] * tm.ndim
+        for i, c in zip(sharded, coords, strict=True):
+            point[i] = c
+        shape, offset = _compute_local_shape_and_global_offset(data.shape, tm.sizes, point, places)
+        block = data[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+        ranks = tm.engine.slice(**{tm.labels[i]: c for i, c in zip(sharded, coords, strict=True)})
+        ranks.stage.broadcast(staged, block)  # the codec sends the block's elements only
+    return staged
 
 
 def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, placements: Any,

@@ -4,6 +4,7 @@ them: they sit above it and call these).
 - ``for_rank(value)``: what ``%mesh push`` sends for a MeshTensor: it unpickles on each rank
   as that rank's value in the engine (the DTensor of a global MeshTensor, the tensor of a
   per-rank one), after the ops issued before the push, without moving data.
+- ``batches_sent()``: what a ``%%mesh`` cell waits for before it touches engine values.
 - ``activity(instance)``: the sidebar's busy text for a tensor engine ("tensor engine: op 12
   aten.mm"), read from another thread while the engine runs a batch.
 - ``shard_summaries(obj, summarize)``: one small dict per rank of a MeshTensor or MeshModule,
@@ -12,14 +13,19 @@ them: they sit above it and call these).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from .engine import _TensorEngine, local_value
+from . import compat
+from .engine import _TensorEngine
+from .local import local_value
 from .mesh import TensorMesh
 from .module import MeshModule
 from .proxy import MeshTensor
 from .remote import RemoteFunction
+
+logger = logging.getLogger(__name__)
 
 
 def _mesh_of(value: MeshTensor | MeshModule) -> TensorMesh:
@@ -44,6 +50,25 @@ def for_rank(value: Any) -> Any:
     if isinstance(value, MeshTensor):
         return _RankValue(value)
     return value
+
+
+def batches_sent() -> dict[str, int]:
+    """Send every tensor mesh's buffered ops; how many batches each engine (by key) was sent.
+    The kernel hands this to a ``%%mesh`` cell: one that touches engine values runs after its
+    engine ran those (``local.CellTurn``)."""
+    from .mesh import meshes
+
+    sent = {}
+    for tm in meshes():
+        if tm.stream.lost is not None or compat.is_stopped(tm.procs):
+            continue  # its values are gone: no cell can touch them
+        try:
+            tm.stream.send_now()  # not flush(): a background send's error stays for the next
+        except Exception:  # sync point, which reports it (and a rank death) to the user
+            logger.debug("sending the tensor ops before a %%mesh cell failed", exc_info=True)
+            continue
+        sent[tm.key] = tm.stream.batches
+    return sent
 
 
 def activity(instance: Any) -> str | None:

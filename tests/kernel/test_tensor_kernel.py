@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kernel_support import Kernel
 from panel_support import Panel, ranks_of
+from support import wait_until
 
 pytest.importorskip("torch")
 
@@ -119,3 +120,141 @@ def test_kernel_mesh_tensor(panel_kernel: tuple[Kernel, Panel], tmp_path: Path) 
     finally:
         gate.touch()
     assert kernel.ok("print(am.inspect(y).sum().item())").stream().strip() == "4032.0"
+
+
+def test_adopt_values_a_mesh_cell_made(kernel: Kernel) -> None:
+    kernel.ok(
+        "import torch, actormesh as am\n"
+        "procs = am.this_host().spawn_procs(per_host={'dp': 2, 'tp': 2})\n"
+        "dt = am.distribute(torch.ones(4, 4), procs, sharding_spec=['dp', None])",
+        timeout=WAIT,
+    )
+    kernel.ok("%mesh push procs dt")
+    kernel.ok(
+        "%%mesh procs\n"
+        "import torch\n"
+        "from torch.distributed.tensor import DTensor, Shard\n"
+        "block = torch.full((2, 3), float(rank))\n"
+        "made = DTensor.from_local(block, dt.device_mesh, [Shard(0), Shard(1)], run_check=False)\n"
+        "mine = torch.arange(3.0) + rank\n"
+        "odd = torch.zeros(rank + 1)\n"
+        "word = 'not a tensor'"
+    )
+    # A DTensor over the engine's mesh: a global MeshTensor, its blocks where the cells put them.
+    kernel.ok(
+        "made = am.tensor.adopt(procs, 'made')\n"
+        "assert isinstance(made, am.MeshTensor) and made.shape == (4, 6) and not made.per_rank\n"
+        "want = torch.zeros(4, 6)\n"
+        "for d in range(2):\n"
+        "    for p in range(2):\n"
+        "        want[2 * d:2 * d + 2, 3 * p:3 * p + 3] = 2 * d + p\n"
+        "assert torch.equal(am.inspect(made), want), am.inspect(made)\n"
+        "assert torch.equal(am.inspect(made @ made.T), want @ want.T)  # a collective on it",
+        timeout=WAIT,
+    )
+    # A plain tensor: a per-rank MeshTensor, the cell's own tensor (a later cell changes it).
+    kernel.ok(
+        "mine = am.tensor.adopt(procs, 'mine')\n"
+        "assert mine.per_rank and mine.shape == (3,)\n"
+        "assert torch.equal(am.fetch(mine, dp=1, tp=0).get(timeout=60), torch.arange(3.0) + 2)\n"
+        "total = am.inspect(mine.reduce(('dp', 'tp'), 'sum'))\n"
+        "assert torch.equal(total, 4 * torch.arange(3.0) + 6), total"
+    )
+    kernel.ok("%%mesh procs\nmine.add_(100)")
+    kernel.ok("assert torch.equal(am.fetch(mine, tp=1).get(timeout=60), torch.arange(3.0) + 101)")
+    # Bad input: clear errors, and nothing kept.
+    kernel.ok(
+        "try:\n"
+        "    am.tensor.adopt(procs, 'odd')\n"
+        "except am.MeshUsageError as e:\n"
+        "    assert 'do not make one MeshTensor' in str(e), e\n"
+        "    assert '{dp=1, tp=1}: tensor [4] torch.float32' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('values of different shapes were adopted')\n"
+        "try:\n"
+        "    am.tensor.adopt(procs, 'nowhere')\n"
+        "except am.ActorError as e:\n"
+        "    assert len(e.failures) == 4 and e.exc_type == 'NameError', e\n"
+        "    assert \"'nowhere' is not defined in the %%mesh namespace\" in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('an undefined name was adopted')\n"
+        "try:\n"
+        "    am.tensor.adopt(procs, 'word')\n"
+        "except am.ActorError as e:\n"
+        "    assert \"'word' on {dp=0, tp=0} is a str, not a tensor\" in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('a str was adopted')\n"
+        "try:\n"
+        "    am.tensor.adopt(procs, 'not a name')\n"
+        "except am.MeshUsageError as e:\n"
+        "    assert 'must be the Python name' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('a bad name was accepted')\n"
+        "base = am.tensor.live(procs).values()\n"
+        "assert am.inspect(made.sum()).item() == want.sum().item()\n"
+        "assert am.tensor.live(procs).values() == base  # the refused adoptions left nothing"
+    )
+
+
+def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path) -> None:
+    """A cell that touches engine values runs between the engine's batches on every rank, so its
+    collectives and the engine's never interleave: it waits for the batch sent before it."""
+    gate, log = tmp_path / "go", tmp_path / "log"
+    kernel.ok(
+        "import torch, actormesh as am\n"
+        "procs = am.this_host().spawn_procs(per_host={'dp': 2, 'tp': 2})\n"
+        "x = torch.arange(64.0).reshape(8, 8)\n"
+        "dt = am.distribute(x, procs, sharding_spec=['dp', None])\n"
+        "assert am.inspect(dt).sum().item() == x.sum().item()",
+        timeout=WAIT,
+    )
+    kernel.ok("%mesh push procs dt")
+    kernel.ok(
+        "class Peek(am.Actor):\n"
+        "    @am.endpoint\n"
+        "    def waiting(self):  # is a thread of this rank in CellTurn's wait?\n"
+        "        import sys, traceback\n"
+        "        return any(\n"
+        "            f.filename.endswith('actormesh/tensor/local.py') and f.name == '__enter__'\n"
+        "            for frame in sys._current_frames().values()\n"
+        "            for f in traceback.extract_stack(frame)\n"
+        "        )\n"
+        "peek = procs.spawn('peek', Peek)\n"
+        "assert not any(peek.waiting.call().get(timeout=30).values())"
+    )
+    kernel.ok(
+        "@am.remote(propagate='inspect')\n"
+        "def hold(t, gate, log):\n"
+        "    import os, time\n"
+        "    import torch.distributed as dist\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not os.path.exists(gate) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)  # a poll of the test's gate, bounded\n"
+        "    with open(f'{log}.{dist.get_rank()}', 'a') as f:\n"
+        "        f.write('engine\\n')\n"
+        f"held = hold(dt, {str(gate)!r}, {str(log)!r})\n"
+        "square = dt @ dt.T  # the engine's collective, in the same batch"
+    )
+    try:
+        kernel.ok(
+            "%%mesh procs --noblock -o job\n"
+            f"with open(f'{log}.{{rank}}', 'a') as f:\n"
+            "    f.write('cell\\n')\n"
+            "dt.full_tensor().sum().item()  # the cell's collective"
+        )
+        # Every rank's cell waits for its engine (busy in hold) before it starts.
+        wait_until(
+            lambda: kernel.ok("all(peek.waiting.call().get(timeout=10).values())").value == "True",
+            60,
+            "the cells on all 4 ranks to wait for the engine",
+        )
+        assert not any(tmp_path.glob("log.*")), "a cell ran while its engine ran a batch"
+    finally:
+        gate.touch()
+    values = kernel.ok("job.get(timeout=60).values()", timeout=WAIT).value
+    assert values == "[2016.0, 2016.0, 2016.0, 2016.0]", values
+    for rank in range(4):
+        assert (tmp_path / f"log.{rank}").read_text() == "engine\ncell\n"
+    kernel.ok("assert torch.equal(am.inspect(square), x @ x.T)")
+    # A cell that touches no engine value does not wait for the engine.
+    kernel.ok("%%mesh procs\nprint(rank)")

@@ -1,0 +1,160 @@
+"""This process's tensor engines, for code that runs beside them on other threads (worker side).
+
+- ``local_value``: an actor handed a MeshTensor gets this rank's value, once the engine ran the
+  ops issued before the call.
+- ``CellTurn``: a ``%%mesh`` cell that touches engine values runs *between* the engine's
+  batches. Collectives must run in the same order on every rank, and a cell's collectives (a
+  ``full_tensor()`` on a pushed DTensor) share this process's group with the engine's. So the
+  cell first waits until the engine ran every batch sent before the cell (the kernel says how
+  many), then holds the lock the engine holds while it runs a batch: later batches wait for the
+  cell, on every rank alike. That holds for ops issued after the cell *ended*, as with a
+  blocking cell. Ops issued while a ``--noblock`` cell still runs may reach some ranks' engines
+  before their cell took the lock and others after: if both sides run collectives, their order
+  can differ between ranks (the ranks then wait on each other until the group's timeout).
+- ``adopt_value``: the engine's side of ``actormesh.tensor.adopt``: a value a ``%%mesh`` cell
+  made becomes an engine value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import compat
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
+
+# How long an actor or a cell waits for the engine to run the ops issued before it.
+LOCAL_VALUE_WAIT = 300.0
+
+# What adopt_value tells the controller: (per_rank, shape, dtype, stride).
+Adopted = tuple[bool, tuple[int, ...], Any, tuple[int, ...]]
+
+# This process's engines by key (each registers itself as it starts).
+REGISTRY: dict[str, _TensorEngine] = {}
+
+
+def _wait_for_batch(engine: _TensorEngine, seq: int) -> None:
+    with engine.cond:
+        if not engine.cond.wait_for(lambda: engine.done >= seq, timeout=LOCAL_VALUE_WAIT):
+            raise TimeoutError(
+                f"the tensor engine on {engine.rank_str} did not reach batch {seq} in "
+                f"{LOCAL_VALUE_WAIT:g} s (it ran {engine.done}); is it blocked in a collective?"
+            )
+
+
+def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
+    """On a worker: the local value of a MeshTensor that was passed to an endpoint (with
+    ``dtensor``, a global one stays this rank's DTensor, as ``%mesh push`` hands it over).
+
+    Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
+    on their own threads, so the engine may still be behind), then returns the local tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    engine = REGISTRY.get(key)
+    if engine is None:
+        raise RuntimeError(
+            "a MeshTensor was sent to a process that does not hold its mesh; pass MeshTensors "
+            "only to actors on the same processes as the tensor's mesh"
+        )
+    _wait_for_batch(engine, seq)
+    root = engine.poison.get(id)
+    if root is not None:
+        raise RuntimeError(
+            f"this MeshTensor failed on {root.rank}: {root.exc_type}: {root.message} "
+            f"(op {root.op} issued at {root.site})"
+        )
+    v = engine.value(id)
+    return v.to_local() if isinstance(v, DTensor) and not dtensor else v
+
+
+def _engine_value(engine: _TensorEngine, v: Any) -> bool:
+    """Whether a cell using ``v`` may run collectives of this process's group, or change what
+    the engine holds: any DTensor (whichever DeviceMesh: they share the process group), a module
+    with DTensor parameters, or a value the engine holds itself."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(v, DTensor):
+        return True
+    if isinstance(v, torch.nn.Module):
+        return any(isinstance(p, DTensor) for p in v.parameters())
+    return isinstance(v, torch.Tensor) and any(v is held for held in engine.env.values())
+
+
+class CellTurn:
+    """Around a ``%%mesh`` cell that reads ``names`` from ``namespace``: if any of them is an
+    engine value, wait for the engine(s) to run the ``after[key]`` batches sent before the cell,
+    and hold their locks while the cell runs. A cell that touches none runs at once. (A class,
+    not a generator: a rank's stack, ``procs.stacks()``, then shows a waiting cell in here.)"""
+
+    def __init__(self, namespace: dict[str, Any], names: Iterable[str], after: dict[str, int]):
+        self.values = [namespace[n] for n in set(names) if n in namespace]
+        self.after = after
+        self.held: list[_TensorEngine] = []
+
+    def __enter__(self) -> None:
+        try:
+            for key in sorted(self.after):  # one order everywhere: two engines cannot deadlock
+                engine = REGISTRY.get(key)
+                if engine is None or not any(_engine_value(engine, v) for v in self.values):
+                    continue
+                _wait_for_batch(engine, self.after[key])
+                if not engine.lock.acquire(timeout=LOCAL_VALUE_WAIT):
+                    raise TimeoutError(
+                        f"the tensor engine on {engine.rank_str} kept running a batch for "
+                        f"{LOCAL_VALUE_WAIT:g} s; is it blocked in a collective?"
+                    )
+                self.held.append(engine)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        while self.held:
+            self.held.pop().lock.release()
+
+
+def adopt_value(engine: _TensorEngine, id: int, name: str) -> Adopted:
+    """Make ``name`` from this process's ``%%mesh`` namespace engine value ``id``: a DTensor is
+    a global value (moved onto the engine's DeviceMesh if the cell made its own of the same
+    shape), a tensor a per-rank one. ``(per_rank, global shape, dtype, stride)`` for the
+    controller, which checks that the ranks agree."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    found = [ns[name] for ns in compat.cell_namespaces() if name in ns]
+    if not found:
+        raise NameError(
+            f"adopt: {name!r} is not defined in the %%mesh namespace on {engine.rank_str}; "
+            "make it in a %%mesh cell on every rank of the mesh first"
+        )
+    value = found[0]
+    if isinstance(value, DTensor):
+        mesh = value.device_mesh
+        if mesh is not engine.mesh:
+            if tuple(mesh.shape) != engine.sizes or mesh.mesh_dim_names != engine.labels:
+                raise ValueError(
+                    f"adopt: {name!r} is a DTensor over a DeviceMesh {tuple(mesh.shape)} "
+                    f"{mesh.mesh_dim_names}, not the engine's {engine.sizes} {engine.labels}; "
+                    "make it on the engine's mesh (a pushed DTensor's .device_mesh)"
+                )
+            value = DTensor.from_local(
+                value.to_local(), engine.mesh, value.placements, run_check=False,
+                shape=value.shape, stride=value.stride(),
+            )  # fmt: skip
+        per_rank = False
+    elif isinstance(value, torch.Tensor):
+        per_rank = True
+        value = value.to(engine.device)
+    else:
+        raise TypeError(
+            f"adopt: {name!r} on {engine.rank_str} is a {type(value).__name__}, not a tensor "
+            "or DTensor"
+        )
+    # The cell's own object where it can be (a later cell touching it then takes the lock);
+    # detached if it needs grad (the engine's values never do), sharing its storage.
+    engine.env[id] = value.detach() if value.requires_grad else value
+    return per_rank, tuple(value.shape), value.dtype, tuple(value.stride())
