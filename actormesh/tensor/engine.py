@@ -98,6 +98,7 @@ class _TensorEngine(Actor):
         self._run_batch(ops, drops)
 
     @endpoint
+    @_holding_lock
     def run_and_fetch(
         self, ops: list[Op] | bytes, drops: list[int], requests: list[tuple[int, int | None]]
     ) -> dict[str, Any]:
