@@ -239,6 +239,23 @@ def test_this_proc_runs_actors_in_the_controller() -> None:
     assert result["pid"] == os.getpid()
 
 
+class SpawnsThere(am.Actor):
+    def __init__(self) -> None:
+        # This worker's own one-proc mesh, alive when the controller's arrives: it must not
+        # stand in for the one the endpoint gets.
+        self.mine = am.this_proc()
+
+    @am.endpoint
+    def pid_of_an_actor_on(self, mesh: am.ProcMesh) -> int:
+        here = mesh.spawn("spawned_there", Where)
+        return int(here.rank.call_one().get(timeout=10)["pid"])
+
+
+def test_this_proc_passed_to_a_worker_still_names_the_controller(shared_procs) -> None:
+    spawner = shared_procs.slice(gpus=0).spawn("spawns_there", SpawnsThere)
+    assert spawner.pid_of_an_actor_on.call_one(am.this_proc()).get(timeout=30) == os.getpid()
+
+
 def test_init_failure_surfaces_at_first_call_and_initialized(
     shared_procs, unhandled_failures
 ) -> None:

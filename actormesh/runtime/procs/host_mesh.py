@@ -184,7 +184,11 @@ def this_host() -> HostMesh:
 
 
 def this_proc() -> ProcMesh:
-    """The controller process itself as a one-proc mesh: its actors run on threads here."""
-    ctl = get_controller()
-    table = ProcTable("this-proc", [ctl.node.address], ["controller"])
+    """This process itself as a one-proc mesh: its actors run on threads here.
+
+    Its table id names this process, so a copy passed to another process (which may hold a
+    ``this_proc()`` of its own) still names this one.
+    """
+    address = get_controller().node.address
+    table = ProcTable(f"proc-{address.mailbox.hex()[:16]}", [address], ["controller"])
     return ProcMesh._create(table, Shape.from_extent({}), None)

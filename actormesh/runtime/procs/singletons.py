@@ -23,13 +23,11 @@ from ..actors.failures import render_failure
 from ..actors.future import Future
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.endpoint import pickle_arguments
-from ..meshes.proc_mesh import ProcMesh
-from ..meshes.proc_table import ProcTable
 from ..messaging.codec import Message, dumps
 from ..messaging.node import Node, current_node, node_if_started, reply_port
 from ..messaging.protocol import FAILED, OK, REPLY, SINGLETON
-from ..shape import Shape
-from .controller import Controller, get_controller, on_controller
+from .controller import Controller, on_controller
+from .host_mesh import this_proc
 
 A = TypeVar("A", bound=Actor)
 
@@ -69,17 +67,8 @@ def _get_or_spawn(
     with _lock:
         mesh = _singletons.get(name)
         if mesh is None:
-            mesh = _singletons[name] = _root_proc().spawn(name, cls, *args, **kwargs)
+            mesh = _singletons[name] = this_proc().spawn(name, cls, *args, **kwargs)
         return mesh
-
-
-def _root_proc() -> ProcMesh:
-    """This process as a one-proc mesh, under an id of its own: ``this_proc()``'s table id is
-    the same in every process, so a copy unpickled in a worker that has one would be the
-    worker's."""
-    address = get_controller().node.address
-    table = ProcTable(f"controller-{address.mailbox.hex()[:16]}", [address], ["controller"])
-    return ProcMesh._create(table, Shape.from_extent({}), None)
 
 
 def _install(ctl: Controller) -> None:
