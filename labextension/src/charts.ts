@@ -1,7 +1,7 @@
 /**
  * The sidebar's charts, drawn with uPlot: a CPU sparkline per rank row, a chart per resource
  * (a line per rank, or min/median/max bands above BAND_ABOVE ranks) and a chart per training
- * metric (a line per rank, the rank that strays from the others in red).
+ * metric (a line per rank); in both, the rank that strays from the others is drawn in red.
  *
  * Why uPlot: it is built for live time series (a canvas per chart, ~50 KB, no dependencies,
  * setData of a few thousand points takes well under a millisecond) and is maintained. Chart.js
@@ -22,7 +22,15 @@ import uPlot from 'uplot';
 
 import { el } from './dom';
 import { formatBytes } from './format';
-import { align, bands, ILine, MeshSeries, Resource, straying } from './series';
+import {
+  alignToWidth,
+  bandsToWidth,
+  ILine,
+  MeshSeries,
+  Resource,
+  resourceStraying,
+  straying
+} from './series';
 
 /** More ranks than this: a resource chart draws min/median/max, not a line per rank. */
 export const BAND_ABOVE = 16;
@@ -172,26 +180,6 @@ interface ILabeled {
   line: ILine;
 }
 
-/**
- * At most one point per pixel column (every k-th, the last one kept): more cannot be seen,
- * and bands and drawing cost grow with the points.
- */
-function thinToWidth(
-  data: [number[], ...(number | null)[][]],
-  width: number
-): [number[], ...(number | null)[][]] {
-  const n = data[0].length;
-  const k = Math.ceil(n / Math.max(width, 50));
-  if (k <= 1) {
-    return data;
-  }
-  const keep: number[] = [];
-  for (let i = (n - 1) % k; i < n; i += k) {
-    keep.push(i);
-  }
-  return data.map(col => keep.map(i => col[i])) as [number[], ...(number | null)[][]];
-}
-
 /** A chart with a line per rank (or bands), a title and a hover readout. */
 export class LineChart {
   readonly node = div('chart');
@@ -209,7 +197,11 @@ export class LineChart {
     this._stray = div('chart-stray');
     this.node.appendChild(this._stray);
     this.node.appendChild(this._plot);
+    // The width is read here, where the layout is fresh, and kept: reading clientWidth in
+    // update() forced a layout after each chart's DOM writes (a tenth of the panel's time with
+    // 64 ranks).
     this._resize = new ResizeObserver(() => {
+      this._nodeWidth = null;
       const width = this._width();
       if (this._u && width && Math.abs(width - this._u.width) > 1) {
         this._u.setSize({ width, height: this._u.height });
@@ -221,19 +213,18 @@ export class LineChart {
   /** Redraw; the ranks in `dead` are drawn dashed (their lines end where they died). */
   update(lines: ILabeled[], stray: number | null, dead: ReadonlySet<number> = new Set()): void {
     const banded = lines.length > this._bandAbove;
-    const shown = banded ? lines.filter(l => l.rank === stray) : lines;
-    const aligned = thinToWidth(align(lines.map(l => l.line)), this._width() || 240);
-    const [xs, ...ys] = aligned;
+    const width = this._width() || 240;
     let data: uPlot.AlignedData;
     let labels: string[];
     if (banded) {
       // The bands of the others: the straying rank is drawn on its own, in red.
-      const [lo, mid, hi] = bands(ys.filter((_, i) => lines[i].rank !== stray));
-      const strayYs = shown.map(l => ys[lines.indexOf(l)]);
-      data = [xs, hi, mid, lo, ...strayYs] as uPlot.AlignedData;
-      labels = ['max', 'median', 'min', ...shown.map(l => `rank ${l.rank}`)];
+      const strayAt = lines.findIndex(l => l.rank === stray);
+      const apart = strayAt < 0 ? [] : [strayAt];
+      const b = bandsToWidth(lines.map(l => l.line), apart, width);
+      data = [b.x, b.hi, b.mid, b.lo, ...b.apart] as uPlot.AlignedData;
+      labels = ['max', 'median', 'min', ...apart.map(i => `rank ${lines[i].rank}`)];
     } else {
-      data = aligned as uPlot.AlignedData;
+      data = alignToWidth(lines.map(l => l.line), width) as uPlot.AlignedData;
       labels = lines.map(l => `rank ${l.rank}`);
     }
     const deadShown = lines.filter(l => dead.has(l.rank)).map(l => l.rank);
@@ -245,20 +236,28 @@ export class LineChart {
       this._u.setData(data);
     }
     this._labels = labels;
-    // What the page can read (the UI test, and anyone inspecting the panel).
-    const node = this.node;
-    node.dataset.lines = `${lines.length}`;
-    node.dataset.banded = `${banded}`;
-    node.dataset.points = `${Math.max(0, ...lines.map(l => l.line.x.length))}`;
-    node.dataset.last = lines
-      .map(l => `${l.rank}:${l.line.x.length ? l.line.x[l.line.x.length - 1] : ''}`)
-      .join(',');
-    if (stray === null) {
-      delete node.dataset.stray;
-      this._stray.textContent = '';
-    } else {
-      node.dataset.stray = `${stray}`;
-      this._stray.textContent = `rank ${stray} strays from the others`;
+    // What the page can read (the UI test, and anyone inspecting the panel); written only when
+    // it changed, since every write makes the browser restyle the panel.
+    this._show('lines', `${lines.length}`);
+    this._show('banded', `${banded}`);
+    this._show('points', `${Math.max(0, ...lines.map(l => l.line.x.length))}`);
+    this._show(
+      'last',
+      lines.map(l => `${l.rank}:${l.line.x.length ? l.line.x[l.line.x.length - 1] : ''}`).join(',')
+    );
+    this._show('stray', stray === null ? null : `${stray}`);
+    const words = stray === null ? '' : `rank ${stray} strays from the others`;
+    if (this._stray.textContent !== words) {
+      this._stray.textContent = words;
+    }
+  }
+
+  private _show(key: string, value: string | null): void {
+    const data = this.node.dataset;
+    if (value === null) {
+      delete data[key];
+    } else if (data[key] !== value) {
+      data[key] = value;
     }
   }
 
@@ -269,7 +268,15 @@ export class LineChart {
   }
 
   private _width(): number {
-    return Math.floor(this.node.clientWidth) || 0;
+    // Measured when the chart is made and on each resize report; 0 while out of the page.
+    if (this._nodeWidth === null) {
+      const width = Math.floor(this.node.clientWidth);
+      if (!width) {
+        return 0;
+      }
+      this._nodeWidth = width;
+    }
+    return this._nodeWidth;
   }
 
   private _build(
@@ -304,7 +311,9 @@ export class LineChart {
         series.push(line(`rank ${l.rank}`, color, strays ? 2.25 : 1.25, dash));
       });
     }
-    const font = '10px var(--jp-ui-font-family, sans-serif)';
+    // A canvas font cannot hold var(): such a string is refused, and parsed anew each time
+    // uPlot sets it (a tenth of a redraw's time), so the theme's family is looked up here.
+    const font = `10px ${themeColor('--jp-ui-font-family', 'sans-serif')}`;
     const axis = { stroke: text, font, grid: { stroke: grid, width: 1 }, ticks: { show: false } };
     const format = this.format;
     const opts: uPlot.Options = {
@@ -392,6 +401,7 @@ export class LineChart {
   private _key = '';
   private _labels: string[] = [];
   private _resize: ResizeObserver;
+  private _nodeWidth: number | null = null;
 }
 
 /** A rank's CPU over the last minute, in its row: no axes, no hover. */
@@ -563,7 +573,7 @@ export class MeshCharts {
       this._batch.schedule(c.node, () =>
         c.update(
           ranks.map(([rank, rr]) => ({ rank, line: rr.line(resource) })),
-          null,
+          resourceStraying(mesh.resources, resource, this._dead),
           this._dead
         )
       );

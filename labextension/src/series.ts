@@ -163,6 +163,41 @@ export function align(lines: ILine[]): [number[], ...(number | null)[][]] {
   return [Array.from(xs), ...ys];
 }
 
+/**
+ * `align`, at most one point per pixel column of `width` (every k-th, the last one kept): more
+ * cannot be seen, and bands and drawing cost grow with the points. On a common axis (the usual
+ * case) only the kept points are copied.
+ */
+export function alignToWidth(lines: ILine[], width: number): [number[], ...(number | null)[][]] {
+  if (lines.length && sameAxis(lines)) {
+    const keep = keptIndices(lines[0].x.length, width);
+    return [pick(lines[0].x, keep), ...lines.map(l => pick(l.y, keep))];
+  }
+  const aligned = align(lines);
+  const keep = keptIndices(aligned[0].length, width);
+  return aligned.map(col => pick(col, keep)) as [number[], ...(number | null)[][]];
+}
+
+function keptIndices(n: number, width: number): number[] {
+  const k = Math.max(1, Math.ceil(n / Math.max(width, 50)));
+  const keep: number[] = [];
+  for (let i = (n - 1) % k; i < n; i += k) {
+    keep.push(i);
+  }
+  return keep;
+}
+
+function pick<T>(col: T[], keep: number[]): T[] {
+  if (keep.length === col.length) {
+    return col.slice();
+  }
+  const out = new Array<T>(keep.length);
+  for (let j = 0; j < keep.length; j++) {
+    out[j] = col[keep[j]];
+  }
+  return out;
+}
+
 function sameAxis(lines: ILine[]): boolean {
   const x0 = lines[0].x;
   for (let i = 1; i < x0.length; i++) {
@@ -187,30 +222,148 @@ function sameAxis(lines: ILine[]): boolean {
 /** Per x: the min, median and max of the lines that have a value there. */
 export function bands(ys: (number | null)[][]): [(number | null)[], (number | null)[], (number | null)[]] {
   const n = ys.length ? ys[0].length : 0;
-  const lo: (number | null)[] = [];
-  const mid: (number | null)[] = [];
-  const hi: (number | null)[] = [];
-  const buffer = new Float64Array(ys.length); // a typed array sorts numbers natively, fast
+  const out = new Bands(n, ys.length);
   for (let i = 0; i < n; i++) {
     let count = 0;
-    for (const y of ys) {
-      const v = y[i];
+    for (let j = 0; j < ys.length; j++) {
+      const v = ys[j][i];
       if (v !== null) {
-        buffer[count++] = v;
+        out.column[count++] = v;
       }
     }
-    if (!count) {
-      lo.push(null);
-      mid.push(null);
-      hi.push(null);
-      continue;
-    }
-    const col = buffer.subarray(0, count).sort();
-    lo.push(col[0]);
-    mid.push(median(col));
-    hi.push(col[count - 1]);
+    out.set(i, count);
   }
-  return [lo, mid, hi];
+  return [out.lo, out.mid, out.hi];
+}
+
+/** A banded chart's data: the x axis, min/median/max per x, and the lines drawn on their own. */
+export interface IBanded {
+  x: number[];
+  lo: (number | null)[];
+  mid: (number | null)[];
+  hi: (number | null)[];
+  /** The lines of `apart`, in its order, at the same x. */
+  apart: (number | null)[][];
+}
+
+/**
+ * The bands of `lines` but those at the indices in `apart`, at most a point per pixel column
+ * of `width` (as `alignToWidth`). On a common axis the values are read where they are: no
+ * copy of every rank's line is made (64 of them, each redraw, were most of the garbage).
+ */
+export function bandsToWidth(lines: ILine[], apart: number[], width: number): IBanded {
+  const inBands = lines.filter((_, i) => !apart.includes(i));
+  if (!lines.length || !sameAxis(lines)) {
+    const [x, ...ys] = alignToWidth(lines, width);
+    const [lo, mid, hi] = bands(ys.filter((_, i) => !apart.includes(i)));
+    return { x, lo, mid, hi, apart: apart.map(i => ys[i]) };
+  }
+  const keep = keptIndices(lines[0].x.length, width);
+  const out = new Bands(keep.length, inBands.length);
+  for (let c = 0; c < keep.length; c++) {
+    const i = keep[c];
+    let count = 0;
+    for (let j = 0; j < inBands.length; j++) {
+      const v = inBands[j].y[i];
+      if (v !== null) {
+        out.column[count++] = v;
+      }
+    }
+    out.set(c, count);
+  }
+  return {
+    x: pick(lines[0].x, keep),
+    lo: out.lo,
+    mid: out.mid,
+    hi: out.hi,
+    apart: apart.map(i => pick(lines[i].y, keep))
+  };
+}
+
+class Bands {
+  readonly lo: (number | null)[];
+  readonly mid: (number | null)[];
+  readonly hi: (number | null)[];
+  /** One x's values, filled by the caller before `set`. */
+  readonly column: Float64Array;
+
+  constructor(n: number, lines: number) {
+    this.lo = new Array<number | null>(n);
+    this.mid = new Array<number | null>(n);
+    this.hi = new Array<number | null>(n);
+    this.column = new Float64Array(lines);
+  }
+
+  /** The bands at `i` from the first `count` values of `column`. */
+  set(i: number, count: number): void {
+    if (!count) {
+      this.lo[i] = this.mid[i] = this.hi[i] = null;
+      return;
+    }
+    const a = this.column;
+    let min = a[0];
+    let max = a[0];
+    for (let j = 1; j < count; j++) {
+      const v = a[j];
+      min = v < min ? v : min;
+      max = v > max ? v : max;
+    }
+    this.lo[i] = min;
+    this.hi[i] = max;
+    this.mid[i] = medianInPlace(a, count);
+  }
+}
+
+/**
+ * The median of `a[0..count)`, reordering it: selection (Hoare's quickselect), linear on
+ * average; sorting every column cost most of a banded chart's redraw with 64 ranks.
+ */
+function medianInPlace(a: Float64Array, count: number): number {
+  const m = count >> 1;
+  const upper = select(a, count, m);
+  if (count % 2) {
+    return upper;
+  }
+  // Even count: select left the m smallest in a[0..m); the lower middle is the largest of them.
+  let lower = a[0];
+  for (let i = 1; i < m; i++) {
+    lower = a[i] > lower ? a[i] : lower;
+  }
+  return (lower + upper) / 2;
+}
+
+/** Reorder `a[0..count)` so that a[k] holds the k-th smallest, smaller ones before it. */
+function select(a: Float64Array, count: number, k: number): number {
+  let left = 0;
+  let right = count - 1;
+  while (left < right) {
+    const pivot = a[(left + right) >> 1];
+    let i = left;
+    let j = right;
+    while (i <= j) {
+      while (a[i] < pivot) {
+        i++;
+      }
+      while (a[j] > pivot) {
+        j--;
+      }
+      if (i <= j) {
+        const t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+        i++;
+        j--;
+      }
+    }
+    if (k <= j) {
+      right = j;
+    } else if (k >= i) {
+      left = i;
+    } else {
+      break;
+    }
+  }
+  return a[k];
 }
 
 function median(sorted: ArrayLike<number>): number {
@@ -224,9 +377,10 @@ const RECENT = 5;
 /**
  * The rank whose recent level strays farthest from the others', when it strays clearly:
  * farther from the median of the ranks' levels than 3 robust standard deviations (1.4826 ×
- * the median absolute deviation) and than 5 % of that median. Needs 3 ranks or more.
+ * the median absolute deviation), than 5 % of that median and than `floor`. Needs 3 ranks or
+ * more.
  */
-export function straying(lines: Map<number, ILine>): number | null {
+export function straying(lines: Map<number, ILine>, floor = 0): number | null {
   const levels: [number, number][] = [];
   for (const [rank, line] of lines) {
     let sum = 0;
@@ -249,6 +403,37 @@ export function straying(lines: Map<number, ILine>): number | null {
   const devs = levels.map(([rank, v]) => [rank, Math.abs(v - m)] as [number, number]);
   const mad = median(devs.map(d => d[1]).sort((a, b) => a - b));
   const [rank, dev] = devs.reduce((a, b) => (b[1] > a[1] ? b : a));
-  const threshold = Math.max(3 * 1.4826 * mad, 0.05 * Math.abs(m), 1e-12);
+  const threshold = Math.max(3 * 1.4826 * mad, 0.05 * Math.abs(m), floor, 1e-12);
   return dev > threshold ? rank : null;
+}
+
+/**
+ * How far a rank's resource must be from the others' before it is said to stray, on top of the
+ * metrics' rule: ranks doing the same work differ by a few points of CPU and some megabytes
+ * (rank 0 often holds a little more), which is no news; a rank using a core more or gigabytes
+ * more is.
+ */
+export const RESOURCE_STRAY_FLOOR: Record<Resource, number> = {
+  cpu: 25, // % of a core
+  gpu_util: 25, // %
+  rss: 256 * 2 ** 20,
+  gpu_mem: 512 * 2 ** 20
+};
+
+/**
+ * The rank whose `resource` strays from the other live ranks' (the metrics' rule, with
+ * RESOURCE_STRAY_FLOOR); a dead rank's last samples are no level to compare with.
+ */
+export function resourceStraying(
+  resources: Map<number, RankResources>,
+  resource: Resource,
+  dead: ReadonlySet<number>
+): number | null {
+  const lines = new Map<number, ILine>();
+  for (const [rank, rr] of resources) {
+    if (!dead.has(rank)) {
+      lines.set(rank, rr.line(resource));
+    }
+  }
+  return straying(lines, RESOURCE_STRAY_FLOOR[resource]);
 }

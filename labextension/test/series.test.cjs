@@ -89,6 +89,69 @@ test('bands: min, median and max of the lines present', () => {
   assert.deepStrictEqual(hi, [3, null, 5]);
 });
 
+test('bands: the median by selection agrees with sorting, odd and even counts, ties', () => {
+  let seed = 7;
+  const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+  for (let trial = 0; trial < 300; trial++) {
+    const lines = 1 + (trial % 70);
+    const ys = Array.from({ length: lines }, () => [
+      trial % 3 ? random() : Math.round(random() * 4), // every third trial: many ties
+      random() < 0.3 ? null : random() - 0.5
+    ]);
+    const [lo, mid, hi] = series.bands(ys);
+    for (let i = 0; i < 2; i++) {
+      const col = ys.map(y => y[i]).filter(v => v !== null).sort((a, b) => a - b);
+      if (!col.length) {
+        assert.deepStrictEqual([lo[i], mid[i], hi[i]], [null, null, null]);
+        continue;
+      }
+      const m = col.length >> 1;
+      const median = col.length % 2 ? col[m] : (col[m - 1] + col[m]) / 2;
+      assert.deepStrictEqual([lo[i], mid[i], hi[i]], [col[0], median, col[col.length - 1]], `trial ${trial}`);
+    }
+  }
+});
+
+test('alignToWidth: at most a point per column of the width, the last kept', () => {
+  const x = Array.from({ length: 1000 }, (_, i) => i);
+  const same = [0, 1].map(r => ({ x, y: x.map(v => v + r) }));
+  const [xs, y0, y1] = series.alignToWidth(same, 200);
+  assert.strictEqual(xs.length, 200);
+  assert.strictEqual(xs[xs.length - 1], 999);
+  assert.deepStrictEqual(y1, xs.map(v => v + 1));
+  assert.deepStrictEqual(y0, xs);
+  // Few points: all of them, copies (the chart may keep them while the lines grow).
+  const short = [{ x: [1, 2, 3], y: [4, 5, 6] }];
+  const data = series.alignToWidth(short, 200);
+  assert.deepStrictEqual(data, [[1, 2, 3], [4, 5, 6]]);
+  assert.notStrictEqual(data[1], short[0].y);
+  // Lines on different steps are merged first, then thinned.
+  const merged = series.alignToWidth(
+    [
+      { x: x.filter(v => v % 2 === 0), y: x.filter(v => v % 2 === 0) },
+      { x: x.filter(v => v % 2 === 1), y: x.filter(v => v % 2 === 1) }
+    ],
+    100
+  );
+  assert.strictEqual(merged[0].length, 100);
+  assert.strictEqual(merged[0][99], 999);
+  assert.strictEqual(merged[2][99], 999);
+});
+
+test('bandsToWidth: the bands of the others at the thinned x, the apart lines beside', () => {
+  const x = Array.from({ length: 700 }, (_, i) => i);
+  const same = Array.from({ length: 20 }, (_, r) => ({ x, y: x.map(v => (r === 5 ? null : v * r)) }));
+  same[3] = { x, y: x.map(v => (v % 7 ? v * 3 : null)) }; // gaps
+  const ragged = same.map((l, r) => (r === 2 ? { x: x.slice(0, 650), y: l.y.slice(0, 650) } : l));
+  for (const lines of [same, ragged]) {
+    const got = series.bandsToWidth(lines, [4], 300);
+    const [xs, ...ys] = series.alignToWidth(lines, 300);
+    const [lo, mid, hi] = series.bands(ys.filter((_, i) => i !== 4));
+    assert.deepStrictEqual(got, { x: xs, lo, mid, hi, apart: [ys[4]] });
+    assert.ok(got.x.length <= 300 && got.x[got.x.length - 1] === 699);
+  }
+});
+
 test('straying: a diverging rank, and none among noisy equals', () => {
   const lines = levels => new Map(levels.map((v, rank) => [rank, { x: [0, 1], y: [v, v] }]));
   assert.strictEqual(series.straying(lines([1.0, 1.1, 0.9, 5.0])), 3);
@@ -98,4 +161,35 @@ test('straying: a diverging rank, and none among noisy equals', () => {
   const withNull = lines([1, 1, 1, 1]);
   withNull.get(2).y.push(null, 40);
   assert.strictEqual(series.straying(withNull), 2);
+});
+
+test('resourceStraying: a rank using much more memory or CPU, not a few percent more', () => {
+  const MiB = 2 ** 20;
+  const mesh = (cpu, rss) => {
+    const store = new series.SeriesStore();
+    const resources = cpu.map((c, rank) => ({
+      rank,
+      time: [1, 2, 3],
+      cpu: [c, c, c],
+      rss: [rss[rank], rss[rank], rss[rank]],
+      gpu_mem: null,
+      gpu_util: null
+    }));
+    store.apply(message(false, [], resources));
+    return store.meshes.get('m').resources;
+  };
+  const none = new Set();
+  // Equals with a little noise, rank 0 busier and holding somewhat more: nobody strays (the
+  // metrics' rule alone would mark rank 0 in both).
+  const calm = mesh([6, 1, 2, 1], [440 * MiB, 400 * MiB, 401 * MiB, 399 * MiB]);
+  assert.strictEqual(series.resourceStraying(calm, 'cpu', none), null);
+  assert.strictEqual(series.resourceStraying(calm, 'rss', none), null);
+  // Rank 2 holds a gigabyte more, rank 1 spins a core.
+  const odd = mesh([2, 100, 1, 3], [400 * MiB, 401 * MiB, 1400 * MiB, 399 * MiB]);
+  assert.strictEqual(series.resourceStraying(odd, 'rss', none), 2);
+  assert.strictEqual(series.resourceStraying(odd, 'cpu', none), 1);
+  // A dead rank's last samples are not compared.
+  assert.strictEqual(series.resourceStraying(odd, 'rss', new Set([2])), null);
+  // Without a GPU there is nothing to say.
+  assert.strictEqual(series.resourceStraying(odd, 'gpu_mem', none), null);
 });

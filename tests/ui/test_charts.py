@@ -1,10 +1,11 @@
 """The sidebar's charts end to end: 4 ranks train in a ``%%mesh`` cell and log their loss; the
-panel draws a chart for it with a line per rank, marks the rank that diverges, keeps the CPU
-sparklines of the rank rows moving, ends the line of a rank that dies, fits narrow and wide
-sidebars; and 64 ranks with 10 metrics fed to the panel in the page are drawn as bands with the
-straying rank apart. Both tests print the browser main thread's time on updates (the issue's
-budget is 20 ms per second): a figure to read, not to assert, since it moves with the machine's
-load (bench/RESULTS.md records it).
+panel draws a chart for it with a line per rank, marks the rank that diverges and the rank that
+holds far more memory, keeps the CPU sparklines of the rank rows moving, ends the line of a rank
+that dies, fits narrow and wide sidebars; and 64 ranks with 10 metrics fed to the panel in the
+page are drawn as bands with the straying ranks (a metric's, the memory's) apart. Both tests
+print the browser main thread's time on updates (the issue's budget is 20 ms per second): a
+figure to read, not to assert, since it moves with the machine's load (bench/RESULTS.md records
+it).
 
 Screenshots go to the test's tmp dir (and tests/ui/screenshots/): look at them."""
 
@@ -33,10 +34,12 @@ from ui_support import SCREENSHOTS, Lab
 
 pytestmark = pytest.mark.timeout(400)
 
-# Rank 2's loss jumps after step 15 (it diverges); rank 3 kills itself at step 25.
+# Rank 2's loss jumps after step 15 (it diverges); rank 3 kills itself at step 25; rank 1 holds
+# 768 MiB more than the others (written, so that it is resident).
 TRAIN = """%%mesh procs
 import os, signal, time
 import actormesh as am
+ballast = b"x" * (768 << 20) if rank == 1 else b""
 for step in range(1000):
     loss = 2.0 / (1 + 0.1 * step) + 0.01 * rank
     if rank == 2 and step > 15:
@@ -180,6 +183,14 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     expect(chart).to_have_attribute("data-stray", "2")
     expect(chart.locator(".jp-actormesh-chart-stray")).to_have_text("rank 2 strays from the others")
 
+    # Rank 1's memory strays from the others': marked in the memory chart. (Its CPU is not
+    # checked here: writing the ballast is a short burst of it, which may be marked a while.)
+    rss_chart = page.locator(f"{SIDEBAR} .jp-actormesh-chart[data-resource='rss']")
+    expect(rss_chart).to_have_attribute("data-stray", "1")
+    expect(rss_chart.locator(".jp-actormesh-chart-stray")).to_have_text(
+        "rank 1 strays from the others"
+    )
+
     # Hover: the nearest line's rank, step and value.
     plot = chart.locator(".u-over")
     box = plot.bounding_box()
@@ -235,13 +246,13 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
 # The issue's load: 64 ranks, 10 metrics. Fed to the panel's model in the page (no kernel could
 # run 64 ranks on this machine): a snapshot of one 64-rank mesh, then what the kernel would send,
 # the history first, then every half second a step of each metric on every rank and, every
-# second, a sample of each rank.
+# second, a sample of each rank. Rank 7's metrics and rank 9's memory stray from the others'.
 FEED_64 = """async ([seconds, history]) => {
   const side = [...window.jupyterapp.shell.widgets('left')]
     .find(w => w.id === 'actormesh-sidebar');
   const model = side.model;
   const comm = { isDisposed: false, close() {} };
-  const N = 64, METRICS = 10, P = 2;
+  const N = 64, METRICS = 10, P = 2, MiB = 2 ** 20;
   const ranks = Array.from({ length: N }, (_, r) => ({
     rank: r, label: `gpus=${r}`, state: 'busy', since: Date.now() / 1000, pid: 1000 + r,
     rss: 512 << 20, gpu_mem: null, busy: { kind: 'cell', what: 'In [3]', line: 4 },
@@ -260,7 +271,8 @@ FEED_64 = """async ([seconds, history]) => {
     return message('series', { time: t, reset, meshes: [{ mesh_id: 'mesh-64',
       resources: samples ? ranks.map(r => ({ rank: r.rank, time: times,
         cpu: times.map(() => 90 + 10 * Math.random()),
-        rss: times.map(() => (512 << 20) + r.rank * 4096), gpu_mem: null, gpu_util: null }))
+        rss: times.map(() => 512 * MiB + r.rank * 4096 + (r.rank === 9 ? 1024 * MiB : 0)),
+        gpu_mem: null, gpu_util: null }))
         : [],
       metrics: Array.from({ length: METRICS }, (_, m) => ({ name: `metric_${m}`,
         ranks: ranks.map(r => ({ rank: r.rank, step: stepList,
@@ -295,8 +307,11 @@ FEED_64 = """async ([seconds, history]) => {
   out.charts = document.querySelectorAll('#actormesh-sidebar .jp-actormesh-chart').length;
   out.stray = document.querySelector(
     "#actormesh-sidebar .jp-actormesh-chart[data-metric='metric_0']").dataset.stray;
-  out.banded = document.querySelector(
-    "#actormesh-sidebar .jp-actormesh-chart[data-resource='cpu']").dataset.banded;
+  const resource = name => document.querySelector(
+    `#actormesh-sidebar .jp-actormesh-chart[data-resource='${name}']`).dataset;
+  out.banded = resource('cpu').banded;
+  out.cpu_stray = resource('cpu').stray ?? null;
+  out.rss_stray = resource('rss').stray ?? null;
   return out;
 }"""
 
@@ -311,3 +326,5 @@ def test_64_ranks_10_metrics_are_drawn_as_bands(page: Any, lab: Lab, tmp_path: P
     print(f"\n64 ranks, 10 metrics: {per_s:.2f} ms/s of main-thread time on updates: {spent}")
     save(page, tmp_path, "charts-64-ranks")
     assert spent["charts"] == 12 and spent["stray"] == "7" and spent["banded"] == "true", spent
+    # Rank 9 holds a gigabyte more than the others: its memory line is drawn apart, in red.
+    assert spent["rss_stray"] == "9" and spent["cpu_stray"] is None, spent

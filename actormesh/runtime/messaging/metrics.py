@@ -1,15 +1,16 @@
 """Training metrics: ``am.log_metrics({"loss": loss}, step=i)`` on a rank or the controller.
 
 A training loop calls this every step, so it must cost next to nothing there: a call checks its
-values and appends one tuple per value to this process's outbox, under a lock nobody else holds
-for long. Nothing is sent per call. The outbox travels to the controller as one METRICS message
-(``protocol.py``) when:
+values and appends one tuple, ``(step, time, names, values)``, to this process's outbox with a
+single ``list.append`` (atomic, so no lock: a flush takes what is there as a prefix of the list
+and deletes that prefix, and calls that append meanwhile stay behind it). Nothing is sent per
+call. The outbox travels to the controller as one METRICS message (``protocol.py``) when:
 
 - the rank's output is flushed (``logs.flush_output``): before every endpoint reply, so the
   metrics an endpoint logged are at the controller when its caller has the reply;
 - a short timer fires (``FLUSH_AFTER`` seconds after the first value of a batch): a long
   endpoint that trains for minutes still shows its curve live;
-- the outbox holds ``FLUSH_AT`` values.
+- the outbox holds ``FLUSH_AT`` calls.
 
 In the controller itself (``log_metrics`` in a notebook cell) the values go straight to a log
 of its own, which ``this_proc().metrics()`` reads.
@@ -31,15 +32,17 @@ if TYPE_CHECKING:
 
 # One recorded value: (name, value, step or None, time.time()).
 Record = tuple[str, float, int | None, float]
+# One call on a rank, as it travels: (step, time.time(), names, values).
+Call = tuple[int | None, float, tuple[str, ...], tuple[float, ...]]
 
 FLUSH_AFTER = 0.5  # seconds: how stale a live chart may be while an endpoint keeps training
-FLUSH_AT = 2048  # values: a bound on one message (and on what a crash can lose)
+FLUSH_AT = 1024  # calls: a bound on one message (and on what a crash can lose)
 
 
 class _Outbox:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.records: list[Record] = []
+        self.calls: list[Call] = []  # appended by any thread; see the module docstring
+        self.flush_lock = threading.Lock()  # one flush at a time: each takes its own prefix
         self.timer_armed = False
         self.node: Node | None = None
         self.rank = 0
@@ -82,28 +85,27 @@ def log_metrics(values: Mapping[str, Any], step: int | None = None) -> None:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise MeshUsageError(f"log_metrics: step must be an int or None, got {step!r}")
         step = int(step)
-    now = time.time()
-    records: list[Record] = []
-    for name, value in values.items():
+    names = tuple(values)
+    floats = tuple(values.values())
+    for name in names:
         if type(name) is not str or not name:
             _check_name(name)
+    for value in floats:
         if type(value) is not float:
-            value = _as_float(name, value)
-        records.append((name, value, step, now))
+            floats = _as_floats(names, floats)
+            break
+    now = time.time()
     node = _outbox.node
     if node is None or node.controller is None:
-        _local.add(0, records)  # the controller: this_proc().metrics() reads them
+        _local.add(0, call_records([(step, now, names, floats)]))  # this_proc().metrics()
         return
     box = _outbox
-    with box.lock:
-        box.records.extend(records)
-        full = len(box.records) >= FLUSH_AT
-        arm = not box.timer_armed and not full
-        if arm:
-            box.timer_armed = True
-    if full:
+    box.calls.append((step, now, names, floats))
+    if len(box.calls) >= FLUSH_AT:
         flush_metrics()
-    elif arm:
+    elif not box.timer_armed:
+        # Two threads may both arm a timer here: the second flush finds little or nothing.
+        box.timer_armed = True
         transport = node.transport
         transport.call_soon(lambda: transport.call_later(FLUSH_AFTER, flush_metrics))
 
@@ -111,15 +113,33 @@ def log_metrics(values: Mapping[str, Any], step: int | None = None) -> None:
 def flush_metrics() -> None:
     """Send what this process logged and has not sent yet (any thread; cheap when empty)."""
     box = _outbox
-    if not box.records:
+    if not box.calls:
         return
     node = box.node
-    with box.lock:
-        records, box.records = box.records, []
+    with box.flush_lock:
+        # Disarmed first: a call appended after the prefix is taken then arms a timer anew.
         box.timer_armed = False
-    if node is None or node.controller is None or not records:
+        calls = box.calls
+        taken = calls[: len(calls)]
+        del calls[: len(taken)]
+    if node is None or node.controller is None or not taken:
         return
-    node.send(node.controller, (METRICS, node.mesh_id, box.rank, tuple(records)))
+    node.send(node.controller, (METRICS, node.mesh_id, box.rank, taken))
+
+
+def call_records(calls: list[Call]) -> list[Record]:
+    """One ``(name, value, step, time)`` per value of ``calls`` (the controller's side)."""
+    return [
+        (name, value, step, t)
+        for step, t, names, floats in calls
+        for name, value in zip(names, floats, strict=True)
+    ]
+
+
+def _as_floats(names: tuple[str, ...], values: tuple[Any, ...]) -> tuple[float, ...]:
+    # Same lengths: both come from one mapping.
+    pairs = zip(names, values)  # noqa: B905
+    return tuple([v if type(v) is float else _as_float(n, v) for n, v in pairs])
 
 
 def _check_name(name: object) -> None:
@@ -128,17 +148,28 @@ def _check_name(name: object) -> None:
 
 
 def _as_float(name: str, value: object) -> float:
-    if isinstance(value, numbers.Real):  # int, bool, numpy scalars
+    if type(value) is int:
         return float(value)
+    # A tensor, an array or a numpy scalar: one call if it holds one value. Tried before the
+    # ABC check (numbers.Real), which costs a tensor as much as its .item().
     item = getattr(value, "item", None)
-    if item is not None and hasattr(value, "shape"):  # a tensor or an array: one call if 0-d
+    if item is not None:
         try:
             return float(item())
         except (RuntimeError, ValueError):  # more than one element
+            if not hasattr(value, "shape"):
+                raise MeshUsageError(
+                    f"log_metrics: {name!r} must be a number or a 0-d tensor, got "
+                    f"{type(value).__name__}"
+                ) from None
             raise MeshUsageError(
                 f"log_metrics: {name!r} is a tensor of shape {tuple(value.shape)}; log a "
                 "number or a 0-d tensor (for example its .mean())"
             ) from None
+        except TypeError:  # an .item() that is not a number's
+            pass
+    elif isinstance(value, numbers.Real):  # bool, Fraction, numpy scalars
+        return float(value)
     raise MeshUsageError(
         f"log_metrics: {name!r} must be a number or a 0-d tensor, got {type(value).__name__}"
     )

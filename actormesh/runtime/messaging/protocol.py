@@ -229,10 +229,10 @@ _TABLE = [
     Kind(DEBUGGER, ("event", "mesh_id", "rank", "where"), (WORKER,), (CONTROLLER,),
          "debugger.session:_install_handler",
          "A rank stopped in the debugger (``breakpoint()``, a breakpoint, a pause)."),
-    Kind(METRICS, ("mesh_id", "rank", "records"), (WORKER,), (CONTROLLER,),
+    Kind(METRICS, ("mesh_id", "rank", "calls"), (WORKER,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__",
-         "Training metrics a rank logged (``log_metrics``): records are (name, value, step, "
-         "time), batched on the rank (``metrics.py``)."),
+         "Training metrics a rank logged (``log_metrics``), batched on the rank: calls are "
+         "(step, time, names, values), one per call (``metrics.py``)."),
     Kind(RESOURCES, ("time", "samples"), (AGENT,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__",
          "A host agent's once-a-second sample of its workers: samples are (mesh_id, rank, cpu "

@@ -30,6 +30,7 @@ from ..faults import supervision
 from ..messaging.address import Address
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
+from ..messaging.metrics import call_records
 from ..messaging.node import Node, node_if_started, set_node_factory
 from ..messaging.protocol import (
     ACTOR_STOPPED,
@@ -277,9 +278,10 @@ class Controller:
         self.logs.write(mailbox, label, stream, text)
 
     def _on_metrics(self, msg: Message) -> None:
-        _, mesh_id, rank, records = msg.envelope
+        _, mesh_id, rank, calls = msg.envelope
         record = self.meshes.get(mesh_id)
         if record is not None:
+            records = call_records(calls)
             record.metrics.add(rank, records)
             if self.tensorboard is not None:
                 self.tensorboard.write(mesh_id, record.table.labels[rank], records)
