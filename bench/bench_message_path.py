@@ -108,7 +108,8 @@ class Pinger(am.Actor):
 
     @am.endpoint
     def threads(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "tids": {t.name: t.native_id for t in threading.enumerate()}}
+        tids = {t.name: t.native_id for t in threading.enumerate()}
+        return {"pid": os.getpid(), "tids": tids, "actormesh": am.__file__}
 
     @am.endpoint
     def profile(self, on: bool) -> tuple[list[tuple[str, float, int]], tuple[int, int]]:
@@ -407,6 +408,8 @@ def main() -> None:
         tcp, ipc = pools["tcp"], pools["ipc"]
         info = one.threads.call_one().get(timeout=TIMEOUT)
         raw_id = {name: pool.pids[info["pid"]] for name, pool in pools.items()}
+        # Which actormesh each side ran (ab_commits.py checks that both are the commit asked for).
+        out["actormesh_files"] = {"controller": am.__file__, "worker": info["actormesh"]}
 
         def call_one(i: int) -> None:
             assert one.ping.call_one(i).get(timeout=TIMEOUT) == i
