@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def checkout(rev: str, into: str) -> str:
     return into
 
 
-def run_once(path: str, only: str, quick: bool) -> dict:
+def run_once(path: str, only: str, quick: bool, cwd: str) -> dict:
     env = dict(os.environ, PYTHONPATH=path, BENCH_ONLY=only)
     if quick:
         env["BENCH_QUICK"] = "1"
@@ -52,9 +53,18 @@ def run_once(path: str, only: str, quick: bool) -> dict:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             timeout=900,
+            # Not the checkout: workers start as ``python -m``, which puts the working
+            # directory first on sys.path, before PYTHONPATH. Run from the repository, every
+            # worker imported the working tree's actormesh whichever commit was asked for (only
+            # the controller ran the other), so the A/B compared controllers alone.
+            cwd=cwd,
         )
         with open(f.name) as g:
-            return json.load(g)
+            out: dict = json.load(g)
+    for side, file in out["actormesh_files"].items():
+        if not os.path.realpath(file).startswith(os.path.realpath(path) + os.sep):
+            raise SystemExit(f"the {side} ran {file}, not the actormesh under {path}")
+    return out
 
 
 def main() -> None:
@@ -72,9 +82,24 @@ def main() -> None:
     }
     names = args.only.split(",")
     results: dict[str, list[dict]] = {"A": [], "B": []}
+    try:
+        alternate(args, paths, names, results, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(args, names, results)
+
+
+def alternate(
+    args: argparse.Namespace,
+    paths: dict[str, str],
+    names: list[str],
+    results: dict[str, list[dict]],
+    tmp: str,
+) -> None:
+    """The runs, A B B A A B ..., each side's results appended in order."""
     for r in range(args.runs):
         for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            out = run_once(paths[side], args.only, args.quick)
+            out = run_once(paths[side], args.only, args.quick, tmp)
             results[side].append(out)
             row = {
                 k: (round(out[k]["added_us_over_raw_tcp"], 1), out[k].get(CPU))
@@ -82,6 +107,9 @@ def main() -> None:
                 if k in out
             }
             print(f"run {r} {side}: added µs, added CPU µs {row}", file=sys.stderr, flush=True)
+
+
+def report(args: argparse.Namespace, names: list[str], results: dict[str, list[dict]]) -> None:
     summary: dict = {"a": args.a, "b": args.b, "runs": args.runs}
     for k in names:
         per = {}

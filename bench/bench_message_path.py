@@ -108,18 +108,19 @@ class Pinger(am.Actor):
 
     @am.endpoint
     def threads(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "tids": {t.name: t.native_id for t in threading.enumerate()}}
+        tids = {t.name: t.native_id for t in threading.enumerate()}
+        return {"pid": os.getpid(), "tids": tids, "actormesh": am.__file__}
 
     @am.endpoint
-    def profile(self, on: bool) -> list[tuple[str, float, int]]:
+    def profile(self, on: bool) -> tuple[list[tuple[str, float, int]], tuple[int, int]]:
         """Start profiling this actor's thread, or stop and give the top functions."""
         if on:
             self.prof = cProfile.Profile()
             self.prof.enable()  # stays on for this thread's next messages
-            return []
+            return [], (0, 0)
         assert self.prof is not None
         self.prof.disable()
-        return top_functions(self.prof)
+        return top_functions(self.prof), calls_made(self.prof)
 
 
 def top_functions(prof: cProfile.Profile, n: int = 25) -> list[tuple[str, float, int]]:
@@ -131,6 +132,18 @@ def top_functions(prof: cProfile.Profile, n: int = 25) -> list[tuple[str, float,
         rows.append((where, tt, nc))
     rows.sort(key=lambda r: -r[1])
     return rows[:n]
+
+
+def calls_made(prof: cProfile.Profile) -> tuple[int, int]:
+    """(Python functions, builtins and C methods) called while profiling: the glue a message
+    costs is mostly the number of Python calls it makes."""
+    python = builtin = 0
+    for (file, _line, _fn), (_cc, nc, _tt, _ct, _callers) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        if file == "~":
+            builtin += nc
+        else:
+            python += nc
+    return python, builtin
 
 
 # -- the floor between the same processes --------------------------------------------------
@@ -395,6 +408,8 @@ def main() -> None:
         tcp, ipc = pools["tcp"], pools["ipc"]
         info = one.threads.call_one().get(timeout=TIMEOUT)
         raw_id = {name: pool.pids[info["pid"]] for name, pool in pools.items()}
+        # Which actormesh each side ran (ab_commits.py checks that both are the commit asked for).
+        out["actormesh_files"] = {"controller": am.__file__, "worker": info["actormesh"]}
 
         def call_one(i: int) -> None:
             assert one.ping.call_one(i).get(timeout=TIMEOUT) == i
@@ -519,12 +534,25 @@ def profile(one: Any, call_one: Callable[[int], None], n: int = 3000) -> dict[st
     for i in range(n):
         call_one(i)
     prof.disable()
-    worker = one.profile.call_one(False).get(timeout=TIMEOUT)
+    worker, worker_calls = one.profile.call_one(False).get(timeout=TIMEOUT)
 
     def per_call(rows: list[tuple[str, float, int]]) -> list[tuple[str, float, float]]:
         return [(w, round(tt / n * 1e6, 2), round(nc / n, 2)) for w, tt, nc in rows]
 
-    return {"calls": n, "controller": per_call(top_functions(prof)), "worker": per_call(worker)}
+    def calls(made: tuple[int, int]) -> dict[str, float]:
+        python, builtin = made
+        return {"python": round(python / n, 1), "builtin": round(builtin / n, 1)}
+
+    return {
+        "calls": n,
+        "controller": per_call(top_functions(prof)),
+        "worker": per_call(worker),
+        # the worker's count includes the profile endpoint's own few calls: noise next to n
+        "calls_per_round_trip": {
+            "controller": calls(calls_made(prof)),
+            "worker": calls(worker_calls),
+        },
+    }
 
 
 def summary(out: dict[str, Any]) -> str:
@@ -568,6 +596,11 @@ def summary(out: dict[str, Any]) -> str:
             lines.append("|---|---|---|")
             for w, us, nc in prof[side][:18]:
                 lines.append(f"| {w} | {us} | {nc} |")
+        made = prof["calls_per_round_trip"]
+        lines += ["", "| calls per round trip (profiled) | Python functions | builtins |"]
+        lines.append("|---|---|---|")
+        for side in ("controller", "worker"):
+            lines.append(f"| {side} | {made[side]['python']} | {made[side]['builtin']} |")
     return "\n".join(lines)
 
 

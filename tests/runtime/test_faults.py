@@ -142,9 +142,12 @@ def test_stacks_of_a_rank_wedged_in_c_come_from_faulthandler(spawn_procs) -> Non
     v.get.call().get(timeout=30)
     fut = v.wedge.call()
     # The call reaches the actor's own inbox while stacks go through the process inbox: ask
-    # until the regex has started (bounded).
+    # until the regex has started (bounded by time, not by a count of tries: an idle rank
+    # answers in a millisecond, and on a loaded machine twenty answers came before the call
+    # had started).
     text = ""
-    for _ in range(20):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
         text = procs.stacks(timeout=0.5).get(timeout=10).values()[0]
         if "faulthandler" in text:
             break

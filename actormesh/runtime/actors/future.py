@@ -99,7 +99,7 @@ class Future(Generic[T]):
                 self._describe_pending = self._pending_ranks = None
         if event is not None:
             event.set()
-        if waker is not None and waker.owner is not threading.current_thread():
+        if waker is not None and waker.owner_ident != threading.get_ident():
             waker.set()
         for cb in callbacks:
             _run_callback(cb, self)
@@ -198,17 +198,17 @@ class Future(Generic[T]):
             self._waker = inbox
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
-
-            def on_wake() -> None:
-                supervision.raise_pending()
-                for hook in list(wait_hooks):
-                    hook(self)
-
-            inbox.wait(self, deadline, on_wake, 0.25 if wait_hooks else 1.0)
+            inbox.wait(self, deadline, self._on_wake, 0.25 if wait_hooks else 1.0)
         finally:
             self._waker = None
         if self._state == _PENDING and not inbox.closed:
             self._timed_out(timeout)
+
+    def _on_wake(self) -> None:
+        # Every slice of a wait, and when another thread wakes it: failures, wait hooks.
+        supervision.raise_pending()
+        for hook in list(wait_hooks):
+            hook(self)
 
     def _timed_out(self, timeout: float | None) -> None:
         what = self._describe_pending() if self._describe_pending else "the result"

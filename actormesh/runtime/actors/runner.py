@@ -80,7 +80,7 @@ class ActorRunner:
         self._forks = _forks[0]  # forks of this process so far (see _exit_if_forked)
         # shape_state of a call -> (its Shape, this rank's index in it): a mesh's calls repeat
         # a handful of shapes, and building the index costs microseconds per call.
-        self._views: dict[tuple[Any, ...], tuple[Shape, int | None]] = {}
+        self._views: dict[tuple[Any, ...], tuple[Shape, int | None, ctxmod.Context]] = {}
 
     def start(self, spawn_msg: Message) -> None:
         self.inbox.put((SPAWN_ITEM, spawn_msg))
@@ -261,11 +261,14 @@ class ActorRunner:
             if len(self._views) > 256:
                 self._views.clear()
             shape = shape_from_state(state)
-            view = self._views[state] = (shape, shape.local_index(self.proc_rank))
-        shape, index = view
+            index = shape.local_index(self.proc_rank)
+            # One Context per view rather than per call: it holds nothing of the call itself.
+            context = ctxmod.Context(self.actor_instance, None, shape, index)
+            view = self._views[state] = (shape, index, context)
+        shape, index, context = view
         reply: Port | None = reply_port(reply_state)
         caller = _caller(reply_state)
-        ctxmod.set_current(ctxmod.Context(self.actor_instance, None, shape, index))
+        ctxmod.set_current(context)
         _tls.runner = self
         status, value = OK, None
         answer: ResponsePort | None = None
@@ -286,9 +289,8 @@ class ActorRunner:
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
                     if type(value) not in _PLAIN and inspect.isawaitable(value):
                         if endpoint_name in self.concurrent:
-                            ctx = ctxmod.Context(self.actor_instance, None, shape, index)
                             call = (endpoint_name, reply, index, caller, answer)
-                            self.reentry.start(value, ctx, call)
+                            self.reentry.start(value, context, call)
                             return  # it answers when it ends (Reentry.run_call)
                         value = self._run_coroutine(value, watch=True)
                 finally:
@@ -303,7 +305,10 @@ class ActorRunner:
             _tls.runner = None
         if _forks[0] != self._forks:
             _exit_if_forked(self.pid, status == FAILED)
-        self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
+        if fatal is None and answer is None and reply is not None and index is not None:
+            send_reply(self, reply, index, status, value, caller)  # what finish does, here
+        else:
+            self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
 
     def finish(
         self,

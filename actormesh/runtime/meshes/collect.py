@@ -126,7 +126,9 @@ class Collector(Generic[T]):
             self.remaining -= 1
             last = self.remaining == 0
         if last:
-            self.close()
+            port = self.port  # close(), inline: this runs for every reply
+            if port is not None:
+                self.node.close_port(port)
         return last
 
     def close(self) -> None:

@@ -92,6 +92,15 @@ def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return True
 
 
+def _all_on(addresses: list[Any], ranks: tuple[int, ...], host: str) -> bool:
+    """Whether the processes of ``ranks`` all live on ``host`` (a loop: a generator in
+    ``all()`` costs more than the one comparison of a ``call_one``)."""
+    for rank in ranks:  # noqa: SIM110  see above
+        if addresses[rank].host != host:
+            return False
+    return True
+
+
 def _first(values: list[Any]) -> Any:
     return values[0]
 
@@ -254,12 +263,11 @@ class Endpoint(Generic[P, R]):
         payload, buffers = pickle_arguments(args, kwargs, self._what)
         node = current_node()
         transport = node.transport
+        ranks = shape.ranks()
         reply: tuple[Any, ...] | None = None
         if collector is not None:
             inbox = None
-            if collector.read_by_waiter and all(
-                procs.addresses[r].host == transport.host_id for r in shape.ranks()
-            ):
+            if collector.read_by_waiter and _all_on(procs.addresses, ranks, transport.host_id):
                 inbox = reply_inbox(node)  # replies read by this thread as it waits
             if inbox is None:
                 port = collector.port = node.open_port(collector)
@@ -283,7 +291,7 @@ class Endpoint(Generic[P, R]):
         dead = node.dead
         key = self._key
         dests = []
-        for rank in shape.ranks():
+        for rank in ranks:
             address = procs.addresses[rank]
             death = dead.get(address.mailbox)
             if death is not None:

@@ -50,6 +50,7 @@ _FIXED_UNPACK = _FIXED.unpack_from
 _HEAD_START = 32 + _FIXED.size  # the signature, then the fixed part
 _sha256 = hashlib.sha256
 _compare_digest = hmac.compare_digest
+_pickle_loads = pickle.loads
 _LEN = struct.Struct("<Q")
 _ID_SIZE = 8
 _MAX_DESTS = 1 << 16
@@ -424,7 +425,8 @@ class Message:
         self.seq = seq  # the sender's sequence number: orders its messages to any receiver
 
     def value(self) -> Any:
-        return loads(self.payload, self.buffers)
+        # pickle.loads itself, not loads(): this runs for every call and every reply.
+        return _pickle_loads(self.payload, buffers=self.buffers)
 
 
 class Verifier:

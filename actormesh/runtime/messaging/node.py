@@ -126,13 +126,13 @@ class Node:
         self.address = self.transport.address
         # kind -> handler; read on every message, so a plain dict. Add to it with register().
         self.handlers: dict[str, Callable[[Message], None]] = {}
-        self.register(REPLY, self._on_port_message)
+        self.register(REPLY, self.to_port)
         self.register(REPLIES, self._on_replies)
-        self.register(PORT, self._on_port_message)
+        self.register(PORT, self.to_port)
         self.register(DIED, self._on_died)
         self.register(REVIVED, self._on_revived)
         self.register(BATCH, self._on_batch)
-        self.register(BUF_DONE, self._on_port_message)
+        self.register(BUF_DONE, self.to_port)
         self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self.last_port_id = 0  # read as a mark: ports opened later have greater ids
@@ -175,7 +175,9 @@ class Node:
     def close_port(self, port: Port) -> None:
         self._ports.pop(port.port_id, None)
 
-    def _on_port_message(self, msg: Message) -> None:
+    def to_port(self, msg: Message) -> None:
+        """Hand a REPLY, PORT or BUF_DONE message to its port's handler, on the thread that read
+        it (a reply inbox calls it for replies directly, rather than through ``dispatch``)."""
         # The port id is the first field of every kind routed here (REPLY, PORT, BUF_DONE).
         handler = self._ports.get(msg.envelope[1])
         if handler is None:
@@ -203,7 +205,7 @@ class Node:
             first += nbuf
             # It took another route than what its worker sent here directly before it.
             if self.in_order(reply):
-                self._on_port_message(reply)
+                self.to_port(reply)
 
     # -- order across sockets --------------------------------------------------------------------
 

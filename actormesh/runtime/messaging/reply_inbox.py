@@ -26,6 +26,7 @@ from ..faults import supervision
 from .actor_inbox import actor_context
 from .address import MAX_IPC_PATH, Address
 from .codec import Verifier, new_id
+from .protocol import REPLY
 from .receive import receive
 from .wake_pipe import WakePipe
 
@@ -52,6 +53,7 @@ class ReplyInbox:
         assert ipc is not None
         self.node = node
         self.owner = owner
+        self.owner_ident = owner.ident  # compared on every call and wait
         self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
         self.address_state = tuple(self.address)  # as a call's envelope carries it
         self._verifier = Verifier(node.key, self.address.mailbox)
@@ -156,13 +158,19 @@ class ReplyInbox:
     def _drain(self, woken: bool = False) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
         self._armed = False
-        dispatch = self.node.dispatch
-        in_order = self.node.in_order
+        node = self.node
+        dispatch = node.dispatch
+        to_port = node.to_port
+        in_order = node.in_order
         for msg in receive(self._socket, self._verifier, woken=woken):
             if not in_order(msg):
                 continue  # handed to the I/O thread, after what its sender sent before it
             try:
-                dispatch(msg)
+                # Replies are what this socket is for: straight to their port.
+                if msg.envelope[0] == REPLY:
+                    to_port(msg)
+                else:
+                    dispatch(msg)
             except Exception:
                 logger.exception("error handling a %r message", msg.envelope[0])
         self._armed = True
@@ -186,6 +194,14 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
     the one that makes calls and waits in scripts and notebooks); other threads use the
     process inbox."""
     global _main_inbox
+    inbox = _main_inbox
+    if (
+        inbox is not None
+        and inbox.owner_ident == threading.get_ident()
+        and inbox.node is node
+        and not inbox.closed
+    ):
+        return inbox  # every call after the first: no Thread objects looked up
     current = threading.current_thread()
     ipc = node.address.ipc
     if current is not threading.main_thread() or ipc is None or len(ipc) > MAX_IPC_PATH:
@@ -214,6 +230,6 @@ def waiting_inbox() -> ReplyInbox | None:
     inbox = _main_inbox
     if inbox is None or inbox.closed or inbox.waiting:
         return None
-    if inbox.owner is not threading.current_thread():
+    if inbox.owner_ident != threading.get_ident():
         return None
     return inbox

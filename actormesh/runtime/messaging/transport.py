@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 _DRAIN_BATCH = 512
 _SNDMORE = int(zmq.SNDMORE)
 _MAX_BATCH = 256
+# pyzmq's send without its Python wrapper (which only adds the routing_id and group options of
+# draft sockets): one Python frame less for every message sent.
+_zmq_send = zmq.backend.Socket.send
 
 
 def _unattached(msg: Message) -> None:
@@ -107,6 +110,9 @@ class Transport:
             tcp = self._bind_tcp(tcp_host, tcp_port)
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
         self._outboxes: dict[str, zmq.Socket[Any]] = {}
+        # dest -> (endpoint, outbox), so a send skips working out the endpoint. An entry may
+        # hold a socket closed since (it is then dropped and looked up again, under the lock).
+        self._outbox_of: dict[Address, tuple[str, zmq.Socket[Any]]] = {}
         self._send_lock = threading.Lock()
         # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
         self._last_seq: dict[bytes, int] = {}
@@ -201,14 +207,24 @@ class Transport:
         if protocol.CHECK:
             protocol.check_envelope(envelope)
         while True:
-            endpoint, sock = self._outbox(dest)
+            route = self._outbox_of.get(dest)
+            if route is None:
+                route = self._outbox(dest)
+                if len(self._outbox_of) > 65536:
+                    self._outbox_of.clear()
+                self._outbox_of[dest] = route
+            endpoint, sock = route
             with self._send_lock:
                 if sock.closed:
+                    self._outbox_of.pop(dest, None)
                     continue  # closed since: see the note after send_one_way
-                if endpoint in self._batches:  # earlier one-way messages go first (FIFO)
+                if self._batches and endpoint in self._batches:  # earlier one-way ones first
                     self._send_batch(sock, endpoint)
                 frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-                self._send_frames(sock, frames)
+                if len(frames) == 1:
+                    _zmq_send(sock, frames[0])
+                else:
+                    self._send_frames(sock, frames)
                 self._last_seq[dest.mailbox] = self._signer.last_seq
                 return
 
@@ -296,9 +312,9 @@ class Transport:
         for i, frame in enumerate(frames):
             flags = 0 if i == last else _SNDMORE
             if i == 0:
-                sock.send(frame, flags)
+                _zmq_send(sock, frame, flags)
             else:
-                sock.send(frame, flags, copy=False)
+                _zmq_send(sock, frame, flags, False)
 
     def last_seq_to(self, mailbox: bytes) -> int:
         """The sequence number of the last message this process sent to ``mailbox`` (0: none).
