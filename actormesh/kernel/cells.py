@@ -12,6 +12,7 @@ The cell is sent with ``Endpoint.cast`` and gathered by a ``Collector`` of the k
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -214,10 +215,15 @@ class CellRun:
         opts = self.options
         shape = opts.selection.shape
         views = [shape] if shape is not None else [tools.rank_shape(r) for r in self.ranks]
-        args = (opts.filename, opts.source, port, self.target.actor_key, _engine_batches())
-        for view in views:
-            collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
-            executor._new_with_shape(view).run.cast(view, args, {}, collector)
+        processes = {tools.table.addresses[r].mailbox for r in self.ranks}
+        # One lock from numbering the cell to its cast: each process then gets its cells in
+        # the order of their numbers (a tensor engine waits on the newest it was told of).
+        with _LAUNCH_LOCK:
+            turn = _engine_turn(opts.filename, processes)
+            args = (opts.filename, opts.source, port, self.target.actor_key, turn)
+            for view in views:
+                collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
+                executor._new_with_shape(view).run.cast(view, args, {}, collector)
 
     def done(self) -> bool:
         return len(self.outcomes) == len(self.ranks)
@@ -339,14 +345,22 @@ class CellRun:
         raise CellInterrupted(interruption_report(head, outcomes, still))
 
 
-def _engine_batches() -> dict[str, int] | None:
-    """Tensor engines' batches sent so far (sending what is buffered): a cell that touches an
-    engine's values runs after those on each rank (``actormesh.tensor.local.CellTurn``)."""
+_LAUNCH_LOCK = threading.Lock()
+_cell_numbers = itertools.count(1)
+
+
+def _engine_turn(name: str, processes: set[bytes]) -> tuple[int, dict[str, int]] | None:
+    """``(this cell's number, the tensor engines' batches sent before it)``, having told each
+    tensor mesh's stream that the cell was launched on these processes: a cell that touches an
+    engine's values runs after those batches, and the engine's later messages run after the
+    cell, on each rank (``actormesh.tensor.local``). ``None`` when there is no tensor mesh."""
     if "actormesh.tensor" not in sys.modules:  # no tensor was made here: no engine anywhere
         return None
-    from ..tensor.tools import batches_sent
+    from ..tensor.tools import cell_launched
 
-    return batches_sent() or None
+    cell = next(_cell_numbers)
+    batches = cell_launched(cell, name, processes)
+    return (cell, batches) if batches else None
 
 
 def _nothing() -> None:

@@ -290,11 +290,11 @@ class MeshExecutor(Actor):
         source: str,
         port: Port,
         actor_key: str | None = None,
-        engine_batches: dict[str, int] | None = None,
+        engine_turn: tuple[int, dict[str, int]] | None = None,
     ) -> tuple[Any, CellFailure | None]:
         """Run ``source`` here: ``(value of the last expression, None)`` or ``(None, failure)``.
-        Rich output goes to ``port`` while the cell runs. ``engine_batches``: the tensor
-        engines' batches sent before the cell (see ``_engine_turn``)."""
+        Rich output goes to ``port`` while the cell runs. ``engine_turn``: the cell's number
+        and the tensor engines' batches sent before it (see ``_engine_turn``)."""
         ns = self.ns
         if actor_key is not None:
             ns["actor"] = _local_actor(actor_key)
@@ -304,7 +304,7 @@ class MeshExecutor(Actor):
         _running.update(cell=filename, since=time.monotonic(), thread=threading.get_ident())
         value, failure = None, None
         try:
-            with _engine_turn(ns, source, engine_batches):
+            with _engine_turn(ns, source, engine_turn):
                 value = _transportable(self._execute(source, filename))
             _flush_figures()
         except BaseException as exc:  # KeyboardInterrupt (interrupt) and SystemExit included
@@ -355,21 +355,23 @@ class MeshExecutor(Actor):
 
 
 def _engine_turn(
-    ns: dict[str, Any], source: str, engine_batches: dict[str, int] | None
+    ns: dict[str, Any], source: str, engine_turn: tuple[int, dict[str, int]] | None
 ) -> contextlib.AbstractContextManager[Any]:
     """A cell that reads a tensor engine's values in this process runs between the engine's
     batches, holding its lock (``actormesh.tensor.local.CellTurn``), so that the cell's and the
-    engine's collectives come in the same order on every rank; other cells do not wait."""
-    if not engine_batches or "actormesh.tensor.engine" not in sys.modules:
-        return contextlib.nullcontext()  # no engine in this process
+    engine's collectives come in the same order on every rank; other cells do not wait. Every
+    cell, whatever it reads, then lets through the engine's messages sent after it."""
+    if not engine_turn or "actormesh.tensor.engine" not in sys.modules:
+        return contextlib.nullcontext()  # no engine in this process: none waits for the cell
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return contextlib.nullcontext()  # _execute reports it
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    except (SyntaxError, ValueError):  # ValueError: a null byte, before Python 3.12
+        tree = None  # _execute reports it; the cell touches nothing, but must release
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} if tree else set()
     from ..tensor.local import CellTurn
 
-    return CellTurn(ns, names, engine_batches)
+    cell, batches = engine_turn
+    return CellTurn(cell, ns, names, batches)
 
 
 def _local_actor(key: str) -> Any:

@@ -122,7 +122,8 @@ class MeshMagics(Magics):
             once (`_mesh.get()` waits); --timeout interrupts the ranks after S seconds;
             --no-dedup shows every rank's lines. A cell that reads a tensor engine's values
             (a pushed MeshTensor's DTensor) runs after the tensor ops sent before it, and the
-            engine waits for it; `am.tensor.adopt(procs, "NAME")` makes a MeshTensor of NAME.
+            ops issued after it (while a --noblock cell runs too) wait for it on every rank;
+            `am.tensor.adopt(procs, "NAME")` makes a MeshTensor of NAME.
 
             In [2]: %%mesh procs
                ...: print("hello")

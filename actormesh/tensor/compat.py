@@ -45,6 +45,7 @@ __all__ = [
     "is_stopped",
     "loads",
     "local_actor",
+    "mailboxes",
     "mesh_id",
     "report_unhandled",
     "then",
@@ -71,6 +72,12 @@ def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
     return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
+
+
+def mailboxes(mesh: Any) -> list[bytes]:
+    """The mailbox of each process of ``mesh``, in row-major order (a process group's ranks)."""
+    table = proc_table(mesh)
+    return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
 
 
 def is_stopped(mesh: Any) -> bool:

@@ -16,15 +16,15 @@ on the next fetch reply so that the controller hands it to the fault hook.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .compat import Actor, Extent, Point, endpoint, loads
-from .local import REGISTRY, Adopted
+from .local import REGISTRY, Adopted, wait_for_cell
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
 from .side_effects import written
@@ -34,16 +34,9 @@ logger = logging.getLogger(__name__)
 _MISSING: Any = object()
 
 
-def _holding_lock(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run an endpoint under the engine's lock: a ``%%mesh`` cell that touches engine values
-    takes it too (local.py), so the collectives of a cell and of a batch never interleave."""
-
-    @functools.wraps(method)
-    def locked(self: _TensorEngine, *args: Any, **kwargs: Any) -> Any:
-        with self.lock:
-            return method(self, *args, **kwargs)
-
-    return locked
+# What a message of the stream carries about the %%mesh cells launched since the stream's last
+# message: engine index -> (the newest such cell running in that rank's process, its name).
+CellsBefore = dict[int, tuple[int, str]]
 
 
 class _TensorEngine(Actor):
@@ -92,20 +85,39 @@ class _TensorEngine(Actor):
 
     # -- the stream --------------------------------------------------------------------------
 
-    @endpoint
-    @_holding_lock
-    def run(self, ops: list[Op] | bytes, drops: list[int]) -> None:
-        self._run_batch(ops, drops)
+    @contextlib.contextmanager
+    def _turn(self, cells: CellsBefore | None) -> Iterator[None]:
+        """Hold the engine's lock for a message that may run collectives: a ``%%mesh`` cell
+        that touches engine values takes it too (local.py), so the collectives of a cell and of
+        the engine never interleave. First, for a message sent after a cell was launched, wait
+        for that cell to take its turn in this process (it then holds the lock, or needs none):
+        the controller decided the order, and every rank keeps it."""
+        cell = cells.get(self.index) if cells else None
+        if cell is not None:
+            wait_for_cell(self, *cell)
+        with self.lock:
+            yield
 
     @endpoint
-    @_holding_lock
+    def run(
+        self, ops: list[Op] | bytes, drops: list[int], cells: CellsBefore | None = None
+    ) -> None:
+        with self._turn(cells):
+            self._run_batch(ops, drops)
+
+    @endpoint
     def run_and_fetch(
-        self, ops: list[Op] | bytes, drops: list[int], requests: list[tuple[int, int | None]]
+        self,
+        ops: list[Op] | bytes,
+        drops: list[int],
+        requests: list[tuple[int, int | None]],
+        cells: CellsBefore | None = None,
     ) -> dict[str, Any]:
         """A batch and the fetch that ends it, in one message (what a sync point sends): one
         message fewer per process and step than ``run`` then ``fetch``."""
-        self._run_batch(ops, drops)
-        return self._fetch(requests)
+        with self._turn(cells):
+            self._run_batch(ops, drops)
+            return self._fetch(requests)
 
     def _run_batch(self, ops: list[Op] | bytes, drops: list[int]) -> None:
         import torch
@@ -291,9 +303,11 @@ class _TensorEngine(Actor):
     # -- sync points -------------------------------------------------------------------------
 
     @endpoint
-    @_holding_lock
-    def fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
-        return self._fetch(requests)
+    def fetch(
+        self, requests: list[tuple[int, int | None]], cells: CellsBefore | None = None
+    ) -> dict[str, Any]:
+        with self._turn(cells):
+            return self._fetch(requests)
 
     def _fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
         """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
@@ -361,9 +375,12 @@ class _TensorEngine(Actor):
         return _describe_value(self.value(id))
 
     @endpoint
-    @_holding_lock
-    def call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
+    def call_fn(self, fn_id: int, args: Any, kwargs: Any, cells: CellsBefore | None = None) -> Any:
         """Run a remote function now (``fn.call``); tensors go back as local tensors."""
+        with self._turn(cells):
+            return self._call_fn(fn_id, args, kwargs)
+
+    def _call_fn(self, fn_id: int, args: Any, kwargs: Any) -> Any:
         import torch
         from torch.distributed.tensor import DTensor
         from torch.utils._pytree import tree_flatten, tree_map

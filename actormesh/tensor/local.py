@@ -7,16 +7,22 @@
   ``full_tensor()`` on a pushed DTensor) share this process's group with the engine's. So the
   cell first waits until the engine ran every batch sent before the cell (the kernel says how
   many), then holds the lock the engine holds while it runs a batch: later batches wait for the
-  cell, on every rank alike. That holds for ops issued after the cell *ended*, as with a
-  blocking cell. Ops issued while a ``--noblock`` cell still runs may reach some ranks' engines
-  before their cell took the lock and others after: if both sides run collectives, their order
-  can differ between ranks (the ranks then wait on each other until the group's timeout).
+  cell, on every rank alike.
+- ``wait_for_cell``: that "later" is decided on the controller, not by which thread of a rank
+  wins the lock. The kernel numbers each cell and tells every tensor stream it launched it; the
+  stream's next message to the engine names the cell, and before it takes the lock the engine
+  waits until that cell *took its turn* in this process (``release_cell``: it holds the lock,
+  touches no engine value, or ended, however it ended). So ops issued while a ``--noblock``
+  cell still runs, sync points included, run after the cell on every rank. A cell that does
+  not take its turn within ``LOCAL_VALUE_WAIT`` (it never came, or waits behind an earlier cell
+  still running there) fails that message with a ``TimeoutError`` naming the cell.
 - ``adopt_value``: the engine's side of ``actormesh.tensor.adopt``: a value a ``%%mesh`` cell
   made becomes an engine value.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +31,8 @@ from . import compat
 if TYPE_CHECKING:
     from .engine import _TensorEngine
 
-# How long an actor or a cell waits for the engine to run the ops issued before it.
+# How long an actor or a cell waits for the engine to run the ops issued before it, and the
+# engine for a cell launched before its message to take its turn.
 LOCAL_VALUE_WAIT = 300.0
 
 # What adopt_value tells the controller: (per_rank, shape, dtype, stride).
@@ -33,6 +40,33 @@ Adopted = tuple[bool, tuple[int, ...], Any, tuple[int, ...]]
 
 # This process's engines by key (each registers itself as it starts).
 REGISTRY: dict[str, _TensorEngine] = {}
+
+
+# The newest %%mesh cell (the kernel's number) that took its turn in this process. One number
+# suffices: a process runs its cells one at a time, in the order the kernel launched them.
+_released = 0
+_released_cond = threading.Condition()
+
+
+def release_cell(cell: int) -> None:
+    """Cell ``cell`` took its turn here: it holds its engines' locks, needs none, or ended."""
+    global _released
+    with _released_cond:
+        if cell > _released:
+            _released = cell
+            _released_cond.notify_all()
+
+
+def wait_for_cell(engine: _TensorEngine, cell: int, name: str) -> None:
+    """On the engine's thread, before it takes its lock for a message sent after cell ``cell``
+    (called ``name``) was launched: wait until that cell took its turn in this process."""
+    with _released_cond:
+        if not _released_cond.wait_for(lambda: _released >= cell, timeout=LOCAL_VALUE_WAIT):
+            raise TimeoutError(
+                f"the tensor engine on {engine.rank_str} waited {LOCAL_VALUE_WAIT:g} s for the "
+                f"%%mesh cell {name} to start there (the ops issued after it run after it); is "
+                "an earlier cell still running on this rank, or paused in the debugger?"
+            )
 
 
 def _wait_for_batch(engine: _TensorEngine, seq: int) -> None:
@@ -85,12 +119,17 @@ def _engine_value(engine: _TensorEngine, v: Any) -> bool:
 
 
 class CellTurn:
-    """Around a ``%%mesh`` cell that reads ``names`` from ``namespace``: if any of them is an
-    engine value, wait for the engine(s) to run the ``after[key]`` batches sent before the cell,
-    and hold their locks while the cell runs. A cell that touches none runs at once. (A class,
-    not a generator: a rank's stack, ``procs.stacks()``, then shows a waiting cell in here.)"""
+    """Around ``%%mesh`` cell number ``cell`` that reads ``names`` from ``namespace``: if any of
+    them is an engine value, wait for the engine(s) to run the ``after[key]`` batches sent
+    before the cell, and hold their locks while the cell runs. A cell that touches none runs at
+    once. Either way it then releases the engine messages sent after it (``release_cell``), and
+    does on its way out whatever happened. (A class, not a generator: a rank's stack,
+    ``procs.stacks()``, then shows a waiting cell in here.)"""
 
-    def __init__(self, namespace: dict[str, Any], names: Iterable[str], after: dict[str, int]):
+    def __init__(
+        self, cell: int, namespace: dict[str, Any], names: Iterable[str], after: dict[str, int]
+    ):
+        self.cell = cell
         self.values = [namespace[n] for n in set(names) if n in namespace]
         self.after = after
         self.held: list[_TensorEngine] = []
@@ -111,10 +150,12 @@ class CellTurn:
         except BaseException:
             self.__exit__()
             raise
+        release_cell(self.cell)  # after the locks: the engines' next messages wait on them
 
     def __exit__(self, *exc: object) -> None:
         while self.held:
             self.held.pop().lock.release()
+        release_cell(self.cell)
 
 
 def adopt_value(engine: _TensorEngine, id: int, name: str) -> Adopted:

@@ -64,7 +64,7 @@ class TensorMesh:
             procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-        self.stream = Stream(self.engine)
+        self.stream = Stream(self.engine, compat.mailboxes(procs))
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)

@@ -159,8 +159,10 @@ class RemoteFunction:
         as each rank's local tensor). Runs after the ops issued before it."""
         tm, _ = self.mesh_of(args, kwargs)
         fid = self._fn_id(tm)
-        tm.stream.flush()
-        result: compat.Future[Any] = tm.engine.call_fn.call(fid, _encode(args), _encode(kwargs))
+        eargs, ekwargs = _encode(args), _encode(kwargs)
+        result: compat.Future[Any] = tm.stream.call_after_batch(
+            lambda cells: tm.engine.call_fn.call(fid, eargs, ekwargs, cells)
+        )
         return result
 
 

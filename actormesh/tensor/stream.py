@@ -9,6 +9,11 @@ while the controller computes the next step; it compares an op count across the 
 recording an op reads no clock). Ids of garbage-collected MeshTensors are sent as ``drops``
 in the same message, *after* its ops: an op already buffered may still read them.
 
+The kernel tells a stream when it launches a ``%%mesh`` cell (``cell_launched``); the stream's
+next message to the engine names that cell, and each rank's engine runs it only once the cell
+took its turn there (``local.wait_for_cell``). So a cell and the ops issued while it runs keep
+the controller's order on every rank.
+
 "Idle" means the user's thread did not *want* to run: on a loaded machine (the workers busy
 with the last batch on the same cores) it is often descheduled for tens of milliseconds in the
 middle of a loop of ops, and flushing then would split one burst into many messages. So before
@@ -46,13 +51,16 @@ _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 class Stream:
     """One mesh's op buffer. Any thread may record or flush; batches keep their order."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, mailboxes: list[bytes]) -> None:
         self.engine = engine  # the ActorMesh of _TensorEngine
+        self.mailboxes = mailboxes  # by engine index: its process (the kernel names processes)
         self.ops: list[Op] = []
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
+        # %%mesh cells launched since the last message, for the next one (engine.CellsBefore)
+        self.cells: dict[int, tuple[int, str]] = {}
         self.error: BaseException | None = None  # a failed send from the timer thread
         self.closed = False
         self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
@@ -135,14 +143,39 @@ class Stream:
             with self.lock:
                 ops, self.ops = self.ops, []
                 dead, self.dead = self.dead, []
+                cells, self.cells = self.cells, {}
                 if (not ops and not dead) or self.closed:
-                    return self.engine.fetch.call(requests)
+                    return self.engine.fetch.call(requests, cells)
                 # Under the lock: a batch sent by another thread must not overtake it.
-                reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests)
+                reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests, cells)
                 self.batches += 1
                 return reply
 
         return self._sending(send)
+
+    def call_after_batch(self, call: Callable[[dict[int, tuple[int, str]]], Any]) -> Any:
+        """Send what is buffered, then ``call(cells)``, an engine call that carries the cells
+        launched since (a remote function's ``call``: it may run collectives too)."""
+
+        def send() -> Any:
+            with self.lock:
+                self._send_locked()
+                cells, self.cells = self.cells, {}
+                return call(cells)
+
+        return self._sending(send)
+
+    def cell_launched(self, cell: int, name: str, processes: set[bytes]) -> int:
+        """The kernel launches ``%%mesh`` cell number ``cell`` (``name``) on the processes with
+        these mailboxes: send what is buffered, so that the engine's next message names the
+        cell, and return how many batches the engines were sent before it (a cell that touches
+        engine values runs after those). Raises what sending raises."""
+        with self.lock:
+            self._send_locked()
+            for index, mailbox in enumerate(self.mailboxes):
+                if mailbox in processes:
+                    self.cells[index] = (cell, name)  # a process runs its cells in order
+            return self.batches
 
     def _sending(self, send: Callable[[], Any]) -> Any:
         """Run ``send``; a rank's death loses the stream, and an error a background send hit
@@ -168,21 +201,26 @@ class Stream:
 
     def send_now(self) -> None:
         with self.lock:
-            ops, self.ops = self.ops, []
-            dead = self.dead
-            self.dead = []
-            if not ops and not dead:
-                return
-            if self.closed:
-                return
-            try:
-                # Under the lock: two threads flushing must not reorder their batches.
-                self.engine.run.broadcast(_pack(ops), dead)
-                self.batches += 1
-            except BaseException as exc:
-                if not ops:
-                    return  # only drops: the values died with their processes
-                raise exc
+            self._send_locked()
+
+    def _send_locked(self) -> None:
+        """Send what is buffered (under ``self.lock``: two threads flushing must not reorder
+        their batches). The cells launched since the last message go with it."""
+        ops, self.ops = self.ops, []
+        dead = self.dead
+        self.dead = []
+        if not ops and not dead:
+            return
+        if self.closed:
+            return
+        cells, self.cells = self.cells, {}
+        try:
+            self.engine.run.broadcast(_pack(ops), dead, cells)
+            self.batches += 1
+        except BaseException as exc:
+            if not ops:
+                return  # only drops: the values died with their processes
+            raise exc
 
     # -- the idle timer ------------------------------------------------------------------------
 

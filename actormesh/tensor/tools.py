@@ -4,7 +4,8 @@ them: they sit above it and call these).
 - ``for_rank(value)``: what ``%mesh push`` sends for a MeshTensor: it unpickles on each rank
   as that rank's value in the engine (the DTensor of a global MeshTensor, the tensor of a
   per-rank one), after the ops issued before the push, without moving data.
-- ``batches_sent()``: what a ``%%mesh`` cell waits for before it touches engine values.
+- ``cell_launched(cell, name, processes)``: the kernel launches a ``%%mesh`` cell; what it
+  waits for before it touches engine values, and what waits for it (``local.py``).
 - ``activity(instance)``: the sidebar's busy text for a tensor engine ("tensor engine: op 12
   aten.mm"), read from another thread while the engine runs a batch.
 - ``shard_summaries(obj, summarize)``: one small dict per rank of a MeshTensor or MeshModule,
@@ -52,10 +53,12 @@ def for_rank(value: Any) -> Any:
     return value
 
 
-def batches_sent() -> dict[str, int]:
-    """Send every tensor mesh's buffered ops; how many batches each engine (by key) was sent.
-    The kernel hands this to a ``%%mesh`` cell: one that touches engine values runs after its
-    engine ran those (``local.CellTurn``)."""
+def cell_launched(cell: int, name: str, processes: set[bytes]) -> dict[str, int]:
+    """The kernel launches ``%%mesh`` cell number ``cell`` (numbers only grow) called ``name``
+    on the processes with these mailboxes. Sends every tensor mesh's buffered ops; returns how
+    many batches each engine (by key) was sent before the cell: one that touches engine values
+    runs after those (``local.CellTurn``). Each engine's next message waits, on those
+    processes, for the cell to take its turn (``local.wait_for_cell``)."""
     from .mesh import meshes
 
     sent = {}
@@ -63,11 +66,11 @@ def batches_sent() -> dict[str, int]:
         if tm.stream.lost is not None or compat.is_stopped(tm.procs):
             continue  # its values are gone: no cell can touch them
         try:
-            tm.stream.send_now()  # not flush(): a background send's error stays for the next
-        except Exception:  # sync point, which reports it (and a rank death) to the user
+            # Not flush(): a background send's error stays for the next sync point, which
+            # reports it (and a rank death) to the user.
+            sent[tm.key] = tm.stream.cell_launched(cell, name, processes)
+        except Exception:
             logger.debug("sending the tensor ops before a %%mesh cell failed", exc_info=True)
-            continue
-        sent[tm.key] = tm.stream.batches
     return sent
 
 

@@ -196,10 +196,8 @@ def test_adopt_values_a_mesh_cell_made(kernel: Kernel) -> None:
     )
 
 
-def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path) -> None:
-    """A cell that touches engine values runs between the engine's batches on every rank, so its
-    collectives and the engine's never interleave: it waits for the batch sent before it."""
-    gate, log = tmp_path / "go", tmp_path / "log"
+def _push_a_dtensor(kernel: Kernel) -> None:
+    """``procs`` {dp: 2, tp: 2}, ``x`` (8x8) and ``dt``, x split over dp, pushed to the ranks."""
     kernel.ok(
         "import torch, actormesh as am\n"
         "procs = am.this_host().spawn_procs(per_host={'dp': 2, 'tp': 2})\n"
@@ -209,6 +207,13 @@ def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path)
         timeout=WAIT,
     )
     kernel.ok("%mesh push procs dt")
+
+
+def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path) -> None:
+    """A cell that touches engine values runs between the engine's batches on every rank, so its
+    collectives and the engine's never interleave: it waits for the batch sent before it."""
+    gate, log = tmp_path / "go", tmp_path / "log"
+    _push_a_dtensor(kernel)
     kernel.ok(
         "class Peek(am.Actor):\n"
         "    @am.endpoint\n"
@@ -258,3 +263,46 @@ def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path)
     kernel.ok("assert torch.equal(am.inspect(square), x @ x.T)")
     # A cell that touches no engine value does not wait for the engine.
     kernel.ok("%%mesh procs\nprint(rank)")
+
+
+def test_a_noblock_cell_and_the_ops_issued_while_it_runs_keep_one_order(kernel: Kernel) -> None:
+    """Ops the controller issues while a ``--noblock`` cell that runs collectives still runs
+    reach every rank's engine after that rank's cell: each launch, then at once ``dt @ dt.T``
+    and its fetch (both run collectives on the same groups as the cell's ``full_tensor()``).
+    Before the order was carried to the ranks, some ranks' engines ran the batch before their
+    cell and others after: wrong values, or a hang that the short group timeout below turns
+    into a failure within seconds."""
+    _push_a_dtensor(kernel)
+    kernel.ok(
+        "%%mesh procs\n"
+        "import datetime, torch.distributed as dist\n"
+        "for group in list(dist.distributed_c10d._world.pg_map):  # the mesh's groups too\n"
+        "    group.set_timeout(datetime.timedelta(seconds=10))  # a hang fails fast\n"
+        "import actormesh.tensor.local as local\n"
+        "local.LOCAL_VALUE_WAIT = 20.0  # an engine waiting for a cell that never releases too"
+    )
+    kernel.ok(
+        "mesh = get_ipython().find_cell_magic('mesh')\n"
+        "for round in range(12):\n"
+        "    job = mesh('procs --noblock', 'for _ in range(5):\\n"
+        "    total = dt.full_tensor().sum().item()\\n"
+        "total')\n"
+        "    square = am.inspect(dt @ dt.T)  # issued while the cell may still run\n"
+        "    assert torch.equal(square, x @ x.T), (round, square)\n"
+        "    totals = job.get(timeout=60).values()\n"
+        "    assert totals == [2016.0] * 4, (round, totals)",
+        timeout=WAIT,
+    )
+    # A cell that raises, after touching dt or touching nothing, lets the ops after it run.
+    kernel.ok(
+        "for source in ['dt.full_tensor()\\nraise ValueError(rank)', 'raise KeyError(rank)']:\n"
+        "    job = mesh('procs --noblock', source)\n"
+        "    assert torch.equal(am.inspect(dt @ dt.T), x @ x.T), source\n"
+        "    try:\n"
+        "        job.get(timeout=60)\n"
+        "    except Exception as failed:\n"
+        "        assert 'ValueError' in str(failed) or 'KeyError' in str(failed), failed\n"
+        "    else:\n"
+        "        raise AssertionError(f'{source!r} did not fail')",
+        timeout=WAIT,
+    )
