@@ -20,13 +20,15 @@ import contextlib
 import logging
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from .compat import Actor, Extent, Point, endpoint, loads
+from .fetch_worker import answer_fetch
 from .local import REGISTRY, Adopted, wait_for_cell
 from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
+from .shapes import contiguous_strides
 from .side_effects import written
 
 logger = logging.getLogger(__name__)
@@ -266,7 +268,7 @@ class _TensorEngine(Actor):
             zeros = torch.zeros(local, dtype=dtype, device=self.device)
             return DTensor.from_local(
                 zeros, mesh, placements, run_check=False, shape=torch.Size(shape),
-                stride=_contiguous(shape),
+                stride=contiguous_strides(shape),
             )  # fmt: skip
         except Exception:
             logger.debug("no stand-in for %s", meta, exc_info=True)
@@ -310,58 +312,10 @@ class _TensorEngine(Actor):
             return self._fetch(requests)
 
     def _fetch(self, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
-        """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
-
-        ``want`` is a rank index (that rank's local value) or ``None`` (the global value: every
-        rank holding a distinct piece sends it, with its offset). Every rank runs this, in stream
-        order, so the collectives that make a value gatherable (Partial -> Replicate) have all
-        their members, stand-ins included."""
-        import torch
-        from torch.distributed.tensor import DTensor
-
         self.counts["fetch"] += 1
-        reply: dict[str, Any] = {"poison": {}, "data": {}}
-        with torch.no_grad():
-            for id, want in requests:
-                v = self.value(id)
-                divisor = None
-                if want is None and isinstance(v, DTensor):
-                    divisor = _combinable(v)
-                    if divisor is None:
-                        v = _gatherable(v)
-                root = self.poison.get(id)
-                if root is not None:
-                    reply["poison"][id] = root
-                    self.surfaced.add(root.serial)
-                    continue
-                if want is None:
-                    if isinstance(v, DTensor):
-                        piece = self._piece(v, divisor)
-                        if piece is not None:
-                            reply["data"][id] = piece
-                    elif self.index == 0:
-                        reply["data"][id] = ("value", v)
-                elif want == self.index:
-                    reply["data"][id] = ("value", v.to_local() if isinstance(v, DTensor) else v)
+        reply = answer_fetch(self, requests)
         reply["orphans"], self.orphans = self.orphans, []
         return reply
-
-    def _piece(self, v: Any, divisor: int | None) -> tuple[Any, ...] | None:
-        """This rank's block of ``v`` with its global offset, or ``None`` when another rank
-        sends the same block. ``divisor``: ``v`` is a partial sum that the controller adds up
-        (then divides by it), so every rank along its Partial dimensions sends its term."""
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        names = v.device_mesh.mesh_dim_names or ()
-        for label in self.labels:
-            replicated = label not in names or isinstance(
-                v.placements[names.index(label)], Replicate
-            )
-            if replicated and self.coords[label] != 0:
-                return None  # rank 0 along this dimension sends the same piece
-        _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
-        return ("piece", v.to_local(), tuple(offset), tuple(v.shape), divisor)
 
     @endpoint
     def describe(self, id: int) -> tuple[Any, list[Any]]:
@@ -429,60 +383,6 @@ def _intra_op_threads() -> None:
         wanted = "1"
     if wanted is not None and wanted.isdigit():
         torch.set_num_threads(max(1, int(wanted)))
-
-
-# A Partial value up to this many elements is fetched as every rank's term, added up on the
-# controller: no collective (DTensor's redistribute costs a few hundred µs of Python on each rank
-# and waits for the slowest one). A training loop's ``loss.item()`` is such a value.
-COMBINE_ON_CONTROLLER = 1 << 16
-
-
-def _combinable(v: Any) -> int | None:
-    """For a small ``v`` that is a Partial sum or average over some mesh dimensions (and
-    Shard/Replicate over the others): what the controller divides the sum of the ranks' terms
-    by (1 for a sum). ``None``: reduce it on the workers (``_gatherable``)."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
-    count, op = 1, None
-    for dim, p in enumerate(v.placements):
-        if type(p) is Shard or type(p) is Replicate:
-            continue
-        if type(p) is not Partial or p.reduce_op not in ("sum", "avg"):
-            return None
-        if op is not None and p.reduce_op != op:
-            return None
-        op = p.reduce_op
-        count *= v.device_mesh.size(dim)
-    if op is None or v.numel() > COMBINE_ON_CONTROLLER:
-        return None
-    if op == "avg" and not v.dtype.is_floating_point:
-        return None  # the division would change the dtype
-    return count if op == "avg" else 1
-
-
-def _gatherable(v: Any) -> Any:
-    """``v`` with Partial sums reduced and strided shards gathered: then each rank's local tensor
-    is one block of the global value at a known offset."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
-    placements = list(v.placements)
-    if all(type(p) is Shard or isinstance(p, Replicate) for p in placements):
-        return v
-    if any(isinstance(p, Partial) for p in placements) and all(
-        type(p) is Shard or isinstance(p, (Replicate, Partial)) for p in placements
-    ):
-        new = [Replicate() if isinstance(p, Partial) else p for p in placements]
-    else:
-        new = [Replicate()] * len(placements)
-    return v.redistribute(v.device_mesh, new)
-
-
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _describe_value(v: Any) -> tuple[Any, list[Any]]:

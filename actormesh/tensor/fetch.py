@@ -125,7 +125,7 @@ def _assemble(
         _, first, _, shape, divisor = pieces[0]
         if divisor is None:  # disjoint blocks
             full = torch.empty(shape, dtype=first.dtype)
-        else:  # each rank's term of a partial sum (engine._combinable)
+        else:  # each rank's term of a partial sum (fetch_worker.combinable)
             full = torch.zeros(shape, dtype=first.dtype)
         for _, local, offset, _, _ in pieces:
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .registry import StoodIn, handler
+from .shapes import contiguous_strides
 from .shard_ops import as_dtensor
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     # The output as a global DTensor split over the data dimension, wrapped without DTensor's
     # autograd (from_local costs 140 µs of Python): backward starts from the local ``y`` itself.
     shape = torch.Size(global_shape)
-    result = as_dtensor(y.detach(), engine.mesh, placements, shape, _contiguous(shape))
+    result = as_dtensor(y.detach(), engine.mesh, placements, shape, contiguous_strides(shape))
     graph = (y, result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
     if failure is not None:
         raise StoodIn([result, graph], failure)
@@ -225,7 +226,7 @@ def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
         g = local.grad if local.grad is not None else torch.zeros_like(local)
         placements = _data_placements(engine, state.data_dim)
         shape = torch.Size(input_shape)
-        grads.append(as_dtensor(g, engine.mesh, placements, shape, _contiguous(shape)))
+        grads.append(as_dtensor(g, engine.mesh, placements, shape, contiguous_strides(shape)))
     return grads
 
 
@@ -278,11 +279,3 @@ def _all_reduce(tensors: list[Any], group: Any) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
-
-
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(tuple(shape)):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))

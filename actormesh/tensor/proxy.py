@@ -22,7 +22,7 @@ import torch
 from . import compat
 from .mesh import TensorMesh
 from .records import Ref, issue_site
-from .shapes import signature
+from .shapes import contiguous_strides, signature
 
 # Set by recording.py, fetch.py and activate.py as they are imported (the package imports them
 # all): they build on MeshTensor, so MeshTensor's methods reach them through here rather than
@@ -184,7 +184,7 @@ def new_mesh_tensor(
     value_id: int | None = None,
 ) -> MeshTensor:
     if stride is None:
-        stride = _contiguous(shape)
+        stride = contiguous_strides(shape)
     # The wrapper-subclass constructor DTensor and Monarch use: metadata without storage.
     t = make_wrapper(MeshTensor, shape, stride, None, None, dtype, STRIDED, tm.device, False,
               requires_grad)  # fmt: skip
@@ -245,11 +245,3 @@ class OpaqueRef:
 
     def __repr__(self) -> str:
         return f"<remote value on {self.mesh!r}>"
-
-
-def _contiguous(shape: Any) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(tuple(shape)):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))

@@ -87,3 +87,12 @@ def propagate(func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     entry = (spec, entries, isinstance(out, torch.Tensor))
     remember(_propagated, key, entry)
     return entry
+
+
+def contiguous_strides(shape: Any) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (what a new global DTensor is given)."""
+    strides, acc = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
