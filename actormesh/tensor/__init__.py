@@ -11,13 +11,12 @@ print(r.shape, am.inspect(r))     # metadata is local; inspect is a sync point
 ```
 
 Modules: ``proxy`` (MeshTensor), ``recording`` and ``shapes`` (ops into the stream, shapes
-on the controller), ``stream`` (ids, batches, constants), ``engine`` and
-``handlers`` (the workers), ``fetch`` and ``fetch_worker`` (sync points, either side),
-``module`` (``module_to_mesh``),
-``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's tensor engine style),
-``side_effects`` (what a failed op poisons besides its outputs), ``local`` (the engines for code
-beside them on a worker: actors, ``%%mesh`` cells) and ``adopt`` (a cell's tensor as a
-MeshTensor).
+on the controller), ``stream`` (ids, batches, constants), ``engine`` and ``handlers`` (the
+workers), ``fetch`` and ``fetch_worker`` (sync points, either side), ``module``
+(``module_to_mesh``), ``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's
+tensor engine style), ``side_effects`` (what a failed op poisons besides its outputs),
+``local`` (the engines for code beside them on a worker: actors, ``%%mesh`` cells) and
+``adopt`` (a cell's tensor as a MeshTensor).
 """
 
 from __future__ import annotations
