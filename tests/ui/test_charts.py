@@ -328,3 +328,52 @@ def test_64_ranks_10_metrics_are_drawn_as_bands(page: Any, lab: Lab, tmp_path: P
     assert spent["charts"] == 12 and spent["stray"] == "7" and spent["banded"] == "true", spent
     # Rank 9 holds a gigabyte more than the others: its memory line is drawn apart, in red.
     assert spent["rss_stray"] == "9" and spent["cpu_stray"] is None, spent
+
+
+# A GPU machine's feed, as the kernel sends it there (a host agent with NVML puts each worker's
+# GPU memory and utilisation into its samples: tests/kernel/test_gpu_status.py, run on an H100):
+# 4 ranks, rank 2 holding 30 GiB more GPU memory than the others.
+FEED_GPU = """async () => {
+  const side = [...window.jupyterapp.shell.widgets('left')]
+    .find(w => w.id === 'actormesh-sidebar');
+  const model = side.model;
+  const comm = { isDisposed: false, close() {} };
+  const N = 4, P = 2, GiB = 2 ** 30;
+  const ranks = Array.from({ length: N }, (_, r) => ({
+    rank: r, label: `gpus=${r}`, state: 'idle', since: Date.now() / 1000, pid: 1000 + r,
+    rss: GiB, gpu_mem: (r === 2 ? 40 : 10) * GiB, busy: null, paused: null, dead: null }));
+  const message = (type, body) => ({ protocol: P, type, ...body });
+  model._comm = comm;
+  model.connection = 'live';
+  model._onMessage(comm, message('snapshot', { time: Date.now() / 1000, debugger: false,
+    meshes: [{ mesh_id: 'mesh-gpu', names: ['procs'], extent: { hosts: 1, gpus: N },
+      actors: [], hosts: [{ host_rank: 0, hostname: 'h', ranks }] }] }));
+  const t = Date.now() / 1000 - 60;
+  const times = Array.from({ length: 60 }, (_, i) => t + i);
+  model._onMessage(comm, message('series', { time: t + 60, reset: true, meshes: [{
+    mesh_id: 'mesh-gpu', metrics: [],
+    resources: ranks.map(r => ({ rank: r.rank, time: times,
+      cpu: times.map(() => 95), rss: times.map(() => GiB),
+      gpu_mem: times.map(() => r.gpu_mem), gpu_util: times.map((_, i) => 80 + (i % 5)) })) }] }));
+}"""
+
+
+def test_gpu_series_are_drawn_as_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
+    page.goto(f"{lab.url}/lab/workspaces/load?token={lab.token}")
+    page.click(".jp-SideBar [data-id='actormesh-sidebar']")
+    expect(page.locator(SIDEBAR)).to_be_visible()
+    set_sidebar_width(page, 420)
+    page.evaluate(FEED_GPU)
+    memory = page.locator(f"{SIDEBAR} .jp-actormesh-chart[data-resource='gpu_mem']")
+    use = page.locator(f"{SIDEBAR} .jp-actormesh-chart[data-resource='gpu_util']")
+    memory.scroll_into_view_if_needed()
+    for chart in (memory, use):
+        expect(chart).to_have_attribute("data-lines", "4")
+        expect(chart).to_have_attribute("data-points", "60")
+        expect(chart.locator("canvas")).to_have_count(1)
+    expect(memory.locator(".jp-actormesh-chart-title")).to_contain_text("GPU memory")
+    expect(use.locator(".jp-actormesh-chart-title")).to_contain_text("GPU utilisation")
+    # Rank 2's GPU memory strays from the others'; the utilisations are alike.
+    expect(memory).to_have_attribute("data-stray", "2")
+    expect(use).not_to_have_attribute("data-stray", "2")
+    save(page, tmp_path, "charts-gpu")
