@@ -19,7 +19,7 @@ from ...errors import (
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import Node, Port, current_node
-from ..messaging.protocol import FAILED, OK
+from ..messaging.protocol import FAILED
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -86,24 +86,23 @@ class Collector(Generic[T]):
         try:
             value = msg.value()
         except Exception as exc:
-            status, value = FAILED, self.unreadable(index, exc)
+            status, value = (
+                FAILED,
+                RemoteFailure(
+                    self.rank_name(index),
+                    self.what,
+                    "",
+                    type(exc).__name__,
+                    f"the reply could not be unpickled in the caller: {exc}",
+                    "",
+                ),
+            )
         if status == FAILED and not isinstance(value, RemoteFailure):
             status, value = (
                 FAILED,
                 RemoteFailure(self.rank_name(index), self.what, "", "Error", repr(value), ""),
             )
         self.deliver(index, status == FAILED, value)
-
-    def unreadable(self, index: int, exc: Exception) -> RemoteFailure:
-        """Rank ``index``'s answer when its reply could not be unpickled here."""
-        return RemoteFailure(
-            self.rank_name(index),
-            self.what,
-            "",
-            type(exc).__name__,
-            f"the reply could not be unpickled in the caller: {exc}",
-            "",
-        )
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         observed = False
@@ -172,45 +171,6 @@ class Gather(Collector[T]):
                 self.future._set_exception(ActorError(self.failures))
             else:
                 self.future._set_result(self.finish(self.values))
-
-
-class One(Gather[T]):
-    """The gather of a call to one actor (``call_one``, ``choose``): its one answer is the
-    result. Not built by users.
-
-    A successful reply completes the future where it is read, without the steps that gathering
-    many ranks takes (``deliver``, ``record``, ``finish``); a failure, an unreadable reply and a
-    death take them as in any gather.
-    """
-
-    def __init__(
-        self, what: str, procs: ProcTable, shape: Shape, full: Shape | None = None
-    ) -> None:
-        super().__init__(what, procs, shape, _only, full)
-
-    def on_message(self, msg: Message) -> None:
-        _, _, index, status = msg.envelope[:4]
-        if status != OK:
-            super().on_message(msg)
-            return
-        try:
-            value = msg.value()
-        except Exception as exc:
-            self.deliver(index, True, self.unreadable(index, exc))
-            return
-        with self.lock:  # record(), inline: a death may be delivered by the I/O thread
-            if self.values[index] is not MISSING:
-                return
-            self.values[index] = value
-            self.remaining = 0
-        port = self.port
-        if port is not None:
-            self.node.close_port(port)
-        self.future._set_result(value)  # nothing if a death failed it first
-
-
-def _only(values: list[Any]) -> Any:
-    return values[0]
 
 
 class Stream(Collector[T], Generic[T]):
