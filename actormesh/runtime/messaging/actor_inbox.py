@@ -22,6 +22,7 @@ is busy in user code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -32,13 +33,13 @@ import zmq
 from .address import Address
 from .codec import Message, Verifier
 from .protocol import BATCH, CALL, STOP_ACTOR
-from .receive import decode, receive, rest, zmq_recv
-from .wake_pipe import WakeSocket
+from .receive import decode, receive
 
 logger = logging.getLogger(__name__)
 
 _context: zmq.Context[Any] | None = None
 _context_lock = threading.Lock()
+_wake_ids = itertools.count(1)
 
 
 def actor_context() -> zmq.Context[Any]:
@@ -63,6 +64,11 @@ STOP_ITEM = "stop"
 TASK_ITEM = "task"
 NOTHING = object()  # what try_get answers when there is no item (None is an item: the end)
 
+# pyzmq's backend send and receive, without the Python wrappers (draft-socket options only).
+_zmq_send = zmq.backend.Socket.send
+_zmq_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+
 
 class ActorInbox:
     """Items for one actor, in arrival order per sender. ``get`` is for the actor's thread only."""
@@ -73,7 +79,8 @@ class ActorInbox:
         self._queue: deque[Any] = deque()  # handed over by other threads
         self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
         self._socket: zmq.Socket[Any] | None = None
-        self._waker: WakeSocket | None = None
+        self._waker: zmq.Socket[Any] | None = None  # sends the wake-ups (under _waker_lock)
+        self._waker_lock = threading.Lock()
         self._closed = False
 
     def open(self) -> None:
@@ -84,16 +91,25 @@ class ActorInbox:
         if self.address is not None:  # else it only carries wake-ups
             assert self.address.ipc is not None
             sock.bind(self.address.ipc)
+        wake_at = f"inproc://actormesh-wake-{next(_wake_ids)}"
+        sock.bind(wake_at)
         self._socket = sock
-        # Items put before this are in the queue, which get() looks at before sleeping.
-        self._waker = WakeSocket(actor_context(), sock)
+        waker = actor_context().socket(zmq.PUSH)
+        waker.setsockopt(zmq.LINGER, 0)
+        waker.connect(wake_at)
+        with self._waker_lock:  # items put before this are in the queue, looked at first
+            self._waker = waker
 
     def put(self, item: Any) -> None:
         """Hand the actor an item (any thread)."""
         self._queue.append(item)  # before the wake-up: the woken thread must find it
-        waker = self._waker
-        if waker is not None:
-            waker.wake()
+        with self._waker_lock:
+            waker = self._waker
+            if waker is not None:
+                try:
+                    _zmq_send(waker, b"", _NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # cannot happen (no send limit on inproc to an unlimited receiver)
 
     def get(self) -> Any:
         """The next item: handed-over ones first, then calls from the socket (actor's thread).
@@ -107,13 +123,13 @@ class ActorInbox:
                 return queue.popleft()
             if ready:
                 return ready.popleft()
-            frame = zmq_recv(sock, 0, False)  # blocks (without the GIL) until a message
+            frame = _zmq_recv(sock, 0, False)  # blocks (without the GIL) until a message
             if not frame.more:
                 if not len(frame):
                     continue  # a wake-up: the queue has an item
                 frames = [frame]
             else:
-                frames = rest(sock, frame)
+                frames = _rest(sock, frame)
             msg = decode(self._verifier, frames)
             if msg is None:
                 continue
@@ -176,7 +192,18 @@ class ActorInbox:
         if self._closed:
             return
         self._closed = True
-        if self._waker is not None:
-            self._waker.close()  # later puts wake nobody: the thread is gone
+        with self._waker_lock:  # later puts wake nobody: the thread is gone
+            if self._waker is not None:
+                self._waker.close(linger=0)
+                self._waker = None
         if self._socket is not None:
             self._socket.close(linger=0)
+
+
+def _rest(sock: zmq.Socket[Any], frame: zmq.Frame) -> list[zmq.Frame]:
+    # The frames after the first: a message arrives whole, so they are there already.
+    frames = [frame]
+    while frame.more:
+        frame = _zmq_recv(sock, _NOBLOCK, False)
+        frames.append(frame)
+    return frames

@@ -14,9 +14,6 @@ from .codec import Message, Verifier, WireError
 logger = logging.getLogger(__name__)
 
 _POLLIN = int(zmq.POLLIN)
-_NOBLOCK = int(zmq.NOBLOCK)
-# pyzmq's backend receive, without the Python wrapper (draft-socket options only).
-zmq_recv = zmq.backend.Socket.recv
 
 
 def has_message(sock: zmq.Socket[Any]) -> bool:
@@ -78,16 +75,6 @@ def decode(verifier: Verifier | None, frames: list[zmq.Frame]) -> Message | None
     except Exception as exc:
         logger.warning("dropped an undecodable message: %r", exc)
     return None
-
-
-def rest(sock: zmq.Socket[Any], frame: zmq.Frame) -> list[zmq.Frame]:
-    """``frame`` and the frames of its message after it: a message arrives whole, so they
-    are there already."""
-    frames = [frame]
-    while frame.more:
-        frame = zmq_recv(sock, _NOBLOCK, False)
-        frames.append(frame)
-    return frames
 
 
 def _recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:

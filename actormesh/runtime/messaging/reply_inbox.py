@@ -3,23 +3,19 @@
 A script or a notebook cell calls an actor and waits: ``actors.ping.call_one(1).get()``. If the
 reply arrived on the process inbox, the I/O thread would read it and then wake the waiting
 thread: two thread wake-ups where one does. So the main thread gets its own reply socket, and
-while it waits in ``Future.get`` it reads that socket itself, in a blocking ZeroMQ receive (the
-reply is read by the receive that was already waiting for it; no ``poll()`` result to look
-through). Another thread wakes it (a future completed elsewhere, a failure to raise) with an
-empty frame to the same socket (``WakeSocket``); the receive also ends every ``step`` of the
-wait (``RCVTIMEO``), for the wait hooks and the deadline.
+while it waits in ``Future.get`` it reads that socket itself.
 
 When the thread is not waiting (it runs user code, or awaits in an event loop), the I/O thread
 reads the socket instead, so futures still complete and callbacks still run on their own. The
-two never read at the same time: a lock guards the socket, held by the waiting thread for its
-whole wait; the I/O thread never blocks on it (it finds the socket taken, or the thread
-waiting, stops watching it, and looks again shortly after, so nothing is left unread).
+two never read at the same time: a lock guards the socket, and the I/O thread stops watching it
+while the thread waits (and looks again shortly after, so nothing is left unread).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import select
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,10 +25,10 @@ import zmq
 from ..faults import supervision
 from .actor_inbox import actor_context
 from .address import MAX_IPC_PATH, Address
-from .codec import Message, Verifier, new_id
+from .codec import Verifier, new_id
 from .protocol import REPLY
-from .receive import decode, receive, rest, zmq_recv
-from .wake_pipe import WakeSocket
+from .receive import receive
+from .wake_pipe import WakePipe
 
 if TYPE_CHECKING:
     from .node import Node
@@ -41,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
-_RCVTIMEO = int(zmq.RCVTIMEO)
+_POLL_IN = select.POLLIN
 
 
 class Awaited(Protocol):
@@ -67,11 +63,14 @@ class ReplyInbox:
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.bind(self.address.ipc or "")
         self._fd = self._socket.getsockopt(zmq.FD)
-        self._waker = WakeSocket(actor_context(), self._socket)
-        self._timeout_ms = -1  # the socket's RCVTIMEO (set by the waiting thread, under the lock)
+        self._wake = WakePipe()
+        self._wake_r = self._wake.r  # compared on every wake-up of a waiting call
+        self._poller = select.poll()
+        self._poller.register(self._fd, _POLL_IN)
+        self._poller.register(self._wake_r, _POLL_IN)
         self.waiting = False
         self.closed = False
-        self._closing = False  # set before close() takes the lock: a wait gives it up
+        self._armed = False  # read until empty since anything else touched the socket
         self._watched = False  # by the I/O thread (only it changes this)
         transport.call_soon(self._watch)
 
@@ -82,44 +81,37 @@ class ReplyInbox:
         ``deadline`` passes (then return), or ``on_wake`` raises (it runs every ``step``
         seconds and when woken by another thread: pending failures, wait hooks)."""
         self.waiting = True
-        sock = self._socket
-        lock = self._lock
+        woken = False  # by the socket
         try:
-            while not fut.done() and not self._closing:
+            while not fut.done() and not self.closed:
+                # Armed (the last read ended empty), the socket's FD signals the next message,
+                # so there is nothing to read before sleeping: the reply was only just asked for.
+                if woken or not self._armed:
+                    with self._lock:
+                        if not self.closed:
+                            self._drain(woken)
+                    if fut.done():
+                        return
                 left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     return
-                with lock:
-                    if self._closing:
-                        return
-                    timeout_ms = int(left * 1000) + 1
-                    if timeout_ms != self._timeout_ms:  # the same for every wait but the last
-                        sock.set(_RCVTIMEO, timeout_ms)
-                        self._timeout_ms = timeout_ms
-                    try:
-                        frame = zmq_recv(sock, 0, False)  # blocks (without the GIL)
-                    except zmq.Again:
-                        frame = None  # the step passed
-                    if frame is not None and (frame.more or len(frame)):
-                        msg = decode(self._verifier, rest(sock, frame) if frame.more else [frame])
-                        if msg is not None:
-                            self._handle(msg)
-                        continue
-                # The step passed, or another thread woke this one.
-                if not fut.done():
+                events = self._poller.poll(left * 1000)
+                woken = poked = False
+                for fd, _ in events:
+                    if fd == self._wake_r:
+                        poked = True
+                        self._wake.drain()
+                    else:
+                        woken = True
+                if (poked or not events) and not fut.done():
                     on_wake()  # not after every reply: a wait hook may cost more than one
         finally:
-            # Read until empty: the socket's FD, which the I/O thread watches once this wait is
-            # over, signals edges, not levels (a read that ends empty arms it for the next).
-            with lock:
-                if not self._closing:
-                    self._drain()
             self.waiting = False
 
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
         to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
-        self._waker.wake()
+        self._wake.wake()
 
     # -- the I/O thread --------------------------------------------------------------------------
 
@@ -142,19 +134,16 @@ class ReplyInbox:
         self._on_readable()
 
     def _on_readable(self) -> None:
-        # Never blocks on the lock: the owner holds it for as long as it waits.
-        if not self.waiting and self._lock.acquire(blocking=False):
-            try:
-                if not self.closed:
-                    self._drain(woken=True)
-            finally:
-                self._lock.release()
+        if self.waiting:
+            # The owner reads now; look again once it is done.
+            if self._watched:
+                self._watched = False
+                self.node.transport.remove_reader(self._fd)
+                self.node.transport.call_later(_RECHECK_S, self._recheck)
             return
-        # The owner reads now; look again once it is done.
-        if self._watched:
-            self._watched = False
-            self.node.transport.remove_reader(self._fd)
-            self.node.transport.call_later(_RECHECK_S, self._recheck)
+        with self._lock:
+            if not self.closed:
+                self._drain(woken=True)
 
     def _recheck(self) -> None:
         if self.closed or self._watched:
@@ -168,33 +157,32 @@ class ReplyInbox:
 
     def _drain(self, woken: bool = False) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
-        for msg in receive(self._socket, self._verifier, woken=woken, wakeups=True):
-            self._handle(msg)
-
-    def _handle(self, msg: Message) -> None:
-        # Caller holds the lock.
+        self._armed = False
         node = self.node
-        if not node.in_order(msg):
-            return  # handed to the I/O thread, after what its sender sent before it
-        try:
-            # Replies are what this socket is for: straight to their port.
-            if msg.envelope[0] == REPLY:
-                node.to_port(msg)
-            else:
-                node.dispatch(msg)
-        except Exception:
-            logger.exception("error handling a %r message", msg.envelope[0])
+        dispatch = node.dispatch
+        to_port = node.to_port
+        in_order = node.in_order
+        for msg in receive(self._socket, self._verifier, woken=woken):
+            if not in_order(msg):
+                continue  # handed to the I/O thread, after what its sender sent before it
+            try:
+                # Replies are what this socket is for: straight to their port.
+                if msg.envelope[0] == REPLY:
+                    to_port(msg)
+                else:
+                    dispatch(msg)
+            except Exception:
+                logger.exception("error handling a %r message", msg.envelope[0])
+        self._armed = True
 
     def close(self) -> None:
         """Close the socket (when the node closes). A waiting owner stops waiting here."""
-        self._closing = True
-        self.set()  # a wait holds the lock: it gives it up
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            self._waker.close()
             self._socket.close(linger=0)
+        self.set()
 
 
 _numbers = itertools.count(1)

@@ -1,20 +1,14 @@
-"""How one thread wakes another: ``WakePipe`` for a thread that sleeps in ``poll()`` on sockets
-(the I/O thread), ``WakeSocket`` for one that sleeps in a blocking receive on its own socket (an
-actor's thread, a thread waiting on its reply inbox).
+"""``WakePipe``: how one thread wakes another that sleeps in ``poll()`` on sockets.
 
-ZeroMQ sockets cannot be woken from another thread, so the I/O thread also polls the read end of
-a pipe; a byte written to it ends the sleep. Only wake-ups matter, not how many: a drain reads
+ZeroMQ sockets cannot be woken from another thread, so each thread that sleeps on them (the I/O
+thread, an actor's thread, a thread waiting on its reply inbox) also polls the read end of a
+pipe; a byte written to it ends the sleep. Only wake-ups matter, not how many: a drain reads
 whatever accumulated at once.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
-from typing import Any
-
-import zmq
 
 
 class WakePipe:
@@ -48,45 +42,3 @@ class WakePipe:
                 os.close(fd)
             except OSError:
                 pass
-
-
-class WakeSocket:
-    """How one thread wakes another that sleeps in a blocking ZeroMQ receive on ``sock``: an
-    empty frame sent to ``sock`` over ``inproc://`` (``wake()``, any thread).
-
-    The sleeper takes an empty message for a wake-up, never for a message: signed messages are
-    never empty, and one from outside that is empty is only a reason to look again. ``sock``
-    must not be terminated under the sender: both live in the same context.
-    """
-
-    __slots__ = ("_lock", "_push")
-
-    def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
-        endpoint = f"inproc://actormesh-wake-{next(_wake_ids)}"
-        sock.bind(endpoint)
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(endpoint)
-        self._push: zmq.Socket[Any] | None = push
-        self._lock = threading.Lock()  # the sending socket is shared by the waking threads
-
-    def wake(self) -> None:
-        with self._lock:
-            push = self._push
-            if push is not None:  # else closed: the sleeper is gone
-                try:
-                    _zmq_send(push, b"", _NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # cannot happen (no send limit on inproc to an unlimited receiver)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._push is not None:
-                self._push.close(linger=0)
-                self._push = None
-
-
-_wake_ids = itertools.count(1)
-# pyzmq's backend send, without the Python wrapper (draft-socket options only).
-_zmq_send = zmq.backend.Socket.send
-_NOBLOCK = int(zmq.NOBLOCK)
