@@ -58,9 +58,19 @@ def receive(
         count += 1
         if wakeups and len(frames) == 1 and not len(frames[0]):
             continue
-        msg = decode(verifier, frames)
-        if msg is not None:
-            yield msg
+        if verifier is None:
+            decode(verifier, frames)  # dropped, and said so
+            continue
+        # decode(), inline: the controller reads every reply here.
+        try:
+            msg = verifier.decode(frames)
+        except WireError as exc:
+            logger.warning("dropped a message that failed authentication: %s", exc)
+            continue
+        except Exception as exc:
+            logger.warning("dropped an undecodable message: %r", exc)
+            continue
+        yield msg
 
 
 def decode(verifier: Verifier | None, frames: list[zmq.Frame]) -> Message | None:
