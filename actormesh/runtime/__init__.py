@@ -56,7 +56,8 @@ Controller, user thread:
 Worker:
 
 3. The actor's thread, ``ActorRunner._run`` (``actors/runner.py``), reads it from its
-   ``ActorInbox`` (``messaging/actor_inbox.py``). Messages that came through the process inbox
+   ``ActorInbox`` (``messaging/actor_inbox.py``), asleep in a blocking receive on that socket
+   until it comes. Messages that came through the process inbox
    instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
    ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
 4. ``ActorRunner._handle_call`` runs the endpoint; ``ActorRunner._reply`` sends ``(REPLY,

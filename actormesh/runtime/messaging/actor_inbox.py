@@ -4,18 +4,26 @@ Callers on the same host send calls straight to the actor's socket (see
 :func:`~actormesh.runtime.messaging.address.actor_address`), so a call reaches the endpoint
 without waking the process's I/O thread first: one thread hand-off less per call, which is most
 of what a small call costs. What other threads hand the actor (its spawn, calls that came
-through the process inbox from other hosts, supervision events, stop) goes into a local queue,
-and a byte on a pipe wakes the actor's thread if it is waiting.
+through the process inbox from other hosts, supervision events, stop) goes into a local queue.
 
-Only the actor's thread touches the socket, so nothing is locked. The socket lives in a ZeroMQ
-context of its own that is never terminated: terminating the process's main context must not wait
-for an actor thread that is busy in user code.
+The actor's thread sleeps in a blocking ZeroMQ receive on its socket, not in ``poll()`` on the
+socket's FD and a pipe: a call is then read by the receive that was already waiting for it, with
+no poll result to look through and no ``EVENTS`` read before and after. To wake it for a queued
+item, the handing thread sends an empty frame to the same socket over ``inproc://`` (signed
+messages are never empty, so the two cannot be confused; a wake-up is only ever a reason to look
+at the queue, never something to handle). An event loop that waits on ``fds`` instead (an
+actor's concurrent calls) is woken the same way, by the socket's FD.
+
+Only the actor's thread reads the socket, so the socket is not locked; the waking socket is
+shared by the handing threads, under a lock. Both live in a ZeroMQ context of their own that is
+never terminated: terminating the process's main context must not wait for an actor thread that
+is busy in user code.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import select
 import threading
 from collections import deque
 from typing import Any
@@ -25,14 +33,13 @@ import zmq
 from .address import Address
 from .codec import Message, Verifier
 from .protocol import BATCH, CALL, STOP_ACTOR
-from .receive import receive
-from .wake_pipe import WakePipe
+from .receive import decode, receive
 
 logger = logging.getLogger(__name__)
 
 _context: zmq.Context[Any] | None = None
 _context_lock = threading.Lock()
-_POLL_IN = select.POLLIN
+_wake_ids = itertools.count(1)
 
 
 def actor_context() -> zmq.Context[Any]:
@@ -57,6 +64,11 @@ STOP_ITEM = "stop"
 TASK_ITEM = "task"
 NOTHING = object()  # what try_get answers when there is no item (None is an item: the end)
 
+# pyzmq's backend send and receive, without the Python wrappers (draft-socket options only).
+_zmq_send = zmq.backend.Socket.send
+_zmq_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+
 
 class ActorInbox:
     """Items for one actor, in arrival order per sender. ``get`` is for the actor's thread only."""
@@ -66,117 +78,132 @@ class ActorInbox:
         self._verifier = Verifier(key, address.mailbox) if address is not None else None
         self._queue: deque[Any] = deque()  # handed over by other threads
         self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
-        self._wake = WakePipe()
-        self._wake_r = self._wake.r  # compared on every wake-up of the actor's thread
         self._socket: zmq.Socket[Any] | None = None
-        self._poller: select.poll | None = None
-        self._armed = False  # read until empty since anything else touched the socket
+        self._waker: zmq.Socket[Any] | None = None  # sends the wake-ups (under _waker_lock)
+        self._waker_lock = threading.Lock()
         self._closed = False
 
     def open(self) -> None:
         """Bind the socket (on the actor's thread, before it handles anything)."""
-        if self.address is None:
-            self._poller = select.poll()
-            self._poller.register(self._wake_r, _POLL_IN)
-            return
-        assert self.address.ipc is not None
         sock = actor_context().socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
-        sock.bind(self.address.ipc)
+        if self.address is not None:  # else it only carries wake-ups
+            assert self.address.ipc is not None
+            sock.bind(self.address.ipc)
+        wake_at = f"inproc://actormesh-wake-{next(_wake_ids)}"
+        sock.bind(wake_at)
         self._socket = sock
-        self._poller = select.poll()
-        self._poller.register(self._wake_r, _POLL_IN)
-        self._poller.register(sock.getsockopt(zmq.FD), _POLL_IN)
+        waker = actor_context().socket(zmq.PUSH)
+        waker.setsockopt(zmq.LINGER, 0)
+        waker.connect(wake_at)
+        with self._waker_lock:  # items put before this are in the queue, looked at first
+            self._waker = waker
 
     def put(self, item: Any) -> None:
         """Hand the actor an item (any thread)."""
-        self._queue.append(item)
-        self._wake.wake()
+        self._queue.append(item)  # before the wake-up: the woken thread must find it
+        with self._waker_lock:
+            waker = self._waker
+            if waker is not None:
+                try:
+                    _zmq_send(waker, b"", _NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # cannot happen (no send limit on inproc to an unlimited receiver)
 
     def get(self) -> Any:
-        """The next item: handed-over ones first, then calls from the socket (actor's thread)."""
-        woken = False  # by the socket
+        """The next item: handed-over ones first, then calls from the socket (actor's thread).
+        Blocks until there is one."""
+        queue = self._queue
+        ready = self._ready
+        sock = self._socket
+        assert sock is not None
         while True:
-            if self._queue:
-                return self._queue.popleft()
-            if self._ready:
-                return self._ready.popleft()
-            # Armed (the last read ended empty), the socket's FD signals the next message, so
-            # there is nothing to read before sleeping.
-            if woken or not self._armed:
-                got = self._receive(woken)
-                woken = False
-                if got:
-                    continue
-            assert self._poller is not None
-            for fd, _ in self._poller.poll():
-                if fd == self._wake_r:
-                    self._wake.drain()
-                else:
-                    woken = True
+            if queue:
+                return queue.popleft()
+            if ready:
+                return ready.popleft()
+            frame = _zmq_recv(sock, 0, False)  # blocks (without the GIL) until a message
+            if not frame.more:
+                if not len(frame):
+                    continue  # a wake-up: the queue has an item
+                frames = [frame]
+            else:
+                frames = _rest(sock, frame)
+            msg = decode(self._verifier, frames)
+            if msg is None:
+                continue
+            if msg.envelope[0] == CALL and not queue:
+                return (CALL_ITEM, msg)  # the common case, without the ready queue
+            self._file(msg)
 
     def try_get(self) -> Any:
         """The next item, or ``NOTHING`` when there is none now (actor's thread): for an event
         loop that waits on ``fds`` instead of sleeping in ``get``."""
-        self._wake.drain()  # before looking: a wake-up after the look is kept
+        if not self._ready:
+            # First: a wake-up read here was sent after its item was queued, so the queue is
+            # looked at after it. Read until empty: the socket's FD signals edges, not levels.
+            self._receive()
         if self._queue:
             return self._queue.popleft()
-        if not self._ready:
-            self._receive(True)  # the socket's FD is edge-triggered: read until it is empty
         return self._ready.popleft() if self._ready else NOTHING
 
     def fds(self) -> list[int]:
-        """What ``try_get`` waits on: the wake-up pipe, and the socket when there is one."""
-        fds = [self._wake_r]
-        if self._socket is not None:
-            fds.append(int(self._socket.getsockopt(zmq.FD)))
-        return fds
+        """What ``try_get`` waits on: the socket, which wake-ups come to as well."""
+        assert self._socket is not None
+        return [int(self._socket.getsockopt(zmq.FD))]
 
     def put_back(self, items: list[Any]) -> None:
         """Return items taken out of turn, to be taken first, in their order (actor's thread)."""
         self._queue.extendleft(reversed(items))
 
-    def _receive(self, woken: bool) -> bool:
+    def _receive(self) -> None:
         sock = self._socket
         if sock is None:
-            return False
-        assert self._verifier is not None
-        got = False
-        self._armed = False
-        for msg in receive(sock, self._verifier, woken=woken):
-            got = True
-            kind = msg.envelope[0]
-            if kind == CALL:
-                self._ready.append((CALL_ITEM, msg))
-            elif kind == STOP_ACTOR:  # ActorMesh.stop, by the route of the calls it follows
-                self._ready.append((STOP_ITEM, msg))
-            elif kind == BATCH:
-                # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
-                _, items = msg.envelope
-                for envelope, payload in items:
-                    self._ready.append(
-                        (CALL_ITEM, Message(msg.sender, envelope, payload, [], msg.seq))
-                    )
-            else:
-                logger.warning("an actor inbox got a %r message; dropped", kind)
-        self._armed = True
-        return got
+            return
+        for msg in receive(sock, self._verifier, wakeups=True):
+            self._file(msg)
+
+    def _file(self, msg: Message) -> None:
+        kind = msg.envelope[0]
+        if kind == CALL:
+            self._ready.append((CALL_ITEM, msg))
+        elif kind == STOP_ACTOR:  # ActorMesh.stop, by the route of the calls it follows
+            self._ready.append((STOP_ITEM, msg))
+        elif kind == BATCH:
+            # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
+            _, items = msg.envelope
+            for envelope, payload in items:
+                self._ready.append((CALL_ITEM, Message(msg.sender, envelope, payload, [], msg.seq)))
+        else:
+            logger.warning("an actor inbox got a %r message; dropped", kind)
 
     def pending_calls(self) -> list[Any]:
         """The calls already read or readable from the socket, taken out of the inbox (actor's
         thread): what was sent before a stop that travelled by the other route."""
         if not self._closed:
-            self._receive(False)
+            self._receive()
         items = list(self._ready)
         self._ready.clear()
         return items
 
     def close(self) -> None:
-        """Close the socket and the pipe (actor's thread, when it ends)."""
+        """Close the socket and the waking socket (actor's thread, when it ends)."""
         if self._closed:
             return
         self._closed = True
+        with self._waker_lock:  # later puts wake nobody: the thread is gone
+            if self._waker is not None:
+                self._waker.close(linger=0)
+                self._waker = None
         if self._socket is not None:
             self._socket.close(linger=0)
-        self._wake.close()
+
+
+def _rest(sock: zmq.Socket[Any], frame: zmq.Frame) -> list[zmq.Frame]:
+    # The frames after the first: a message arrives whole, so they are there already.
+    frames = [frame]
+    while frame.more:
+        frame = _zmq_recv(sock, _NOBLOCK, False)
+        frames.append(frame)
+    return frames

@@ -24,7 +24,11 @@ def has_message(sock: zmq.Socket[Any]) -> bool:
 
 
 def receive(
-    sock: zmq.Socket[Any], verifier: Verifier, limit: int | None = None, woken: bool = False
+    sock: zmq.Socket[Any],
+    verifier: Verifier | None,
+    limit: int | None = None,
+    woken: bool = False,
+    wakeups: bool = False,
 ) -> Iterator[Message]:
     """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
 
@@ -35,6 +39,9 @@ def receive(
     ``woken``: the caller was just woken by the socket, so a message is most likely waiting.
     It is read at once rather than asked for first: asking processes the socket's pending
     commands, a few syscalls that the read does anyway.
+
+    ``wakeups``: empty messages are wake-ups that other threads of this process send to the
+    socket (an actor's inbox): skipped, not logged.
     """
     count = 0
     while limit is None or count < limit:
@@ -49,6 +56,12 @@ def receive(
         else:
             return
         count += 1
+        if wakeups and len(frames) == 1 and not len(frames[0]):
+            continue
+        if verifier is None:
+            decode(verifier, frames)  # dropped, and said so
+            continue
+        # decode(), inline: the controller reads every reply here.
         try:
             msg = verifier.decode(frames)
         except WireError as exc:
@@ -58,6 +71,20 @@ def receive(
             logger.warning("dropped an undecodable message: %r", exc)
             continue
         yield msg
+
+
+def decode(verifier: Verifier | None, frames: list[zmq.Frame]) -> Message | None:
+    """The message, authenticated (``Verifier.decode``); ``None`` when it fails (dropped and
+    logged, never handled). No verifier: the socket takes no messages from outside."""
+    try:
+        if verifier is None:
+            raise WireError("this socket takes no messages")
+        return verifier.decode(frames)
+    except WireError as exc:
+        logger.warning("dropped a message that failed authentication: %s", exc)
+    except Exception as exc:
+        logger.warning("dropped an undecodable message: %r", exc)
+    return None
 
 
 def _recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:

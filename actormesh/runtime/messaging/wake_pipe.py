@@ -1,9 +1,10 @@
 """``WakePipe``: how one thread wakes another that sleeps in ``poll()`` on sockets.
 
-ZeroMQ sockets cannot be woken from another thread, so each thread that sleeps on them (the I/O
-thread, an actor's thread, a thread waiting on its reply inbox) also polls the read end of a
-pipe; a byte written to it ends the sleep. Only wake-ups matter, not how many: a drain reads
-whatever accumulated at once.
+ZeroMQ sockets cannot be woken from another thread, so each thread that sleeps in ``poll()`` on
+them (the I/O thread, a thread waiting on its reply inbox) also polls the read end of a pipe; a
+byte written to it ends the sleep. Only wake-ups matter, not how many: a drain reads whatever
+accumulated at once. (An actor's thread sleeps in a blocking receive on its own socket instead,
+and is woken by an empty frame sent to that socket: see ``actor_inbox.py``.)
 """
 
 from __future__ import annotations
