@@ -116,6 +116,14 @@ def set_sidebar_width(page: Any, width: int) -> None:
     )
 
 
+def open_sidebar(page: Any, lab: Lab, width: int) -> None:
+    """A fresh JupyterLab page with the sidebar open at ``width`` px (no kernel, no notebook)."""
+    page.goto(f"{lab.url}/lab/workspaces/load?token={lab.token}")
+    page.click(".jp-SideBar [data-id='actormesh-sidebar']")
+    expect(page.locator(SIDEBAR)).to_be_visible()
+    set_sidebar_width(page, width)
+
+
 def save(page: Any, tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.png"
     page.screenshot(path=str(path))
@@ -317,10 +325,7 @@ FEED_64 = """async ([seconds, history]) => {
 
 
 def test_64_ranks_10_metrics_are_drawn_as_bands(page: Any, lab: Lab, tmp_path: Path) -> None:
-    page.goto(f"{lab.url}/lab/workspaces/load?token={lab.token}")
-    page.click(".jp-SideBar [data-id='actormesh-sidebar']")
-    expect(page.locator(SIDEBAR)).to_be_visible()
-    set_sidebar_width(page, 420)
+    open_sidebar(page, lab, 420)
     spent = page.evaluate(FEED_64, [10, 300])
     per_s = spent["total"] / spent["seconds"]
     print(f"\n64 ranks, 10 metrics: {per_s:.2f} ms/s of main-thread time on updates: {spent}")
@@ -359,10 +364,7 @@ FEED_GPU = """async () => {
 
 
 def test_gpu_series_are_drawn_as_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
-    page.goto(f"{lab.url}/lab/workspaces/load?token={lab.token}")
-    page.click(".jp-SideBar [data-id='actormesh-sidebar']")
-    expect(page.locator(SIDEBAR)).to_be_visible()
-    set_sidebar_width(page, 420)
+    open_sidebar(page, lab, 420)
     page.evaluate(FEED_GPU)
     memory = page.locator(f"{SIDEBAR} .jp-actormesh-chart[data-resource='gpu_mem']")
     use = page.locator(f"{SIDEBAR} .jp-actormesh-chart[data-resource='gpu_util']")
