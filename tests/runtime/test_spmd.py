@@ -16,7 +16,7 @@ import pytest
 
 import actormesh as am
 from actormesh.runtime.dataplane import spmd
-from actormesh.runtime.dataplane.distributed import RankLayout
+from actormesh.runtime.dataplane.rank_layout import RankLayout
 
 SCRIPT = str(Path(__file__).parents[2] / "examples" / "train_script.py")
 WAIT = 60  # seconds: every wait in this file is bounded

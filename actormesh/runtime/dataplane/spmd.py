@@ -55,15 +55,14 @@ from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.value_mesh import ValueMesh
 from .distributed import (
-    RankLayout,
     _DistSetup,
     helper_mesh,
     mesh_layout,
-    monarch_layout,
     rank0,
     release_on_failure,
     single_host,
 )
+from .rank_layout import RankLayout, monarch_layout
 
 logger = logging.getLogger(__name__)
 

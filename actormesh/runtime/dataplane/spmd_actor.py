@@ -4,7 +4,7 @@ its actors' processes, and ``setup_torch_elastic_env_async``.
 Monarch's SPMD-DDP example runs as written with the import line changed
 (``from actormesh.spmd import SPMDActor``): spawn ``SPMDActor`` on a proc mesh, ask its first
 actor for a rendezvous address (``get_host_port``), then ``main.call(addr, port, [script])``.
-Ranks follow Monarch's rules (``distributed.monarch_layout``): the last mesh dimension is the
+Ranks follow Monarch's rules (``rank_layout.monarch_layout``): the last mesh dimension is the
 local one. ``actormesh run`` (``spmd.py``) is actormesh's own way: it also binds the store's
 port without a race and stops the other ranks when one fails.
 """
@@ -23,7 +23,7 @@ from ..actors.actor import Actor, endpoint
 from ..actors.context import current_rank
 from ..meshes.proc_mesh import ProcMesh
 from ..shape import Shape
-from .distributed import monarch_layout
+from .rank_layout import monarch_layout
 from .spmd import _exit_code, _leave_quietly, _script_frames, setup_torch_elastic_env
 
 
