@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from .dbg_args import usage
+from ..kernel.magic_args import usage
 from .session import default_label
 
 _CELL_FILE = re.compile(r"^In\s*\[\s*(\d+)\s*\]$")

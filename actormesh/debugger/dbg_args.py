@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from IPython.core.error import UsageError
-
+from ..kernel.magic_args import usage
 from .session import STEP_COMMANDS
 
 COMMANDS = ("list", "where", "eval", *STEP_COMMANDS, "pause", "wait", "break", "inspect", "on",
             "off", "widget")  # fmt: skip
-
-
-def usage(message: str) -> UsageError:
-    """A ``%mesh dbg`` mistake: one line, no traceback."""
-    return UsageError(" ".join(message.split()))
 
 
 class DbgArgs:

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import MeshError
 from ..kernel import cells
 from ..kernel.executor import Repr
+from ..kernel.magic_args import usage
 from ..kernel.panel.watch import set_debugger_state
 from ..kernel.selection import Selection, SelectionError, select, values_of
 from ..runtime.actors import future as future_mod
@@ -33,7 +34,7 @@ from . import mesh_tensors
 from . import state as debugger_state
 from .cell_files import CellFiles
 from .dap import DapError
-from .dbg_args import COMMANDS, DbgArgs, usage
+from .dbg_args import COMMANDS, DbgArgs
 from .rank_debug import RankDebug
 from .session import STEP_COMMANDS, Debugger, RanksPaused, enable_breakpoints, get_debugger
 from .stack_text import annotate_stacks, grouped
