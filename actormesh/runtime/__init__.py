@@ -36,7 +36,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
  6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
                         mappings), ``rank_layout`` (a group's ranks and backend; pure),
                         ``distributed`` (process groups over meshes), ``spmd``
-                        (``python -m actormesh run``).
+                        (``python -m actormesh run``), ``script_runner`` (a script as
+                        ``__main__`` on each rank).
 ====  ================  ==========================================================================
 
 The life of a call: ``mesh.step.call(x).get()``

@@ -24,7 +24,8 @@ from ..actors.context import current_rank
 from ..meshes.proc_mesh import ProcMesh
 from ..shape import Shape
 from .rank_layout import monarch_layout
-from .spmd import _exit_code, _leave_quietly, _script_frames, setup_torch_elastic_env
+from .script_runner import exit_code, leave_quietly, script_frames
+from .spmd import setup_torch_elastic_env
 
 
 class SPMDActor(Actor):
@@ -91,12 +92,12 @@ class SPMDActor(Actor):
                 sys.path.insert(0, os.path.dirname(os.path.abspath(script_args[0])))
                 runpy.run_path(script_args[0], run_name="__main__")
         except SystemExit as exc:
-            code = _exit_code(exc)
+            code = exit_code(exc)
         except BaseException as exc:
-            raise exc.with_traceback(_script_frames(exc.__traceback__)) from None
+            raise exc.with_traceback(script_frames(exc.__traceback__)) from None
         if code != 0:
             raise RuntimeError(f"{script_args[0]} exited with status {code}")
-        _leave_quietly()  # a second script in this process can form its own group
+        leave_quietly()  # a second script in this process can form its own group
         return True
 
     @endpoint
