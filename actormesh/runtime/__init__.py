@@ -31,7 +31,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``actor_mesh``, ``proc_mesh``, ``ports``.
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
-                        ``host_agent``, ``zygote`` (the fork server), ``osutil``,
+                        ``host_agent``, ``worker_output`` (an agent's workers and their
+                        pipes), ``zygote`` (the fork server), ``osutil``,
                         ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).
  6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
                         mappings), ``rank_layout`` (a group's ranks and backend; pure),
