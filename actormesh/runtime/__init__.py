@@ -34,7 +34,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``host_agent``, ``worker_output`` (an agent's workers and their
                         pipes), ``zygote`` (the fork server), ``osutil``,
                         ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).
- 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
+ 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``buffer_owner`` (the tensors a process
+                        lends, its answers to holders), ``shm`` (its /dev/shm room and reader
                         mappings), ``rank_layout`` (a group's ranks and backend; pure),
                         ``distributed`` (process groups over meshes), ``spmd``
                         (``python -m actormesh run``), ``script_runner`` (a script as

@@ -313,7 +313,7 @@ class Agent:
 
 
 def _remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
-    """The shared-memory files of a process's TensorBuffers (see buffers.py for the name)."""
+    """The shared-memory files of a process's TensorBuffers (see buffer_owner.py for the name)."""
     pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
     for name in glob.glob(pattern):
         with contextlib.suppress(FileNotFoundError):
