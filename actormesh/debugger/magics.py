@@ -18,57 +18,40 @@ paused ranks, else the only live one).
 from __future__ import annotations
 
 import ast
-import linecache
-import os
-import re
 import threading
 from typing import Any
-
-from IPython.core.error import UsageError
 
 from ..errors import MeshError
 from ..kernel import cells
 from ..kernel.executor import Repr
+from ..kernel.magic_args import usage
 from ..kernel.panel.watch import set_debugger_state
 from ..kernel.selection import Selection, SelectionError, select, values_of
 from ..runtime.actors import future as future_mod
-from ..runtime.faults.stacks import _BUSY_FOR
-from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.shape import Shape
 from . import mesh_tensors
 from . import state as debugger_state
+from .cell_files import CellFiles
 from .dap import DapError
+from .dbg_args import COMMANDS, DbgArgs
 from .rank_debug import RankDebug
-from .session import (
-    STEP_COMMANDS,
-    Debugger,
-    RanksPaused,
-    default_label,
-    enable_breakpoints,
-    get_debugger,
-)
+from .session import STEP_COMMANDS, Debugger, RanksPaused, enable_breakpoints, get_debugger
+from .stack_text import annotate_stacks, grouped
 from .tensors import DEFAULT_CAP, Comparison, check_name
-
-_COMMANDS = ("list", "where", "eval", *STEP_COMMANDS, "pause", "wait", "break", "inspect", "on",
-             "off", "widget")  # fmt: skip
-_CELL_FILE = re.compile(r"^In\s*\[\s*(\d+)\s*\]$")
-
-
-def _usage(message: str) -> UsageError:
-    return UsageError(" ".join(message.split()))
 
 
 class DebugMagics:
-    """The kernel's glue: labels for cell files, cell sources, and the ``%mesh dbg`` commands."""
+    """The kernel's glue (pause hooks, cell files for the debugger) and the ``%mesh dbg``
+    commands."""
 
     def __init__(self, mesh_magics: Any) -> None:
         self.magics = mesh_magics
+        self.files = CellFiles(mesh_magics)
         self.debugger: Debugger = get_debugger()
-        self.debugger.label = self.label
-        self.debugger.sources = self.cell_sources
+        self.debugger.label = self.files.label
+        self.debugger.sources = self.files.cell_sources
         self.debugger.notices = self._notice
-        self._labels: dict[str, str] = {}
         self.widget: Any = None
         cells.set_pause_hook(self)
         mesh_magics.annotate_stacks = annotate_stacks
@@ -122,54 +105,6 @@ class DebugMagics:
         self.cell_paused()
         raise RanksPaused(lines)
 
-    # -- files as the user knows them ------------------------------------------------------------
-
-    def label(self, path: str) -> str:
-        """``In [N]`` for a notebook cell (``%%mesh`` or plain), a file's name otherwise."""
-        if path in self._labels:
-            return self._labels[path]
-        if path.startswith("<mesh-cell-"):
-            return default_label(path)
-        for n, name in self._kernel_cells():
-            if name == path:
-                self._labels[path] = f"In [{n}]"
-                return self._labels[path]
-        return default_label(path)
-
-    def _kernel_cells(self) -> list[tuple[int, str]]:
-        """``(N, file)`` of this kernel's plain cells, newest first. IPython's compiler keeps
-        the map (it is how its tracebacks say "Cell In[N]")."""
-        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
-        return sorted(((n, path) for path, n in names.items()), reverse=True)
-
-    def resolve_file(self, text: str) -> str:
-        """The code file a user means: ``In[N]`` (a cell), ``<mesh-cell-N>``, or a path."""
-        m = _CELL_FILE.match(text.strip())
-        if m is not None:
-            n = int(m.group(1))
-            if self.magics.ran_on_mesh(n):
-                return f"<mesh-cell-{n}>"
-            for k, name in self._kernel_cells():
-                if k == n:
-                    return name
-            raise _usage(f"%mesh dbg break: there is no cell In [{n}] yet")
-        if text.startswith("<"):
-            return text
-        path = os.path.abspath(os.path.expanduser(text))
-        if not os.path.exists(path):
-            raise _usage(f"%mesh dbg break: no file {text!r}; give a path or In[N] for a cell")
-        return path
-
-    def cell_sources(self) -> dict[str, str]:
-        """Plain cells of this kernel (where actor classes may be defined), for the ranks."""
-        out = {}
-        for path, entry in list(linecache.cache.items()):
-            parent = os.path.basename(os.path.dirname(path))
-            cell = parent.startswith("ipykernel_") or path.startswith("<ipython-input")
-            if cell and len(entry) == 4:  # (size, mtime, lines, fullname); 1-tuples are lazy
-                out[path] = "".join(entry[2])
-        return out
-
     def _notice(self, text: str) -> None:
         import sys
 
@@ -181,20 +116,20 @@ class DebugMagics:
         if not words:
             print((__doc__ or "").split("\n\n", 1)[-1].rstrip())  # the command summary above
             return None
-        if words[0] not in _COMMANDS:
+        if words[0] not in COMMANDS:
             got = words[0] if words else ""
-            raise _usage(f"%mesh dbg: unknown command {got!r}; use one of {', '.join(_COMMANDS)}")
+            raise usage(f"%mesh dbg: unknown command {got!r}; use one of {', '.join(COMMANDS)}")
         command, rest = words[0], words[1:]
-        args = _Args(command, rest)
+        args = DbgArgs(command, rest)
         try:
             if command in STEP_COMMANDS:
                 return self._step(args, STEP_COMMANDS[command])
             handler = getattr(self, f"_cmd_{command}")
             return handler(args)
         except (DapError, MeshError) as exc:
-            raise _usage(f"%mesh dbg {command}: {exc}") from None
+            raise usage(f"%mesh dbg {command}: {exc}") from None
 
-    def _mesh(self, args: _Args) -> Any:
+    def _mesh(self, args: DbgArgs) -> Any:
         """The MeshTools of the mesh a command is about."""
         if args.mesh is not None:
             return self.magics.target(args.mesh).tools
@@ -206,24 +141,24 @@ class DebugMagics:
         if len(live) == 1:
             return live[0]
         if not live:
-            raise _usage("%mesh dbg: no live proc mesh")
-        raise _usage("%mesh dbg: this kernel has several proc meshes; pick one with -m TARGET")
+            raise usage("%mesh dbg: no live proc mesh")
+        raise usage("%mesh dbg: this kernel has several proc meshes; pick one with -m TARGET")
 
-    def _ranks(self, args: _Args, tools: Any, default_paused: bool) -> list[int]:
+    def _ranks(self, args: DbgArgs, tools: Any, default_paused: bool) -> list[int]:
         if args.ranks is None and default_paused:
             paused = sorted(self.debugger.paused_in(tools.table.mesh_id))
             if not paused:
-                raise _usage(f"%mesh dbg {args.command}: no rank is paused")
+                raise usage(f"%mesh dbg {args.command}: no rank is paused")
             return paused
         try:
             return list(select(tools.shape, args.ranks).ranks)
         except SelectionError as exc:
-            raise _usage(f"%mesh dbg {args.command}: {exc}") from None
+            raise usage(f"%mesh dbg {args.command}: {exc}") from None
 
     def _rank_label(self, tools: Any, rank: int) -> str:
         return f"rank {rank} {{{tools.table.labels[rank]}}}"
 
-    def _cmd_list(self, args: _Args) -> None:
+    def _cmd_list(self, args: DbgArgs) -> None:
         lines = []
         for tools in self.magics.registry.live():
             mesh_id = tools.table.mesh_id
@@ -234,7 +169,7 @@ class DebugMagics:
         print("\n".join(lines) if lines else "no live proc mesh")
         print(f"{len(paused)} paused" if paused else "no rank is paused")
 
-    def _cmd_where(self, args: _Args) -> None:
+    def _cmd_where(self, args: DbgArgs) -> None:
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         texts: dict[int, str] = {}
@@ -249,7 +184,7 @@ class DebugMagics:
                 texts[r] = next(iter(fut.get(timeout=10).values()))
             except MeshError as exc:
                 texts[r] = f"(no stack: {exc})\n"
-        print(_grouped(texts))
+        print(grouped(texts))
 
     def _paused_stack(self, rd: RankDebug) -> str:
         frames = rd.frames or rd.stack()
@@ -263,14 +198,14 @@ class DebugMagics:
             lines = [""] * len(frames)
         out = [f"{rd.describe()}\n"]
         for f, src in zip(reversed(frames), reversed(lines), strict=True):
-            out.append(f'  File "{self.label(f.path)}", line {f.line}, in {f.function}\n')
+            out.append(f'  File "{self.files.label(f.path)}", line {f.line}, in {f.function}\n')
             if src.strip():
                 out.append(f"    {src.strip()}\n")
         return "".join(out)
 
-    def _cmd_eval(self, args: _Args) -> ValueMesh[Any]:
+    def _cmd_eval(self, args: DbgArgs) -> ValueMesh[Any]:
         if not args.words:
-            raise _usage("%mesh dbg eval [-r SEL] EXPR: give an expression")
+            raise usage("%mesh dbg eval [-r SEL] EXPR: give an expression")
         expression = " ".join(args.words)
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=True)
@@ -278,14 +213,14 @@ class DebugMagics:
         for r in ranks:
             rd = self.debugger.ranks.get((tools.table.mesh_id, r))
             if rd is None or rd.status != "paused":
-                raise _usage(f"%mesh dbg eval: rank {r} is not paused")
+                raise usage(f"%mesh dbg eval: rank {r} is not paused")
             body = rd.evaluate(expression, frame=args.frame)
             values.append(_value(body.get("result", "")))
         return values_of(
             tools.shape, Selection(tuple(ranks), _shape_of(tools, ranks, args.ranks)), values
         )
 
-    def _step(self, args: _Args, command: str) -> None:
+    def _step(self, args: DbgArgs, command: str) -> None:
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=True)
         mesh_id = tools.table.mesh_id
@@ -294,7 +229,7 @@ class DebugMagics:
             rd = self.debugger.ranks.get((mesh_id, r))
             if rd is None or rd.status != "paused":
                 if args.ranks is not None:
-                    raise _usage(f"%mesh dbg {args.command}: rank {r} is not paused")
+                    raise usage(f"%mesh dbg {args.command}: rank {r} is not paused")
                 continue
             targets.append(rd)
         if command == "continue":
@@ -309,7 +244,7 @@ class DebugMagics:
             rd.wait_stopped_after(befores[rd.rank], 10.0)
             print(f"{self._rank_label(tools, rd.rank)}: {rd.describe()}")
 
-    def _cmd_pause(self, args: _Args) -> None:
+    def _cmd_pause(self, args: DbgArgs) -> None:
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         self.debugger.pause(tools.table.mesh_id, ranks)
@@ -319,7 +254,7 @@ class DebugMagics:
             rd.wait_paused(5.0)
             print(f"{self._rank_label(tools, r)}: {rd.describe()}")
 
-    def _cmd_wait(self, args: _Args) -> None:
+    def _cmd_wait(self, args: DbgArgs) -> None:
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         mesh_id = tools.table.mesh_id
@@ -328,43 +263,43 @@ class DebugMagics:
         )
         if not ok:
             missing = [r for r in ranks if r not in self.debugger.paused_in(mesh_id)]
-            raise _usage(f"%mesh dbg wait: ranks {missing} not paused after {args.timeout:g} s")
+            raise usage(f"%mesh dbg wait: ranks {missing} not paused after {args.timeout:g} s")
         for r in ranks:
             print(f"{self._rank_label(tools, r)}: {self.debugger.rank(mesh_id, r).describe()}")
 
-    def _cmd_break(self, args: _Args) -> None:
+    def _cmd_break(self, args: DbgArgs) -> None:
         if len(args.words) != 1 or ":" not in args.words[0]:
-            raise _usage("%mesh dbg break FILE:LINE [-r SEL]: e.g. In[4]:7 or train.py:42")
+            raise usage("%mesh dbg break FILE:LINE [-r SEL]: e.g. In[4]:7 or train.py:42")
         file, _, line_text = args.words[0].rpartition(":")
         if not line_text.isdigit() or int(line_text) < 1:
-            raise _usage(f"%mesh dbg break: bad line number {line_text!r}")
-        path = self.resolve_file(file)
+            raise usage(f"%mesh dbg break: bad line number {line_text!r}")
+        path = self.files.resolve(file)
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         verified = self.debugger.set_breakpoint(
             tools.table.mesh_id, ranks, path, int(line_text), remove=args.clear
         )
         what = "cleared" if args.clear else "set"
-        print(f"breakpoint {what} at {self.label(path)}:{line_text} on ranks "
+        print(f"breakpoint {what} at {self.files.label(path)}:{line_text} on ranks "
               f"{', '.join(str(r) for r in ranks)}")  # fmt: skip
         missing = [r for r, ok in verified.items() if not ok and not args.clear]
         if missing:
             print(f"(not verified yet on ranks {missing}: the code may not be loaded there)")
 
-    def _cmd_inspect(self, args: _Args) -> Comparison:
+    def _cmd_inspect(self, args: DbgArgs) -> Comparison:
         if len(args.words) != 1:
-            raise _usage("%mesh dbg inspect NAME [-r SEL]: give one variable name")
+            raise usage("%mesh dbg inspect NAME [-r SEL]: give one variable name")
         try:
             name = check_name(args.words[0])
         except ValueError as exc:
-            raise _usage(f"%mesh dbg inspect: {exc}") from None
+            raise usage(f"%mesh dbg inspect: {exc}") from None
         value = mesh_tensors.mesh_value(name, self.shell.user_ns)
         if value is not None:  # a MeshTensor or MeshModule of the kernel: its shards
             shape = Shape.from_extent(mesh_tensors.extent(value))
             try:
                 picked = None if args.ranks is None else list(select(shape, args.ranks).ranks)
             except SelectionError as exc:
-                raise _usage(f"%mesh dbg inspect: {exc}") from None
+                raise usage(f"%mesh dbg inspect: {exc}") from None
             return mesh_tensors.compare(name, value, picked)
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
@@ -404,112 +339,19 @@ class DebugMagics:
                 return tools
         raise MeshError(f"proc mesh {mesh_id} is stopped")
 
-    def _cmd_on(self, args: _Args) -> None:
+    def _cmd_on(self, args: DbgArgs) -> None:
         tools = self._mesh(args)
         ranks = self._ranks(args, tools, default_paused=False)
         self.debugger.attach(tools.table.mesh_id, ranks)
         print(f"debugger attached to ranks {', '.join(str(r) for r in ranks)}")
 
-    def _cmd_off(self, args: _Args) -> None:
+    def _cmd_off(self, args: DbgArgs) -> None:
         self.debugger.clear_breakpoints()
         self.debugger.detach_all()
         print("debugger detached from every rank (breakpoints cleared)")
 
-    def _cmd_widget(self, args: _Args) -> Any:
+    def _cmd_widget(self, args: DbgArgs) -> Any:
         return self._widget().show()
-
-
-class _Args:
-    """``-r SEL``, ``-m TARGET``, ``-f FRAME``, ``--clear`` and the remaining words."""
-
-    def __init__(self, command: str, rest: list[str]) -> None:
-        self.command = command
-        self.ranks: str | None = None
-        self.mesh: str | None = None
-        self.frame = 0
-        self.timeout = 60.0
-        self.clear = False
-        self.words: list[str] = []
-        it = iter(rest)
-        for tok in it:
-            # eval's options come before EXPR (which may hold a "-"); elsewhere anywhere
-            option_here = command != "eval" or not self.words
-            if tok in ("-r", "--ranks", "-m", "--mesh", "-f", "--frame", "-t", "--timeout") and (
-                option_here
-            ):
-                value = next(it, None)
-                if value is None:
-                    raise _usage(f"%mesh dbg {command}: {tok} needs a value")
-                if tok in ("-r", "--ranks"):
-                    self.ranks = value
-                elif tok in ("-m", "--mesh"):
-                    self.mesh = value
-                elif tok in ("-t", "--timeout"):
-                    try:
-                        self.timeout = float(value)
-                    except ValueError:
-                        raise _usage(
-                            f"%mesh dbg {command}: -t needs seconds, got {value}"
-                        ) from None
-                else:
-                    if not value.isdigit():
-                        raise _usage(f"%mesh dbg {command}: -f needs a frame number, got {value}")
-                    self.frame = int(value)
-            elif tok == "--clear" and command == "break":
-                self.clear = True
-            elif tok.startswith("-") and command != "eval":
-                raise _usage(f"%mesh dbg {command}: unknown option {tok!r}")
-            else:
-                self.words.append(tok)
-
-
-def _grouped(texts: dict[int, str]) -> str:
-    """Ranks with identical stacks together, the largest group first."""
-    groups: dict[str, tuple[list[int], str]] = {}
-    for r, text in texts.items():
-        groups.setdefault(_BUSY_FOR.sub("", text), ([], text))[0].append(r)
-    parts = []
-    for ranks, text in sorted(groups.values(), key=lambda g: -len(g[0])):
-        head = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-        parts.append(f"=== {head} ===\n{text}")
-    return "\n".join(parts)
-
-
-def annotate_stacks(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
-    """``%mesh stacks``: paused ranks say so; the debugger's own threads and frames are hidden."""
-    debugger = get_debugger()
-    paused = debugger.paused_in(mesh_id)
-    if not any(key[0] == mesh_id for key in list(debugger.ranks)):
-        return stacks
-    texts = []
-    for r, text in enumerate(stacks.values()):
-        text = _without_debugger(text)
-        rd = paused.get(r)
-        if rd is not None:
-            text = f"[{rd.describe()} in the debugger]\n{text}"
-        texts.append(text)
-    return ValueMesh._create(view_shape(stacks), texts)
-
-
-_PYDEVD = "/debugpy/"
-
-
-def _without_debugger(text: str) -> str:
-    """Drop pydevd's threads, and the pydevd frames under a suspended user frame."""
-    blocks: list[list[str]] = []
-    for line in text.splitlines(keepends=True):
-        if not line.startswith(" ") or not blocks:
-            blocks.append([line])
-        else:
-            blocks[-1].append(line)
-    out = []
-    for block in blocks:
-        head, frames = block[0], block[1:]
-        if head.startswith("thread ") and any(_PYDEVD in f for f in frames):
-            continue  # one of pydevd's own threads
-        cut = next((i for i, f in enumerate(frames) if _PYDEVD in f), len(frames))
-        out.append(head + "".join(frames[:cut]))
-    return "".join(out)
 
 
 def _value(text: str) -> Any:

@@ -151,7 +151,7 @@ class DebuggerWidget:
             rank,
             point,
             rd.status,
-            "" if where is None else f"{self.debug.label(where.path)}:{where.line}",
+            "" if where is None else f"{self.debug.files.label(where.path)}:{where.line}",
             "" if where is None else where.function,
             detail,
             title,
@@ -184,7 +184,7 @@ class DebuggerWidget:
         try:
             frames = rd.frames or rd.stack()
             self.stack.value = stack_table(
-                [(f"{self.debug.label(f.path)}:{f.line}", f.function) for f in frames]
+                [(f"{self.debug.files.label(f.path)}:{f.line}", f.function) for f in frames]
             )
             self.locals.value = locals_table(rd.variables())
         except DapError as exc:

@@ -3,10 +3,8 @@
 One ``MeshExecutor`` is spawned lazily on every rank of a proc mesh the first time a cell runs
 there; its namespace persists across cells. A cell is compiled under a file name such as
 ``<mesh-cell-7>`` whose source is registered in ``linecache``, so tracebacks show the cell's own
-lines; the last expression's value comes back (like IPython's ``Out``). Rich output
-(``display()``, ``IPython.display``, matplotlib figures) is turned into MIME bundles here and
-sent to the kernel through a port as it happens, after flushing the rank's pending prints, so
-text and displays keep their order.
+lines; the last expression's value comes back (like IPython's ``Out``). Rich output goes to the
+kernel as it happens (``rank_display.py``).
 
 This module is imported by workers: it must stay cheap to import (no IPython at import time).
 """
@@ -15,11 +13,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import base64
 import builtins
 import contextlib
-import importlib.abc
-import importlib.machinery
 import inspect
 import linecache
 import os
@@ -37,8 +32,8 @@ from ..runtime.actors.actor_host import actor_host
 from ..runtime.actors.context import current_rank
 from ..runtime.faults.stacks import TOOL_ACTOR_PREFIX
 from ..runtime.messaging.codec import dumps
-from ..runtime.messaging.logs import flush_output
 from ..runtime.messaging.node import Port
+from .rank_display import cell_output, display, flush_figures, install_display_hook
 
 # The kernel's actors on every rank, under the runtime's reserved prefix for tools.
 EXECUTOR_NAME = f"{TOOL_ACTOR_PREFIX}executor"
@@ -69,156 +64,6 @@ class CellFailure:
     @property
     def interrupted(self) -> bool:
         return self.ename == "KeyboardInterrupt"
-
-
-# -- rich output on the rank ---------------------------------------------------------------------
-
-
-class _Cell(threading.local):
-    port: Port | None = None
-    rank: int = 0
-
-
-_cell = _Cell()
-_REPR_METHODS = (
-    ("_repr_html_", "text/html"),
-    ("_repr_markdown_", "text/markdown"),
-    ("_repr_svg_", "image/svg+xml"),
-    ("_repr_png_", "image/png"),
-    ("_repr_jpeg_", "image/jpeg"),
-    ("_repr_latex_", "text/latex"),
-    ("_repr_json_", "application/json"),
-)
-
-
-def mime_bundle(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(data, metadata)`` for ``obj``, as IPython's display formatter would make them."""
-    data: dict[str, Any] = {}
-    metadata: dict[str, Any] = {}
-    method = getattr(obj, "_repr_mimebundle_", None)
-    if method is not None and not isinstance(obj, type):
-        try:
-            got = method(include=None, exclude=None)
-        except TypeError:
-            got = method()
-        if isinstance(got, tuple):
-            got, md = got
-            metadata.update(md or {})
-        data.update(got or {})
-    for name, mime in _REPR_METHODS:
-        if mime in data or isinstance(obj, type):
-            continue
-        method = getattr(obj, name, None)
-        if method is None:
-            continue
-        value = method()
-        if isinstance(value, tuple):
-            value, md = value
-            metadata[mime] = md
-        if value is not None:
-            data[mime] = value
-    if "image/png" not in data and _is_figure(obj):
-        data["image/png"] = _figure_png(obj)
-    for mime in ("image/png", "image/jpeg"):
-        if isinstance(data.get(mime), bytes):
-            data[mime] = base64.b64encode(data[mime]).decode("ascii")
-    data.setdefault("text/plain", repr(obj))
-    return data, metadata
-
-
-def _is_figure(obj: Any) -> bool:
-    return type(obj).__module__.startswith("matplotlib.") and hasattr(obj, "savefig")
-
-
-def _figure_png(fig: Any) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
-def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
-    """Send one MIME bundle to the cell's output, labelled with this rank."""
-    port = _cell.port
-    if port is None:  # not inside a blocking %%mesh cell: plain text is all we can show
-        print(data.get("text/plain", ""))
-        return
-    flush_output()  # what the cell printed so far arrives first (same ordered pipe)
-    port.send(("display", _cell.rank, data, metadata or {}))
-
-
-def display(
-    *objs: Any, raw: bool = False, metadata: dict[str, Any] | None = None, **_: Any
-) -> None:
-    """``IPython.display.display`` for cells running on a rank."""
-    for obj in objs:
-        if raw:
-            publish(obj, metadata)
-        else:
-            data, md = mime_bundle(obj)
-            publish(data, {**md, **(metadata or {})})
-
-
-def _flush_figures() -> None:
-    """Show and close the figures a cell left open, as the inline backend does."""
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None:
-        return
-    try:
-        for num in plt.get_fignums():
-            display(plt.figure(num))
-    finally:
-        plt.close("all")
-
-
-class _PatchDisplay(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Replace ``IPython.core.display_functions.display`` the moment it is imported, so
-    ``from IPython.display import display`` in a cell gets ours. Costs nothing until then."""
-
-    target = "IPython.core.display_functions"
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.target:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        real = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return real.create_module(spec)
-
-            def exec_module(self, module: types.ModuleType) -> None:
-                real.exec_module(module)
-                _patch(module)
-
-        spec.loader = Loader()
-        return spec
-
-
-def _patch(module: types.ModuleType) -> None:
-    module.display = display  # type: ignore[attr-defined]
-    display_mod = sys.modules.get("IPython.display")
-    if display_mod is not None:
-        display_mod.display = display  # type: ignore[attr-defined]
-
-
-def _install_display_hook() -> None:
-    existing = sys.modules.get(_PatchDisplay.target)
-    if existing is not None:
-        _patch(existing)
-    elif not any(isinstance(f, _PatchDisplay) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchDisplay())
-    if "MPLBACKEND" not in os.environ and "matplotlib" not in sys.modules:
-        try:
-            import importlib.util
-
-            if importlib.util.find_spec("matplotlib_inline") is not None:
-                os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-        except (ImportError, ValueError):
-            pass
 
 
 # -- running cells ---------------------------------------------------------------------------------
@@ -281,7 +126,7 @@ class MeshExecutor(Actor):
 
         self.ns["am"] = actormesh
         self._loop: asyncio.AbstractEventLoop | None = None
-        _install_display_hook()
+        install_display_hook()
 
     @endpoint
     def run(
@@ -300,22 +145,22 @@ class MeshExecutor(Actor):
             ns["actor"] = _local_actor(actor_key)
         lines = source.splitlines(keepends=True)
         linecache.cache[filename] = (len(source), None, lines, filename)
-        _cell.port, _cell.rank = port, self.rank
+        cell_output.port, cell_output.rank = port, self.rank
         _running.update(cell=filename, since=time.monotonic(), thread=threading.get_ident())
         value, failure = None, None
         try:
             with _engine_turn(ns, source, engine_turn):
                 value = _transportable(self._execute(source, filename))
-            _flush_figures()
+            flush_figures()
         except BaseException as exc:  # KeyboardInterrupt (interrupt) and SystemExit included
             failure = _failure(exc, filename)
             try:
-                _flush_figures()
+                flush_figures()
             except Exception:
                 pass
         finally:
             _running.clear()
-            _cell.port = None
+            cell_output.port = None
         return value, failure
 
     def _execute(self, source: str, filename: str) -> Any:

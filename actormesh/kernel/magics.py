@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import ast
-import html
 import itertools
 import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -20,67 +18,12 @@ from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.node import node_if_started
 from .cells import CellOptions, CellRun, PendingCell
 from .display import CellInterrupted, CellSyntaxError
+from .magic_args import CellArgs, identifier, usage
 from .selection import SelectionError, resolve_target, select, values_of
+from .status_table import show_table, status_rows
 from .targets import MeshRegistry, MeshTools, Target
 
 _SUBCOMMANDS = ("status", "push", "pull", "stacks", "interrupt", "on", "off", "plot", "dbg")
-
-
-def _usage(message: str) -> UsageError:
-    return UsageError(" ".join(message.split()))
-
-
-def _identifier(name: str, what: str) -> str:
-    if not name or not name.isidentifier():
-        raise _usage(f"{what} must be a Python name, got {name!r}")
-    return name
-
-
-class CellArgs:
-    """The parsed line of ``%%mesh TARGET [--ranks SEL] [--noblock] [--timeout S]
-    [--no-dedup] [-o NAME]``."""
-
-    def __init__(self, line: str) -> None:
-        try:
-            tokens = shlex.split(line)
-        except ValueError as exc:
-            raise _usage(f"%%mesh: cannot parse {line!r}: {exc}") from None
-        target: list[str] = []
-        self.ranks: str | None = None
-        self.noblock = False
-        self.timeout: float | None = None
-        self.dedup = True
-        self.output = "_mesh"
-        it = iter(tokens)
-        for tok in it:
-            if tok in ("--ranks", "-r", "--timeout", "-o", "--out"):
-                value = next(it, None)
-                if value is None:
-                    raise _usage(f"%%mesh: {tok} needs a value")
-                if tok in ("--ranks", "-r"):
-                    self.ranks = value
-                elif tok == "--timeout":
-                    try:
-                        self.timeout = float(value)
-                    except ValueError:
-                        raise _usage(f"%%mesh: --timeout needs seconds, got {value!r}") from None
-                    if not self.timeout > 0:
-                        raise _usage(f"%%mesh: --timeout must be > 0, got {value}")
-                else:
-                    self.output = _identifier(value, "%%mesh -o")
-            elif tok.startswith("--ranks="):
-                self.ranks = tok.split("=", 1)[1]
-            elif tok == "--noblock":
-                self.noblock = True
-            elif tok == "--no-dedup":
-                self.dedup = False
-            elif (tok.startswith("-") and not target) or tok.startswith("--"):
-                raise _usage(f"%%mesh: unknown option {tok!r}")
-            else:
-                target.append(tok)
-        self.target = " ".join(target)
-        if not self.target:
-            raise _usage("%%mesh needs a TARGET: a ProcMesh or ActorMesh, e.g. %%mesh procs")
 
 
 @magics_class
@@ -161,7 +104,7 @@ class MeshMagics(Magics):
         try:
             selection = select(target.shape, args.ranks)
         except SelectionError as exc:
-            raise _usage(f"%%mesh: {exc}") from None
+            raise usage(f"%%mesh: {exc}") from None
         filename = self._filename()
         try:  # here, not on every rank: one clear error, and nothing is sent
             compile(cell, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
@@ -211,14 +154,14 @@ class MeshMagics(Magics):
             obj = resolve_target(text, self.ip.user_ns)
             return self.registry.target(obj, text)
         except SelectionError as exc:
-            raise _usage(f"%mesh: {exc}") from None
+            raise usage(f"%mesh: {exc}") from None
 
     def _targets(self, text: str | None) -> list[MeshTools | Target]:
         if text:
             return [self.target(text)]
         live = self.registry.live()
         if not live:
-            raise _usage("%mesh: no live proc mesh; spawn one with am.this_host().spawn_procs()")
+            raise usage("%mesh: no live proc mesh; spawn one with am.this_host().spawn_procs()")
         return list(live)
 
     # -- %mesh SUBCOMMAND ------------------------------------------------------------------------
@@ -227,7 +170,7 @@ class MeshMagics(Magics):
         try:
             words = shlex.split(line)
         except ValueError as exc:
-            raise _usage(f"%mesh: cannot parse {line!r}: {exc}") from None
+            raise usage(f"%mesh: cannot parse {line!r}: {exc}") from None
         if not words:
             state = f"on: %%mesh {self._auto}" if self._auto else "off"
             print(f"%mesh {state}. Subcommands: {', '.join(_SUBCOMMANDS)}; see %mesh?")
@@ -235,24 +178,22 @@ class MeshMagics(Magics):
         command, rest = words[0], words[1:]
         handler: Callable[[list[str]], Any] | None = getattr(self, f"_cmd_{command}", None)
         if command not in _SUBCOMMANDS or handler is None:
-            raise _usage(
+            raise usage(
                 f"%mesh: unknown subcommand {command!r}; use one of {', '.join(_SUBCOMMANDS)} "
                 "(or %%mesh TARGET for a cell)"
             )
         try:
             return handler(rest)
         except MeshError as exc:
-            raise _usage(f"%mesh {command}: {exc}") from None
+            raise usage(f"%mesh {command}: {exc}") from None
 
     def _cmd_status(self, rest: list[str]) -> None:
         if len(rest) > 1:
-            raise _usage("%mesh status takes at most one TARGET")
+            raise usage("%mesh status takes at most one TARGET")
         rows = []
         for t in self._targets(rest[0] if rest else None):
-            rows.extend(_status_rows(t))
-        _show_table(
-            ["rank", "host", "pid", "state", "running", "for", "memory", "gpu memory"], rows
-        )
+            rows.extend(status_rows(t))
+        show_table(["rank", "host", "pid", "state", "running", "for", "memory", "gpu memory"], rows)
 
     def _cmd_plot(self, rest: list[str]) -> None:
         from .plots import LivePlot, show
@@ -270,15 +211,13 @@ class MeshMagics(Magics):
             elif word == "--on":
                 target = next(words, None)
                 if target is None:
-                    raise _usage("%mesh plot --on needs a TARGET")
+                    raise usage("%mesh plot --on needs a TARGET")
             elif word.startswith("-"):
-                raise _usage(
-                    f"%mesh plot: unknown option {word!r}; use --on TARGET, --live, --stop"
-                )
+                raise usage(f"%mesh plot: unknown option {word!r}; use --on TARGET, --live, --stop")
             else:
                 names.append(word)
         if not names:
-            raise _usage("%mesh plot NAME...: give the metric names to draw, e.g. %mesh plot loss")
+            raise usage("%mesh plot NAME...: give the metric names to draw, e.g. %mesh plot loss")
         meshes, logs = [], []
         for t in self._targets(target):
             tools = t if isinstance(t, MeshTools) else t.tools
@@ -293,13 +232,13 @@ class MeshMagics(Magics):
 
     def _cmd_push(self, rest: list[str]) -> None:
         if len(rest) < 2:
-            raise _usage("%mesh push TARGET NAME...: give a TARGET and at least one name")
+            raise usage("%mesh push TARGET NAME...: give a TARGET and at least one name")
         target = self.target(rest[0])
         values = {}
         for name in rest[1:]:
-            _identifier(name, "%mesh push NAME")
+            identifier(name, "%mesh push NAME")
             if name not in self.ip.user_ns:
-                raise _usage(f"%mesh push: name {name!r} is not defined")
+                raise usage(f"%mesh push: name {name!r} is not defined")
             values[name] = _for_rank(self.ip.user_ns[name])
         ranks = select(target.shape, None).ranks
         futures = [target.tools.executor(r).push.call_one(values) for r in ranks]
@@ -308,9 +247,9 @@ class MeshMagics(Magics):
 
     def _cmd_pull(self, rest: list[str]) -> ValueMesh[Any]:
         if len(rest) != 2:
-            raise _usage("%mesh pull TARGET NAME: give a TARGET and one name")
+            raise usage("%mesh pull TARGET NAME: give a TARGET and one name")
         target = self.target(rest[0])
-        name = _identifier(rest[1], "%mesh pull NAME")
+        name = identifier(rest[1], "%mesh pull NAME")
         selection = select(target.shape, None)
         futures = [target.tools.executor(r).pull.call_one(name) for r in selection.ranks]
         values = [fut.get(timeout=60) for fut in futures]
@@ -318,7 +257,7 @@ class MeshMagics(Magics):
 
     def _cmd_stacks(self, rest: list[str]) -> None:
         if len(rest) > 1:
-            raise _usage("%mesh stacks takes at most one TARGET")
+            raise usage("%mesh stacks takes at most one TARGET")
         for t in self._targets(rest[0] if rest else None):
             stacks = t.procs.stacks().get(timeout=10)
             mesh_id = (t if isinstance(t, MeshTools) else t.tools).table.mesh_id
@@ -326,24 +265,24 @@ class MeshMagics(Magics):
 
     def _cmd_dbg(self, rest: list[str]) -> Any:
         if self.debug is None:
-            raise _usage(
+            raise usage(
                 "%mesh dbg: the debugger is not loaded here; `%load_ext actormesh` loads it"
             )
         return self.debug.run(rest)
 
     def _cmd_interrupt(self, rest: list[str]) -> None:
         if len(rest) > 1:
-            raise _usage("%mesh interrupt takes at most one TARGET")
+            raise usage("%mesh interrupt takes at most one TARGET")
         for t in self._targets(rest[0] if rest else None):
             t.procs.interrupt()
 
     def _cmd_on(self, rest: list[str]) -> None:
         if not rest:
-            raise _usage("%mesh on TARGET [options]: give a TARGET")
+            raise usage("%mesh on TARGET [options]: give a TARGET")
         line = shlex.join(rest)
         args = CellArgs(line)
         if args.noblock:
-            raise _usage("%mesh on: --noblock is not allowed (each cell would return at once)")
+            raise usage("%mesh on: --noblock is not allowed (each cell would return at once)")
         self.target(args.target)  # fail now, not at the next cell
         self._auto = line
         transformers = self.ip.input_transformers_cleanup
@@ -353,7 +292,7 @@ class MeshMagics(Magics):
 
     def _cmd_off(self, rest: list[str]) -> None:
         if rest:
-            raise _usage("%mesh off takes no argument")
+            raise usage("%mesh off takes no argument")
         self._auto = None
         transformers = self.ip.input_transformers_cleanup
         if self._transform in transformers:
@@ -410,65 +349,6 @@ def _for_rank(value: Any) -> Any:
     if tools is None and "actormesh.tensor" in sys.modules:
         from ..tensor import tools
     return value if tools is None else tools.for_rank(value)
-
-
-def _status_rows(t: MeshTools | Target) -> list[list[str]]:
-    tools = t if isinstance(t, MeshTools) else t.tools
-    ranks = tools.shape.ranks() if isinstance(t, MeshTools) else t.shape.ranks()
-    health = tools.procs.health().values()
-    actors = tools.status_actors()
-    futures = {
-        r: actors._new_with_shape(tools.rank_shape(r)).status.call_one()
-        for r in ranks
-        if health[r] == "alive"
-    }
-    rows = []
-    for r in ranks:
-        label = tools.table.labels[r]
-        pid = str(tools.table.pids[r])
-        host = tools.table.addresses[r].host.split(":")[0]
-        if health[r] != "alive":
-            rows.append([f"{r} ({label})", host, pid, health[r], "", "", "", ""])
-            continue
-        try:
-            info = futures[r].get(timeout=3)
-        except MeshError as exc:
-            rows.append([f"{r} ({label})", host, pid, "not answering", str(exc)[:60], "", "", ""])
-            continue
-        running, since = "", ""
-        if "cell" in info:
-            at = f" line {info['cell_line']}" if info.get("cell_line") else ""
-            running, since = f"{info['cell'].strip('<>')}{at}", f"{info['cell_for']:.1f} s"
-        elif info["busy"]:
-            name, ep, secs, *what = info["busy"][0]
-            running, since = (what[0] if what else f"{name}.{ep}"), f"{secs:.1f} s"
-        state = "busy" if running else "idle"
-        gpu = "" if info["gpu_mem"] is None else _mib(info["gpu_mem"])
-        rows.append(
-            [f"{r} ({label})", info["host"], str(info["pid"]), state, running, since,
-             _mib(info["rss"]), gpu]
-        )  # fmt: skip
-    return rows
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
-
-
-def _show_table(header: list[str], rows: list[list[str]]) -> None:
-    from IPython.display import publish_display_data
-
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    text = "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    )
-    cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
-    table = f"<table class='jp-actormesh-status'><thead><tr>{cells}</tr></thead>{body}</table>"
-    publish_display_data({"text/plain": text, "text/html": table})
 
 
 def _as_they_are(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:

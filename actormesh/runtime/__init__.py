@@ -31,11 +31,15 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``actor_mesh``, ``proc_mesh``, ``ports``.
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
-                        ``host_agent``, ``zygote`` (the fork server), ``osutil``,
+                        ``host_agent``, ``worker_output`` (an agent's workers and their
+                        pipes), ``zygote`` (the fork server), ``osutil``,
                         ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).
- 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``shm`` (its /dev/shm room and reader
-                        mappings), ``distributed`` (process groups over meshes), ``spmd``
-                        (``python -m actormesh run``).
+ 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``buffer_owner`` (the tensors a process
+                        lends, its answers to holders), ``shm`` (its /dev/shm room and reader
+                        mappings), ``rank_layout`` (a group's ranks and backend; pure),
+                        ``distributed`` (process groups over meshes), ``spmd``
+                        (``python -m actormesh run``), ``script_runner`` (a script as
+                        ``__main__`` on each rank).
 ====  ================  ==========================================================================
 
 The life of a call: ``mesh.step.call(x).get()``

@@ -34,7 +34,8 @@ from .shapes import plans, propagate, remember, signature
 
 _names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
 
-# Ops whose value is needed on the controller: each is a sync point.
+# Ops the controller handles before recording: those whose value it needs (each a sync point),
+# and resize_, which only a per-rank tensor takes. Looked up by id first, so they cost nothing.
 _SYNC: dict[Any, Callable[..., Any]] = {}
 
 _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.default",
@@ -298,8 +299,28 @@ def _sync_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
 
 
+def _per_rank_only(func: Any) -> Callable[..., Any]:
+    """``func`` (a resize) recorded for a per-rank tensor, refused for a global one: DTensor has
+    no sharding rule for it, so sent it would fail on every worker and surface at the next sync
+    point, far from the user's line."""
+
+    def record_or_refuse(t: Any, *rest: Any, **kwargs: Any) -> Any:
+        if type(t) is MeshTensor and not t.per_rank:
+            raise compat.MeshUsageError(
+                f"{func.overloadpacket.__name__}: a global MeshTensor cannot be resized in place "
+                "(DTensor has no rule for how its shards would change); make a new tensor "
+                "instead (t.reshape(...), t.new_empty(size) or distribute), or resize a per-rank "
+                "tensor (one made under activate())"
+            )
+        return _record(func, (t, *rest), kwargs, None)
+
+    return record_or_refuse
+
+
 _SYNC[torch.ops.aten._local_scalar_dense.default] = _sync_scalar  # noqa: SLF001  (an op's name)
 _SYNC[torch.ops.aten.is_nonzero.default] = _sync_bool
 _SYNC[torch.ops.aten.equal.default] = _sync_equal
+for _resize in (torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default):
+    _SYNC[_resize] = _per_rank_only(_resize)
 _SYNC_IDS = frozenset(id(op) for op in _SYNC)
 hooks["dispatch"] = dispatch

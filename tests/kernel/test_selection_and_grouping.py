@@ -10,7 +10,7 @@ import pytest
 
 from actormesh.errors import rank_ranges
 from actormesh.kernel.display import OutputGrouper, output_prefix, prefix, render_strip
-from actormesh.kernel.magics import CellArgs
+from actormesh.kernel.magic_args import CellArgs
 from actormesh.kernel.selection import (
     SelectionError,
     resolve_target,

@@ -13,13 +13,11 @@ from support import gpus_here
 
 import actormesh as am
 from actormesh.runtime.dataplane.distributed import (
-    SHARED_GPU_BACKEND,
     GroupMember,
-    RankLayout,
     destroy_process_group,
     init_process_group,
-    layout,
 )
+from actormesh.runtime.dataplane.rank_layout import SHARED_GPU_BACKEND, RankLayout, layout
 from actormesh.runtime.shape import Shape
 
 EXAMPLES = Path(__file__).parents[2] / "examples"

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 import actormesh as am
 from actormesh.runtime.dataplane import spmd
-from actormesh.runtime.dataplane.distributed import RankLayout
+from actormesh.runtime.dataplane.rank_layout import RankLayout
 
 SCRIPT = str(Path(__file__).parents[2] / "examples" / "train_script.py")
 WAIT = 60  # seconds: every wait in this file is bounded
@@ -192,7 +191,6 @@ def test_failing_script_exits_1_with_the_ranks_traceback(tmp_path: Path) -> None
         dist.all_reduce(torch.ones(1))
         """,
     )
-    start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "actormesh", "run", "--nproc-per-host", "2", script],
         capture_output=True,
@@ -205,7 +203,6 @@ def test_failing_script_exits_1_with_the_ranks_traceback(tmp_path: Path) -> None
     assert f'File "{script}", line 7, in check' in err
     assert "runpy" not in err  # the script's frames, not the launcher's
     assert "[procs=0] joined" in result.stdout and "[procs=1] joined" in result.stdout
-    assert time.monotonic() - start < 60
 
 
 def test_module_mode_runs_python_dash_m(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,7 @@
 """In-place ops that change a tensor's shape or strides (``unsqueeze_``, ``t_``, ``resize_``...)
-change the controller's MeshTensor too, as they would a local tensor; and the table of shape
-signatures the recording path keys its plans on stays bounded."""
+change the controller's MeshTensor too, as they would a local tensor (``resize_`` only on a
+per-rank one: DTensor cannot resize a global one); and the table of shape signatures the recording
+path keys its plans on stays bounded."""
 
 from __future__ import annotations
 
@@ -51,6 +52,25 @@ def test_resize_of_a_per_rank_tensor(mesh: Any) -> None:
         t.resize_(5, 5)
     assert t.shape == (2, 3)  # refused at the controller: nothing changed, nothing sent
     assert torch.equal(fetch(t, dp=0, tp=1).get(timeout=WAIT), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("spec", [[None, None], ["dp", "tp"]])
+def test_resize_of_a_global_tensor_is_refused_at_the_users_line(mesh: Any, spec: Any) -> None:
+    x = torch.arange(12.0).reshape(4, 3)
+    a = distribute(x, mesh, sharding_spec=spec)
+    # DTensor has no sharding rule for resize_: sent, it would fail on every worker and surface
+    # only at the next sync point. Refused here, even to its own size, nothing is sent.
+    for resize in (
+        lambda: a.resize_(2, 3),
+        lambda: a.resize_(4, 3),
+        lambda: a.resize_as_(torch.empty(2, 3)),
+        lambda: a.resize_as_(distribute(torch.zeros(2, 2), mesh, sharding_spec=spec)),
+    ):
+        with pytest.raises(am.MeshUsageError, match=r"resize_.*global MeshTensor.*per-rank"):
+            resize()
+        assert a.shape == (4, 3) and a.stride() == (3, 1)
+    # The tensor and its stream are still usable: the next sync point raises nothing.
+    assert torch.equal(inspect(a + 1), x + 1)
 
 
 def test_signature_table_is_bounded_and_never_reuses_a_number() -> None:

@@ -7,11 +7,7 @@ import logging
 import pytest
 
 from actormesh import MeshUsageError
-from actormesh.runtime.dataplane.distributed import (
-    SHARED_GPU_BACKEND,
-    choose_backend,
-    gpu_of,
-)
+from actormesh.runtime.dataplane.rank_layout import SHARED_GPU_BACKEND, choose_backend, gpu_of
 from actormesh.runtime.procs import osutil
 
 NCCL = "cpu:gloo,cuda:nccl"

@@ -16,15 +16,14 @@ between the owner and the holder, never through the controller.
   readers go through the socket, staged through host memory (``cuda_buffers.py``). Either side
   of a copy may be a CPU or a CUDA tensor.
 
+The owner's side (the tensors a process lends, its answers to holders) is ``buffer_owner.py``.
 The owner keeps the buffer alive until ``drop()`` (or its process ends). A read of a dropped
 buffer, from a dead owner, or into a destination of the wrong size or dtype is a clear error.
 """
 
 from __future__ import annotations
 
-import errno
 import itertools
-import mmap
 import os
 import threading
 import warnings
@@ -36,26 +35,26 @@ from ..actors.future import Future
 from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.node import current_node
-from ..messaging.protocol import BUF_CUDA, BUF_DONE, BUF_READ, BUF_WRITE
+from ..messaging.protocol import BUF_CUDA, BUF_READ, BUF_WRITE
 from . import cuda_buffers
-from .shm import SHM_DIR, NoSpace, ShmMapping, mapped, no_space, watch_deaths
+from .buffer_owner import (
+    Owned,
+    bytes_of,
+    cleanup_owned,
+    lend,
+    move_to_shm,
+    on_cuda,
+    on_read,
+    on_write,
+    take_back,
+)
+from .shm import NoSpace, ShmMapping, mapped, watch_deaths
 
 if TYPE_CHECKING:
     import torch
 
 _ids = itertools.count(1)
-_owned: dict[int, _Owned] = {}
-_owned_lock = threading.Lock()
 _maps_lock = threading.Lock()
-
-
-class _Owned:
-    """The owner's side of a buffer: the tensor and its shared-memory file."""
-
-    def __init__(self, tensor: torch.Tensor, path: str | None, mapping: mmap.mmap | None):
-        self.tensor = tensor
-        self.path = path
-        self.mapping = mapping
 
 
 def _as_tensor(data: Any) -> torch.Tensor:
@@ -66,10 +65,6 @@ def _as_tensor(data: Any) -> torch.Tensor:
     if isinstance(data, memoryview):
         return torch.frombuffer(data.cast("B"), dtype=torch.uint8)
     raise MeshUsageError(f"TensorBuffer needs a tensor or a memoryview, got {type(data).__name__}")
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().reshape(-1).view(__import__("torch").uint8)
 
 
 class TensorBuffer:
@@ -120,7 +115,9 @@ class TensorBuffer:
             self.transport = "socket"  # reads then see the live view, through its owner
         elif transport != "socket" and self.nbytes > 0:
             try:
-                self.path, mapping = self._share(tensor, node.address.mailbox.hex())
+                self.path, mapping = move_to_shm(
+                    tensor, node.address.mailbox.hex(), self.buffer_id, self.nbytes
+                )
             except NoSpace as exc:
                 if transport == "shm":
                     raise MeshError(f"TensorBuffer(transport='shm'): {exc}") from None
@@ -133,38 +130,13 @@ class TensorBuffer:
                 self.transport = "socket"
         self._map: ShmMapping | None = None
         self.opened: torch.Tensor | None = None  # a holder's view of the owner's CUDA memory
-        with _owned_lock:
-            _owned[self.buffer_id] = _Owned(tensor, self.path, mapping)
+        lend(self.buffer_id, Owned(tensor, self.path, mapping))
         if BUF_READ not in node.handlers:  # this process's first buffer
-            node.register(BUF_READ, _on_read)
-            node.register(BUF_WRITE, _on_write)
-            node.register(BUF_CUDA, _on_cuda)
+            node.register(BUF_READ, on_read)
+            node.register(BUF_WRITE, on_write)
+            node.register(BUF_CUDA, on_cuda)
             # The node closes last in both a worker and the controller: the files go with it.
             node.on_close(cleanup_owned)
-
-    def _share(self, tensor: torch.Tensor, owner: str) -> tuple[str, mmap.mmap]:
-        import torch
-
-        path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{self.buffer_id}")
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
-            # SIGBUS, in the owner now or in a reader later.
-            os.posix_fallocate(fd, 0, self.nbytes)
-            mapping = mmap.mmap(fd, self.nbytes)
-        except OSError as exc:
-            os.unlink(path)
-            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                raise NoSpace(no_space(self.nbytes)) from None
-            raise
-        finally:
-            os.close(fd)
-        shared = torch.frombuffer(mapping, dtype=torch.uint8)
-        shared.copy_(_bytes_of(tensor))
-        with torch.no_grad():  # swap the storage in place: the owner's tensor now lives in shm
-            typed = shared.view(tensor.dtype).view(tensor.shape)
-            tensor.set_(typed.untyped_storage(), 0, tensor.shape, tensor.stride())
-        return path, mapping
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = (self.buffer_id, self.owner, self.nbytes, self.dtype, self.shape, self.path)
@@ -234,7 +206,7 @@ class TensorBuffer:
         if self._through_ipc():
             return self._cuda_copy(dst, read=True)
         if self._local():
-            self._mapping().copy(_bytes_of(dst), into_buffer=False)
+            self._mapping().copy(bytes_of(dst), into_buffer=False)
             return Future._completed(None)
         return self._remote(BUF_READ, dst)
 
@@ -246,14 +218,13 @@ class TensorBuffer:
         if self._through_ipc():
             return self._cuda_copy(src, read=False)
         if self._local():
-            self._mapping().copy(_bytes_of(src), into_buffer=True)
+            self._mapping().copy(bytes_of(src), into_buffer=True)
             return Future._completed(None)
         return self._remote(BUF_WRITE, src)
 
     def drop(self) -> None:
         """Owner only: forget the buffer and free its shared memory (readers then fail)."""
-        with _owned_lock:
-            owned = _owned.pop(self.buffer_id, None)
+        owned = take_back(self.buffer_id)
         if owned is None:
             raise MeshUsageError("drop() is for the process that made the buffer (once)")
         if owned.path is not None:
@@ -289,7 +260,7 @@ class TensorBuffer:
         answer = _RemoteCopy(self, tensor)
         if kind == BUF_READ:
             return self._ask(answer, BUF_READ, ())
-        staged = _bytes_of(tensor).cpu()  # a no-op for a CPU tensor
+        staged = bytes_of(tensor).cpu()  # a no-op for a CPU tensor
         return self._ask(answer, BUF_WRITE, (), [staged.numpy()])
 
 
@@ -326,7 +297,7 @@ class _RemoteCopy(_OwnerAnswer):
         if msg.buffers:  # a read: the bytes came as one frame
             import torch
 
-            _bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
+            bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
         self.done._set_result(None)
 
 
@@ -347,87 +318,13 @@ class _IpcCopy(_OwnerAnswer):
             remote = self.buf.opened
             assert remote is not None
             if self.read:
-                cuda_buffers.copy_and_wait(_bytes_of(self.tensor), _bytes_of(remote))
+                cuda_buffers.copy_and_wait(bytes_of(self.tensor), bytes_of(remote))
             else:
-                cuda_buffers.copy_and_wait(_bytes_of(remote), _bytes_of(self.tensor))
+                cuda_buffers.copy_and_wait(bytes_of(remote), bytes_of(self.tensor))
         except Exception as exc:
             self.done._set_exception(MeshError(f"a CUDA IPC copy of {self.buf!r} failed: {exc}"))
             return
         self.done._set_result(None)
-
-
-def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
-    addr_t, port_id = reply
-    current_node().send(Address(*addr_t), (BUF_DONE, port_id, ok, text), b"", buffers)
-
-
-def _requested(msg: Message) -> tuple[_Owned | None, tuple[Any, ...]]:
-    """The buffer a read, write or CUDA fence asks for; a dropped one is refused here, for all."""
-    _, buffer_id, reply, *_ = msg.envelope
-    with _owned_lock:
-        owned = _owned.get(buffer_id)
-    if owned is None:
-        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
-    return owned, reply
-
-
-def _on_read(msg: Message) -> None:
-    # On the owner's I/O thread: the frame is sent zero-copy from the tensor's memory.
-    owned, reply = _requested(msg)
-    if owned is None:
-        return
-    tensor = owned.tensor
-    if tensor.is_cuda:
-        _on_cuda_thread(reply, lambda: [_bytes_of(tensor).cpu().numpy()])
-    else:
-        _reply(reply, True, "", [_bytes_of(tensor).numpy()])
-
-
-def _on_write(msg: Message) -> None:
-    import torch
-
-    owned, reply = _requested(msg)
-    if owned is None:
-        return
-    dst, src = _bytes_of(owned.tensor), torch.frombuffer(msg.buffers[0], dtype=torch.uint8)
-    if dst.is_cuda:
-
-        def copy() -> list[Any]:
-            cuda_buffers.copy_and_wait(dst, src)
-            return []
-
-        _on_cuda_thread(reply, copy)
-    else:
-        dst.copy_(src)
-        _reply(reply, True, "", [])
-
-
-def _on_cuda(msg: Message) -> None:
-    owned, reply = _requested(msg)
-    if owned is None:
-        return
-    want_handle = msg.envelope[3]
-    tensor = owned.tensor
-
-    def ready() -> list[Any]:
-        cuda_buffers.settle(tensor)
-        return [cuda_buffers.ipc_handle(tensor)] if want_handle else []
-
-    _on_cuda_thread(reply, ready)
-
-
-def _on_cuda_thread(reply: tuple[Any, ...], work: Any) -> None:
-    """Run ``work`` (it returns the reply's buffers) off the I/O thread, then answer."""
-
-    def run() -> None:
-        try:
-            buffers = work()
-        except Exception as exc:
-            _reply(reply, False, f"the owner's CUDA copy failed: {type(exc).__name__}: {exc}", [])
-            return
-        _reply(reply, True, "", buffers)
-
-    cuda_buffers.off_io(run)
 
 
 def _restore(state: tuple[Any, ...], transport: str, gpu: str | None = None) -> TensorBuffer:
@@ -438,16 +335,3 @@ def _restore(state: tuple[Any, ...], transport: str, gpu: str | None = None) -> 
     buf._map = None
     buf.opened = None
     return buf
-
-
-def cleanup_owned() -> None:
-    """Unlink this process's shared-memory files (when its node closes)."""
-    with _owned_lock:
-        owned = list(_owned.values())
-        _owned.clear()
-    for o in owned:
-        if o.path is not None:
-            try:
-                os.unlink(o.path)
-            except FileNotFoundError:
-                pass

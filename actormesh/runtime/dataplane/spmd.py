@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import runpy
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from ... import config
@@ -47,23 +45,21 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.actor import Actor, endpoint
-from ..actors.context import context
 from ..actors.future import Future, then
 from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
 from ..meshes.value_mesh import ValueMesh
 from .distributed import (
-    RankLayout,
     _DistSetup,
     helper_mesh,
     mesh_layout,
-    monarch_layout,
     rank0,
     release_on_failure,
     single_host,
 )
+from .rank_layout import RankLayout, monarch_layout
+from .script_runner import ScriptRunner
 
 logger = logging.getLogger(__name__)
 
@@ -123,89 +119,6 @@ def _envs(
     return [torchrun_env(m, addr, port, run_id, True, omp) for m in mesh_layout(mesh)]
 
 
-# -- on the workers ------------------------------------------------------------------------------
-
-
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)  # sys.exit("message"): printed, status 1, as Python does
-    return 1
-
-
-def _script_frames(tb: TracebackType | None) -> TracebackType | None:
-    """``tb`` without its leading frames from this module and runpy: from the script's on."""
-    first = tb
-    launcher = {"<frozen runpy>", runpy.__file__}
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_filename not in launcher and frame.f_globals.get("__name__") != __name__:
-            break
-        tb = tb.tb_next
-    return tb or first
-
-
-class _ScriptRunner(Actor):
-    """Runs a script (or module) as ``__main__`` in this process with torchrun's environment."""
-
-    @endpoint
-    def run(
-        self, target: str, args: list[str], envs: list[dict[str, str]], module: bool
-    ) -> tuple[int, int]:
-        import torch
-
-        rank = context().message_rank.rank
-        env = envs[rank]
-        saved_env = {k: os.environ.get(k) for k in env}
-        saved_argv, saved_path = sys.argv[:], sys.path[:]
-        saved_threads = torch.get_num_threads()
-        os.environ.update(env)
-        if "OMP_NUM_THREADS" in env:
-            # torch was imported before the variable was set (the fork server preloads it).
-            torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
-        sys.argv = [target, *args]
-        clean, failure = False, None
-        try:
-            if module:
-                sys.path.insert(0, os.getcwd())
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-                runpy.run_path(target, run_name="__main__")
-            code, clean = 0, True
-        except SystemExit as exc:
-            code, clean = _exit_code(exc), True
-        except BaseException as exc:
-            failure = exc.with_traceback(_script_frames(exc.__traceback__))
-        finally:
-            sys.argv, sys.path[:] = saved_argv, saved_path
-            for k, v in saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            torch.set_num_threads(saved_threads)
-            if clean:
-                _leave_quietly()
-        if failure is not None:
-            raise failure  # the script's own exception, shown from the script's frames on
-        return rank, code
-
-
-def _leave_quietly() -> None:
-    """Destroy the group a script left behind, so the next script can form its own. Only after
-    a clean end: with a collective still queued on a failed rank, destroying could block."""
-    import torch.distributed as dist
-
-    try:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        logger.warning("could not destroy the process group the script left", exc_info=True)
-
-
 # -- the controller's side ----------------------------------------------------------------------
 
 
@@ -230,7 +143,7 @@ def launch(
     run_id = run_id or uuid.uuid4().hex[:12]
     omp = _omp_threads(max(len(g) for g in _by_host(procs)))
     helpers, store = _serve(procs, master_addr)
-    runners = helper_mesh(procs, "spmd", _ScriptRunner)
+    runners = helper_mesh(procs, "spmd", ScriptRunner)
 
     def start(addr_port: tuple[str, int]) -> Future[ValueMesh[int]]:
         port = addr_port[1]
@@ -311,7 +224,7 @@ def _run_on(
     addr, port = store.get(timeout=left())
     omp = _omp_threads(max(len(g) for g in _by_host(procs)))
     envs = _envs(procs, addr, port, run_id or uuid.uuid4().hex[:12], omp)
-    runners = helper_mesh(procs, "spmd", _ScriptRunner)
+    runners = helper_mesh(procs, "spmd", ScriptRunner)
     stream = runners.run.stream(script, list(args), envs, module)
     codes: dict[int, int] = {}
     failures: list[RemoteFailure] = []
@@ -467,8 +380,4 @@ def _indent(text: str) -> str:
 
 
 if __name__ == "__main__":
-    # Import ourselves by name, so that the actor classes pickle as
-    # actormesh.runtime.dataplane.spmd.* (not __main__.*).
-    from actormesh.runtime.dataplane.spmd import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -4,7 +4,7 @@ its actors' processes, and ``setup_torch_elastic_env_async``.
 Monarch's SPMD-DDP example runs as written with the import line changed
 (``from actormesh.spmd import SPMDActor``): spawn ``SPMDActor`` on a proc mesh, ask its first
 actor for a rendezvous address (``get_host_port``), then ``main.call(addr, port, [script])``.
-Ranks follow Monarch's rules (``distributed.monarch_layout``): the last mesh dimension is the
+Ranks follow Monarch's rules (``rank_layout.monarch_layout``): the last mesh dimension is the
 local one. ``actormesh run`` (``spmd.py``) is actormesh's own way: it also binds the store's
 port without a race and stops the other ranks when one fails.
 """
@@ -23,8 +23,9 @@ from ..actors.actor import Actor, endpoint
 from ..actors.context import current_rank
 from ..meshes.proc_mesh import ProcMesh
 from ..shape import Shape
-from .distributed import monarch_layout
-from .spmd import _exit_code, _leave_quietly, _script_frames, setup_torch_elastic_env
+from .rank_layout import monarch_layout
+from .script_runner import exit_code, leave_quietly, script_frames
+from .spmd import setup_torch_elastic_env
 
 
 class SPMDActor(Actor):
@@ -91,12 +92,12 @@ class SPMDActor(Actor):
                 sys.path.insert(0, os.path.dirname(os.path.abspath(script_args[0])))
                 runpy.run_path(script_args[0], run_name="__main__")
         except SystemExit as exc:
-            code = _exit_code(exc)
+            code = exit_code(exc)
         except BaseException as exc:
-            raise exc.with_traceback(_script_frames(exc.__traceback__)) from None
+            raise exc.with_traceback(script_frames(exc.__traceback__)) from None
         if code != 0:
             raise RuntimeError(f"{script_args[0]} exited with status {code}")
-        _leave_quietly()  # a second script in this process can form its own group
+        leave_quietly()  # a second script in this process can form its own group
         return True
 
     @endpoint

@@ -23,22 +23,16 @@ import socket
 import subprocess
 import sys
 import threading
-from collections import deque
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from ... import config
 from ..faults.stacks import STOPPED_HINT, stopped
 from ..messaging.address import Address
 from ..messaging.codec import Message, dumps
-from ..messaging.logs import TEE_MARK
 from ..messaging.node import Node, set_node
 from ..messaging.protocol import (
     AGENT_READY,
     DUMP,
     EXIT,
-    FDLOG,
     REAP,
     REPLY,
     SHUTDOWN,
@@ -49,26 +43,10 @@ from ..messaging.transport import Transport
 from ..messaging.tunnel import TunnelEnds
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
 from .sampling import ResourceSampler
+from .worker_output import Worker, WorkerOutput
 from .zygote import FD_ENV
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Worker:
-    mesh_id: str
-    rank: int
-    label: str
-    mailbox: bytes
-    ipc: str = ""  # the path of its inbox
-    pid: int = 0
-    popen: subprocess.Popen[bytes] | None = None
-    pipes: dict[int, str] = field(default_factory=dict)  # read fd -> "stdout" / "stderr"
-    partial: dict[int, bytes] = field(default_factory=dict)
-    exit_status: int | None = None
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=config.STDERR_TAIL_LINES))
-    # While a faulthandler dump is being collected: its stderr goes here, not to the logs.
-    capture: list[bytes] | None = None
 
 
 def _address(v: list[Any]) -> Address:
@@ -96,6 +74,7 @@ class Agent:
         register(DUMP, self._on_dump)
         TunnelEnds(node)  # the controller's debugger reaches this host's ranks through them
         self.sampler = ResourceSampler(node, self.controller, self._live_workers)
+        self.output = WorkerOutput(node, self.controller)
 
     def _live_workers(self) -> list[tuple[str, int, int]]:
         return [(w.mesh_id, w.rank, pid) for pid, w in list(self.workers.items()) if pid]
@@ -162,14 +141,14 @@ class Agent:
         for fork_id, w in list(self.by_fork_id.items()):  # forks it never answered
             del self.by_fork_id[fork_id]
             for fd in list(w.pipes):
-                self._close_pipe(w, fd)
+                self.output.close_pipe(w, fd)
             self.workers[-1 - fork_id] = w
             self._on_worker_exit(-1 - fork_id, sigkill, "its fork server died")
         self.start_zygote()
 
     def _fork(self, request: dict[str, Any], worker: Worker) -> None:
         assert self.zygote_sock is not None
-        fds = self._pipes(worker)
+        fds = self.output.open_pipes(worker)
         fork_id = self.next_fork_id
         self.next_fork_id += 1
         self.by_fork_id[fork_id] = worker
@@ -177,16 +156,6 @@ class Agent:
         socket.send_fds(self.zygote_sock, [json.dumps(request).encode()], fds)
         for fd in fds:
             os.close(fd)
-
-    def _pipes(self, worker: Worker) -> list[int]:
-        write_ends = []
-        for stream in ("stdout", "stderr"):
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            worker.pipes[r] = stream
-            self.node.transport.add_reader(r, partial(self._on_output, worker, r))
-            write_ends.append(w)
-        return write_ends
 
     # -- requests from the controller ------------------------------------------------------------
 
@@ -214,7 +183,7 @@ class Agent:
         return {"CUDA_VISIBLE_DEVICES": gpus[point_index % len(gpus)]}
 
     def _popen(self, spec: dict[str, Any], worker: Worker) -> None:
-        out_w, err_w = self._pipes(worker)
+        out_w, err_w = self.output.open_pipes(worker)
         env = dict(os.environ, ACTORMESH_AGENT_PID=str(os.getpid()))
         popen = subprocess.Popen(
             [sys.executable, "-m", "actormesh.runtime.procs.worker"],
@@ -285,49 +254,7 @@ class Agent:
 
         self.node.transport.call_later(0.3, answer)
 
-    # -- worker output and exits -----------------------------------------------------------------
-
-    def _on_output(self, worker: Worker, fd: int) -> None:
-        self._read_output(worker, fd)
-
-    def _read_output(self, worker: Worker, fd: int) -> bool:
-        """Forward what ``fd`` has now; returns whether more may come without waiting."""
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._close_pipe(worker, fd)
-            return False
-        text = worker.partial.pop(fd, b"") + data
-        cut = text.rfind(b"\n") + 1
-        if cut < len(text):
-            worker.partial[fd] = text[cut:]
-        if cut:
-            if worker.capture is not None and worker.pipes[fd] == "stderr":
-                worker.capture.append(text[:cut])
-            else:
-                self._forward(worker, worker.pipes[fd], text[:cut])
-        return True
-
-    def _forward(self, worker: Worker, stream: str, data: bytes) -> None:
-        lines = data.decode("utf-8", "replace").splitlines(keepends=True)
-        if stream == "stderr":
-            worker.tail.extend(line.lstrip(TEE_MARK).rstrip("\n") for line in lines)
-        # Lines marked by the worker's sys.stderr already reached the controller as messages.
-        text = "".join(line for line in lines if not line.startswith(TEE_MARK))
-        if text:
-            self.node.send(self.controller, (FDLOG, worker.mailbox, worker.label, stream, text))
-
-    def _close_pipe(self, worker: Worker, fd: int) -> None:
-        rest = worker.partial.pop(fd, b"")
-        if rest:
-            self._forward(worker, worker.pipes[fd], rest + b"\n")
-        self.node.transport.remove_reader(fd)
-        worker.pipes.pop(fd, None)
-        os.close(fd)
+    # -- worker exits ----------------------------------------------------------------------------
 
     def _on_worker_exit(self, pid: int, status: int, reason: str = "") -> None:
         worker = self.workers.get(pid)
@@ -339,7 +266,7 @@ class Agent:
         # the write end for as long as it lives, and waiting for end-of-file would wedge this
         # agent. Such a pipe stays watched and is closed at end-of-file like any other.
         for fd in list(worker.pipes):
-            while self._read_output(worker, fd):
+            while self.output.read(worker, fd):
                 pass
         # What it leaves behind dies with it: its TensorBuffers' shared memory, and its
         # sockets' files (its inbox and its actors' own, named after it: see actor_address),
@@ -386,7 +313,7 @@ class Agent:
 
 
 def _remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
-    """The shared-memory files of a process's TensorBuffers (see buffers.py for the name)."""
+    """The shared-memory files of a process's TensorBuffers (see buffer_owner.py for the name)."""
     pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
     for name in glob.glob(pattern):
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,167 @@
+"""The owner's side of ``TensorBuffer``: the tensors this process lends, by buffer id, moved into
+shared-memory files when same-host readers can map them, and the answers to holders' reads,
+writes and CUDA fences. Handlers run on the I/O thread (a read's frame is sent zero-copy from
+the tensor's memory); CUDA work runs off it. The files go when a buffer is dropped or the node
+closes; the host agent removes those of a process that died (same name pattern).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..messaging.address import Address
+from ..messaging.codec import Message
+from ..messaging.node import current_node
+from ..messaging.protocol import BUF_DONE
+from . import cuda_buffers
+from .shm import SHM_DIR, NoSpace, no_space
+
+if TYPE_CHECKING:
+    import torch
+
+_owned: dict[int, Owned] = {}
+_owned_lock = threading.Lock()
+
+
+class Owned:
+    """The owner's side of a buffer: the tensor and its shared-memory file."""
+
+    def __init__(self, tensor: torch.Tensor, path: str | None, mapping: mmap.mmap | None):
+        self.tensor = tensor
+        self.path = path
+        self.mapping = mapping
+
+
+def lend(buffer_id: int, owned: Owned) -> None:
+    with _owned_lock:
+        _owned[buffer_id] = owned
+
+
+def take_back(buffer_id: int) -> Owned | None:
+    """Forget a buffer (its ``drop()``); None if this process does not own it (any more)."""
+    with _owned_lock:
+        return _owned.pop(buffer_id, None)
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(__import__("torch").uint8)
+
+
+def move_to_shm(
+    tensor: torch.Tensor, owner: str, buffer_id: int, nbytes: int
+) -> tuple[str, mmap.mmap]:
+    """Move ``tensor``'s bytes into a new shared-memory file; the tensor keeps working, on that
+    memory. Raises ``NoSpace`` (nothing left behind) when ``/dev/shm`` cannot hold it."""
+    import torch
+
+    path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{buffer_id}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
+        # SIGBUS, in the owner now or in a reader later.
+        os.posix_fallocate(fd, 0, nbytes)
+        mapping = mmap.mmap(fd, nbytes)
+    except OSError as exc:
+        os.unlink(path)
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            raise NoSpace(no_space(nbytes)) from None
+        raise
+    finally:
+        os.close(fd)
+    shared = torch.frombuffer(mapping, dtype=torch.uint8)
+    shared.copy_(bytes_of(tensor))
+    with torch.no_grad():  # swap the storage in place: the owner's tensor now lives in shm
+        typed = shared.view(tensor.dtype).view(tensor.shape)
+        tensor.set_(typed.untyped_storage(), 0, tensor.shape, tensor.stride())
+    return path, mapping
+
+
+def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
+    addr_t, port_id = reply
+    current_node().send(Address(*addr_t), (BUF_DONE, port_id, ok, text), b"", buffers)
+
+
+def _requested(msg: Message) -> tuple[Owned | None, tuple[Any, ...]]:
+    """The buffer a read, write or CUDA fence asks for; a dropped one is refused here, for all."""
+    _, buffer_id, reply, *_ = msg.envelope
+    with _owned_lock:
+        owned = _owned.get(buffer_id)
+    if owned is None:
+        _reply(reply, False, "the TensorBuffer was dropped by its owner", [])
+    return owned, reply
+
+
+def on_read(msg: Message) -> None:
+    # On the owner's I/O thread: the frame is sent zero-copy from the tensor's memory.
+    owned, reply = _requested(msg)
+    if owned is None:
+        return
+    tensor = owned.tensor
+    if tensor.is_cuda:
+        _on_cuda_thread(reply, lambda: [bytes_of(tensor).cpu().numpy()])
+    else:
+        _reply(reply, True, "", [bytes_of(tensor).numpy()])
+
+
+def on_write(msg: Message) -> None:
+    import torch
+
+    owned, reply = _requested(msg)
+    if owned is None:
+        return
+    dst, src = bytes_of(owned.tensor), torch.frombuffer(msg.buffers[0], dtype=torch.uint8)
+    if dst.is_cuda:
+
+        def copy() -> list[Any]:
+            cuda_buffers.copy_and_wait(dst, src)
+            return []
+
+        _on_cuda_thread(reply, copy)
+    else:
+        dst.copy_(src)
+        _reply(reply, True, "", [])
+
+
+def on_cuda(msg: Message) -> None:
+    owned, reply = _requested(msg)
+    if owned is None:
+        return
+    want_handle = msg.envelope[3]
+    tensor = owned.tensor
+
+    def ready() -> list[Any]:
+        cuda_buffers.settle(tensor)
+        return [cuda_buffers.ipc_handle(tensor)] if want_handle else []
+
+    _on_cuda_thread(reply, ready)
+
+
+def _on_cuda_thread(reply: tuple[Any, ...], work: Any) -> None:
+    """Run ``work`` (it returns the reply's buffers) off the I/O thread, then answer."""
+
+    def run() -> None:
+        try:
+            buffers = work()
+        except Exception as exc:
+            _reply(reply, False, f"the owner's CUDA copy failed: {type(exc).__name__}: {exc}", [])
+            return
+        _reply(reply, True, "", buffers)
+
+    cuda_buffers.off_io(run)
+
+
+def cleanup_owned() -> None:
+    """Unlink this process's shared-memory files (when its node closes)."""
+    with _owned_lock:
+        owned = list(_owned.values())
+        _owned.clear()
+    for o in owned:
+        if o.path is not None:
+            try:
+                os.unlink(o.path)
+            except FileNotFoundError:
+                pass
