@@ -4,10 +4,14 @@ beside raw pyzmq between the very same processes, with a per-thread and per-step
 Four parts, all in one controller process and one mesh of 8 workers:
 
 1. **Interleaved end to end.** Each worker also runs the floor's raw pyzmq worker
-   (``peers/bench_limits.py``'s ``worker_main``, unchanged: a DEALER that echoes pickled calls,
-   takes zero-copy frames and sends them back) on a thread of its own, connected to a ROUTER
-   of this process. So the floor and actormesh run between the same two processes, and the
-   two sides alternate in short blocks (the first side of a pair alternates too). Reported:
+   (``peers/bench_limits.py``'s ``worker_main``: a DEALER that echoes pickled calls, takes
+   zero-copy frames and sends them back) on a thread of its own, connected to a ROUTER of this
+   process. Its payloads are torch tensors at both ends, as an endpoint's are: the sender sends
+   a tensor's memory (its numpy view) zero-copy, and the receiver makes a tensor of the frame
+   (``torch.frombuffer``, one call; before 2026-11-27 it sent a numpy array and the receiver
+   held a numpy array or a bare frame). So the floor and actormesh run between the same two
+   processes, and the two sides alternate in short blocks (the first side of a pair alternates
+   too). Reported:
    the median of all samples per side, the ratio, and the **added time** in µs (the median of
    the per-block-pair differences), which holds across the VM's fast and slow regimes.
    The floor's transport is tcp://127.0.0.1 (as in ``bench_limits.py``) and, for payloads,
@@ -456,20 +460,20 @@ def main() -> None:
                 },
                 SHAPES["call_all_8"],
             )
-        import numpy as np
         import torch
 
         t1 = torch.ones(MB // 4)
-        x1 = np.ones(MB // 4, dtype=np.float32)
 
         def send_am(i: int) -> None:
             assert one.sink.call_one(t1).get(timeout=TIMEOUT) == MB
 
+        # The floor does what actormesh must: it sends a torch tensor's memory (its numpy
+        # view, zero-copy) and the receiver makes a torch tensor of the frame (one call).
         def send_raw(pool: RawPool) -> Callable[[int], None]:
             ident = raw_id["tcp" if pool is tcp else "ipc"]
 
             def send(i: int) -> None:
-                fr = pool.req(ident, b"d", x1, copy=False)
+                fr = pool.req(ident, b"D", t1.numpy(), copy=False)
                 assert struct.unpack("<q", fr[2].bytes)[0] == MB
 
             return send
@@ -492,9 +496,9 @@ def main() -> None:
             ident = raw_id["tcp" if pool is tcp else "ipc"]
 
             def fetch(i: int) -> None:
-                fr = pool.req(ident, b"g")
-                arr = np.frombuffer(fr[2].buffer, dtype=np.float32)
-                assert arr.nbytes == nbytes
+                fr = pool.req(ident, b"G")
+                t = torch.frombuffer(fr[2], dtype=torch.float32)
+                assert t.nbytes == nbytes
 
             return fetch
 
@@ -503,7 +507,7 @@ def main() -> None:
                 continue
             one.hold.call_one(nbytes).get(timeout=TIMEOUT)
             for name in ("tcp", "ipc"):
-                pools[name].req(raw_id[name], b"m", struct.pack("<q", nbytes))
+                pools[name].req(raw_id[name], b"M", struct.pack("<q", nbytes))
             out[label] = metered(
                 {
                     "actormesh": fetch_am(nbytes),

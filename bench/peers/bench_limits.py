@@ -42,7 +42,7 @@ HERE = os.path.abspath(__file__)
 # worker process: DEALER connected to the controller's ROUTER
 # ------------------------------------------------------------------------------------------
 def worker_main(endpoint: str, ident: str) -> None:
-    import torch  # noqa: F401  same "torch importable" condition as the actor systems
+    import torch  # same "torch importable" condition as the actor systems
 
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
@@ -52,6 +52,7 @@ def worker_main(endpoint: str, ident: str) -> None:
     s.send_multipart([b"ready", str(os.getpid()).encode()])
     count = 0
     held = None
+    held_tensor = torch.ones(0)
     while True:
         fr = s.recv_multipart(copy=False)
         k = fr[0].bytes
@@ -76,6 +77,18 @@ def worker_main(endpoint: str, ident: str) -> None:
             s.send_multipart([b"m", b""])
         elif k == b"g":  # fetch: send held payload zero-copy
             s.send_multipart([b"g", held], copy=False)
+        # The same payloads as torch tensors at both ends, as an actor's endpoint takes and
+        # returns them (bench_message_path.py): the receiver holds a usable tensor.
+        elif k == b"D":  # a tensor in, small ack out
+            got = torch.frombuffer(fr[1], dtype=torch.float32)
+            s.send_multipart([b"a", struct.pack("<q", got.nbytes)])
+            del got
+        elif k == b"M":  # make a tensor to be fetched
+            n = struct.unpack("<q", fr[1].bytes)[0]
+            held_tensor = torch.ones(n // 4)
+            s.send_multipart([b"m", b""])
+        elif k == b"G":  # fetch: send the held tensor's memory zero-copy
+            s.send_multipart([b"g", held_tensor.numpy()], copy=False)
         elif k == b"x":
             break
     s.close()

@@ -77,6 +77,21 @@ def test_a_tensor_shared_in_a_tree_stays_shared() -> None:
     assert torch.equal(out["a"][0], t)
 
 
+def test_a_received_tensor_is_built_on_its_frame_without_a_copy() -> None:
+    import torch
+    import zmq
+
+    vector = torch.arange(100_000, dtype=torch.float32)
+    for value in (vector, vector.reshape(100, 1000), vector.to(torch.bfloat16)):
+        payload, buffers = wire.dumps(value)
+        frame = zmq.Frame(bytes(buffers[0].raw()))  # what a receiver is given
+        out = wire.loads(payload, [frame])
+        assert out.dtype == value.dtype and torch.equal(out, value)
+        size = value.element_size()
+        memoryview(frame)[-size:] = bytes(size)  # the last element: 0
+        assert out.reshape(-1)[-1].item() == 0.0
+
+
 def test_wrong_key_wrong_destination_and_replay_are_rejected() -> None:
     signer, verifier, dest = _pair()
     frames = signer.frames(dest, ("call",), b"payload")
