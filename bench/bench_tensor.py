@@ -73,12 +73,12 @@ class Spmd(am.Actor):
     """The floors: the same work, written as SPMD code that runs in every rank."""
 
     def _mesh(self, key: str) -> Any:
-        from actormesh.tensor.engine import engine_in_this_process
+        from actormesh.tensor.local import REGISTRY
 
         # What `python -m actormesh run` gives a script with several ranks per host (torchrun's
         # default), and what the tensor engine uses: one intra-op thread per rank.
         torch.set_num_threads(1)
-        engine = engine_in_this_process(key)
+        engine = REGISTRY.get(key)
         assert engine is not None, "the tensor engine runs in this process"
         return engine.mesh
 
