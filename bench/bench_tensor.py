@@ -23,8 +23,11 @@ the medians of all samples are compared (ratio, and the µs the controller adds)
   a batch of one-way messages counts once), and per process as the batches its engine
   received. Target ≤ 3 per process.
 
-Run:  python bench/bench_tensor.py          (BENCH_QUICK=1: fewer steps, two rounds)
-Prints one JSON object; ``BENCH_OUT=path`` also writes it there.
+Run:  python bench/bench_tensor.py          (BENCH_QUICK=1: fewer steps, two rounds;
+      BENCH_ONLY=T1,T1b: only those)
+Prints one JSON object; ``BENCH_OUT=path`` also writes it there. ``code`` in it names the
+actormesh the workers imported (an A/B of two checkouts must check it: workers start with
+``python -m``, which puts their working directory first on the path).
 """
 
 from __future__ import annotations
@@ -121,6 +124,10 @@ class Spmd(am.Actor):
             (total / ndp).item()
             out.append(time.perf_counter_ns() - t0)
         return out[WARMUP_STEPS:]
+
+    @am.endpoint
+    def code(self) -> str:
+        return os.path.dirname(os.path.dirname(am.__file__))
 
     @am.endpoint
     def chain(self, key: str, n: int) -> int:
@@ -285,11 +292,19 @@ def main() -> None:
             "rounds": ROUNDS,
             "torch": torch.__version__,
         }
-        result["T4"] = t4(procs)  # first: nothing else in flight
-        result["T2"] = t2(procs)
-        result["T3"] = t3(procs, spmd, tm.key)
-        result["T1"] = t1(procs, spmd, tm.key, "T1", STEPS)
-        result["T1b"] = t1(procs, spmd, tm.key, "T1b", STEPS_WIDE)
+        result["code"] = sorted({os.path.dirname(os.path.dirname(am.__file__)),
+                                 *spmd.code.call().get(timeout=60).values()})  # fmt: skip
+        only = os.environ.get("BENCH_ONLY", "T4,T2,T3,T1,T1b").split(",")
+        if "T4" in only:
+            result["T4"] = t4(procs)  # first: nothing else in flight
+        if "T2" in only:
+            result["T2"] = t2(procs)
+        if "T3" in only:
+            result["T3"] = t3(procs, spmd, tm.key)
+        if "T1" in only:
+            result["T1"] = t1(procs, spmd, tm.key, "T1", STEPS)
+        if "T1b" in only:
+            result["T1b"] = t1(procs, spmd, tm.key, "T1b", STEPS_WIDE)
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
         result["seconds"] = round(time.time() - started, 1)
