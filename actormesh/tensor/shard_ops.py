@@ -204,18 +204,26 @@ _blocks: dict[int, tuple[Any, Any]] = {}
 
 def _block(target: Any, spec: Any) -> Any:
     """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
-    local tensor when its spec matches, its slice when it is replicated; else ``None``."""
+    local tensor when its spec matches, its slice when it is replicated or a plain tensor (a
+    controller constant: every rank holds all of it); else ``None``."""
+    import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    if type(target) is not DTensor or target.shape != spec.shape:
-        return None
-    tspec = target._spec  # noqa: SLF001
-    if tspec.mesh is not spec.mesh:
-        return None
-    if tspec.placements == spec.placements:
-        return target._local_tensor  # noqa: SLF001
-    if not all(p.is_replicate() for p in tspec.placements):
+    if type(target) is DTensor:
+        if target.shape != spec.shape:
+            return None
+        tspec = target._spec  # noqa: SLF001
+        if tspec.mesh is not spec.mesh:
+            return None
+        if tspec.placements == spec.placements:
+            return target._local_tensor  # noqa: SLF001
+        if not all(p.is_replicate() for p in tspec.placements):
+            return None
+        block = target._local_tensor  # noqa: SLF001
+    elif type(target) is torch.Tensor and target.shape == spec.shape:
+        block = target
+    else:
         return None
     found = _blocks.get(id(spec))
     if found is None or found[0] is not spec:
@@ -224,9 +232,9 @@ def _block(target: Any, spec: Any) -> Any:
         found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
             spec.shape, spec.mesh, spec.placements))  # fmt: skip
     shape, offset = found[1]
-    block = target._local_tensor  # noqa: SLF001
     for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
-        block = block.narrow(dim, start, size)
+        if size != block.shape[dim]:  # (a dim not split over the mesh needs no narrow)
+            block = block.narrow(dim, start, size)
     return block
 
 
@@ -286,6 +294,10 @@ def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return None
     return DTensor.__new__(DTensor, out, spec, requires_grad=False)
 
+
+# Ops whose shard path takes a controller tensor (a loss's target) as it is: run_aten tries it
+# before making such arguments Replicate DTensors.
+TAKES_CONSTANTS = frozenset({"aten.mse_loss.default", "aten.mse_loss_backward.default"})
 
 _SPECIAL = {
     "aten.detach.default": _same_spec,
