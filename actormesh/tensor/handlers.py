@@ -115,7 +115,11 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
     func = resolve_op(name)
     if len(payload) > 4:  # from the controller's fast path: inputs as IN, in the order of ins
         # (and no controller tensors: nothing to lift)
-        values = map(engine.value, payload[4])
+        try:
+            env = engine.env
+            values = iter([env[i] for i in payload[4]])
+        except KeyError:
+            values = map(engine.value, payload[4])  # raises, saying which value is gone
         args = tuple([next(values) if a is IN else a for a in args])
         if kwargs:
             kwargs = {k: next(values) if v is IN else v for k, v in kwargs.items()}

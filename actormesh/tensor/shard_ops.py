@@ -60,17 +60,28 @@ def _is_pointwise(func: Any) -> bool:
     return known
 
 
+# (DTensor, torch._C.TensorBase), imported on the first op: the shard path runs for most ops of
+# an optimizer step, and two imports per op cost more than some of the ops. Exact type checks
+# against these: isinstance against torch.Tensor classes runs a Python __instancecheck__.
+_classes: tuple[Any, Any] | None = None
+
+
+def _import_classes() -> tuple[Any, Any]:
+    global _classes
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    _classes = (DTensor, torch._C.TensorBase)  # noqa: SLF001  (the C base class)
+    return _classes
+
+
 def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
     is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
     sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
     ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
     result of another dtype or layout): then DTensor runs it."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    # Exact type checks: isinstance against torch.Tensor classes runs a Python __instancecheck__.
-    plain = torch._C.TensorBase  # noqa: SLF001  (the C base: no Python __instancecheck__)
+    DTensor, plain = _classes or _import_classes()
     first = first_local = None
     local_args = []
     for a in args:
@@ -99,7 +110,7 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         t = type(v)
         if t is list or t is tuple or issubclass(t, plain):
             return None
-    out = func(*local_args, **kwargs)
+    out = func._op(*local_args, **kwargs)  # noqa: SLF001  (what OpOverload.__call__ calls)
     for a, local in zip(args, local_args, strict=True):
         if out is local:
             return a  # in place: the DTensor already holds this local tensor
