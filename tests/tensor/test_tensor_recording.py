@@ -13,6 +13,7 @@ import torch
 
 from actormesh.tensor import distribute, fetch, inspect, live, remote
 from actormesh.tensor.compat import loads
+from actormesh.tensor.errors import RemoteTensorError
 from actormesh.tensor.mesh import tensor_mesh
 from actormesh.tensor.records import IN
 from actormesh.tensor.stream import _pack
@@ -154,3 +155,14 @@ def test_memory_formats_and_layouts_travel_in_a_batch(mesh: Any) -> None:
     kwargs = {"layout": torch.strided, "memory_format": torch.channels_last}
     batch = [("aten", (1,), (), (), ("aten.empty_like.default", (IN,), kwargs, None, (0,)), "")]
     assert loads(_pack(batch)) == batch
+
+
+def test_an_op_on_a_value_the_workers_freed_names_it(mesh: Any) -> None:
+    dt = distribute(torch.ones(4, 4), mesh, sharding_spec=["dp", None])
+    inspect(dt + 1)  # the plan exists: the next add records through the fast path
+    stream = tensor_mesh(mesh).stream
+    stream.died(dt.value_id)  # the workers free it, as if its MeshTensor had been collected
+    stream.flush()
+    with pytest.raises(RemoteTensorError, match=f"tensor value {dt.value_id} is not on rank"):
+        inspect(dt + 1)
+    assert torch.equal(inspect(distribute(torch.ones(2), mesh) + 1), torch.full((2,), 2.0))
