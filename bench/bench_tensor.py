@@ -12,6 +12,10 @@ the medians of all samples are compared (ratio, and the µs the controller adds)
   of the batch, one all-reduce of the flattened gradients over dp, AdamW, the loss averaged over
   dp and read). A step's SPMD time is that of its slowest rank. Target ≤ 1.2x.
 - T1b: the same with hidden width 1024 and batch 256. Target ≤ 1.05x.
+  Both also report CPU ms per step (median over the blocks): the controller process and the
+  4 workers' processes while the controller drives the step, against the workers' during the
+  SPMD steps (``cpu_ratio``): on 2 cores the step is CPU-bound, and CPU per step moves far less
+  with the VM's regime than wall time does.
 - T2: the controller's cost of recording one elementwise op with a shape-cache hit (``a + a`` on
   an 8x8 MeshTensor, 200 in a block, sent after the block) against the same op on local
   tensors. Target ≤ 6x.
@@ -23,8 +27,11 @@ the medians of all samples are compared (ratio, and the µs the controller adds)
   a batch of one-way messages counts once), and per process as the batches its engine
   received. Target ≤ 3 per process.
 
-Run:  python bench/bench_tensor.py          (BENCH_QUICK=1: fewer steps, two rounds)
-Prints one JSON object; ``BENCH_OUT=path`` also writes it there.
+Run:  python bench/bench_tensor.py          (BENCH_QUICK=1: fewer steps, two rounds;
+      BENCH_ONLY=T1,T1b: only those)
+Prints one JSON object; ``BENCH_OUT=path`` also writes it there. ``code`` in it names the
+actormesh the workers imported (an A/B of two checkouts must check it: workers start with
+``python -m``, which puts their working directory first on the path).
 """
 
 from __future__ import annotations
@@ -73,12 +80,12 @@ class Spmd(am.Actor):
     """The floors: the same work, written as SPMD code that runs in every rank."""
 
     def _mesh(self, key: str) -> Any:
-        from actormesh.tensor.engine import engine_in_this_process
+        from actormesh.tensor.local import REGISTRY
 
         # What `python -m actormesh run` gives a script with several ranks per host (torchrun's
         # default), and what the tensor engine uses: one intra-op thread per rank.
         torch.set_num_threads(1)
-        engine = engine_in_this_process(key)
+        engine = REGISTRY.get(key)
         assert engine is not None, "the tensor engine runs in this process"
         return engine.mesh
 
@@ -86,7 +93,8 @@ class Spmd(am.Actor):
     def train(
         self, key: str, state: dict[str, torch.Tensor], shape: tuple[int, int, int, int],
         x: torch.Tensor, y: torch.Tensor, steps: int,
-    ) -> list[int]:  # fmt: skip
+    ) -> tuple[list[int], float]:  # fmt: skip
+        """Each timed step's ns, and this process's CPU seconds over the timed steps."""
         import torch.distributed as dist
         import torch.nn.functional as F
 
@@ -102,7 +110,10 @@ class Spmd(am.Actor):
         rows = batch // ndp
         xl, yl = x[i * rows : (i + 1) * rows], y[i * rows : (i + 1) * rows]
         out = []
-        for _ in range(WARMUP_STEPS + steps):
+        cpu = 0.0
+        for i in range(WARMUP_STEPS + steps):
+            if i == WARMUP_STEPS:
+                cpu = process_cpu()
             t0 = time.perf_counter_ns()
             opt.zero_grad()
             loss = F.mse_loss(model(xl), yl)
@@ -120,7 +131,15 @@ class Spmd(am.Actor):
             dist.all_reduce(total, group=group)
             (total / ndp).item()
             out.append(time.perf_counter_ns() - t0)
-        return out[WARMUP_STEPS:]
+        return out[WARMUP_STEPS:], process_cpu() - cpu
+
+    @am.endpoint
+    def cpu(self) -> float:
+        return process_cpu()
+
+    @am.endpoint
+    def code(self) -> str:
+        return os.path.dirname(os.path.dirname(am.__file__))
 
     @am.endpoint
     def chain(self, key: str, n: int) -> int:
@@ -133,6 +152,11 @@ class Spmd(am.Actor):
             d = d + 1
         d.full_tensor()
         return time.perf_counter_ns() - t0
+
+
+def process_cpu() -> float:
+    """CPU seconds of this process, all its threads (ZeroMQ's, gloo's, the I/O thread)."""
+    return time.process_time()  # os.times() counts in 10 ms ticks
 
 
 def slowest(per_rank: list[list[int]]) -> list[int]:
@@ -174,18 +198,33 @@ def t1(procs: Any, spmd: Any, key: str, name: str, steps: int) -> dict[str, Any]
 
     ours: list[float] = []
     floor: list[float] = []
+    # CPU ms per step, per block: the controller, the 4 workers together, both (the VM's wall
+    # times swing 2x with its regime and the other tenants; CPU per step far less).
+    cpu: dict[str, list[float]] = {"controller": [], "workers": [], "total": []}
+    floor_cpu: list[float] = []
     for _ in range(WARMUP_STEPS):
         step()
     for _ in range(ROUNDS):
+        workers = sum(spmd.cpu.call().get(timeout=60).values())
+        mine = process_cpu()
         for _ in range(steps):
             t0 = time.perf_counter_ns()
             step()
             ours.append((time.perf_counter_ns() - t0) / 1e3)
-        per_rank = spmd.train.call(key, local.state_dict(), SHAPES[name], x, y, steps).get(
+        mine = (process_cpu() - mine) * 1e3 / steps
+        workers = (sum(spmd.cpu.call().get(timeout=60).values()) - workers) * 1e3 / steps
+        for part, ms in (("controller", mine), ("workers", workers), ("total", mine + workers)):
+            cpu[part].append(ms)
+        replies = spmd.train.call(key, local.state_dict(), SHAPES[name], x, y, steps).get(
             timeout=300
         )
-        floor.extend(t / 1e3 for t in slowest(per_rank.values()))
-    return compare(name, ours, floor)
+        floor.extend(t / 1e3 for t in slowest([r[0] for r in replies.values()]))
+        floor_cpu.append(sum(r[1] for r in replies.values()) * 1e3 / steps)
+    result = compare(name, ours, floor)
+    result["cpu_ms_per_step"] = {part: statistics.median(v) for part, v in cpu.items()}
+    result["spmd_cpu_ms_per_step"] = statistics.median(floor_cpu)
+    result["cpu_ratio"] = result["cpu_ms_per_step"]["total"] / result["spmd_cpu_ms_per_step"]
+    return result
 
 
 def t2(procs: Any) -> dict[str, Any]:
@@ -285,11 +324,19 @@ def main() -> None:
             "rounds": ROUNDS,
             "torch": torch.__version__,
         }
-        result["T4"] = t4(procs)  # first: nothing else in flight
-        result["T2"] = t2(procs)
-        result["T3"] = t3(procs, spmd, tm.key)
-        result["T1"] = t1(procs, spmd, tm.key, "T1", STEPS)
-        result["T1b"] = t1(procs, spmd, tm.key, "T1b", STEPS_WIDE)
+        result["code"] = sorted({os.path.dirname(os.path.dirname(am.__file__)),
+                                 *spmd.code.call().get(timeout=60).values()})  # fmt: skip
+        only = os.environ.get("BENCH_ONLY", "T4,T2,T3,T1,T1b").split(",")
+        if "T4" in only:
+            result["T4"] = t4(procs)  # first: nothing else in flight
+        if "T2" in only:
+            result["T2"] = t2(procs)
+        if "T3" in only:
+            result["T3"] = t3(procs, spmd, tm.key)
+        if "T1" in only:
+            result["T1"] = t1(procs, spmd, tm.key, "T1", STEPS)
+        if "T1b" in only:
+            result["T1b"] = t1(procs, spmd, tm.key, "T1b", STEPS_WIDE)
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
         result["seconds"] = round(time.time() - started, 1)

@@ -41,20 +41,11 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
     ``SupervisionError`` if a rank died.
     """
     leaves, spec = tree_flatten(obj)
-    by_mesh: dict[TensorMesh, list[int]] = defaultdict(list)
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, (MeshTensor, OpaqueRef)):
-            by_mesh[leaf.mesh].append(i)
+    by_mesh = _requests(leaves, coords)
     if not by_mesh:
         return compat.completed(obj)
     parts = []
-    for tm, positions in by_mesh.items():
-        index = tm.index_of(coords, "fetch") if coords else None
-        requests = []
-        for i in positions:
-            leaf = leaves[i]
-            want = index if index is not None else (0 if leaf.per_rank else None)
-            requests.append((leaf.value_id, want))
+    for tm, requests in by_mesh.items():
         reply = _watch(tm, tm.stream.fetch_after_batch(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
@@ -62,13 +53,56 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
         values = {}
         for r in results:
             values.update(r)
-        out = list(leaves)
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, (MeshTensor, OpaqueRef)):
-                out[i] = values[leaf.value_id]
-        return compat.completed(tree_unflatten(out, spec))
+        return compat.completed(_put_back(leaves, spec, values))
 
     return compat.then(compat.when_all(parts), combine)
+
+
+def inspect(obj: Any, **coords: int) -> Any:
+    """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
+    return get(obj, None, **coords)
+
+
+def get(obj: Any, timeout: float | None, **coords: int) -> Any:
+    """``fetch(obj, **coords).get(timeout)``, for a sync point that blocks anyway (``inspect``,
+    ``t.item()``): values of one mesh are awaited on their own reply future, with no callbacks
+    chained to it. Each callback added to a pending reply wakes the I/O thread to watch the
+    main thread's reply socket, which the wait then takes back: in a training loop's
+    ``loss.item()``, that was two threads taking turns for the GIL every step."""
+    leaves, spec = tree_flatten(obj)
+    by_mesh = _requests(leaves, coords)
+    if len(by_mesh) != 1:
+        return fetch(obj, **coords).get(timeout=timeout)
+    ((tm, requests),) = by_mesh.items()
+    reply = tm.stream.fetch_after_batch(requests)
+    try:
+        vm = reply.get(timeout=timeout)
+    except SupervisionError as exc:
+        tm.stream.lose(exc)  # as _watch does
+        raise
+    return _put_back(leaves, spec, _assemble(tm, requests, vm))
+
+
+def _requests(
+    leaves: list[Any], coords: dict[str, int]
+) -> dict[TensorMesh, list[tuple[int, int | None]]]:
+    """Per mesh, the ``(value id, wanted rank or None)`` to ask its engines for."""
+    by_mesh: dict[TensorMesh, list[tuple[int, int | None]]] = defaultdict(list)
+    for leaf in leaves:
+        if isinstance(leaf, (MeshTensor, OpaqueRef)):
+            tm = leaf.mesh
+            index = tm.index_of(coords, "fetch") if coords else None
+            want = index if index is not None else (0 if leaf.per_rank else None)
+            by_mesh[tm].append((leaf.value_id, want))
+    return by_mesh
+
+
+def _put_back(leaves: list[Any], spec: Any, values: dict[int, Any]) -> Any:
+    out = list(leaves)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (MeshTensor, OpaqueRef)):
+            out[i] = values[leaf.value_id]
+    return tree_unflatten(out, spec)
 
 
 def _watch(tm: TensorMesh, reply: Any) -> Any:
@@ -85,11 +119,6 @@ def _watch(tm: TensorMesh, reply: Any) -> Any:
 
 def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
     return compat.completed(_assemble(tm, requests, vm))
-
-
-def inspect(obj: Any, **coords: int) -> Any:
-    """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
-    return fetch(obj, **coords).get()
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
@@ -164,4 +193,5 @@ def live(mesh: Any) -> compat.ValueMesh:
 
 
 hooks["fetch"] = fetch
+hooks["get"] = get
 hooks["fetch_value"] = fetch_value

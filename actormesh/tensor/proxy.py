@@ -110,7 +110,7 @@ class MeshTensor(torch.Tensor):
 
     def get(self, timeout: float | None = None) -> torch.Tensor:
         """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
-        return hooks["fetch"](self).get(timeout=timeout)
+        return hooks["get"](self, timeout)
 
     def item(self) -> Any:
         return self.get().item()

@@ -73,6 +73,13 @@ class FailureInfo:
     serial: int  # per rank, so one failure reported by many values is reported once
 
 
+def torch_constant(name: str) -> Any:
+    """``torch.<name>``: how a batch carries memory formats (stream._pack)."""
+    import torch
+
+    return getattr(torch, name)
+
+
 def op_name(op: Op) -> str:
     kind, payload = op[0], op[4]
     if kind == "aten":

@@ -60,17 +60,28 @@ def _is_pointwise(func: Any) -> bool:
     return known
 
 
+# (DTensor, torch._C.TensorBase), imported on the first op: the shard path runs for most ops of
+# an optimizer step, and two imports per op cost more than some of the ops. Exact type checks
+# against these: isinstance against torch.Tensor classes runs a Python __instancecheck__.
+_classes: tuple[Any, Any] | None = None
+
+
+def _import_classes() -> tuple[Any, Any]:
+    global _classes
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    _classes = (DTensor, torch._C.TensorBase)  # noqa: SLF001  (the C base class)
+    return _classes
+
+
 def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
     is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
     sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
     ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
     result of another dtype or layout): then DTensor runs it."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    # Exact type checks: isinstance against torch.Tensor classes runs a Python __instancecheck__.
-    plain = torch._C.TensorBase  # noqa: SLF001  (the C base: no Python __instancecheck__)
+    DTensor, plain = _classes or _import_classes()
     first = first_local = None
     local_args = []
     for a in args:
@@ -99,7 +110,7 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         t = type(v)
         if t is list or t is tuple or issubclass(t, plain):
             return None
-    out = func(*local_args, **kwargs)
+    out = func._op(*local_args, **kwargs)  # noqa: SLF001  (what OpOverload.__call__ calls)
     for a, local in zip(args, local_args, strict=True):
         if out is local:
             return a  # in place: the DTensor already holds this local tensor
@@ -204,18 +215,26 @@ _blocks: dict[int, tuple[Any, Any]] = {}
 
 def _block(target: Any, spec: Any) -> Any:
     """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
-    local tensor when its spec matches, its slice when it is replicated; else ``None``."""
+    local tensor when its spec matches, its slice when it is replicated or a plain tensor (a
+    controller constant: every rank holds all of it); else ``None``."""
+    import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    if type(target) is not DTensor or target.shape != spec.shape:
-        return None
-    tspec = target._spec  # noqa: SLF001
-    if tspec.mesh is not spec.mesh:
-        return None
-    if tspec.placements == spec.placements:
-        return target._local_tensor  # noqa: SLF001
-    if not all(p.is_replicate() for p in tspec.placements):
+    if type(target) is DTensor:
+        if target.shape != spec.shape:
+            return None
+        tspec = target._spec  # noqa: SLF001
+        if tspec.mesh is not spec.mesh:
+            return None
+        if tspec.placements == spec.placements:
+            return target._local_tensor  # noqa: SLF001
+        if not all(p.is_replicate() for p in tspec.placements):
+            return None
+        block = target._local_tensor  # noqa: SLF001
+    elif type(target) is torch.Tensor and target.shape == spec.shape:
+        block = target
+    else:
         return None
     found = _blocks.get(id(spec))
     if found is None or found[0] is not spec:
@@ -224,9 +243,9 @@ def _block(target: Any, spec: Any) -> Any:
         found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
             spec.shape, spec.mesh, spec.placements))  # fmt: skip
     shape, offset = found[1]
-    block = target._local_tensor  # noqa: SLF001
     for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
-        block = block.narrow(dim, start, size)
+        if size != block.shape[dim]:  # (a dim not split over the mesh needs no narrow)
+            block = block.narrow(dim, start, size)
     return block
 
 
@@ -286,6 +305,10 @@ def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return None
     return DTensor.__new__(DTensor, out, spec, requires_grad=False)
 
+
+# Ops whose shard path takes a controller tensor (a loss's target) as it is: run_aten tries it
+# before making such arguments Replicate DTensors.
+TAKES_CONSTANTS = frozenset({"aten.mse_loss.default", "aten.mse_loss_backward.default"})
 
 _SPECIAL = {
     "aten.detach.default": _same_spec,

@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from actormesh.tensor import distribute, fetch, inspect, live, remote
+from actormesh.tensor.compat import loads
+from actormesh.tensor.errors import RemoteTensorError
 from actormesh.tensor.mesh import tensor_mesh
+from actormesh.tensor.records import IN
+from actormesh.tensor.stream import _pack
 
 WAIT = 60
 
@@ -137,3 +141,28 @@ def test_loss_and_its_gradient_on_shards_equal_the_local_ones(mesh: Any) -> None
                     assert torch.allclose(got, want), (spec, reduction)
                     assert torch.allclose(grad, lx.grad), (spec, reduction)
                     assert torch.equal(inspect(dx.detach()), x)
+
+
+def test_memory_formats_and_layouts_travel_in_a_batch(mesh: Any) -> None:
+    # A plain batch carries memory formats by name (stream._pack): pickle's own way scans every
+    # loaded module for them.
+    x = torch.arange(8.0).reshape(2, 4)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    ones = torch.ones_like(dt, memory_format=torch.preserve_format, layout=torch.strided)
+    zeros = torch.zeros_like(dt, memory_format=torch.contiguous_format)
+    got = inspect([ones + dt, zeros + dt])
+    assert torch.equal(got[0], x + 1) and torch.equal(got[1], x)
+    kwargs = {"layout": torch.strided, "memory_format": torch.channels_last}
+    batch = [("aten", (1,), (), (), ("aten.empty_like.default", (IN,), kwargs, None, (0,)), "")]
+    assert loads(_pack(batch)) == batch
+
+
+def test_an_op_on_a_value_the_workers_freed_names_it(mesh: Any) -> None:
+    dt = distribute(torch.ones(4, 4), mesh, sharding_spec=["dp", None])
+    inspect(dt + 1)  # the plan exists: the next add records through the fast path
+    stream = tensor_mesh(mesh).stream
+    stream.died(dt.value_id)  # the workers free it, as if its MeshTensor had been collected
+    stream.flush()
+    with pytest.raises(RemoteTensorError, match=f"tensor value {dt.value_id} is not on rank"):
+        inspect(dt + 1)
+    assert torch.equal(inspect(distribute(torch.ones(2), mesh) + 1), torch.full((2,), 2.0))
