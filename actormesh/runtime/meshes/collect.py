@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ from ...errors import (
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import Node, Port, current_node
-from ..messaging.protocol import FAILED
+from ..messaging.protocol import FAILED, OK
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # A rank that has not answered yet (None is a valid reply).
 MISSING: Any = object()
+_pickle_loads = pickle.loads
 
 
 class Collector(Generic[T]):
@@ -86,23 +88,24 @@ class Collector(Generic[T]):
         try:
             value = msg.value()
         except Exception as exc:
-            status, value = (
-                FAILED,
-                RemoteFailure(
-                    self.rank_name(index),
-                    self.what,
-                    "",
-                    type(exc).__name__,
-                    f"the reply could not be unpickled in the caller: {exc}",
-                    "",
-                ),
-            )
+            status, value = FAILED, self.unreadable(index, exc)
         if status == FAILED and not isinstance(value, RemoteFailure):
             status, value = (
                 FAILED,
                 RemoteFailure(self.rank_name(index), self.what, "", "Error", repr(value), ""),
             )
         self.deliver(index, status == FAILED, value)
+
+    def unreadable(self, index: int, exc: Exception) -> RemoteFailure:
+        """The failure of rank ``index`` whose reply could not be unpickled here."""
+        return RemoteFailure(
+            self.rank_name(index),
+            self.what,
+            "",
+            type(exc).__name__,
+            f"the reply could not be unpickled in the caller: {exc}",
+            "",
+        )
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         observed = False
@@ -153,6 +156,28 @@ class Gather(Collector[T]):
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
+
+    def on_message(self, msg: Message) -> None:
+        # The reply of a one-rank call that succeeded (call_one, choose: the common case, read
+        # by the caller's thread as it waits) completes the future here, without the general
+        # path's deliver -> record -> finish chain.
+        if self.n != 1 or msg.envelope[3] != OK:
+            super().on_message(msg)
+            return
+        try:
+            value = _pickle_loads(msg.payload, buffers=msg.buffers)
+        except Exception as exc:
+            self.deliver(0, True, self.unreadable(0, exc))
+            return
+        with self.lock:
+            if self.remaining == 0:
+                return  # a death answered for it already
+            self.values[0] = value
+            self.remaining = 0
+        port = self.port
+        if port is not None:
+            self.node.close_port(port)
+        self.future._set_result(self.finish(self.values))
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)
