@@ -158,26 +158,36 @@ class Gather(Collector[T]):
         self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
 
     def on_message(self, msg: Message) -> None:
-        # The reply of a one-rank call that succeeded (call_one, choose: the common case, read
-        # by the caller's thread as it waits) completes the future here, without the general
-        # path's deliver -> record -> finish chain.
-        if self.n != 1 or msg.envelope[3] != OK:
+        # A rank that answered (the common case: every reply of a call_one, a choose or a call
+        # that succeeds, read by the caller's thread as it waits) is recorded here, without the
+        # general path's value -> deliver -> record chain; what that chain does for such a
+        # reply is done below, in the same order.
+        _, _, index, status = msg.envelope[:4]
+        if status != OK:
             super().on_message(msg)
             return
         try:
             value = _pickle_loads(msg.payload, buffers=msg.buffers)
         except Exception as exc:
-            self.deliver(0, True, self.unreadable(0, exc))
+            self.deliver(index, True, self.unreadable(index, exc))
             return
         with self.lock:
-            if self.remaining == 0:
-                return  # a death answered for it already
-            self.values[0] = value
-            self.remaining = 0
+            if self.values[index] is not MISSING:
+                return  # answered already (a death answered for it)
+            self.values[index] = value
+            self.remaining -= 1
+            if self.remaining:
+                return
         port = self.port
         if port is not None:
             self.node.close_port(port)
-        self.future._set_result(self.finish(self.values))
+        future = self.future
+        if future.done():
+            return  # failed already, by a death
+        if self.failures:
+            future._set_exception(ActorError(self.failures))
+        else:
+            future._set_result(self.finish(self.values))
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)
