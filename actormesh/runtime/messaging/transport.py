@@ -251,24 +251,16 @@ class Transport:
                     for dest in closed:
                         known.pop(dest, None)
                     continue  # closed since: see the note after send_one_way
-                batches = self._batches
-                if batches:
-                    for endpoint, sock in routes:
-                        if endpoint in batches:
-                            self._send_batch(sock, endpoint)
+                for endpoint, sock in routes:
+                    if endpoint in self._batches:
+                        self._send_batch(sock, endpoint)
                 mailboxes = [dest.mailbox for dest in dests]
                 frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
-                if len(frames) == 1:
-                    frame = frames[0]
-                    for _, sock in routes:
-                        _zmq_send(sock, frame)
-                else:
-                    for _, sock in routes:
-                        self._send_frames(sock, frames)
+                for _, sock in routes:
+                    self._send_frames(sock, frames)
                 seq = self._signer.last_seq
-                last_seq = self._last_seq
                 for mailbox in mailboxes:
-                    last_seq[mailbox] = seq
+                    self._last_seq[mailbox] = seq
                 return
 
     def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
