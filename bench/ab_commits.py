@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 CPU = "added_cpu_us_over_raw_tcp"
+MAIN = "controller: main thread"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -102,11 +103,19 @@ def alternate(
             out = run_once(paths[side], args.only, args.quick, tmp)
             results[side].append(out)
             row = {
-                k: (round(out[k]["added_us_over_raw_tcp"], 1), out[k].get(CPU))
+                k: (
+                    round(out[k]["added_us_over_raw_tcp"], 1),
+                    out[k].get(CPU),
+                    out[k].get("cpu_us_per_call", {}).get("actormesh", {}).get(MAIN),
+                )
                 for k in names
                 if k in out
             }
-            print(f"run {r} {side}: added µs, added CPU µs {row}", file=sys.stderr, flush=True)
+            print(
+                f"run {r} {side}: added µs, added CPU µs, main thread CPU µs {row}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def report(args: argparse.Namespace, names: list[str], results: dict[str, list[dict]]) -> None:
@@ -137,6 +146,13 @@ def report(args: argparse.Namespace, names: list[str], results: dict[str, list[d
         ]
         if cpu_diffs:
             per["B_minus_A_added_cpu_us_median"] = round(statistics.median(cpu_diffs), 1)
+        main = [
+            b[k]["cpu_us_per_call"]["actormesh"][MAIN] - a[k]["cpu_us_per_call"]["actormesh"][MAIN]
+            for a, b in zip(results["A"], results["B"], strict=True)
+            if "cpu_us_per_call" in a[k] and "cpu_us_per_call" in b[k]
+        ]
+        if main:  # the thread that makes the call and reads its replies
+            per["B_minus_A_main_thread_cpu_us_median"] = round(statistics.median(main), 1)
         summary[k] = per
     print(json.dumps(summary, indent=1))
 

@@ -146,20 +146,32 @@ class Future(Generic[T]):
         ident = threading.get_ident()
         _blocked[ident] = self
         try:
-            self._wait_unregistered(timeout)
+            if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
+                timeout = config.DEFAULT_GET_TIMEOUT
+            supervision.raise_pending()
+            inbox = waiting_inbox()
+            if inbox is not None:
+                # Wait by reading the thread's reply inbox (see reply_inbox.py); inline, as
+                # every call_one(...).get() of a script or notebook waits here.
+                with self._lock:
+                    if self._state != _PENDING:
+                        return
+                    self._waker = inbox
+                try:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    inbox.wait(self, deadline, self._on_wake, 0.25 if wait_hooks else 1.0)
+                finally:
+                    self._waker = None
+                if self._state != _PENDING:
+                    return
+                if not inbox.closed:
+                    self._timed_out(timeout)
+                # The inbox closed under the wait (the node is closing): wait the ordinary way.
+            self._wait_on_event(timeout)
         finally:
             _blocked.pop(ident, None)
 
-    def _wait_unregistered(self, timeout: float | None) -> None:
-        if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
-            timeout = config.DEFAULT_GET_TIMEOUT
-        supervision.raise_pending()
-        inbox = waiting_inbox()
-        if inbox is not None:
-            self._wait_reading(inbox, timeout)
-            if self._state != _PENDING:
-                return
-            # The inbox closed under the wait (the node is closing): wait the ordinary way.
+    def _wait_on_event(self, timeout: float | None) -> None:
         with self._lock:
             if self._state != _PENDING:
                 return
@@ -188,20 +200,6 @@ class Future(Generic[T]):
             if watched:
                 supervision.remove_main_waiter(event)
         if self._state == _PENDING:
-            self._timed_out(timeout)
-
-    def _wait_reading(self, inbox: ReplyInbox, timeout: float | None) -> None:
-        """Wait by reading the thread's reply inbox (see reply_inbox.py)."""
-        with self._lock:
-            if self._state != _PENDING:
-                return
-            self._waker = inbox
-        try:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            inbox.wait(self, deadline, self._on_wake, 0.25 if wait_hooks else 1.0)
-        finally:
-            self._waker = None
-        if self._state == _PENDING and not inbox.closed:
             self._timed_out(timeout)
 
     def _on_wake(self) -> None:

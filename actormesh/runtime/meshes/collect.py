@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ from ...errors import (
 from ..actors.future import Future
 from ..messaging.codec import Message
 from ..messaging.node import Node, Port, current_node
-from ..messaging.protocol import FAILED
+from ..messaging.protocol import FAILED, OK
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # A rank that has not answered yet (None is a valid reply).
 MISSING: Any = object()
+_pickle_loads = pickle.loads
 
 
 class Collector(Generic[T]):
@@ -86,23 +88,24 @@ class Collector(Generic[T]):
         try:
             value = msg.value()
         except Exception as exc:
-            status, value = (
-                FAILED,
-                RemoteFailure(
-                    self.rank_name(index),
-                    self.what,
-                    "",
-                    type(exc).__name__,
-                    f"the reply could not be unpickled in the caller: {exc}",
-                    "",
-                ),
-            )
+            status, value = FAILED, self.unreadable(index, exc)
         if status == FAILED and not isinstance(value, RemoteFailure):
             status, value = (
                 FAILED,
                 RemoteFailure(self.rank_name(index), self.what, "", "Error", repr(value), ""),
             )
         self.deliver(index, status == FAILED, value)
+
+    def unreadable(self, index: int, exc: Exception) -> RemoteFailure:
+        """The failure of rank ``index`` whose reply could not be unpickled here."""
+        return RemoteFailure(
+            self.rank_name(index),
+            self.what,
+            "",
+            type(exc).__name__,
+            f"the reply could not be unpickled in the caller: {exc}",
+            "",
+        )
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         observed = False
@@ -153,6 +156,38 @@ class Gather(Collector[T]):
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
+
+    def on_message(self, msg: Message) -> None:
+        # A rank that answered (the common case: every reply of a call_one, a choose or a call
+        # that succeeds, read by the caller's thread as it waits) is recorded here, without the
+        # general path's value -> deliver -> record chain; what that chain does for such a
+        # reply is done below, in the same order.
+        _, _, index, status = msg.envelope[:4]
+        if status != OK:
+            super().on_message(msg)
+            return
+        try:
+            value = _pickle_loads(msg.payload, buffers=msg.buffers)
+        except Exception as exc:
+            self.deliver(index, True, self.unreadable(index, exc))
+            return
+        with self.lock:
+            if self.values[index] is not MISSING:
+                return  # answered already (a death answered for it)
+            self.values[index] = value
+            self.remaining -= 1
+            if self.remaining:
+                return
+        port = self.port
+        if port is not None:
+            self.node.close_port(port)
+        future = self.future
+        if future.done():
+            return  # failed already, by a death
+        if self.failures:
+            future._set_exception(ActorError(self.failures))
+        else:
+            future._set_result(self.finish(self.values))
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)

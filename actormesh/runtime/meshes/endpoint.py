@@ -140,6 +140,7 @@ class Endpoint(Generic[P, R]):
         self._routes = routes
         self._procs = procs
         self._shape = shape
+        self._size = len(shape)  # call_one checks it on every call
         # The mesh as spawned: errors name a rank by its coordinates there, not in a slice.
         self._full = shape if full is None else full
         self._key = key
@@ -168,7 +169,7 @@ class Endpoint(Generic[P, R]):
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only actor of a one-actor mesh (slice first); the future gives its result."""
         shape = self._shape
-        if len(shape) != 1:
+        if self._size != 1:
             dims = [d for d, n in zip(shape.labels, shape.sizes, strict=True) if n > 1]
             hint = f"mesh.slice({dims[0]}=0).{self._name}.call_one(...)" if dims else ""
             raise MeshUsageError(

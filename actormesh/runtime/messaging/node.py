@@ -165,7 +165,8 @@ class Node:
         reply inbox in this process)."""
         port_id = self.last_port_id = next(self._port_ids)
         self._ports[port_id] = handler
-        return Port(address or self.address, port_id)
+        # tuple.__new__: a NamedTuple's own constructor is a Python function (one per call)
+        return tuple.__new__(Port, (address or self.address, port_id))
 
     def handlers_since(self, mark: int) -> list[PortHandler]:
         """The handlers of the ports still open that were opened after ``mark`` (a

@@ -83,7 +83,11 @@ class ReplyInbox:
         self.waiting = True
         woken = False  # by the socket
         try:
-            while not fut.done() and not self.closed:
+            if fut.done():
+                return
+            # fut is asked again only where it may have completed: after a read, or when woken
+            # by another thread or by the step's end.
+            while not self.closed:
                 # Armed (the last read ended empty), the socket's FD signals the next message,
                 # so there is nothing to read before sleeping: the reply was only just asked for.
                 if woken or not self._armed:
@@ -103,8 +107,11 @@ class ReplyInbox:
                         self._wake.drain()
                     else:
                         woken = True
-                if (poked or not events) and not fut.done():
-                    on_wake()  # not after every reply: a wait hook may cost more than one
+                if poked or not events:
+                    if not fut.done():
+                        on_wake()  # not after every reply: a wait hook may cost more than one
+                    if fut.done():
+                        return
         finally:
             self.waiting = False
 

@@ -209,10 +209,7 @@ class Transport:
         while True:
             route = self._outbox_of.get(dest)
             if route is None:
-                route = self._outbox(dest)
-                if len(self._outbox_of) > 65536:
-                    self._outbox_of.clear()
-                self._outbox_of[dest] = route
+                route = self._remember_outbox(dest)
             endpoint, sock = route
             with self._send_lock:
                 if sock.closed:
@@ -243,21 +240,36 @@ class Transport:
             self.send(dests[0], envelope, payload, buffers, digest)
             return
         while True:
-            outboxes = [self._outbox(dest) for dest in dests]
+            known = self._outbox_of
+            routes = []
+            for dest in dests:  # a loop, not a comprehension: this runs for every call()
+                route = known.get(dest)
+                routes.append(self._remember_outbox(dest) if route is None else route)
             with self._send_lock:
-                if any(sock.closed for _, sock in outboxes):
+                closed = [d for d, (_, sock) in zip(dests, routes, strict=True) if sock.closed]
+                if closed:
+                    for dest in closed:
+                        known.pop(dest, None)
                     continue  # closed since: see the note after send_one_way
-                for endpoint, sock in outboxes:
+                for endpoint, sock in routes:
                     if endpoint in self._batches:
                         self._send_batch(sock, endpoint)
                 mailboxes = [dest.mailbox for dest in dests]
                 frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
-                for _, sock in outboxes:
+                for _, sock in routes:
                     self._send_frames(sock, frames)
                 seq = self._signer.last_seq
                 for mailbox in mailboxes:
                     self._last_seq[mailbox] = seq
                 return
+
+    def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
+        """The (endpoint, outbox) of ``dest``, kept for the next sends to it."""
+        route = self._outbox(dest)
+        if len(self._outbox_of) > 65536:
+            self._outbox_of.clear()
+        self._outbox_of[dest] = route
+        return route
 
     def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
         """Send a message nobody answers (a broadcast), possibly batched with the next ones.
