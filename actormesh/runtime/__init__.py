@@ -15,6 +15,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
  1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),
                         ``stacks`` (stack dumps, interrupts).
  2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),
+                        ``plain_pickle`` (the C pickler's fast path: builtins and
+                        tensors as zero-copy buffers, rebuilt on arrival),
                         ``protocol`` (every message kind and its fields), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
                         ``run_dir``, ``transport`` (ZeroMQ sockets, the I/O thread), ``node``

@@ -26,9 +26,10 @@ from ..messaging.actor_inbox import (
     ActorInbox,
 )
 from ..messaging.address import actor_address
-from ..messaging.codec import SIMPLE_TYPES, Message
+from ..messaging.codec import Message
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
+from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from . import context as ctxmod
 from .actor import concurrent_endpoints, explicit_port_endpoints
