@@ -15,6 +15,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
  1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),
                         ``stacks`` (stack dumps, interrupts).
  2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),
+                        ``plain_pickle`` (the C pickler's fast path: builtins and
+                        tensors as zero-copy buffers, rebuilt on arrival),
                         ``protocol`` (every message kind and its fields), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
                         ``run_dir``, ``transport`` (ZeroMQ sockets, the I/O thread), ``node``
@@ -22,6 +24,7 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``reply_inbox``, ``tunnel``, ``logs`` (rank-labelled output),
                         ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
+                        ``lifecycle`` (its construction, stop, ``__cleanup__`` and end),
                         ``failures`` (failures as text), ``response_port`` (explicit response
                         ports), ``actor_host`` (the actors of one process, a proc mesh's
                         bootstrap), ``context``, ``future``.
@@ -64,7 +67,7 @@ Worker:
    until it comes. Messages that came through the process inbox
    instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
    ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
-4. ``ActorRunner._handle_call`` runs the endpoint; ``ActorRunner._reply`` sends ``(REPLY,
+4. ``ActorRunner.handle_call`` runs the endpoint; ``ActorRunner._reply`` sends ``(REPLY,
    port_id, index, status[, after])`` with the value or the rendered failure.
 
 Controller again:

@@ -125,7 +125,7 @@ class Reentry:
             logger.warning("actor %s got an unknown item %r; dropped", self.runner.name, kind)
             return
         exc, report = item
-        self.runner._end(exc)  # noqa: SLF001  the runner's own end, deferred to its top
+        self.runner.lifecycle.end(exc)  # the runner's own end, deferred to its top
         if report is not None:
             self.runner._escalate(report)  # noqa: SLF001
 

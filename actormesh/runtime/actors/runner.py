@@ -1,5 +1,6 @@
 """How an actor runs: its own thread (``ActorRunner``) takes one message at a time from its inbox,
-calls the endpoint, and sends the reply or the rendered failure."""
+calls the endpoint, and sends the reply or the rendered failure. How it starts and ends (its
+construction, ``ActorMesh.stop``, ``__cleanup__``) is ``lifecycle.py``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import contextlib
 import inspect
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ... import config
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
 from ..messaging.actor_inbox import (
@@ -26,13 +25,14 @@ from ..messaging.actor_inbox import (
     ActorInbox,
 )
 from ..messaging.address import actor_address
-from ..messaging.codec import SIMPLE_TYPES, Message
+from ..messaging.codec import Message
 from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
-from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
+from ..messaging.plain_pickle import SIMPLE_TYPES
+from ..messaging.protocol import FAILED, OK, shape_from_state
 from . import context as ctxmod
-from .actor import concurrent_endpoints, explicit_port_endpoints
-from .failures import bootstrap_failed, ended, render_failure, stopped, unconstructed
+from .failures import ended, render_failure, stopped, unconstructed
+from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
 from .response_port import ResponsePort, send_reply
@@ -62,9 +62,9 @@ class ActorRunner:
         self.after: ActorRunner | None = None
         self.constructed = threading.Event()
         self.stopped = False  # by ActorMesh.stop: it answers every later call with a failure
-        self._cleaned = False
         self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.lifecycle = Lifecycle(self)  # its construction, stop, cleanup and end
         self.reentry = Reentry(self)  # what runs at an await: concurrent calls, __supervise__
         self.ownership = Ownership(self)  # its owner, and the actor meshes it spawned
         local[key] = self
@@ -77,7 +77,7 @@ class ActorRunner:
         self._cancel_before: dict[bytes, int] = {}
         self.thread = threading.Thread(target=self._run, name=f"actor-{name}", daemon=True)
         self.pid = os.getpid()  # a child forked by an endpoint sees its parent's
-        self._forks = _forks[0]  # forks of this process so far (see _exit_if_forked)
+        self.forks_seen = forks_made[0]  # forks of this process so far (see exit_if_forked)
         # shape_state of a call -> (its Shape, this rank's index in it): a mesh's calls repeat
         # a handful of shapes, and building the index costs microseconds per call.
         self._views: dict[tuple[Any, ...], tuple[Shape, int | None, ctxmod.Context]] = {}
@@ -115,7 +115,7 @@ class ActorRunner:
         except Exception:
             # Callers on this host send to that socket: without it the actor is unreachable.
             logger.exception("actor %s could not open its inbox; the process exits", self.name)
-            self._exit_process(SystemExit(1))
+            self.lifecycle.exit_process(SystemExit(1))
         get = self.inbox.get
         reentry = self.reentry
         cancel_before = self._cancel_before
@@ -126,18 +126,18 @@ class ActorRunner:
                 if item is None:
                     if not self.stopped:  # the proc mesh stops gracefully: clean up first
                         self.stopped = True
-                        self._cleanup(None)
+                        self.lifecycle.cleanup(None)
                     break
                 kind, msg = item
                 if kind == STOP_ITEM:
-                    self._stop_actor(msg)
+                    self.lifecycle.stop(msg)
                 elif kind == CALL_ITEM:
                     if cancel_before and msg.seq < cancel_before.get(msg.sender, 0):
                         self._cancel(msg)
                     else:
-                        self._handle_call(msg)
+                        self.handle_call(msg)
                 elif kind == SPAWN_ITEM:
-                    self._construct(msg)
+                    self.lifecycle.construct(msg)
                 elif kind == TASK_ITEM:
                     self._run_task(msg)
                 elif kind == SUPERVISE_ITEM:
@@ -150,7 +150,7 @@ class ActorRunner:
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived as the endpoint ended: nothing to stop
             except SystemExit as exc:
-                self._exit_process(exc)
+                self.lifecycle.exit_process(exc)
             except Exception:
                 # A bug in reporting must not end the actor's thread: every later call would
                 # hang while the process looks alive.
@@ -187,56 +187,6 @@ class ActorRunner:
                 raise_in_thread(self.thread.ident, None)  # drop an interrupt not yet delivered
             self._interrupted = False
 
-    def _exit_process(self, exc: SystemExit) -> None:
-        """End the worker: the actor's inbox could not open, or ``sys.exit()`` ran outside an
-        endpoint (in ``__supervise__``). In an endpoint it ends only the actor (``_end``)."""
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int) and exc.code is not None:
-            print(exc.code, file=sys.stderr)
-        flush_output()
-        sys.stderr.flush()
-        self.node.transport.close(linger=1.0)  # deliver what is queued (output, replies)
-        os._exit(code)
-
-    def _construct(self, msg: Message) -> None:
-        try:
-            self._build(msg)
-        finally:
-            self.constructed.set()
-
-    def _build(self, msg: Message) -> None:
-        shape, reply = msg.envelope[3:5]
-        if self.after is not None:
-            self.after.constructed.wait()
-            failed = self.after.init_failure
-            if failed is not None:
-                self.init_failure = bootstrap_failed(failed, self.name)
-                index = shape.local_index(self.proc_rank)
-                if reply is not None and index is not None:
-                    self._reply(reply, index, FAILED, self.init_failure)
-                return
-        with self.acting():
-            try:
-                (cls, *args), kwargs = msg.value()
-                self.explicit_ports = explicit_port_endpoints(cls)
-                self.concurrent = concurrent_endpoints(cls)
-                instance = cls.__new__(cls)
-                self.instance = instance
-                result = instance.__init__(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    self._run_coroutine(result)
-            except BaseException as exc:
-                self.init_failure = render_failure(exc, self.rank, self.name, "__init__", 1)
-                logger.debug("actor %s failed to start", self.name, exc_info=True)
-        if _forks[0] != self._forks:
-            _exit_if_forked(self.pid, self.init_failure is not None)
-        index = shape.local_index(self.proc_rank)
-        if reply is not None and index is not None:
-            self._reply(reply, index, FAILED if self.init_failure else OK, self.init_failure)
-        if self.init_failure is not None:
-            # A supervision event too, as in Monarch: a spawn nobody calls must not fail unseen.
-            self._escalate(self.init_failure)
-
     def _cancel(self, msg: Message) -> None:
         """A call that an interrupt caught before it started: it fails without running."""
         _, _, endpoint_name, state, reply = msg.envelope
@@ -254,7 +204,7 @@ class ActorRunner:
         if port is not None and index is not None:
             self._reply(port, index, FAILED, failure, _caller(reply))
 
-    def _handle_call(self, msg: Message) -> None:
+    def handle_call(self, msg: Message) -> None:
         _, _, endpoint_name, state, reply_state = msg.envelope  # (CALL, key, endpoint, ...)
         view = self._views.get(state)
         if view is None:
@@ -292,7 +242,7 @@ class ActorRunner:
                             call = (endpoint_name, reply, index, caller, answer)
                             self.reentry.start(value, context, call)
                             return  # it answers when it ends (Reentry.run_call)
-                        value = self._run_coroutine(value, watch=True)
+                        value = self.run_coroutine(value, watch=True)
                 finally:
                     self._set_idle()  # from here on no interrupt lands in this call
         except BaseException as exc:
@@ -303,8 +253,8 @@ class ActorRunner:
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
-        if _forks[0] != self._forks:
-            _exit_if_forked(self.pid, status == FAILED)
+        if forks_made[0] != self.forks_seen:
+            exit_if_forked(self.pid, status == FAILED)
         if fatal is None and answer is None and reply is not None and index is not None:
             send_reply(self, reply, index, status, value, caller)  # what finish does, here
         else:
@@ -325,7 +275,8 @@ class ActorRunner:
         whether its failure went to the owner for want of a caller."""
         fatal_reported = False
         if fatal is not None:
-            self._end(fatal)  # before the reply: whoever hears of the failure sees it ended
+            # Before the reply: whoever hears of the failure sees it ended.
+            self.lifecycle.end(fatal)
         if answer is not None:
             if status == FAILED and not answer.answer(status, value):
                 self._report_unhandled(value)  # it raised after answering: nobody waits
@@ -338,51 +289,6 @@ class ActorRunner:
             self._escalate(ended(value))
         return fatal_reported
 
-    def _end(self, exc: BaseException) -> None:
-        """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...) ends the actor,
-        as in Monarch: it cleans up with ``__cleanup__(exc)``, then refuses every call."""
-        self.stopped = True
-        self._cleanup(exc)
-        self.instance = None
-
-    def _stop_actor(self, msg: Message) -> None:
-        """ActorMesh.stop: handle the calls sent before the stop, clean up, then refuse calls."""
-        _, _key, state, reply = msg.envelope
-        if not self.stopped:
-            for _kind, call in self.inbox.pending_calls():
-                self._handle_call(call)
-            self.stopped = True
-            node = self.node
-            if node.mesh_id is not None and node.controller not in (None, node.address):
-                # The stop may come from any process: the one that heals this rank must know.
-                node.send(node.controller, (ACTOR_STOPPED, node.mesh_id, self.proc_rank, self.key))
-        failure = self._cleanup(None)
-        self.instance = None  # what the actor held is released; its thread stays to refuse calls
-        index = shape_from_state(state).local_index(self.proc_rank)
-        port = reply_port(reply)
-        if port is not None and index is not None:
-            self._reply(port, index, FAILED if failure else OK, failure)
-
-    def _cleanup(self, exc: BaseException | None) -> RemoteFailure | None:
-        """Run the actor's ``__cleanup__(exc)`` once (sync or async), if it has one and was
-        built; its failure, if it raised."""
-        instance = self.instance
-        cleanup = getattr(instance, "__cleanup__", None) if instance is not None else None
-        self.reentry.cancel_all()  # before __cleanup__, as Monarch does
-        self.ownership.stop_children(config.STOP_GRACE / 4)
-        if cleanup is None or self.init_failure is not None or self._cleaned:
-            return None
-        self._cleaned = True
-        with self.acting():
-            try:
-                result = cleanup(exc)
-                if inspect.isawaitable(result):
-                    self._run_coroutine(result)
-            except BaseException as failure:
-                logger.warning("__cleanup__ of %s raised %r", self.name, failure)
-                return render_failure(failure, self.rank, self.name, "__cleanup__", 1)
-        return None
-
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The actor's event loop (made on first use, on the actor's thread)."""
@@ -391,7 +297,7 @@ class ActorRunner:
             asyncio.set_event_loop(self._loop)
         return self._loop
 
-    def _run_coroutine(self, coro: Any, watch: bool = False) -> Any:
+    def run_coroutine(self, coro: Any, watch: bool = False) -> Any:
         """Run ``coro`` to its end on the actor's loop. ``watch``: an endpoint's, during which
         ``__supervise__`` runs at an await, as in Monarch (``Reentry.watch``)."""
         loop = self.loop
@@ -452,20 +358,6 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
     sends that process directly (to a thread's own reply inbox, or through a host agent that
     gathers replies): the reply then says where to wait up to (Node.in_order)."""
     return reply[2] if reply is not None and len(reply) > 2 else None
-
-
-# Counts the forks this process made (os.register_at_fork): a runner compares it with the count
-# when it was made, a list index rather than a getpid() system call after every call.
-_forks = [0]
-os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
-
-
-def _exit_if_forked(parent: int, failed: bool) -> None:
-    """A child that ``os.fork()`` made inside an endpoint and that returned into the runtime
-    ends here: it shares its parent's sockets and inboxes, and running the actor loop on them
-    would spin and answer for its parent (it has no other thread to stop it)."""
-    if os.getpid() != parent:
-        os._exit(1 if failed else 0)
 
 
 _tls = threading.local()

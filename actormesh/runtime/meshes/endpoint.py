@@ -25,8 +25,9 @@ from ...errors import (
 )
 from ..actors.future import Future
 from ..faults import supervision
-from ..messaging.codec import SIMPLE_TYPES, dumps, payload_digest
+from ..messaging.codec import dumps, payload_digest
 from ..messaging.node import Port, current_node
+from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
 from . import relay

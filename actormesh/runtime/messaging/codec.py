@@ -12,7 +12,7 @@ A message on the wire is a list of ZeroMQ frames::
   its digest in the head, and out-of-band buffers through their sizes: buffers are only ever
   copied into tensors or arrays, never unpickled, so hashing hundreds of megabytes buys nothing.
 - ``payload`` is the pickled user data (arguments, results), pickle protocol 5. Large tensors and
-  arrays leave it as out-of-band buffers, sent as zero-copy frames.
+  arrays leave it as out-of-band buffers, sent as zero-copy frames (``plain_pickle.py``).
 
 Nothing is unpickled before the signature, the destination, the sequence number (against
 replays) and the payload digest have been checked.
@@ -40,6 +40,8 @@ from typing import Any
 
 import cloudpickle
 
+from .plain_pickle import NOT_PLAIN, OOB_THRESHOLD, SIMPLE_TYPES, plain_tree, reduce_tensor
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"AM02"
@@ -56,11 +58,6 @@ _ID_SIZE = 8
 _MAX_DESTS = 1 << 16
 SIG_SIZE = 32
 KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
-# Tensors and arrays smaller than this travel inside the payload (a copy is cheaper than a frame).
-OOB_THRESHOLD = 64 * 1024
-
-
-SIMPLE_TYPES = frozenset((int, float, str, bytes, bool, type(None)))
 
 
 class WireError(Exception):
@@ -98,75 +95,6 @@ def new_id() -> bytes:
 # pickling
 
 
-def _rebuild_tensor(
-    data: Any, dtype_name: str, shape: tuple[int, ...], requires_grad: bool, param: bool
-) -> Any:
-    dtype = _DTYPES.get(dtype_name)
-    if dtype is None:
-        dtype = _torch_dtype(dtype_name)
-    torch = sys.modules["torch"]  # imported by _torch_dtype for the first tensor
-    if type(data) is bytes:
-        data = bytearray(data)  # a tensor needs a writable buffer
-    # The frame is ours alone (ZeroMQ gave us the message), so the tensor may own it.
-    # What a tensor costs here is the number of library calls, each slow on the caches a
-    # message leaves behind (in the real path ~10 µs for the three calls through numpy against
-    # ~3 µs in a loop), so a vector, the common case, takes one torch call; other shapes go
-    # through numpy where it has the dtype (one torch call instead of torch's three).
-    if len(shape) == 1 and shape[0]:
-        t = torch.frombuffer(data, dtype=dtype, count=shape[0])
-    elif len(memoryview(data)) == 0:
-        t = torch.empty(shape, dtype=dtype)
-    else:
-        np_dtype = _NUMPY_DTYPES.get(dtype_name)
-        if np_dtype is not None:
-            import numpy
-
-            t = torch.from_numpy(numpy.frombuffer(data, dtype=np_dtype).reshape(shape))
-        else:
-            t = torch.frombuffer(data, dtype=dtype).reshape(shape)
-    if param:
-        return torch.nn.Parameter(t, requires_grad=requires_grad)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
-
-
-# torch dtypes that numpy has under the same name
-_NUMPY_DTYPES = {
-    "float16": "float16",
-    "float32": "float32",
-    "float64": "float64",
-    "complex64": "complex64",
-    "complex128": "complex128",
-    "int8": "int8",
-    "int16": "int16",
-    "int32": "int32",
-    "int64": "int64",
-    "uint8": "uint8",
-    "bool": "bool",
-}
-_DTYPES: dict[str, Any] = {}  # dtype name -> torch dtype, filled as tensors come and go
-_DTYPE_NAMES: dict[Any, str] = {}  # and the other way
-
-
-def _torch_dtype(name: str) -> Any:
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        import torch
-
-        dtype = getattr(torch, name)
-        _dtype_name(dtype)
-    return dtype
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-        _DTYPES[name] = dtype
-    return name
-
-
 def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
     code: types.CodeType = make(*args)
     return code.replace(co_filename=filename)
@@ -185,113 +113,10 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
             return _code_in_file, (make, args, obj.co_filename)
         torch = sys.modules.get("torch")
         if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
-            reduced = _reduce_tensor(obj, torch)
+            reduced = reduce_tensor(obj, torch)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
-
-
-def _reduce_tensor(t: Any, torch: Any) -> Any:
-    param = type(t) is torch.nn.Parameter
-    try:
-        # numpy() refuses what is not a plain CPU tensor (device, layout, quantized, nested,
-        # conjugate bit) and dtypes numpy lacks (bfloat16): those take the general path below.
-        # Its checks are in C, several times cheaper than asking each property from Python.
-        arr = (t.detach() if t.requires_grad else t).numpy()
-    except (RuntimeError, TypeError):
-        return _reduce_tensor_general(t, torch, param)
-    if not arr.flags.c_contiguous:
-        arr = arr.copy(order="C")
-    nbytes = arr.nbytes
-    if nbytes >= OOB_THRESHOLD:
-        buf: Any = pickle.PickleBuffer(arr)
-    else:
-        buf = arr.tobytes() if nbytes else b""
-    return (_rebuild_tensor, (buf, _dtype_name(t.dtype), tuple(t.shape), t.requires_grad, param))
-
-
-def _reduce_tensor_general(t: Any, torch: Any, param: bool) -> Any:
-    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
-        return None  # torch's own pickling handles the rest
-    data = t.detach().resolve_conj().resolve_neg()
-    if not data.is_contiguous():
-        data = data.contiguous()
-    nbytes = data.numel() * data.element_size()
-    flat = data.reshape(-1).view(torch.uint8) if data.numel() else None
-    if flat is None:
-        buf: Any = b""
-    elif nbytes >= OOB_THRESHOLD:
-        buf = pickle.PickleBuffer(flat.numpy())
-    else:
-        buf = flat.numpy().tobytes()
-    return (_rebuild_tensor, (buf, _dtype_name(data.dtype), tuple(t.shape), t.requires_grad, param))
-
-
-class _Reduced:
-    """A tensor in a tree that the C pickler takes whole (see ``_tensor_tree``): pickles as the
-    call that rebuilds it."""
-
-    __slots__ = ("reduced",)
-
-    def __init__(self, reduced: Any) -> None:
-        self.reduced = reduced
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.reduced
-
-
-_NOT_PLAIN: Any = object()
-_MAX_TREE_DEPTH = 3
-_MAX_TREE_ITEMS = 64
-
-
-def _tensor_tree(obj: Any, tensor: type, memo: dict[int, Any], depth: int = 0) -> Any:
-    """``obj`` with its tensors replaced by ``_Reduced``, when it is a small tree of builtin
-    scalars, tuples, lists, dicts with str keys and plain tensors, else ``_NOT_PLAIN``.
-
-    Such a tree (a call's arguments, a result) pickles with the C pickler alone, which has no
-    Python hook per object: cloudpickle's costs tens of µs even for ``((t,), {})``. What is
-    shared stays shared (``memo``, by id), as pickle's own memo keeps it.
-    """
-    kind = type(obj)
-    if kind in SIMPLE_TYPES:
-        return obj
-    done = memo.get(id(obj))
-    if done is not None:
-        return done
-    if kind is tensor:
-        torch = sys.modules["torch"]
-        reduced = _reduce_tensor(obj, torch)
-        if reduced is None:
-            return _NOT_PLAIN
-        out: Any = _Reduced(reduced)
-    elif depth >= _MAX_TREE_DEPTH:
-        return _NOT_PLAIN
-    elif kind is tuple or kind is list:
-        if len(obj) > _MAX_TREE_ITEMS:
-            return _NOT_PLAIN
-        items = []
-        for x in obj:
-            y = _tensor_tree(x, tensor, memo, depth + 1)
-            if y is _NOT_PLAIN:
-                return _NOT_PLAIN
-            items.append(y)
-        out = tuple(items) if kind is tuple else items
-    elif kind is dict:
-        if len(obj) > _MAX_TREE_ITEMS:
-            return _NOT_PLAIN
-        out = {}
-        for k, v in obj.items():
-            if type(k) is not str:
-                return _NOT_PLAIN
-            y = _tensor_tree(v, tensor, memo, depth + 1)
-            if y is _NOT_PLAIN:
-                return _NOT_PLAIN
-            out[k] = y
-    else:
-        return _NOT_PLAIN
-    memo[id(obj)] = out
-    return out
 
 
 def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -312,8 +137,8 @@ def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuff
 
     torch = sys.modules.get("torch")
     if torch is not None:
-        tree = _tensor_tree(obj, torch.Tensor, {})
-        if tree is not _NOT_PLAIN:
+        tree = plain_tree(obj, torch.Tensor, {})
+        if tree is not NOT_PLAIN:
             return pickle.dumps(tree, protocol=5, buffer_callback=keep_large), buffers
     f = io.BytesIO()
     _Pickler(f, protocol=5, buffer_callback=keep_large).dump(obj)
