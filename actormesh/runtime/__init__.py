@@ -53,7 +53,8 @@ Controller, user thread:
 1. ``ActorMesh.__getattr__`` (``meshes/actor_mesh.py``) gives the mesh's ``Endpoint`` for
    ``step`` (``meshes/endpoint.py``), built once per mesh.
 2. ``Endpoint.call`` makes a ``Gather`` (``meshes/collect.py``: one slot per rank) and casts:
-   ``pickle_arguments`` (``messaging/codec.py``), a reply address from the thread's
+   ``codec.dumps`` of the arguments (``messaging/codec.py``; plain values and tensors through
+   ``messaging/plain_pickle.py``), a reply address from the thread's
    ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
    reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
    socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
@@ -67,14 +68,16 @@ Worker:
    until it comes. Messages that came through the process inbox
    instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
    ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
-4. ``ActorRunner.handle_call`` runs the endpoint; ``ActorRunner._reply`` sends ``(REPLY,
-   port_id, index, status[, after])`` with the value or the rendered failure.
+4. ``ActorRunner.handle_call`` runs the endpoint, flushes its output and sends ``(REPLY,
+   port_id, index, status[, after])`` with the value or the rendered failure
+   (``send_reply`` in ``actors/response_port.py``).
 
 Controller again:
 
 5. ``Future.get`` (``actors/future.py``) waits in ``ReplyInbox.wait``, which reads the replies
    on the waiting thread itself; ``Node.in_order`` keeps them behind earlier messages of the
-   same sender; ``Gather.on_message`` → ``Gather.deliver`` fills the rank's slot; the last one
+   same sender; ``Gather.on_message`` fills the rank's slot (a failed or unreadable reply goes
+   through ``Gather.deliver``); the last one
    resolves the future with a ``ValueMesh`` (``meshes/value_mesh.py``), or an ``ActorError``.
 
 Extension points
