@@ -10,6 +10,9 @@ Socket ownership (ZeroMQ sockets are not thread-safe):
   destination, because a cast to many receivers is signed once with one sequence number.
 - An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
   read by their own threads, so calls and replies skip the I/O thread.
+- A reply inbox is a socket of this transport's ZeroMQ context (``thread_socket``): one libzmq
+  I/O thread moves both the calls and their replies (a context of its own woke a second one,
+  ~16 µs more of its CPU per call to 8 ranks: bench/RESULTS.md, 2026-11-27).
 
 The I/O thread never runs user code: it authenticates, decodes envelopes and dispatches to the
 handler, which must only do short work (complete a future, queue a message for an actor).
@@ -137,6 +140,7 @@ class Transport:
         self._running = True
         self._closed = False
         self._closing = False
+        self._thread_sockets: list[Callable[[], None]] = []  # their closers, see thread_socket
         self._thread = threading.Thread(target=self._loop, name=f"actormesh-io-{name}", daemon=True)
 
     def start(self) -> None:
@@ -446,6 +450,19 @@ class Transport:
                 if sock is not None:
                     sock.close(linger=0)
 
+    def thread_socket(self, kind: int, close: Callable[[], None]) -> zmq.Socket[Any]:
+        """A socket of this transport's context that another thread owns and reads.
+
+        ``close`` (which must be safe from any thread) runs when the transport closes, before
+        its context ends: ZeroMQ's ``term`` waits for every socket of the context, however the
+        process ends (``Node.close``, or ``os._exit`` in an actor thread).
+        """
+        with self._outbox_lock:
+            if self._closed:
+                raise ConnectionError("transport is closed")
+            self._thread_sockets.append(close)
+            return self.ctx.socket(kind)
+
     # -- scheduling on the I/O thread ------------------------------------------------------------
 
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -528,6 +545,8 @@ class Transport:
             self._closed = True
             outboxes = list(self._outboxes.items())
             self._outboxes.clear()
+        for close_socket in self._thread_sockets:
+            self._guard(close_socket)
         with self._send_lock:
             for endpoint, sock in outboxes:
                 if endpoint in self._batches:  # unsent one-way messages go before we close
