@@ -118,6 +118,19 @@ def alternate(
             )
 
 
+def per_thread_diffs(k: str, results: dict[str, list[dict]]) -> dict[str, float]:
+    """Per thread of actormesh's processes (``zmq I/O``: libzmq's threads), the median of the
+    per-run-pair differences B - A of its CPU per call."""
+    diffs: dict[str, list[float]] = {}
+    for a, b in zip(results["A"], results["B"], strict=True):
+        if "cpu_us_per_call" not in a[k] or "cpu_us_per_call" not in b[k]:
+            continue
+        cpu_a, cpu_b = a[k]["cpu_us_per_call"]["actormesh"], b[k]["cpu_us_per_call"]["actormesh"]
+        for thread in cpu_a.keys() & cpu_b.keys():
+            diffs.setdefault(thread, []).append(cpu_b[thread] - cpu_a[thread])
+    return {t: round(statistics.median(d), 1) for t, d in sorted(diffs.items())}
+
+
 def report(args: argparse.Namespace, names: list[str], results: dict[str, list[dict]]) -> None:
     summary: dict = {"a": args.a, "b": args.b, "runs": args.runs}
     for k in names:
@@ -146,13 +159,11 @@ def report(args: argparse.Namespace, names: list[str], results: dict[str, list[d
         ]
         if cpu_diffs:
             per["B_minus_A_added_cpu_us_median"] = round(statistics.median(cpu_diffs), 1)
-        main = [
-            b[k]["cpu_us_per_call"]["actormesh"][MAIN] - a[k]["cpu_us_per_call"]["actormesh"][MAIN]
-            for a, b in zip(results["A"], results["B"], strict=True)
-            if "cpu_us_per_call" in a[k] and "cpu_us_per_call" in b[k]
-        ]
-        if main:  # the thread that makes the call and reads its replies
-            per["B_minus_A_main_thread_cpu_us_median"] = round(statistics.median(main), 1)
+        by_thread = per_thread_diffs(k, results)
+        if MAIN in by_thread:  # the thread that makes the call and reads its replies
+            per["B_minus_A_main_thread_cpu_us_median"] = by_thread[MAIN]
+        if by_thread:
+            per["B_minus_A_cpu_us_by_thread_median"] = by_thread
         summary[k] = per
     print(json.dumps(summary, indent=1))
 

@@ -19,8 +19,11 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         tensors as zero-copy buffers, rebuilt on arrival),
                         ``protocol`` (every message kind and its fields), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
-                        ``run_dir``, ``transport`` (ZeroMQ sockets, the I/O thread), ``node``
-                        (a process's handlers, ports, deaths), ``actor_inbox``,
+                        ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
+                        calls and timers), ``open_files`` (the open-file limit, checked before
+                        a connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
+                        sends; built on ``io_loop``), ``node`` (a process's handlers, ports,
+                        deaths), ``actor_inbox``,
                         ``reply_inbox``, ``tunnel``, ``logs`` (rank-labelled output),
                         ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from ..faults import supervision
-from .actor_inbox import actor_context
 from .address import MAX_IPC_PATH, Address
 from .codec import Verifier, new_id
 from .protocol import REPLY
@@ -57,21 +56,30 @@ class ReplyInbox:
         self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
         self.address_state = tuple(self.address)  # as a call's envelope carries it
         self._verifier = Verifier(node.key, self.address.mailbox)
-        self._lock = threading.Lock()
-        self._socket: zmq.Socket[Any] = actor_context().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.bind(self.address.ipc or "")
-        self._fd = self._socket.getsockopt(zmq.FD)
-        self._wake = WakePipe()
-        self._wake_r = self._wake.r  # compared on every wake-up of a waiting call
-        self._poller = select.poll()
-        self._poller.register(self._fd, _POLL_IN)
-        self._poller.register(self._wake_r, _POLL_IN)
+        # Reentrant: a callback run by a read may end the process (os._exit in a worker closes
+        # the transport, which closes this socket) on the thread that holds it.
+        self._lock = threading.RLock()
         self.waiting = False
         self.closed = False
         self._armed = False  # read until empty since anything else touched the socket
         self._watched = False  # by the I/O thread (only it changes this)
+        self._wake = WakePipe()
+        with self._lock:  # the transport may close it (see close) as soon as it is made
+            try:
+                # The transport's context: its one I/O thread moves the calls out and the
+                # replies in (see transport.py's docstring).
+                self._socket: zmq.Socket[Any] = transport.thread_socket(zmq.PULL, self.close)
+            except ConnectionError:
+                self._wake.close()
+                raise
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.setsockopt(zmq.RCVHWM, 0)
+            self._socket.bind(self.address.ipc or "")
+            self._fd = self._socket.fileno()
+        self._wake_r = self._wake.r  # compared on every wake-up of a waiting call
+        self._poller = select.poll()
+        self._poller.register(self._fd, _POLL_IN)
+        self._poller.register(self._wake_r, _POLL_IN)
         transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
@@ -215,7 +223,10 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
         return None
     inbox = _main_inbox
     if inbox is None or inbox.node is not node or inbox.closed:
-        inbox = _main_inbox = ReplyInbox(node, current)
+        try:
+            inbox = _main_inbox = ReplyInbox(node, current)
+        except ConnectionError:
+            return None  # the node is closing: its calls fail as they are sent
         node.on_close(inbox.close)
         # In a script, an unhandled failure elsewhere wakes the wait (fail fast). Registered
         # for good rather than for each wait: a wake-up with nobody waiting is read, and acted

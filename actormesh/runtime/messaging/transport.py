@@ -1,4 +1,4 @@
-"""ZeroMQ sockets and the I/O thread of one process.
+"""The ZeroMQ sockets of one process: its inbox, its outboxes, and what sends and reads them.
 
 Socket ownership (ZeroMQ sockets are not thread-safe):
 - The *inbox* (a PULL socket bound on ``ipc://`` for this host and, when asked, ``tcp://`` for
@@ -10,19 +10,19 @@ Socket ownership (ZeroMQ sockets are not thread-safe):
   destination, because a cast to many receivers is signed once with one sequence number.
 - An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
   read by their own threads, so calls and replies skip the I/O thread.
+- A reply inbox is a socket of this transport's ZeroMQ context (``thread_socket``): one libzmq
+  I/O thread moves both the calls and their replies (a context of its own woke a second one,
+  ~16 µs more of its CPU per call to 8 ranks: bench/RESULTS.md, 2026-11-27).
 
-The I/O thread never runs user code: it authenticates, decodes envelopes and dispatches to the
-handler, which must only do short work (complete a future, queue a message for an actor).
+The I/O thread (``io_loop.py``, which ``Transport`` is built on) never runs user code: it
+authenticates, decodes envelopes and dispatches to the handler, which must only do short work
+(complete a future, queue a message for an actor).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,8 +33,9 @@ from . import protocol
 from .address import Address, actor_address, local_host_id
 from .codec import Message, Signer, Verifier, new_id
 from .curve import CurveKeys
+from .io_loop import IoLoop
+from .open_files import files_short, make_room
 from .receive import receive
-from .wake_pipe import WakePipe
 
 logger = logging.getLogger(__name__)
 
@@ -52,26 +53,7 @@ def _unattached(msg: Message) -> None:
     )
 
 
-def _files_short() -> tuple[int, int] | None:
-    """``(open, limit)`` when this process is close to its limit on open files, else None.
-
-    At the limit, libzmq aborts the process when its ipc:// listener cannot accept (an
-    assertion on EMFILE), and other sockets fail half-made: a new connection is refused
-    while there is still room for the ones others make to us.
-    """
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY:
-            return None
-        in_use = len(os.listdir("/proc/self/fd"))
-    except (ImportError, OSError):
-        return None  # not Linux: no cheap count
-    return (in_use, soft) if in_use + max(64, soft // 16) > soft else None
-
-
-class Transport:
+class Transport(IoLoop):
     """The inbox, the outboxes and the I/O thread of one process."""
 
     def __init__(
@@ -86,6 +68,7 @@ class Transport:
         tcp_port: int = 0,
         curve: CurveKeys | None = None,
     ) -> None:
+        super().__init__(f"actormesh-io-{name}")
         self.ctx = zmq.Context()
         self.key = key
         self.run_dir = run_dir
@@ -123,24 +106,10 @@ class Transport:
         self._outbox_lock = threading.Lock()
         self._actor_routes: dict[tuple[Address, str], Address] = {}
         self._released: deque[tuple[Sequence[Address], str]] = deque()  # see release_actor
-        # Work handed to the I/O thread from other threads, and its wake-up fd.
-        self._calls: deque[Callable[[], None]] = deque()
-        self._wake = WakePipe()
-        self._wake_r = self._wake.r  # compared on every poll event of the I/O thread
-        self._wake_up = self._wake.wake  # call_soon is on the path of every broadcast
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._timer_seq = itertools.count()
-        self._readers: dict[int, Callable[[], None]] = {}
-        self._poller = zmq.Poller()
-        self._poller.register(self._inbox, zmq.POLLIN)
-        self._poller.register(self._wake_r, zmq.POLLIN)
-        self._running = True
+        self.add_reader(self._inbox, self._drain)
         self._closed = False
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name=f"actormesh-io-{name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        self._thread_sockets: list[Callable[[], None]] = []  # their closers, see thread_socket
 
     def _bind_tcp(self, host: str, port: int) -> str:
         # Socket options are copied when a bind happens, so the ipc:// bind made before stays
@@ -188,10 +157,6 @@ class Transport:
             raise result[0]
         self.address = self.address._replace(tcp=result[0])
         return self.address
-
-    @property
-    def io_thread(self) -> threading.Thread:
-        return self._thread
 
     # -- sending (any thread) --------------------------------------------------------------------
 
@@ -392,8 +357,8 @@ class Transport:
         return endpoint, sock
 
     def _connect(self, endpoint: str) -> zmq.Socket[Any]:
-        if endpoint not in self._outboxes and _files_short() is not None:
-            self._make_room(endpoint)
+        if endpoint not in self._outboxes and files_short() is not None:
+            make_room(endpoint, self._forget_released)
         with self._outbox_lock:
             existing = self._outboxes.get(endpoint)
             if existing is None:
@@ -414,23 +379,6 @@ class Transport:
                 self._outboxes[endpoint] = existing = sock
             return existing
 
-    def _make_room(self, endpoint: str) -> None:
-        """Close the sockets of actor meshes nobody holds (one held in a reference cycle
-        waits for a full collection), then refuse if that was not enough."""
-        import gc
-
-        gc.collect()
-        self._forget_released()
-        deadline = time.monotonic() + 1.0  # ZeroMQ closes their files in the background
-        while (short := _files_short()) is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if short is not None:
-            raise ConnectionError(
-                f"not connecting to {endpoint}: this process has {short[0]} files open of its "
-                f"limit of {short[1]} (ulimit -n); stop the meshes you no longer use (an actor "
-                "mesh's are freed once no handle on it is left), or raise the limit"
-            )
-
     def forget(self, dest: Address) -> None:
         """Close the outboxes to a process that is gone and to its actors (queued messages are
         dropped: a healed rank must not receive calls meant for its previous incarnation)."""
@@ -446,72 +394,30 @@ class Transport:
                 if sock is not None:
                     sock.close(linger=0)
 
-    # -- scheduling on the I/O thread ------------------------------------------------------------
+    def thread_socket(self, kind: int, close: Callable[[], None]) -> zmq.Socket[Any]:
+        """A socket of this transport's context that another thread owns and reads.
 
-    def call_soon(self, fn: Callable[[], None]) -> None:
-        self._calls.append(fn)
-        self._wake_up()
+        ``close`` (which must be safe from any thread) runs when the transport closes, before
+        its context ends: ZeroMQ's ``term`` waits for every socket of the context, however the
+        process ends (``Node.close``, or ``os._exit`` in an actor thread).
+        """
+        with self._outbox_lock:
+            if self._closed:
+                raise ConnectionError("transport is closed")
+            self._thread_sockets.append(close)
+            return self.ctx.socket(kind)
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the I/O thread after ``delay`` seconds (I/O thread only)."""
-        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+    # -- reading (the I/O thread) ------------------------------------------------------------------
 
-    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the I/O thread whenever ``fd`` is readable (I/O thread only)."""
-        self._readers[fd] = fn
-        self._poller.register(fd, zmq.POLLIN)
-
-    def remove_reader(self, fd: int) -> None:
-        if self._readers.pop(fd, None) is not None:
-            self._poller.unregister(fd)
-
-    # -- the loop --------------------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        poller = self._poller
-        inbox = self._inbox
-        while self._running:
-            timeout: int | None = None
-            if self._timers:
-                timeout = max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
-            if self._calls:
-                timeout = 0
-            try:
-                events = poller.poll(timeout)
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.ETERM:
-                    break
-                raise
-            for what, _ in events:
-                if what is inbox:
-                    self._drain(inbox)  # zmq_poll said POLLIN: a message is waiting
-                elif what == self._wake_r:
-                    self._wake.drain()
-                else:
-                    reader = self._readers.get(what)
-                    if reader is not None:
-                        self._guard(reader)
-            while self._calls:
-                self._guard(self._calls.popleft())
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                self._guard(heapq.heappop(self._timers)[2])
-
-    def _drain(self, inbox: zmq.Socket[Any]) -> None:
-        for msg in receive(inbox, self._verifier, _DRAIN_BATCH, woken=True):
+    def _drain(self) -> None:
+        # zmq_poll said POLLIN: a message is waiting
+        for msg in receive(self._inbox, self._verifier, _DRAIN_BATCH, woken=True):
             try:
                 self.on_message(msg)
             except Exception:
                 logger.exception("error handling a %r message", msg.envelope[0])
             if self.on_handled is not None:
                 self.on_handled(msg)
-
-    @staticmethod
-    def _guard(fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception:
-            logger.exception("error on the actormesh I/O thread")
 
     # -- closing ---------------------------------------------------------------------------------
 
@@ -520,14 +426,13 @@ class Transport:
         if self._closing:
             return
         self._closing = True
-        self._running = False
-        self.call_soon(lambda: None)
-        if threading.current_thread() is not self._thread and self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self.stop_loop()
         with self._outbox_lock:
             self._closed = True
             outboxes = list(self._outboxes.items())
             self._outboxes.clear()
+        for close_socket in self._thread_sockets:
+            self._guard(close_socket)
         with self._send_lock:
             for endpoint, sock in outboxes:
                 if endpoint in self._batches:  # unsent one-way messages go before we close
@@ -535,4 +440,4 @@ class Transport:
                 sock.close(linger=int(linger * 1000))
         self._inbox.close(linger=0)
         self.ctx.term()
-        self._wake.close()
+        self.close_wake_pipe()

@@ -1,0 +1,64 @@
+"""The main thread's reply inbox lives in its transport's ZeroMQ context (one I/O thread for a
+call and its reply), so the transport closes it before ending that context, whichever way the
+process ends, and a closed node gives no new one."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+
+from actormesh.runtime.messaging.codec import Signer
+from actormesh.runtime.messaging.node import Node
+from actormesh.runtime.messaging.protocol import REPLY
+from actormesh.runtime.messaging.reply_inbox import reply_inbox
+
+TIMEOUT_S = 10
+
+
+def test_closing_the_transport_alone_closes_the_reply_inbox_and_does_not_hang(node: Node) -> None:
+    inbox = reply_inbox(node)
+    assert inbox is not None and not inbox.closed
+    # What os._exit in an actor thread does (no Node.close): ZeroMQ's term waits for every
+    # socket of the context, so an inbox left open would hang this forever.
+    closer = threading.Thread(target=node.transport.close, kwargs={"linger": 0}, daemon=True)
+    closer.start()
+    closer.join(TIMEOUT_S)
+    try:
+        assert not closer.is_alive(), "the transport's close hung on the reply inbox's socket"
+        assert inbox.closed
+    finally:
+        node.close()  # the node's own closers (supervision's waiter list)
+
+
+def test_a_closed_node_gives_no_reply_inbox(node: Node) -> None:
+    node.close()
+    assert reply_inbox(node) is None
+
+
+def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) -> None:
+    inbox = reply_inbox(node)
+    assert inbox is not None
+    try:
+        # A reply signed for the inbox's mailbox, as a worker sends it, is read off its socket.
+        ctx: zmq.Context[object] = zmq.Context()
+        out = ctx.socket(zmq.PUSH)
+        out.setsockopt(zmq.LINGER, 0)
+        out.connect(inbox.address.ipc or "")
+        got: list[object] = []
+        node.to_port = got.append  # type: ignore[method-assign]
+        frames = Signer(node.key, b"worker-0").frames(inbox.address.mailbox, (REPLY, 1, 0, "ok"))
+        out.send_multipart(frames)
+
+        class _Until:
+            def done(self) -> bool:
+                return bool(got)
+
+        inbox.wait(_Until(), time.monotonic() + TIMEOUT_S, lambda: None)
+        assert len(got) == 1
+        out.close()
+        ctx.term()
+    finally:
+        node.close()
+    assert inbox.closed
