@@ -190,9 +190,7 @@ class Future(Generic[T]):
                     break
                 event.wait(left)
                 if self._state == _PENDING:
-                    supervision.raise_pending()
-                    for hook in list(wait_hooks):
-                        hook(self)
+                    self._on_wake()
                     with self._lock:  # woken for nothing: re-arm
                         if self._state == _PENDING:
                             event.clear()

@@ -160,8 +160,7 @@ class Gather(Collector[T]):
     def on_message(self, msg: Message) -> None:
         # A rank that answered (the common case: every reply of a call_one, a choose or a call
         # that succeeds, read by the caller's thread as it waits) is recorded here, without the
-        # general path's value -> deliver -> record chain; what that chain does for such a
-        # reply is done below, in the same order.
+        # general path's value -> deliver chain.
         _, _, index, status = msg.envelope[:4]
         if status != OK:
             super().on_message(msg)
@@ -171,23 +170,8 @@ class Gather(Collector[T]):
         except Exception as exc:
             self.deliver(index, True, self.unreadable(index, exc))
             return
-        with self.lock:
-            if self.values[index] is not MISSING:
-                return  # answered already (a death answered for it)
-            self.values[index] = value
-            self.remaining -= 1
-            if self.remaining:
-                return
-        port = self.port
-        if port is not None:
-            self.node.close_port(port)
-        future = self.future
-        if future.done():
-            return  # failed already, by a death
-        if self.failures:
-            future._set_exception(ActorError(self.failures))
-        else:
-            future._set_result(self.finish(self.values))
+        if self.record(index, value) and not self.future.done():  # not failed by a death
+            self._complete()
 
     def deliver(self, index: int, failed: bool, value: Any) -> None:
         done = self.record(index, value)
@@ -202,10 +186,14 @@ class Gather(Collector[T]):
         if failed:
             self.failures.append(value)
         if done:
-            if self.failures:
-                self.future._set_exception(ActorError(self.failures))
-            else:
-                self.future._set_result(self.finish(self.values))
+            self._complete()
+
+    def _complete(self) -> None:
+        """Every rank answered: the future gets the failures, or ``finish`` of the values."""
+        if self.failures:
+            self.future._set_exception(ActorError(self.failures))
+        else:
+            self.future._set_result(self.finish(self.values))
 
 
 class Stream(Collector[T], Generic[T]):
