@@ -47,10 +47,6 @@ class IoLoop:
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def io_thread(self) -> threading.Thread:
-        return self._thread
-
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread, after what was handed to it before (any thread)."""
         self._calls.append(fn)
