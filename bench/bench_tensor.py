@@ -111,8 +111,8 @@ class Spmd(am.Actor):
         xl, yl = x[i * rows : (i + 1) * rows], y[i * rows : (i + 1) * rows]
         out = []
         cpu = 0.0
-        for i in range(WARMUP_STEPS + steps):
-            if i == WARMUP_STEPS:
+        for step in range(WARMUP_STEPS + steps):
+            if step == WARMUP_STEPS:
                 cpu = process_cpu()
             t0 = time.perf_counter_ns()
             opt.zero_grad()
