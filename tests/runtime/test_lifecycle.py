@@ -115,6 +115,55 @@ def test_no_worker_outlives_the_controller(tmp_path: Path, how: str) -> None:
         assert proc.returncode == 1
 
 
+AFTER_SHUTDOWN = textwrap.dedent(
+    """
+    import time
+    import actormesh as am
+
+    class A(am.Actor):
+        @am.endpoint
+        def ping(self):
+            return 1
+
+    host = am.this_host()
+    procs = host.spawn_procs(per_host={"gpus": 1})
+    assert procs.spawn("a", A).ping.call_one().get(timeout=60) == 1
+    am.shutdown_context().get(timeout=60)
+    attempts = {
+        "this_host": lambda: am.this_host().spawn_procs(per_host={"gpus": 1}),
+        "an earlier host mesh": lambda: host.spawn_procs(per_host={"gpus": 1}),
+        "this_proc": lambda: am.this_proc().spawn("b", A),
+    }
+    for what, attempt in attempts.items():
+        started = time.monotonic()
+        try:
+            attempt()
+        except am.MeshClosedError as exc:
+            print(what, "refused in", round(time.monotonic() - started, 3), "s:", exc)
+        else:
+            print(what, "was not refused")
+    """
+)
+
+
+def test_nothing_starts_after_shutdown_context_and_the_error_says_why(tmp_path: Path) -> None:
+    """It waited the whole spawn timeout (a new host agent, started on a closed node, could
+    never report) and left a dead agent's traceback on stderr."""
+    script = tmp_path / "after_shutdown.py"
+    script.write_text(AFTER_SHUTDOWN)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 0, result.stderr
+    refusals = [line for line in result.stdout.splitlines() if "refused in" in line]
+    assert len(refusals) == 3, result.stdout
+    for line in refusals:
+        assert "shutdown_context()" in line and "restart" in line
+        seconds = float(line.split("refused in ")[1].split(" s")[0])
+        assert seconds < 5, line  # refused, not timed out
+    assert "Traceback" not in result.stderr
+
+
 class Counter(am.Actor):
     def __init__(self) -> None:
         self.value = 0

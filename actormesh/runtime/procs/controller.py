@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from ... import config
 from ...errors import (
+    MeshClosedError,
     MeshTimeoutError,
     ProcDeath,
     SupervisionError,
@@ -107,6 +108,7 @@ class Controller:
 
     def local_agent(self) -> AgentHandle:
         """The host agent of this machine, started on first use (it starts its fork server)."""
+        self.raise_if_shut_down()
         with self._lock:
             if self._local_agent is None:
                 self._local_agent = self._start_local_agent()
@@ -115,6 +117,7 @@ class Controller:
     def add_agent(self, make: Callable[[int], _Agent]) -> _Agent:
         """Append the agent ``make(host_rank)`` builds (its host rank is its index in
         ``agents``), under the lock that starting this machine's own agent takes too."""
+        self.raise_if_shut_down()
         with self._lock:
             agent = make(len(self.agents))
             self.agents.append(agent)
@@ -326,6 +329,16 @@ class Controller:
 
     # -- shutdown --------------------------------------------------------------------------------
 
+    def raise_if_shut_down(self) -> None:
+        """Refuse to start hosts or processes once ``shutdown_context()`` ran: its node is
+        closed, so a new agent could never report back and the spawn would wait its timeout."""
+        if self._closed:
+            raise MeshClosedError(
+                "actormesh was shut down in this process (shutdown_context() or exit), so no "
+                "host or process mesh can be started any more; restart the kernel or the "
+                "script to start again"
+            )
+
     def shutdown(self) -> None:
         """Stop every mesh and agent (at exit, or explicitly). Leaves no process behind."""
         if self._closed:
@@ -385,7 +398,8 @@ def get_controller() -> Controller:
 def shutdown_context() -> Future[None]:
     """Monarch's ``shutdown_context()``: stop every proc mesh and host agent this process
     started, now rather than at exit; a completed future (for ``get()`` or ``await``). Meshes
-    cannot be spawned afterwards."""
+    cannot be spawned afterwards: ``this_host()`` and ``spawn_procs`` then raise
+    ``MeshClosedError``."""
     ctl = controller_if_started()
     if ctl is not None:
         try:

@@ -122,6 +122,7 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
             list(host_extent.sizes) + list(per_host.values()),
         )
         per = Extent(list(per_host), list(per_host.values())).nelem
+        self._ctl.raise_if_shut_down()
         agents = [self._agents[r] for r in self._shape.ranks()]
         for agent in agents:
             agent.ready.get(timeout=config.SPAWN_TIMEOUT)
@@ -189,6 +190,8 @@ def this_proc() -> ProcMesh:
     Its table id names this process, so a copy passed to another process (which may hold a
     ``this_proc()`` of its own) still names this one.
     """
-    address = get_controller().node.address
+    ctl = get_controller()
+    ctl.raise_if_shut_down()
+    address = ctl.node.address
     table = ProcTable(f"proc-{address.mailbox.hex()[:16]}", [address], ["controller"])
     return ProcMesh._create(table, Shape.from_extent({}), None)
