@@ -23,7 +23,8 @@ def has_message(sock: zmq.Socket[Any]) -> bool:
     """Whether a receive would not block (several times cheaper than an empty receive's
     exception). ``EVENTS`` asks the socket's mailbox once (one syscall); a zero-timeout
     ``zmq_poll`` asks it too, after a ``poll`` of its FD (two)."""
-    return bool(_get_option(sock, _EVENTS) & _POLLIN)
+    events: int = _get_option(sock, _EVENTS)  # type: ignore[assignment]  # EVENTS is an int
+    return bool(events & _POLLIN)
 
 
 def receive(
