@@ -101,7 +101,7 @@ class ReplyInbox:
                 if woken or not self._armed:
                     with self._lock:
                         if not self.closed:
-                            self._drain(woken)
+                            self._drain(woken, fut.done)
                     if fut.done():
                         return
                 left = step if deadline is None else min(step, deadline - time.monotonic())
@@ -170,14 +170,14 @@ class ReplyInbox:
 
     # -- either -----------------------------------------------------------------------------------
 
-    def _drain(self, woken: bool = False) -> None:
+    def _drain(self, woken: bool = False, done: Any = None) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
         self._armed = False
         node = self.node
         dispatch = node.dispatch
         to_port = node.to_port
         in_order = node.in_order
-        for msg in receive(self._socket, self._verifier, woken=woken):
+        for msg in receive(self._socket, self._verifier, woken=woken, done=done):
             if not in_order(msg):
                 continue  # handed to the I/O thread, after what its sender sent before it
             try:
