@@ -18,6 +18,7 @@ import logging
 import select
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -170,7 +171,7 @@ class ReplyInbox:
 
     # -- either -----------------------------------------------------------------------------------
 
-    def _drain(self, woken: bool = False, done: Any = None) -> None:
+    def _drain(self, woken: bool = False, done: Callable[[], bool] | None = None) -> None:
         # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
         self._armed = False
         node = self.node
