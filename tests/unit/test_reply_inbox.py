@@ -62,3 +62,41 @@ def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) ->
     finally:
         node.close()
     assert inbox.closed
+
+
+def test_replies_due_are_read_on_and_the_socket_still_wakes_the_wait(node: Node) -> None:
+    """While the awaited call expects more replies, the inbox reads the next one at once (no
+    ``EVENTS`` first); the read that finds none must leave the socket's FD armed, so a reply
+    arriving after it still ends the wait (else it would sleep to its deadline)."""
+    inbox = reply_inbox(node)
+    assert inbox is not None
+    ctx: zmq.Context[object] = zmq.Context()
+    out = ctx.socket(zmq.PUSH)
+    try:
+        out.setsockopt(zmq.LINGER, 0)
+        out.connect(inbox.address.ipc or "")
+        got: list[object] = []
+        node.to_port = got.append  # type: ignore[method-assign]
+        signer = Signer(node.key, b"worker-0")
+
+        def reply(value: int) -> None:
+            out.send_multipart(signer.frames(inbox.address.mailbox, (REPLY, 1, value, "ok")))
+
+        for value in range(3):
+            reply(value)
+
+        class _Four:
+            def done(self) -> bool:
+                return len(got) >= 4
+
+        late = threading.Timer(0.3, reply, args=(3,))
+        late.start()
+        started = time.monotonic()
+        inbox.wait(_Four(), started + TIMEOUT_S, lambda: None)
+        late.join()
+        assert [msg.envelope[2] for msg in got] == [0, 1, 2, 3]  # type: ignore[attr-defined]
+        assert time.monotonic() - started < TIMEOUT_S / 2, "the late reply did not wake the wait"
+    finally:
+        out.close()
+        ctx.term()
+        node.close()
