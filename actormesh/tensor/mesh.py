@@ -64,7 +64,8 @@ class TensorMesh:
             procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-        self.stream = Stream(self.engine, compat.mailboxes(procs))
+        self.mailboxes = compat.mailboxes(procs)
+        self.stream = Stream(self.engine, self.mailboxes)
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
@@ -202,6 +203,7 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
             compat.destroy_process_group(procs).get(timeout=SETUP_TIMEOUT)
             tm = None
         if tm is None:
+            _refuse_overlap(procs)
             tm = TensorMesh(procs)
             _meshes[ident] = tm
     TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
@@ -211,6 +213,26 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
             "(tensor meshes of other shapes over the same processes are not supported)"
         )
     return tm
+
+
+def _refuse_overlap(procs: compat.ProcMesh) -> None:
+    """A process runs one engine, in one process group: a tensor mesh over some of the
+    processes of another (a slice of it, or a mesh of which it is a slice) cannot start. Said
+    here, at the user's line, before any process is asked to join a second group."""
+    mine = set(compat.mailboxes(procs))
+    for old in _meshes.values():
+        if not mine.isdisjoint(old.mailboxes):
+            raise compat.MeshUsageError(
+                f"these processes already run a tensor engine over {old!r} (in one process "
+                f"group), so a tensor mesh over {_extent(procs)} that shares processes with "
+                "it cannot start; keep tensors on that mesh (replicate over the dimensions "
+                "you would slice away, or fetch a rank's shard with fetch(t, dim=i)), or "
+                "spawn other procs for the second mesh"
+            )
+
+
+def _extent(procs: compat.ProcMesh) -> str:
+    return "{" + ", ".join(f"{n}: {s}" for n, s in procs.sizes.items()) + "}"
 
 
 def meshes() -> list[TensorMesh]:
