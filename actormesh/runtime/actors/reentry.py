@@ -127,7 +127,7 @@ class Reentry:
         exc, report = item
         self.runner.lifecycle.end(exc)  # the runner's own end, deferred to its top
         if report is not None:
-            self.runner._escalate(report)  # noqa: SLF001
+            self.runner.ownership.escalate(report)  # to the actor's owner (ownership.py)
 
     # -- __supervise__ at an await ----------------------------------------------------------------
 
