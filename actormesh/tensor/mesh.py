@@ -201,6 +201,7 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
             # Leave it everywhere, then start over with a new group and engine.
             tm.stream.close()
             compat.destroy_process_group(procs).get(timeout=SETUP_TIMEOUT)
+            del _meshes[ident]
             tm = None
         if tm is None:
             _refuse_overlap(procs)
