@@ -359,12 +359,33 @@ def run_define(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seq
 def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
-    fn_id, _name, args, kwargs, structured = payload
+    fn_id, name, args, kwargs, structured = payload
     with torch.enable_grad():  # user code: torch's default grad mode, as in a local call
         result = engine.fns[fn_id](*engine.resolve(args), **engine.resolve(kwargs))
     if not structured:  # "inspect": the whole result is one opaque value
         return [result]
-    return tensor_leaves(result)
+    values = tensor_leaves(result)
+    op = engine.current
+    if op is not None:
+        _check_as_described(name, values, op[3])  # the op's (shape, dtype, per_rank) per result
+    return values
+
+
+def _check_as_described(name: str, values: Sequence[Any], meta: Sequence[Any]) -> None:
+    """A per-rank result must be what the controller recorded for it (``propagate``'s answer,
+    or the first rank's cached one): later ops are shaped on the controller from that, so a
+    result that differs would mislead every op after it without a word."""
+    for k, (value, described) in enumerate(zip(values, meta, strict=False)):
+        if described is None or not described[2]:
+            continue  # the part of a global tensor this rank holds is not described here
+        shape, dtype = tuple(described[0]), described[1]
+        if tuple(value.shape) != shape or value.dtype != dtype:
+            raise RuntimeError(
+                f"remote function {name} returned a {tuple(value.shape)} {value.dtype} tensor "
+                f"as its result {k} on this rank, where the controller was told {shape} "
+                f"{dtype}; make its propagate return what the function returns (or leave "
+                "propagate out: the function then runs once to learn its results' shapes)"
+            )
 
 
 @handler("unpack")

@@ -123,6 +123,23 @@ def test_remote_functions(mesh: Any) -> None:
     assert torch.equal(inspect(pos * 10), torch.tensor([10.0, 20.0]))
 
 
+@am.remote(propagate=lambda t: t[:1])
+def says_one_row(t: torch.Tensor) -> torch.Tensor:
+    return t * 1  # every row: not what its propagate says
+
+
+def test_a_result_unlike_its_propagate_fails_at_the_sync_point(mesh: Any) -> None:
+    """The controller shapes later ops from ``propagate``'s answer: a per-rank result of another
+    shape was kept without a word (the controller said (1, 4), each rank held (3, 4))."""
+    with activate(mesh):
+        t = torch.ones(3, 4)
+    wrong = says_one_row(t)
+    assert wrong.shape == (1, 4)
+    with pytest.raises(am.ActorError, match=r"returned a \(3, 4\).*told \(1, 4\)"):
+        fetch(wrong, dp=1).get(timeout=WAIT)
+    assert torch.equal(fetch(t + 1, dp=1).get(timeout=WAIT), torch.full((3, 4), 2.0))
+
+
 def test_a_gpu_program_runs_on_the_cpu_mesh(mesh: Any) -> None:
     # Monarch's guide writes factories with device="cuda": under activate() the device names the
     # mesh's devices, so the same code runs where the ranks have only CPUs.
