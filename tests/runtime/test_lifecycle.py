@@ -127,12 +127,15 @@ AFTER_SHUTDOWN = textwrap.dedent(
 
     host = am.this_host()
     procs = host.spawn_procs(per_host={"gpus": 1})
-    assert procs.spawn("a", A).ping.call_one().get(timeout=60) == 1
+    actors = procs.spawn("a", A)
+    assert actors.ping.call_one().get(timeout=60) == 1
     am.shutdown_context().get(timeout=60)
     attempts = {
         "this_host": lambda: am.this_host().spawn_procs(per_host={"gpus": 1}),
         "an earlier host mesh": lambda: host.spawn_procs(per_host={"gpus": 1}),
         "this_proc": lambda: am.this_proc().spawn("b", A),
+        "an earlier proc mesh": lambda: procs.spawn("c", A),
+        "an earlier actor mesh": lambda: actors.ping.call_one().get(timeout=60),
     }
     for what, attempt in attempts.items():
         started = time.monotonic()
@@ -156,7 +159,7 @@ def test_nothing_starts_after_shutdown_context_and_the_error_says_why(tmp_path: 
     )
     assert result.returncode == 0, result.stderr
     refusals = [line for line in result.stdout.splitlines() if "refused in" in line]
-    assert len(refusals) == 3, result.stdout
+    assert len(refusals) == 5, result.stdout
     for line in refusals:
         assert "shutdown_context()" in line and "restart" in line
         seconds = float(line.split("refused in ")[1].split(" s")[0])

@@ -26,7 +26,7 @@ from ...errors import (
 from ..actors.future import Future
 from ..faults import supervision
 from ..messaging.codec import dumps, payload_digest
-from ..messaging.node import Port, current_node
+from ..messaging.node import Port, current_node, spawn_hint
 from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
@@ -257,7 +257,7 @@ class Endpoint(Generic[P, R]):
         procs = self._procs
         if procs.closed:
             raise MeshClosedError(
-                f"cannot call {self._what}: its proc mesh was stopped; spawn a new one"
+                f"cannot call {self._what}: its proc mesh was stopped; {spawn_hint('a new one')}"
             )
         stopped = procs.stopped_actors.get(self._key) if procs.stopped_actors else None
         if stopped and not stopped.isdisjoint(shape.ranks()):

@@ -19,7 +19,7 @@ from ..faults.stacks import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..messaging.codec import payload_digest
 from ..messaging.metrics import in_worker, local_log
-from ..messaging.node import current_node
+from ..messaging.node import current_node, spawn_hint
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import Shape
 from . import relay
@@ -145,7 +145,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 "derive your class from am.Actor and mark its methods with @am.endpoint"
             )
         if self._procs.closed:
-            raise MeshClosedError("cannot spawn on a stopped proc mesh; spawn new procs")
+            raise MeshClosedError(f"cannot spawn on a stopped proc mesh; {spawn_hint('new procs')}")
         endpoints = frozenset(endpoint_names(cls))
         _refuse_hidden_endpoints(cls, endpoints)
         payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
@@ -263,7 +263,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
 
     def _control(self, envelope: tuple[Any, ...], collector: Collector[Any] | None) -> None:
         if self._procs.closed:
-            raise MeshClosedError("the proc mesh was stopped; spawn a new one")
+            raise MeshClosedError(f"the proc mesh was stopped; {spawn_hint('a new one')}")
         node = current_node()
         if self._procs.relays is not None:  # the same route as casts, so interrupts keep order
             state = shape_state(self._shape)

@@ -421,6 +421,11 @@ class Transport(IoLoop):
 
     # -- closing ---------------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` began: nothing is sent or received any more."""
+        return self._closing
+
     def close(self, linger: float = 1.0) -> None:
         """Stop the I/O thread and close every socket (queued sends get ``linger`` seconds)."""
         if self._closing:
