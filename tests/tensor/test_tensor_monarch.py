@@ -129,8 +129,8 @@ def says_one_row(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_result_unlike_its_propagate_fails_at_the_sync_point(mesh: Any) -> None:
-    """The controller shapes later ops from ``propagate``'s answer: a per-rank result of another
-    shape was kept without a word (the controller said (1, 4), each rank held (3, 4))."""
+    """The controller shapes later ops from ``propagate``'s answer: a result of another shape
+    was kept without a word (the controller said (1, 4), each rank held (3, 4))."""
     with activate(mesh):
         t = torch.ones(3, 4)
     wrong = says_one_row(t)
@@ -138,6 +138,12 @@ def test_a_result_unlike_its_propagate_fails_at_the_sync_point(mesh: Any) -> Non
     with pytest.raises(am.ActorError, match=r"returned a \(3, 4\).*told \(1, 4\)"):
         fetch(wrong, dp=1).get(timeout=WAIT)
     assert torch.equal(fetch(t + 1, dp=1).get(timeout=WAIT), torch.full((3, 4), 2.0))
+    whole = distribute(torch.ones(4, 4), mesh, sharding_spec=["dp", None])
+    wrong_whole = says_one_row(whole)  # a DTensor result: checked by its global shape
+    assert wrong_whole.shape == (1, 4)
+    with pytest.raises(am.ActorError, match=r"returned a \(4, 4\).*told \(1, 4\)"):
+        inspect(wrong_whole)
+    assert torch.equal(inspect(whole * 2), torch.full((4, 4), 2.0))
 
 
 def test_a_gpu_program_runs_on_the_cpu_mesh(mesh: Any) -> None:
