@@ -225,15 +225,11 @@ def _refuse_overlap(procs: compat.ProcMesh) -> None:
         if not mine.isdisjoint(old.mailboxes):
             raise compat.MeshUsageError(
                 f"these processes already run a tensor engine over {old!r} (in one process "
-                f"group), so a tensor mesh over {_extent(procs)} that shares processes with "
+                f"group), so a tensor mesh over {procs.extent} that shares processes with "
                 "it cannot start; keep tensors on that mesh (replicate over the dimensions "
                 "you would slice away, or fetch a rank's shard with fetch(t, dim=i)), or "
                 "spawn other procs for the second mesh"
             )
-
-
-def _extent(procs: compat.ProcMesh) -> str:
-    return "{" + ", ".join(f"{n}: {s}" for n, s in procs.sizes.items()) + "}"
 
 
 def meshes() -> list[TensorMesh]:

@@ -369,13 +369,17 @@ def node_if_started() -> Node | None:
     return _node
 
 
+# Why nothing can be spawned once this process's controller shut down (shutdown_context()).
+SHUT_DOWN = (
+    "actormesh was shut down in this process (shutdown_context() or exit), so nothing can be "
+    "spawned any more; restart the kernel or the script"
+)
+
+
 def spawn_hint(what: str) -> str:
     """What to tell a user who used a stopped mesh: to spawn ``what``, unless this process's
-    node is closed (``shutdown_context()``), after which nothing can be spawned."""
+    node is closing (``shutdown_context()``), after which nothing can be spawned."""
     node = _node
-    if node is not None and node.transport.closed:
-        return (
-            "actormesh was shut down in this process (shutdown_context() or exit), so nothing "
-            "can be spawned any more; restart the kernel or the script"
-        )
+    if node is not None and node.transport.closing:
+        return SHUT_DOWN
     return f"spawn {what}"

@@ -422,7 +422,7 @@ class Transport(IoLoop):
     # -- closing ---------------------------------------------------------------------------------
 
     @property
-    def closed(self) -> bool:
+    def closing(self) -> bool:
         """Whether ``close`` began: nothing is sent or received any more."""
         return self._closing
 

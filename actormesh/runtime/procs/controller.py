@@ -32,7 +32,7 @@ from ..messaging.address import Address
 from ..messaging.codec import Message, new_key
 from ..messaging.logs import LogSink
 from ..messaging.metrics import call_records
-from ..messaging.node import Node, node_if_started, set_node_factory
+from ..messaging.node import SHUT_DOWN, Node, node_if_started, set_node_factory
 from ..messaging.protocol import (
     ACTOR_STOPPED,
     AGENT_READY,
@@ -333,11 +333,7 @@ class Controller:
         """Refuse to start hosts or processes once ``shutdown_context()`` ran: its node is
         closed, so a new agent could never report back and the spawn would wait its timeout."""
         if self._closed:
-            raise MeshClosedError(
-                "actormesh was shut down in this process (shutdown_context() or exit), so no "
-                "host or process mesh can be started any more; restart the kernel or the "
-                "script to start again"
-            )
+            raise MeshClosedError(SHUT_DOWN)
 
     def shutdown(self) -> None:
         """Stop every mesh and agent (at exit, or explicitly). Leaves no process behind."""
