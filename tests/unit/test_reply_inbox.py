@@ -64,10 +64,10 @@ def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) ->
     assert inbox.closed
 
 
-def test_replies_due_are_read_on_and_the_socket_still_wakes_the_wait(node: Node) -> None:
-    """While the awaited call expects more replies, the inbox reads the next one at once (no
-    ``EVENTS`` first); the read that finds none must leave the socket's FD armed, so a reply
-    arriving after it still ends the wait (else it would sleep to its deadline)."""
+def test_replies_due_are_read_on_and_a_late_one_still_ends_the_wait(node: Node) -> None:
+    """The replies already queued are read in order by the wait's receives, and one that
+    arrives after them is read by the receive that was waiting for it (else the wait would
+    sleep to its deadline)."""
     inbox = reply_inbox(node)
     assert inbox is not None
     ctx: zmq.Context[object] = zmq.Context()

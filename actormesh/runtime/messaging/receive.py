@@ -4,7 +4,7 @@ thread's reply inbox) does with its socket."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -33,7 +33,6 @@ def receive(
     limit: int | None = None,
     woken: bool = False,
     wakeups: bool = False,
-    done: Callable[[], bool] | None = None,
 ) -> Iterator[Message]:
     """The authentic messages waiting on ``sock``, until it is empty (or ``limit`` were read).
 
@@ -46,12 +45,7 @@ def receive(
     commands, a few syscalls that the read does anyway.
 
     ``wakeups``: empty messages are wake-ups that other threads of this process send to the
-    socket (an actor's inbox): skipped, not logged.
-
-    ``done``: what the reader waits for (a call's future). While it is not done after a
-    message, more replies are due and are often queued already: the next one is read at once,
-    as after a wake-up. A queued message is then read without a syscall, where asking for it
-    first (``has_message``) processes the socket's commands, one syscall per message.
+    socket (an actor's inbox, a reply inbox): skipped, not logged.
     """
     count = 0
     while limit is None or count < limit:
@@ -81,8 +75,6 @@ def receive(
             logger.warning("dropped an undecodable message: %r", exc)
             continue
         yield msg
-        if done is not None:
-            woken = not done()
 
 
 def decode(verifier: Verifier | None, frames: list[zmq.Frame]) -> Message | None:

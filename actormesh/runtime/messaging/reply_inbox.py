@@ -5,17 +5,23 @@ reply arrived on the process inbox, the I/O thread would read it and then wake t
 thread: two thread wake-ups where one does. So the main thread gets its own reply socket, and
 while it waits in ``Future.get`` it reads that socket itself.
 
+The waiting thread sleeps in a blocking ZeroMQ receive on the socket, as an actor's thread does
+(``actor_inbox.py``), not in ``poll()`` on the socket's FD: the reply is read by the receive that
+was already waiting for it, with no ``EVENTS`` read to re-arm the FD before and after (two
+syscalls per call). Other threads wake it (a future completed elsewhere, a failure to raise) by
+sending an empty frame to the same socket over ``inproc://``; signed messages are never empty.
+
 When the thread is not waiting (it runs user code, or awaits in an event loop), the I/O thread
 reads the socket instead, so futures still complete and callbacks still run on their own. The
-two never read at the same time: a lock guards the socket, and the I/O thread stops watching it
-while the thread waits (and looks again shortly after, so nothing is left unread).
+two never read at the same time: the waiting thread holds a lock while it receives, the I/O
+thread only ever tries that lock (it must never block behind a wait), stops watching the socket
+while the thread waits, and looks again shortly after, so nothing is left unread.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +31,9 @@ import zmq
 
 from ..faults import supervision
 from .address import MAX_IPC_PATH, Address
-from .codec import Verifier, new_id
+from .codec import Message, Verifier, new_id
 from .protocol import REPLY
-from .receive import receive
-from .wake_pipe import WakePipe
+from .receive import decode, receive
 
 if TYPE_CHECKING:
     from .node import Node
@@ -37,7 +42,10 @@ logger = logging.getLogger(__name__)
 
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
-_POLL_IN = select.POLLIN
+# pyzmq's backend send and receive, without the Python wrappers.
+_zmq_send = zmq.backend.Socket.send
+_zmq_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Awaited(Protocol):
@@ -57,30 +65,28 @@ class ReplyInbox:
         self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
         self.address_state = tuple(self.address)  # as a call's envelope carries it
         self._verifier = Verifier(node.key, self.address.mailbox)
-        # Reentrant: a callback run by a read may end the process (os._exit in a worker closes
-        # the transport, which closes this socket) on the thread that holds it.
+        # Held by the reader. Reentrant: a callback run by a read may end the process (os._exit
+        # in a worker closes the transport, which closes this socket) on the thread that holds it.
         self._lock = threading.RLock()
         self.waiting = False
         self.closed = False
-        self._armed = False  # read until empty since anything else touched the socket
         self._watched = False  # by the I/O thread (only it changes this)
-        self._wake = WakePipe()
+        self._timeout_ms = -1  # the socket's RCVTIMEO, set only when a wait needs another
+        # The transport's context: its one I/O thread moves the calls out and the replies in
+        # (see transport.py's docstring); the waking socket must share it (inproc://).
         with self._lock:  # the transport may close it (see close) as soon as it is made
-            try:
-                # The transport's context: its one I/O thread moves the calls out and the
-                # replies in (see transport.py's docstring).
-                self._socket: zmq.Socket[Any] = transport.thread_socket(zmq.PULL, self.close)
-            except ConnectionError:
-                self._wake.close()
-                raise
+            self._socket: zmq.Socket[Any] = transport.thread_socket(zmq.PULL, self.close)
             self._socket.setsockopt(zmq.LINGER, 0)
             self._socket.setsockopt(zmq.RCVHWM, 0)
             self._socket.bind(self.address.ipc or "")
+            wake_at = f"inproc://actormesh-reply-wake-{next(_numbers)}"
+            self._socket.bind(wake_at)
             self._fd = self._socket.fileno()
-        self._wake_r = self._wake.r  # compared on every wake-up of a waiting call
-        self._poller = select.poll()
-        self._poller.register(self._fd, _POLL_IN)
-        self._poller.register(self._wake_r, _POLL_IN)
+        # Sends the wake-ups, from any thread, under its own lock (never the reader's).
+        self._waker_lock = threading.Lock()
+        self._waker: zmq.Socket[Any] | None = transport.thread_socket(zmq.PUSH, self.close)
+        self._waker.setsockopt(zmq.LINGER, 0)
+        self._waker.connect(wake_at)
         transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
@@ -90,44 +96,77 @@ class ReplyInbox:
         ``deadline`` passes (then return), or ``on_wake`` raises (it runs every ``step``
         seconds and when woken by another thread: pending failures, wait hooks)."""
         self.waiting = True
-        woken = False  # by the socket
         try:
             if fut.done():
                 return
-            # fut is asked again only where it may have completed: after a read, or when woken
-            # by another thread or by the step's end.
             while not self.closed:
-                # Armed (the last read ended empty), the socket's FD signals the next message,
-                # so there is nothing to read before sleeping: the reply was only just asked for.
-                if woken or not self._armed:
-                    with self._lock:
-                        if not self.closed:
-                            self._drain(woken, fut.done)
-                    if fut.done():
-                        return
                 left = step if deadline is None else min(step, deadline - time.monotonic())
                 if left <= 0:
                     return
-                events = self._poller.poll(left * 1000)
-                woken = poked = False
-                for fd, _ in events:
-                    if fd == self._wake_r:
-                        poked = True
-                        self._wake.drain()
-                    else:
-                        woken = True
-                if poked or not events:
-                    if not fut.done():
-                        on_wake()  # not after every reply: a wait hook may cost more than one
-                    if fut.done():
+                with self._lock:
+                    if self.closed:
                         return
+                    self._read(fut.done, int(left * 1000) or 1)
+                if fut.done():
+                    return
+                # Woken by another thread, or a step went by with nothing read.
+                on_wake()  # not after every reply: a wait hook may cost more than one
+                if fut.done():
+                    return
         finally:
             self.waiting = False
+
+    def _read(self, done: Callable[[], bool], timeout_ms: int) -> None:
+        # Caller holds the lock. Replies until ``done()``; returns at a wake-up or the timeout.
+        sock = self._socket
+        if timeout_ms != self._timeout_ms:
+            sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._timeout_ms = timeout_ms
+        node = self.node
+        verifier = self._verifier
+        while True:
+            try:
+                frame = _zmq_recv(sock, 0, False)  # blocks (without the GIL), up to the timeout
+            except zmq.Again:
+                return
+            if not frame.more:
+                if not len(frame):
+                    return  # a wake-up
+                frames = [frame]
+            else:
+                frames = [frame]
+                while frame.more:  # the rest of a message arrives with its first frame
+                    frame = _zmq_recv(sock, _NOBLOCK, False)
+                    frames.append(frame)
+            msg = decode(verifier, frames)  # None: dropped, and said so
+            if msg is not None:
+                self._handle(node, msg)
+            if done():
+                return
+
+    @staticmethod
+    def _handle(node: Node, msg: Message) -> None:
+        if not node.in_order(msg):
+            return  # handed to the I/O thread, after what its sender sent before it
+        try:
+            # Replies are what this socket is for: straight to their port.
+            if msg.envelope[0] == REPLY:
+                node.to_port(msg)
+            else:
+                node.dispatch(msg)
+        except Exception:
+            logger.exception("error handling a %r message", msg.envelope[0])
 
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
         to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
-        self._wake.wake()
+        with self._waker_lock:
+            waker = self._waker
+            if waker is not None:
+                try:
+                    _zmq_send(waker, b"", _NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # cannot happen (no limit on inproc to an unlimited receiver)
 
     # -- the I/O thread --------------------------------------------------------------------------
 
@@ -150,16 +189,21 @@ class ReplyInbox:
         self._on_readable()
 
     def _on_readable(self) -> None:
-        if self.waiting:
+        if self.waiting or not self._lock.acquire(blocking=False):
             # The owner reads now; look again once it is done.
             if self._watched:
                 self._watched = False
                 self.node.transport.remove_reader(self._fd)
                 self.node.transport.call_later(_RECHECK_S, self._recheck)
             return
-        with self._lock:
+        try:
             if not self.closed:
-                self._drain(woken=True)
+                # Read until empty: the socket's FD signals edges, not levels, and the owner's
+                # receives leave it in no known state.
+                for msg in receive(self._socket, self._verifier, woken=True, wakeups=True):
+                    self._handle(self.node, msg)
+        finally:
+            self._lock.release()
 
     def _recheck(self) -> None:
         if self.closed or self._watched:
@@ -169,36 +213,20 @@ class ReplyInbox:
         else:
             self._watch()
 
-    # -- either -----------------------------------------------------------------------------------
-
-    def _drain(self, woken: bool = False, done: Callable[[], bool] | None = None) -> None:
-        # Caller holds the lock. Read until empty: the socket's FD signals edges, not levels.
-        self._armed = False
-        node = self.node
-        dispatch = node.dispatch
-        to_port = node.to_port
-        in_order = node.in_order
-        for msg in receive(self._socket, self._verifier, woken=woken, done=done):
-            if not in_order(msg):
-                continue  # handed to the I/O thread, after what its sender sent before it
-            try:
-                # Replies are what this socket is for: straight to their port.
-                if msg.envelope[0] == REPLY:
-                    to_port(msg)
-                else:
-                    dispatch(msg)
-            except Exception:
-                logger.exception("error handling a %r message", msg.envelope[0])
-        self._armed = True
+    # -- any thread --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the socket (when the node closes). A waiting owner stops waiting here."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            self._socket.close(linger=0)
+        """Close the sockets (when the node closes). A waiting owner stops waiting here."""
+        if self.closed:
+            return
+        self.closed = True  # first: a woken owner stops reading and lets go of the lock
         self.set()
+        with self._waker_lock:
+            if self._waker is not None:
+                self._waker.close(linger=0)
+                self._waker = None
+        with self._lock:
+            self._socket.close(linger=0)
 
 
 _numbers = itertools.count(1)
