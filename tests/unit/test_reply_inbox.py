@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
-from actormesh.runtime.messaging.codec import Signer
+from actormesh.runtime.messaging.address import Address
+from actormesh.runtime.messaging.codec import Message, Signer
 from actormesh.runtime.messaging.node import Node
-from actormesh.runtime.messaging.protocol import REPLY
+from actormesh.runtime.messaging.protocol import OK, REPLY
 from actormesh.runtime.messaging.reply_inbox import reply_inbox
 
 TIMEOUT_S = 10
@@ -37,29 +39,59 @@ def test_a_closed_node_gives_no_reply_inbox(node: Node) -> None:
     assert reply_inbox(node) is None
 
 
+class _Handler:
+    """A port's handler that keeps what reached it."""
+
+    def __init__(self) -> None:
+        self.got: list[Message] = []
+        self.arrived = threading.Event()
+
+    def on_message(self, msg: Message) -> None:
+        self.got.append(msg)
+        self.arrived.set()
+
+    def on_death(self, mailbox: bytes, death: object) -> None:
+        pass
+
+
+class _Worker:
+    """What a worker does with a reply inbox's address: a socket that sends it signed replies."""
+
+    def __init__(self, node: Node, address: Address) -> None:
+        self.address = address
+        self.ctx: zmq.Context[object] = zmq.Context()
+        self.out = self.ctx.socket(zmq.PUSH)
+        self.out.setsockopt(zmq.LINGER, 0)
+        self.out.connect(address.ipc or "")
+        self.signer = Signer(node.key, b"worker-0")
+
+    def reply(self, port_id: int, index: int = 0) -> None:
+        envelope = (REPLY, port_id, index, OK)
+        self.out.send_multipart(self.signer.frames(self.address.mailbox, envelope))
+
+    def close(self) -> None:
+        self.out.close()
+        self.ctx.term()
+
+
+class _Until:
+    def __init__(self, done: Callable[[], bool]) -> None:
+        self.done = done
+
+
 def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) -> None:
     inbox = reply_inbox(node)
     assert inbox is not None
+    handler = _Handler()
+    port = node.open_port(handler, inbox.address)
+    worker = _Worker(node, inbox.address)
     try:
         # A reply signed for the inbox's mailbox, as a worker sends it, is read off its socket.
-        ctx: zmq.Context[object] = zmq.Context()
-        out = ctx.socket(zmq.PUSH)
-        out.setsockopt(zmq.LINGER, 0)
-        out.connect(inbox.address.ipc or "")
-        got: list[object] = []
-        node.to_port = got.append  # type: ignore[method-assign]
-        frames = Signer(node.key, b"worker-0").frames(inbox.address.mailbox, (REPLY, 1, 0, "ok"))
-        out.send_multipart(frames)
-
-        class _Until:
-            def done(self) -> bool:
-                return bool(got)
-
-        inbox.wait(_Until(), time.monotonic() + TIMEOUT_S, lambda: None)
-        assert len(got) == 1
-        out.close()
-        ctx.term()
+        worker.reply(port.port_id)
+        inbox.wait(_Until(lambda: bool(handler.got)), time.monotonic() + TIMEOUT_S, lambda: None)
+        assert len(handler.got) == 1
     finally:
+        worker.close()
         node.close()
     assert inbox.closed
 
@@ -70,33 +102,49 @@ def test_replies_due_are_read_on_and_a_late_one_still_ends_the_wait(node: Node) 
     sleep to its deadline)."""
     inbox = reply_inbox(node)
     assert inbox is not None
-    ctx: zmq.Context[object] = zmq.Context()
-    out = ctx.socket(zmq.PUSH)
+    handler = _Handler()
+    port = node.open_port(handler, inbox.address)
+    worker = _Worker(node, inbox.address)
     try:
-        out.setsockopt(zmq.LINGER, 0)
-        out.connect(inbox.address.ipc or "")
-        got: list[object] = []
-        node.to_port = got.append  # type: ignore[method-assign]
-        signer = Signer(node.key, b"worker-0")
-
-        def reply(value: int) -> None:
-            out.send_multipart(signer.frames(inbox.address.mailbox, (REPLY, 1, value, "ok")))
-
-        for value in range(3):
-            reply(value)
-
-        class _Four:
-            def done(self) -> bool:
-                return len(got) >= 4
-
-        late = threading.Timer(0.3, reply, args=(3,))
+        for index in range(3):
+            worker.reply(port.port_id, index)
+        late = threading.Timer(0.3, worker.reply, args=(port.port_id, 3))
         late.start()
         started = time.monotonic()
-        inbox.wait(_Four(), started + TIMEOUT_S, lambda: None)
+        inbox.wait(_Until(lambda: len(handler.got) >= 4), started + TIMEOUT_S, lambda: None)
         late.join()
-        assert [msg.envelope[2] for msg in got] == [0, 1, 2, 3]  # type: ignore[attr-defined]
+        assert [msg.envelope[2] for msg in handler.got] == [0, 1, 2, 3]
         assert time.monotonic() - started < TIMEOUT_S / 2, "the late reply did not wake the wait"
     finally:
-        out.close()
-        ctx.term()
+        worker.close()
+        node.close()
+
+
+def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> None:
+    """A wait stops reading once its own reply is in; a reply to another call queued behind it
+    is the I/O thread's to read, though the wait's receives took the socket FD's signal."""
+    node.start()
+    inbox = reply_inbox(node)
+    assert inbox is not None
+    watching = threading.Event()
+    node.transport.call_soon(watching.set)  # after the inbox's first watch (queued before it)
+    assert watching.wait(TIMEOUT_S)
+    mine, other = _Handler(), _Handler()
+    my_port = node.open_port(mine, inbox.address)
+    other_port = node.open_port(other, inbox.address)
+    worker = _Worker(node, inbox.address)
+    # The I/O thread is kept busy through the wait, so that it cannot see the signal before
+    # the wait's receives take it.
+    release = threading.Event()
+    node.transport.call_soon(lambda: release.wait(TIMEOUT_S))
+    try:
+        worker.reply(my_port.port_id)
+        worker.reply(other_port.port_id)
+        inbox.wait(_Until(lambda: bool(mine.got)), time.monotonic() + TIMEOUT_S, lambda: None)
+        assert mine.got and not other.got  # the wait read its own reply only
+        release.set()
+        assert other.arrived.wait(TIMEOUT_S), "the reply left queued was never read"
+    finally:
+        release.set()
+        worker.close()
         node.close()

@@ -33,7 +33,7 @@ from ..faults import supervision
 from .address import MAX_IPC_PATH, Address
 from .codec import Message, Verifier, new_id
 from .protocol import REPLY
-from .receive import decode, receive
+from .receive import decode, has_message, receive
 
 if TYPE_CHECKING:
     from .node import Node
@@ -115,6 +115,18 @@ class ReplyInbox:
                     return
         finally:
             self.waiting = False
+            if self._watched:
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        # The I/O thread watched the socket through the wait (nothing woke it, so it did not
+        # stop): the wait's receives may have taken the FD's edge for messages left unread
+        # (replies to other calls, which the wait does not read once its own is done). Reading
+        # EVENTS re-arms the FD; what is already queued, the I/O thread is asked to read.
+        with self._lock:
+            queued = not self.closed and has_message(self._socket)
+        if queued:
+            self.node.transport.call_soon(self._on_readable)
 
     def _read(self, done: Callable[[], bool], timeout_ms: int) -> None:
         # Caller holds the lock. Replies until ``done()``; returns at a wake-up or the timeout.
@@ -129,18 +141,16 @@ class ReplyInbox:
                 frame = _zmq_recv(sock, 0, False)  # blocks (without the GIL), up to the timeout
             except zmq.Again:
                 return
-            if not frame.more:
-                if not len(frame):
-                    return  # a wake-up
-                frames = [frame]
-            else:
-                frames = [frame]
-                while frame.more:  # the rest of a message arrives with its first frame
-                    frame = _zmq_recv(sock, _NOBLOCK, False)
-                    frames.append(frame)
+            if not frame.more and not len(frame):
+                return  # a wake-up
+            frames = [frame]
+            while frame.more:  # the rest of a message arrives with its first frame
+                frame = _zmq_recv(sock, _NOBLOCK, False)
+                frames.append(frame)
             msg = decode(verifier, frames)  # None: dropped, and said so
-            if msg is not None:
-                self._handle(node, msg)
+            if msg is None:
+                continue
+            self._handle(node, msg)
             if done():
                 return
 
