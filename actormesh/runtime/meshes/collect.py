@@ -196,6 +196,36 @@ class Gather(Collector[T]):
             self.future._set_result(self.finish(self.values))
 
 
+class GatherOne(Gather[T]):
+    """The reply of one actor (``call_one``, ``choose``): its value is the result."""
+
+    def __init__(self, what: str, procs: ProcTable, shape: Shape, full: Shape | None = None):
+        super().__init__(what, procs, shape, _only, full)
+
+    def on_message(self, msg: Message) -> None:
+        # Gather's path, with what one rank needs inline: every call_one's reply comes here.
+        _, port_id, index, status = msg.envelope[:4]
+        if status != OK:
+            super().on_message(msg)
+            return
+        try:
+            value = _pickle_loads(msg.payload, buffers=msg.buffers)
+        except Exception as exc:
+            self.deliver(index, True, self.unreadable(index, exc))
+            return
+        with self.lock:
+            if self.remaining == 0:
+                return  # answered already (or failed by a death)
+            self.values[0] = value
+            self.remaining = 0
+        self.node.ports.pop(port_id, None)
+        self.future._set_result(value)
+
+
+def _only(values: list[Any]) -> Any:
+    return values[0]
+
+
 class Stream(Collector[T], Generic[T]):
     """Completed futures, one per rank, in the order the replies arrive. Not built by users."""
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..shape import Shape
     from .proc_table import ProcTable
 
-from .collect import Collector, Gather, Stream
+from .collect import Collector, Gather, GatherOne, Stream
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -100,10 +100,6 @@ def _all_on(addresses: list[Any], ranks: tuple[int, ...], host: str) -> bool:
         if addresses[rank].host != host:
             return False
     return True
-
-
-def _first(values: list[Any]) -> Any:
-    return values[0]
 
 
 def no_values(_: list[Any]) -> None:
@@ -178,14 +174,14 @@ class Endpoint(Generic[P, R]):
                 f"{len(shape)} actors (extent {shape.extent}); slice the mesh to one actor, "
                 f"e.g. {hint}, or use call() to reach them all"
             )
-        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
+        gather: GatherOne[R] = GatherOne(self._what, self._procs, shape, self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, chosen at random among live ones."""
         shape = self._chosen()
-        gather: Gather[R] = Gather(self._what, self._procs, shape, _first, self._full)
+        gather: GatherOne[R] = GatherOne(self._what, self._procs, shape, self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 

@@ -103,7 +103,7 @@ def reply_port(reply: tuple[Any, ...] | None) -> Port | None:
         if len(_addresses) > 4096:
             _addresses.clear()
         address = _addresses[addr_t] = Address(*addr_t)
-    return Port(address, reply[1])
+    return tuple.__new__(Port, (address, reply[1]))  # not Port(): its constructor is Python
 
 
 class PortHandler(Protocol):
@@ -133,7 +133,8 @@ class Node:
         self.register(REVIVED, self._on_revived)
         self.register(BATCH, self._on_batch)
         self.register(BUF_DONE, self.to_port)
-        self._ports: dict[int, PortHandler] = {}
+        # port id -> its handler; read directly on the reply paths (one call less per reply).
+        self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self.last_port_id = 0  # read as a mark: ports opened later have greater ids
         self._lock = threading.Lock()
@@ -164,23 +165,23 @@ class Node:
         """A port for ``handler``, received on the process inbox or on ``address`` (a thread's
         reply inbox in this process)."""
         port_id = self.last_port_id = next(self._port_ids)
-        self._ports[port_id] = handler
+        self.ports[port_id] = handler
         # tuple.__new__: a NamedTuple's own constructor is a Python function (one per call)
         return tuple.__new__(Port, (address or self.address, port_id))
 
     def handlers_since(self, mark: int) -> list[PortHandler]:
         """The handlers of the ports still open that were opened after ``mark`` (a
         ``last_port_id`` read earlier): the calls made since then that await replies."""
-        return [h for port_id, h in list(self._ports.items()) if port_id > mark]
+        return [h for port_id, h in list(self.ports.items()) if port_id > mark]
 
     def close_port(self, port: Port) -> None:
-        self._ports.pop(port.port_id, None)
+        self.ports.pop(port.port_id, None)
 
     def to_port(self, msg: Message) -> None:
         """Hand a REPLY, PORT or BUF_DONE message to its port's handler, on the thread that read
         it (a reply inbox calls it for replies directly, rather than through ``dispatch``)."""
         # The port id is the first field of every kind routed here (REPLY, PORT, BUF_DONE).
-        handler = self._ports.get(msg.envelope[1])
+        handler = self.ports.get(msg.envelope[1])
         if handler is None:
             logger.debug("message for closed port %s dropped", msg.envelope[1])
             return
@@ -263,7 +264,7 @@ class Node:
         if self._held:
             self._release_held()
         observed = False
-        for handler in list(self._ports.values()):
+        for handler in list(self.ports.values()):
             try:
                 observed = bool(handler.on_death(mailbox, death)) or observed
             except Exception:

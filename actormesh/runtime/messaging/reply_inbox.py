@@ -135,6 +135,8 @@ class ReplyInbox:
             sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
             self._timeout_ms = timeout_ms
         node = self.node
+        ports = node.ports
+        in_order = node.in_order
         verifier = self._verifier
         while True:
             try:
@@ -150,7 +152,19 @@ class ReplyInbox:
             msg = decode(verifier, frames)  # None: dropped, and said so
             if msg is None:
                 continue
-            self._handle(node, msg)
+            env = msg.envelope
+            if env[0] != REPLY:
+                self._handle(node, msg)
+            elif in_order(msg):
+                # _handle, inline for a reply (what a waiting call reads): to its port's handler.
+                handler = ports.get(env[1])
+                if handler is not None:
+                    try:
+                        handler.on_message(msg)
+                    except Exception:
+                        logger.exception("error handling a reply")
+                else:
+                    logger.debug("reply for closed port %s dropped", env[1])
             if done():
                 return
 
