@@ -1,10 +1,11 @@
 """``WakePipe``: how one thread wakes another that sleeps in ``poll()`` on sockets.
 
-ZeroMQ sockets cannot be woken from another thread, so each thread that sleeps in ``poll()`` on
-them (the I/O thread, a thread waiting on its reply inbox) also polls the read end of a pipe; a
-byte written to it ends the sleep. Only wake-ups matter, not how many: a drain reads whatever
-accumulated at once. (An actor's thread sleeps in a blocking receive on its own socket instead,
-and is woken by an empty frame sent to that socket: see ``actor_inbox.py``.)
+ZeroMQ sockets cannot be woken from another thread, so a thread that sleeps in ``poll()`` on
+several of them (the I/O thread) also polls the read end of a pipe; a byte written to it ends
+the sleep. Only wake-ups matter, not how many: a drain reads whatever accumulated at once. (A
+thread that sleeps on one socket, an actor's or a waiting thread's reply inbox, sleeps in a
+blocking receive instead, and is woken by an empty frame sent to that socket: see
+``actor_inbox.py`` and ``reply_inbox.py``.)
 """
 
 from __future__ import annotations
