@@ -308,8 +308,8 @@ def per_op_us(fn: Callable[[], object], loops: int = 2000, repeats: int = 7) -> 
 def steps(one: Any) -> dict[str, float]:
     """The runtime's steps of a ``call_one`` timed alone, controller and worker side."""
     from actormesh.runtime.actors import context as ctxmod
-    from actormesh.runtime.meshes.collect import Gather
-    from actormesh.runtime.meshes.endpoint import _first, pickle_arguments
+    from actormesh.runtime.meshes.collect import GatherOne
+    from actormesh.runtime.meshes.endpoint import pickle_arguments
     from actormesh.runtime.messaging import codec, protocol
     from actormesh.runtime.messaging.logs import flush_output
     from actormesh.runtime.messaging.node import current_node, reply_port
@@ -349,8 +349,8 @@ def steps(one: Any) -> dict[str, float]:
                 proc_table.stopped_actors,
             )
         ),
-        "ctrl: Gather + Future": per_op_us(
-            lambda: Gather(ep._what, proc_table, shape, _first, ep._full)
+        "ctrl: GatherOne + Future": per_op_us(
+            lambda: GatherOne(ep._what, proc_table, shape, ep._full)
         ),
         "ctrl: pickle arguments": per_op_us(lambda: pickle_arguments((7,), {}, "x")),
         "ctrl: open + close port": per_op_us(

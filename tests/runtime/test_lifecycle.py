@@ -33,6 +33,10 @@ SCRIPT = textwrap.dedent(
             print(f"{self.greeting}, {name} from {am.current_rank()['gpus']}")
             return os.getpid()
 
+        @am.endpoint
+        def nap(self):
+            time.sleep(600)
+
     procs = am.this_host().spawn_procs(per_host={"gpus": 3})
     greeters = procs.spawn("greeter", Greeter, "hello")
     pids = greeters.greet.call("world").get(timeout=60).values()
@@ -42,6 +46,9 @@ SCRIPT = textwrap.dedent(
         sys.exit(0)
     if mode == "raise":
         raise RuntimeError("controller failed")
+    if mode == "call":   # blocked in get(), reading the reply inbox, when Ctrl-C comes
+        print("WAITING", flush=True)
+        greeters.slice(gpus=0).nap.call_one().get()
     time.sleep(600)   # wait to be killed
     """
 )
@@ -87,12 +94,16 @@ def _family(proc: subprocess.Popen[str]) -> list[int]:
         return []
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit", "raise"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT", "exit", "raise"])
 def test_no_worker_outlives_the_controller(tmp_path: Path, how: str) -> None:
-    mode = how if how in ("exit", "raise") else "wait"
+    """However the controller ends; SIGINT (Ctrl-C) comes while it waits in a call's get()."""
+    mode = {"exit": "exit", "raise": "raise", "SIGINT": "call"}.get(how, "wait")
     proc, pids = _run_controller(tmp_path, mode)
     family = _family(proc) + pids  # agent, fork server and workers
     assert "hello, world from 0" in "".join(proc.lines)  # type: ignore[attr-defined]
+    if how == "SIGINT":
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "WAITING\n"
     if how.startswith("SIG"):
         proc.send_signal(getattr(signal, how))
     try:
@@ -108,11 +119,17 @@ def test_no_worker_outlives_the_controller(tmp_path: Path, how: str) -> None:
         proc.wait()
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()
+        stderr = proc.stderr.read()
         proc.stderr.close()
     if how == "exit":
         assert proc.returncode == 0
     if how == "raise":
         assert proc.returncode == 1
+    if how == "SIGINT":
+        # The wait was interrupted: KeyboardInterrupt ended the script (Python then exits by
+        # SIGINT, as a shell expects of a program that Ctrl-C stopped).
+        assert proc.returncode == -signal.SIGINT
+        assert "KeyboardInterrupt" in stderr, stderr
 
 
 AFTER_SHUTDOWN = textwrap.dedent(
