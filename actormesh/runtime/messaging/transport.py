@@ -221,8 +221,13 @@ class Transport(IoLoop):
                         self._send_batch(sock, endpoint)
                 mailboxes = [dest.mailbox for dest in dests]
                 frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
-                for _, sock in routes:
-                    self._send_frames(sock, frames)
+                if len(frames) == 1:  # a call without tensors: one frame, sent inline
+                    frame = frames[0]
+                    for _, sock in routes:
+                        _zmq_send(sock, frame)
+                else:
+                    for _, sock in routes:
+                        self._send_frames(sock, frames)
                 seq = self._signer.last_seq
                 for mailbox in mailboxes:
                     self._last_seq[mailbox] = seq
