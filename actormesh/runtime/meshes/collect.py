@@ -170,6 +170,10 @@ class Gather(Collector[T]):
         except Exception as exc:
             self.deliver(index, True, self.unreadable(index, exc))
             return
+        self.answered(index, value)
+
+    def answered(self, index: int, value: Any) -> None:
+        """Rank ``index`` answered ``value`` (it did not fail)."""
         if self.record(index, value) and not self.future.done():  # not failed by a death
             self._complete()
 
@@ -202,23 +206,16 @@ class GatherOne(Gather[T]):
     def __init__(self, what: str, procs: ProcTable, shape: Shape, full: Shape | None = None):
         super().__init__(what, procs, shape, _only, full)
 
-    def on_message(self, msg: Message) -> None:
-        # Gather's path, with what one rank needs inline: every call_one's reply comes here.
-        _, port_id, index, status = msg.envelope[:4]
-        if status != OK:
-            super().on_message(msg)
-            return
-        try:
-            value = _pickle_loads(msg.payload, buffers=msg.buffers)
-        except Exception as exc:
-            self.deliver(index, True, self.unreadable(index, exc))
-            return
+    def answered(self, index: int, value: Any) -> None:
+        # Gather's, with what one rank needs inline: every call_one's reply comes here.
         with self.lock:
             if self.remaining == 0:
                 return  # answered already (or failed by a death)
             self.values[0] = value
             self.remaining = 0
-        self.node.ports.pop(port_id, None)
+        port = self.port  # close(), inline
+        if port is not None:
+            self.node.close_port(port)
         self.future._set_result(value)
 
 

@@ -9,10 +9,10 @@ through the process inbox from other hosts, supervision events, stop) goes into 
 The actor's thread sleeps in a blocking ZeroMQ receive on its socket, not in ``poll()`` on the
 socket's FD and a pipe: a call is then read by the receive that was already waiting for it, with
 no poll result to look through and no ``EVENTS`` read before and after. To wake it for a queued
-item, the handing thread sends an empty frame to the same socket over ``inproc://`` (signed
-messages are never empty, so the two cannot be confused; a wake-up is only ever a reason to look
-at the queue, never something to handle). An event loop that waits on ``fds`` instead (an
-actor's concurrent calls) is woken the same way, by the socket's FD.
+item, the handing thread sends an empty frame to the same socket (``socket_waker.py``): a
+wake-up is only ever a reason to look at the queue, never something to handle. An event loop
+that waits on ``fds`` instead (an actor's concurrent calls) is woken the same way, by the
+socket's FD.
 
 Only the actor's thread reads the socket, so the socket is not locked; the waking socket is
 shared by the handing threads, under a lock. Both live in a ZeroMQ context of their own that is
@@ -22,7 +22,6 @@ is busy in user code.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import deque
@@ -34,12 +33,12 @@ from .address import Address
 from .codec import Message, Verifier
 from .protocol import BATCH, CALL, STOP_ACTOR
 from .receive import decode, receive
+from .socket_waker import SocketWaker, wake_address
 
 logger = logging.getLogger(__name__)
 
 _context: zmq.Context[Any] | None = None
 _context_lock = threading.Lock()
-_wake_ids = itertools.count(1)
 
 
 def actor_context() -> zmq.Context[Any]:
@@ -64,8 +63,7 @@ STOP_ITEM = "stop"
 TASK_ITEM = "task"
 NOTHING = object()  # what try_get answers when there is no item (None is an item: the end)
 
-# pyzmq's backend send and receive, without the Python wrappers (draft-socket options only).
-_zmq_send = zmq.backend.Socket.send
+# pyzmq's backend receive, without the Python wrapper (draft-socket options only).
 _zmq_recv = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -79,8 +77,7 @@ class ActorInbox:
         self._queue: deque[Any] = deque()  # handed over by other threads
         self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
         self._socket: zmq.Socket[Any] | None = None
-        self._waker: zmq.Socket[Any] | None = None  # sends the wake-ups (under _waker_lock)
-        self._waker_lock = threading.Lock()
+        self._waker = SocketWaker()
         self._closed = False
 
     def open(self) -> None:
@@ -91,25 +88,16 @@ class ActorInbox:
         if self.address is not None:  # else it only carries wake-ups
             assert self.address.ipc is not None
             sock.bind(self.address.ipc)
-        wake_at = f"inproc://actormesh-wake-{next(_wake_ids)}"
+        wake_at = wake_address()
         sock.bind(wake_at)
         self._socket = sock
-        waker = actor_context().socket(zmq.PUSH)
-        waker.setsockopt(zmq.LINGER, 0)
-        waker.connect(wake_at)
-        with self._waker_lock:  # items put before this are in the queue, looked at first
-            self._waker = waker
+        # Items put before this are in the queue, looked at first.
+        self._waker.connect(actor_context().socket(zmq.PUSH), wake_at)
 
     def put(self, item: Any) -> None:
         """Hand the actor an item (any thread)."""
         self._queue.append(item)  # before the wake-up: the woken thread must find it
-        with self._waker_lock:
-            waker = self._waker
-            if waker is not None:
-                try:
-                    _zmq_send(waker, b"", _NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # cannot happen (no send limit on inproc to an unlimited receiver)
+        self._waker.wake()
 
     def get(self) -> Any:
         """The next item: handed-over ones first, then calls from the socket (actor's thread).
@@ -192,10 +180,7 @@ class ActorInbox:
         if self._closed:
             return
         self._closed = True
-        with self._waker_lock:  # later puts wake nobody: the thread is gone
-            if self._waker is not None:
-                self._waker.close(linger=0)
-                self._waker = None
+        self._waker.close()  # later puts wake nobody: the thread is gone
         if self._socket is not None:
             self._socket.close(linger=0)
 

@@ -9,7 +9,7 @@ The waiting thread sleeps in a blocking ZeroMQ receive on the socket, as an acto
 (``actor_inbox.py``), not in ``poll()`` on the socket's FD: the reply is read by the receive that
 was already waiting for it, with no ``EVENTS`` read to re-arm the FD before and after (two
 syscalls per call). Other threads wake it (a future completed elsewhere, a failure to raise) by
-sending an empty frame to the same socket over ``inproc://``; signed messages are never empty.
+sending an empty frame to the same socket (``socket_waker.py``).
 
 When the thread is not waiting (it runs user code, or awaits in an event loop), the I/O thread
 reads the socket instead, so futures still complete and callbacks still run on their own. The
@@ -34,6 +34,7 @@ from .address import MAX_IPC_PATH, Address
 from .codec import Message, Verifier, new_id
 from .protocol import REPLY
 from .receive import decode, has_message, receive
+from .socket_waker import SocketWaker, wake_address
 
 if TYPE_CHECKING:
     from .node import Node
@@ -42,8 +43,7 @@ logger = logging.getLogger(__name__)
 
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
-# pyzmq's backend send and receive, without the Python wrappers.
-_zmq_send = zmq.backend.Socket.send
+# pyzmq's backend receive, without the Python wrapper.
 _zmq_recv = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -79,14 +79,12 @@ class ReplyInbox:
             self._socket.setsockopt(zmq.LINGER, 0)
             self._socket.setsockopt(zmq.RCVHWM, 0)
             self._socket.bind(self.address.ipc or "")
-            wake_at = f"inproc://actormesh-reply-wake-{next(_numbers)}"
+            wake_at = wake_address()
             self._socket.bind(wake_at)
             self._fd = self._socket.fileno()
-        # Sends the wake-ups, from any thread, under its own lock (never the reader's).
-        self._waker_lock = threading.Lock()
-        self._waker: zmq.Socket[Any] | None = transport.thread_socket(zmq.PUSH, self.close)
-        self._waker.setsockopt(zmq.LINGER, 0)
-        self._waker.connect(wake_at)
+        # Wakes the waiting thread, from any thread, under its own lock (never the reader's).
+        self._waker = SocketWaker()
+        self._waker.connect(transport.thread_socket(zmq.PUSH, self.close), wake_at)
         transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
@@ -184,13 +182,7 @@ class ReplyInbox:
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
         to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
-        with self._waker_lock:
-            waker = self._waker
-            if waker is not None:
-                try:
-                    _zmq_send(waker, b"", _NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # cannot happen (no limit on inproc to an unlimited receiver)
+        self._waker.wake()
 
     # -- the I/O thread --------------------------------------------------------------------------
 
@@ -244,11 +236,8 @@ class ReplyInbox:
         if self.closed:
             return
         self.closed = True  # first: a woken owner stops reading and lets go of the lock
-        self.set()
-        with self._waker_lock:
-            if self._waker is not None:
-                self._waker.close(linger=0)
-                self._waker = None
+        self._waker.wake()
+        self._waker.close()
         with self._lock:
             self._socket.close(linger=0)
 
