@@ -256,3 +256,10 @@ def test_a_completed_future_does_not_keep_its_result_in_a_cycle() -> None:
         assert alive() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.5, float("nan")])
+def test_a_negative_timeout_is_refused_with_what_to_pass(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
+        Future().get(timeout=timeout)
+    assert Future._completed(3).get(timeout=timeout) == 3  # done: nothing to wait for

@@ -141,6 +141,10 @@ class Future(Generic[T]):
         return self._value if self._state == _FAILED else None
 
     def _wait(self, timeout: float | None) -> None:
+        if timeout is not None and not timeout >= 0:  # also NaN
+            raise ValueError(
+                f"timeout must be a number of seconds >= 0 (or None: no limit), got {timeout!r}"
+            )
         # Until it returns or raises (its timeout's message included): a process asked what
         # its threads wait for answers from this (see blocked_on).
         ident = threading.get_ident()

@@ -218,7 +218,7 @@ def _run_on(
     deadline = None if timeout is None else start + timeout
 
     def left() -> float | None:
-        return None if deadline is None else deadline - time.monotonic()
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     _helpers, store = _serve(procs, master_addr)
     addr, port = store.get(timeout=left())
