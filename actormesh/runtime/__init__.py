@@ -23,8 +23,9 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         calls and timers), ``open_files`` (the open-file limit, checked before
                         a connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
                         sends; built on ``io_loop``), ``node`` (a process's handlers, ports,
-                        deaths), ``actor_inbox``,
-                        ``reply_inbox``, ``tunnel``, ``logs`` (rank-labelled output),
+                        deaths), ``actor_inbox``, ``reply_inbox``, ``socket_waker``
+                        (waking a thread asleep in a receive), ``tunnel``, ``logs``
+                        (rank-labelled output),
                         ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         ``lifecycle`` (its construction, stop, ``__cleanup__`` and end),
