@@ -12,9 +12,9 @@ import zmq
 
 from actormesh.runtime.messaging.address import Address
 from actormesh.runtime.messaging.codec import Message, Signer
-from actormesh.runtime.messaging.node import Node
+from actormesh.runtime.messaging.node import Node, Port
 from actormesh.runtime.messaging.protocol import OK, REPLY
-from actormesh.runtime.messaging.reply_inbox import reply_inbox
+from actormesh.runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
 
 TIMEOUT_S = 10
 
@@ -79,12 +79,16 @@ class _Until:
         self.done = done
 
 
-def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) -> None:
+def _inbox_with_a_worker(node: Node) -> tuple[ReplyInbox, _Handler, Port, _Worker]:
+    """The node's reply inbox, a port on it and a worker that sends it replies."""
     inbox = reply_inbox(node)
     assert inbox is not None
     handler = _Handler()
-    port = node.open_port(handler, inbox.address)
-    worker = _Worker(node, inbox.address)
+    return inbox, handler, node.open_port(handler, inbox.address), _Worker(node, inbox.address)
+
+
+def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) -> None:
+    inbox, handler, port, worker = _inbox_with_a_worker(node)
     try:
         # A reply signed for the inbox's mailbox, as a worker sends it, is read off its socket.
         worker.reply(port.port_id)
@@ -100,11 +104,7 @@ def test_replies_due_are_read_on_and_a_late_one_still_ends_the_wait(node: Node) 
     """The replies already queued are read in order by the wait's receives, and one that
     arrives after them is read by the receive that was waiting for it (else the wait would
     sleep to its deadline)."""
-    inbox = reply_inbox(node)
-    assert inbox is not None
-    handler = _Handler()
-    port = node.open_port(handler, inbox.address)
-    worker = _Worker(node, inbox.address)
+    inbox, handler, port, worker = _inbox_with_a_worker(node)
     try:
         for index in range(3):
             worker.reply(port.port_id, index)
