@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -74,6 +76,35 @@ def no_leaked_processes() -> Iterator[None]:
             except psutil.Error:
                 pass
         pytest.fail(f"test left {len(left)} process(es) running: {desc}")
+
+
+def _orphaned_shared_memory() -> list[str]:
+    """actormesh's files in /dev/shm whose process is gone (named ``actormesh-<mailbox>-<pid>-*``:
+    TensorBuffers and the message lane's slots). A live process's are its own business."""
+    out = []
+    for path in glob.glob("/dev/shm/actormesh-*"):
+        parts = os.path.basename(path).split("-")
+        if len(parts) >= 4 and parts[2].isdigit() and not psutil.pid_exists(int(parts[2])):
+            out.append(path)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_shared_memory() -> Iterator[None]:
+    """Fail the test that leaves a dead process's shared memory behind (removing it is the
+    process's own job as it exits, or its host agent's when it is killed)."""
+    before = set(_orphaned_shared_memory())
+    yield
+    deadline = time.monotonic() + 10
+    left = set(_orphaned_shared_memory()) - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = set(_orphaned_shared_memory()) - before
+    for path in left:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if left:
+        pytest.fail(f"test left shared memory of dead processes: {sorted(left)}")
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,9 @@ A message on the wire is a list of ZeroMQ frames::
   its digest in the head, and out-of-band buffers through their sizes: buffers are only ever
   copied into tensors or arrays, never unpickled, so hashing hundreds of megabytes buys nothing.
 - ``payload`` is the pickled user data (arguments, results), pickle protocol 5. Large tensors and
-  arrays leave it as out-of-band buffers, sent as zero-copy frames (``plain_pickle.py``).
+  arrays leave it as out-of-band buffers, sent as zero-copy frames (``plain_pickle.py``), or,
+  to a process on the same host, copied through shared memory (``shm_lane.py``): the head then
+  also names the slot they are in, and no frame follows.
 
 Nothing is unpickled before the signature, the destination, the sequence number (against
 replays) and the payload digest have been checked.
@@ -40,13 +42,15 @@ from typing import Any
 
 import cloudpickle
 
+from . import shm_lane
 from .plain_pickle import NOT_PLAIN, OOB_THRESHOLD, SIMPLE_TYPES, plain_tree, reduce_tensor
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"AM02"
-# magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length
-_FIXED = struct.Struct("<4s8sQ32sIII")
+MAGIC = b"AM03"
+# magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length,
+# whether the buffers are in a shared-memory slot (shm_lane.py) rather than frames
+_FIXED = struct.Struct("<4s8sQ32sIIIB")
 _FIXED_PACK = _FIXED.pack
 _FIXED_UNPACK = _FIXED.unpack_from
 _HEAD_START = 32 + _FIXED.size  # the signature, then the fixed part
@@ -55,6 +59,7 @@ _compare_digest = hmac.compare_digest
 _pickle_loads = pickle.loads
 _LEN = struct.Struct("<Q")
 _ID_SIZE = 8
+_LANE_SIZE = shm_lane.DESCRIPTOR.size
 _MAX_DESTS = 1 << 16
 SIG_SIZE = 32
 KEY_ENV = "ACTORMESH_KEY"  # hex; set for children started by a scheduler (never argv)
@@ -170,9 +175,11 @@ class Signer:
         payload: bytes = b"",
         buffers: Sequence[Any] = (),
         digest: bytes | None = None,
+        lane: bytes | None = None,
     ) -> list[Any]:
         """Frames for one message to one receiver (``dest``, its id) or several (a list of ids:
-        the same frames then go to each). Pass ``digest`` when it is already known.
+        the same frames then go to each). Pass ``digest`` when it is already known, and
+        ``lane``, a slot's descriptor, when ``buffers`` were copied into it (shm_lane.py).
 
         The sequence number is drawn here, so the caller must send the frames before any other
         message to the same destinations is framed (the sender holds its send lock).
@@ -190,10 +197,11 @@ class Signer:
             len(dests) // _ID_SIZE,
             len(buffers),
             len(env),
+            lane is not None,
         )
         if buffers:
             sizes = (_LEN.pack(memoryview(b).nbytes) for b in buffers)
-            head = b"".join([fixed, dests, *sizes, env])
+            head = b"".join([fixed, dests, *sizes, lane or b"", env])
         else:
             head = b"".join((fixed, dests, env))
         # _KeyedMac.sign, inline: this runs for every message sent
@@ -203,7 +211,8 @@ class Signer:
         outer = mac.outer.copy()
         outer.update(inner.digest())
         # One frame for the signed head and the payload: every frame costs a syscall's worth.
-        return [b"".join((outer.digest(), head, payload)), *buffers]
+        first = b"".join((outer.digest(), head, payload))
+        return [first] if lane is not None else [first, *buffers]
 
 
 # RFC 2104: HMAC(key, m) = H((key ^ opad) || H((key ^ ipad) || m)), key padded to H's block.
@@ -275,9 +284,11 @@ class Verifier:
         first = memoryview(frames[0])
         if first.nbytes < _HEAD_START:
             raise WireError("truncated head")
-        magic, sender, seq, digest, ndest, nbuf, env_len = _FIXED_UNPACK(first, SIG_SIZE)
+        magic, sender, seq, digest, ndest, nbuf, env_len, lane = _FIXED_UNPACK(first, SIG_SIZE)
         dests_end = _HEAD_START + ndest * _ID_SIZE
         env_start = dests_end + nbuf * _LEN.size
+        if lane:
+            env_start += _LANE_SIZE
         head_end = env_start + env_len
         if nbuf > 1024 or ndest > _MAX_DESTS or head_end > first.nbytes:
             raise WireError("truncated head")
@@ -302,18 +313,28 @@ class Verifier:
         if seq <= last_seq.get(sender, 0):
             raise WireError(f"replayed or reordered message (seq {seq})")
         last_seq[sender] = seq
-        if len(frames) != 1 + nbuf:
+        if lane:
+            if len(frames) != 1:
+                raise WireError(f"head announces buffers in shared memory, got {len(frames) - 1}")
+        elif len(frames) != 1 + nbuf:
             raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
         buffers = list(frames[1:]) if nbuf else []
         off = dests_end
         for i in range(nbuf):
             (size,) = _LEN.unpack_from(first, off)
             off += _LEN.size
-            if memoryview(buffers[i]).nbytes != size:
+            if lane:
+                buffers.append(size)
+            elif memoryview(buffers[i]).nbytes != size:
                 raise WireError(f"buffer {i} has the wrong size")
         payload = first[head_end:]
         if _sha256(payload).digest() != digest:
             raise WireError("payload does not match its signed digest")
+        if lane:
+            try:
+                buffers = shm_lane.read(first[off : off + _LANE_SIZE], buffers)
+            except shm_lane.LaneError as exc:
+                raise WireError(str(exc)) from None
         envelope = pickle.loads(first[env_start:head_end])
         if not isinstance(envelope, tuple) or not envelope:
             raise WireError("malformed envelope")

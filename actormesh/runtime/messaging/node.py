@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, overload
 
 from ...errors import ProcDeath
+from . import shm_lane
 from .address import Address
 from .codec import Message
 from .curve import CurveKeys
@@ -261,6 +262,7 @@ class Node:
             if mailbox in self.dead:
                 return True
             self.dead[mailbox] = death
+        shm_lane.forget_sender(mailbox)
         if self._held:
             self._release_held()
         observed = False

@@ -36,6 +36,7 @@ from .curve import CurveKeys
 from .io_loop import IoLoop
 from .open_files import files_short, make_room
 from .receive import receive
+from .shm_lane import SendLane
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Transport(IoLoop):
         ipc: str | None = None,
         tcp_port: int = 0,
         curve: CurveKeys | None = None,
+        shm_lane: bool = False,
     ) -> None:
         super().__init__(f"actormesh-io-{name}")
         self.ctx = zmq.Context()
@@ -80,6 +82,8 @@ class Transport(IoLoop):
         # and receivers must not take its fresh sequence numbers for replays).
         self._signer = Signer(key, new_id())
         self._verifier = Verifier(key, self.mailbox)
+        # Large tensors to processes of this host go through shared memory (shm_lane.py).
+        self._lane = SendLane(self.mailbox) if shm_lane else None
         # Handles each message off the process inbox, on the I/O thread: the Node built on this
         # transport sets it (Node.dispatch) before the transport starts.
         self.on_message: Callable[[Message], None] = _unattached
@@ -171,24 +175,34 @@ class Transport(IoLoop):
         """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
         if protocol.CHECK:
             protocol.check_envelope(envelope)
+        lane: bytes | None = None
         while True:
             route = self._outbox_of.get(dest)
             if route is None:
                 route = self._remember_outbox(dest)
             endpoint, sock = route
-            with self._send_lock:
-                if sock.closed:
-                    self._outbox_of.pop(dest, None)
-                    continue  # closed since: see the note after send_one_way
-                if self._batches and endpoint in self._batches:  # earlier one-way ones first
-                    self._send_batch(sock, endpoint)
-                frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest)
-                if len(frames) == 1:
-                    _zmq_send(sock, frames[0])
-                else:
-                    self._send_frames(sock, frames)
-                self._last_seq[dest.mailbox] = self._signer.last_seq
-                return
+            if buffers and lane is None and self._lane is not None and endpoint[:6] == "ipc://":
+                lane = self._lane.put(buffers)  # copied before the lock: other sends go on
+            try:
+                with self._send_lock:
+                    if sock.closed:
+                        self._outbox_of.pop(dest, None)
+                        continue  # closed since: see the note after send_one_way
+                    if self._batches and endpoint in self._batches:  # earlier one-way ones first
+                        self._send_batch(sock, endpoint)
+                    frames = self._signer.frames(
+                        dest.mailbox, envelope, payload, buffers, digest, lane
+                    )
+                    if len(frames) == 1:
+                        _zmq_send(sock, frames[0])
+                    else:
+                        self._send_frames(sock, frames)
+                    self._last_seq[dest.mailbox] = self._signer.last_seq
+                    return
+            except BaseException:
+                if lane is not None and self._lane is not None:
+                    self._lane.release(lane)  # never sent: nobody will read the slot
+                raise
 
     def send_many(
         self,
@@ -451,3 +465,5 @@ class Transport(IoLoop):
         self._inbox.close(linger=0)
         self.ctx.term()
         self.close_wake_pipe()
+        if self._lane is not None:
+            self._lane.close(linger)

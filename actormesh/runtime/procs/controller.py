@@ -73,7 +73,9 @@ class Controller:
             raise_fd_limit()
             self.key = job_key()
             self.run_dir = make_run_dir()
-            self.node = Node(Transport(self.key, self.run_dir, "ctl"), role="controller")
+            self.node = Node(
+                Transport(self.key, self.run_dir, "ctl", shm_lane=True), role="controller"
+            )
             self.node.controller = self.node.address
             ActorHost(self.node, proc_rank=0)  # this_proc(): actors in the controller itself
         self.logs = LogSink()

@@ -268,9 +268,9 @@ class Agent:
         for fd in list(worker.pipes):
             while self.output.read(worker, fd):
                 pass
-        # What it leaves behind dies with it: its TensorBuffers' shared memory, and its
-        # sockets' files (its inbox and its actors' own, named after it: see actor_address),
-        # which ZeroMQ leaves when a process ends without closing them.
+        # What it leaves behind dies with it: its shared memory (TensorBuffers, lane slots),
+        # and its sockets' files (its inbox and its actors' own, named after it: see
+        # actor_address), which ZeroMQ leaves when a process ends without closing them.
         _remove_segments(worker.mailbox.hex(), pid)
         if worker.ipc:
             for name in (worker.ipc, *glob.glob(glob.escape(worker.ipc) + ".*")):
@@ -313,7 +313,8 @@ class Agent:
 
 
 def _remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
-    """The shared-memory files of a process's TensorBuffers (see buffer_owner.py for the name)."""
+    """The shared-memory files of a process: its TensorBuffers' and its message lane's slots
+    (buffer_owner.py and shm_lane.py name them)."""
     pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
     for name in glob.glob(pattern):
         with contextlib.suppress(FileNotFoundError):

@@ -81,6 +81,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         host_id=init.get("host_id"),
         tcp_port=spec.get("tcp_port", 0),
         curve=curve_keys(key) if spec.get("curve", init.get("curve")) else None,
+        shm_lane=True,
     )
     node = Node(transport, role="worker")
     set_node(node)

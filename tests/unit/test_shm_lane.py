@@ -1,0 +1,149 @@
+"""The shared-memory lane (runtime/messaging/shm_lane.py) in one process: slots filled, read and
+reused, the pool's limits, what a reader refuses, and that nothing is left in /dev/shm."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import threading
+
+import numpy
+import pytest
+import torch
+
+from actormesh.runtime.messaging import shm_lane
+from actormesh.runtime.messaging.codec import Signer, Verifier, WireError, dumps, new_id, new_key
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def lane():
+    lane = shm_lane.SendLane(new_id())
+    yield lane
+    lane.close(linger=0)
+    assert glob.glob(slot_glob(lane)) == []
+
+
+def slot_glob(lane: shm_lane.SendLane) -> str:
+    return f"/dev/shm/actormesh-{lane.mailbox.hex()}-{lane.pid}-lane*"
+
+
+def buffers_of(*tensors: torch.Tensor) -> list[pickle.PickleBuffer]:
+    _, buffers = dumps(tensors)
+    return buffers
+
+
+def test_buffers_come_out_as_they_went_in_and_the_slot_is_free_again(lane) -> None:
+    a, b = torch.arange(MB // 4, dtype=torch.float32), torch.full((300_000,), 7, dtype=torch.int8)
+    sent = buffers_of(a, b)
+    descriptor = lane.put(sent)
+    assert descriptor is not None and lane.unread() == 1
+    got = shm_lane.read(descriptor, [memoryview(x).nbytes for x in sent])
+    assert lane.unread() == 0
+    assert torch.equal(torch.frombuffer(got[0], dtype=torch.float32), a)
+    assert torch.equal(torch.frombuffer(got[1], dtype=torch.int8), b)
+    a.fill_(0)  # the receiver's copy is its own, not the slot's or the sender's memory
+    assert torch.frombuffer(got[0], dtype=torch.float32)[5] == 5
+    # The next message reuses the slot it freed.
+    assert lane.put(buffers_of(a)) == descriptor
+    assert len(glob.glob(slot_glob(lane))) == 1
+
+
+def test_an_unread_slot_is_not_refilled_and_the_pool_has_a_limit(lane) -> None:
+    t = torch.zeros(3 * MB // 4)  # 3 MiB: a slot of 4 MiB
+    descriptors = [lane.put(buffers_of(t)) for _ in range(shm_lane.POOL_BYTES // (4 * MB) - 1)]
+    assert None not in descriptors and len(set(descriptors)) == len(descriptors)
+    assert lane.put(buffers_of(t)) is None  # every slot unread, no room for another: the socket
+    shm_lane.read(descriptors[3], [3 * MB])
+    assert lane.put(buffers_of(t)) == descriptors[3]
+
+
+def test_too_small_or_too_large_messages_keep_to_the_socket(lane) -> None:
+    assert lane.put(buffers_of(torch.zeros(shm_lane.LANE_MIN // 4 - 64))) is None
+    assert lane.put(buffers_of(torch.zeros(shm_lane.LANE_MAX // 4 + 1))) is None
+    assert glob.glob(slot_glob(lane)) == []
+
+
+def test_a_slot_released_unsent_is_free_again(lane) -> None:
+    descriptor = lane.put(buffers_of(torch.zeros(MB // 4)))
+    assert descriptor is not None
+    lane.release(descriptor)
+    assert lane.unread() == 0
+
+
+def test_close_waits_for_an_unread_slot_then_removes_every_file() -> None:
+    lane = shm_lane.SendLane(new_id())
+    first = lane.put(buffers_of(torch.ones(MB // 4)))
+    second = lane.put(buffers_of(torch.ones(MB // 2)))
+    assert first is not None and second is not None
+    shm_lane.read(first, [MB])
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (lane.close(linger=30), closed.set()))
+    closer.start()
+    assert not closed.wait(0.2)  # the second slot is still unread
+    got = shm_lane.read(second, [2 * MB])
+    assert numpy.all(got[0].view(numpy.float32) == 1)
+    assert closed.wait(10)
+    closer.join(timeout=10)
+    assert glob.glob(slot_glob(lane)) == []
+    assert lane.put(buffers_of(torch.ones(MB // 4))) is None  # closed: the socket
+
+
+def test_a_reader_refuses_a_slot_that_is_gone_or_too_small_for_the_sizes(lane) -> None:
+    descriptor = lane.put(buffers_of(torch.ones(MB // 4)))
+    assert descriptor is not None
+    mailbox, pid, index, capacity = shm_lane.DESCRIPTOR.unpack(descriptor)
+    with pytest.raises(shm_lane.LaneError, match="do not fit"):
+        shm_lane.read(descriptor, [capacity])
+    gone = shm_lane.DESCRIPTOR.pack(mailbox, pid, index + 7, capacity)
+    with pytest.raises(shm_lane.LaneError, match="gone"):
+        shm_lane.read(gone, [MB])
+
+
+def test_a_dead_senders_slots_are_unmapped(lane) -> None:
+    descriptor = lane.put(buffers_of(torch.ones(MB // 4)))
+    assert descriptor is not None
+    shm_lane.read(descriptor, [MB])
+    assert any(m.owner == lane.mailbox for m in shm_lane._mapped.values())
+    shm_lane.forget_sender(lane.mailbox)
+    assert not any(m.owner == lane.mailbox for m in shm_lane._mapped.values())
+
+
+def test_a_forked_child_does_not_write_into_its_parents_slots(lane) -> None:
+    buffers = buffers_of(torch.ones(MB // 4))  # made here: torch's threads do not survive fork
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether the lane took the message, and leave at once
+        took = lane.put(buffers) is not None
+        os.write(write_end, b"1" if took else b"0")
+        os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"0"
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert lane.unread() == 0
+
+
+def test_a_lane_message_is_signed_with_its_slot_and_decoded_with_its_buffers(lane) -> None:
+    key, me = new_key(), new_id()
+    signer, verifier = Signer(key, new_id()), Verifier(key, me)
+    t = torch.randn(512, 512)
+    payload, buffers = dumps(((t,), {}))
+    descriptor = lane.put(buffers)
+    frames = signer.frames(me, ("call", "x"), payload, buffers, lane=descriptor)
+    assert len(frames) == 1  # the tensor is not in the message
+    msg = verifier.decode(frames)
+    (got,), _ = msg.value()
+    assert torch.equal(got, t) and lane.unread() == 0
+    # The slot's name is signed: a message pointing at another slot is refused unread.
+    frames = signer.frames(me, ("call", "x"), payload, buffers, lane=lane.put(buffers))
+    forged = bytearray(frames[0])
+    at = forged.index(lane.mailbox)
+    forged[at + 8] ^= 1  # the pid
+    with pytest.raises(WireError, match="signature"):
+        verifier.decode([bytes(forged)])
+    assert lane.unread() == 1
