@@ -47,8 +47,9 @@ def slots_of(pid: int) -> list[str]:
 
 
 def test_large_tensors_cross_through_shared_memory_both_ways(spawn_procs) -> None:
-    procs = spawn_procs(per_host={"gpus": 1})
-    one = procs.spawn("doubler", Doubler)
+    procs = spawn_procs(per_host={"gpus": 2})
+    doublers = procs.spawn("doubler", Doubler)
+    one = doublers.slice(gpus=0)
     big = torch.randn(512, 1024)  # 2 MiB
     halves = torch.ones(200_000, dtype=torch.bfloat16)
     strided = big[:, ::2]
@@ -62,8 +63,14 @@ def test_large_tensors_cross_through_shared_memory_both_ways(spawn_procs) -> Non
     assert any(f"-{os.getpid()}-lane" in s for s in one.slots_mapped.call_one().get(timeout=10))
     assert any(f"-{worker}-lane" in s for s in slots_mapped())
     assert slots_of(worker)
+    # A call to both ranks: each gets the tensors through a slot of its own.
+    for doubled in doublers.double.call(big, halves).get(timeout=30).values():
+        assert torch.equal(doubled[0], big * 2) and torch.equal(doubled[1], halves * 2)
+    other = doublers.slice(gpus=1)
+    assert any(f"-{os.getpid()}-lane" in s for s in other.slots_mapped.call_one().get(timeout=10))
+    pids = doublers.pid.call().get(timeout=10).values()
     procs.stop().get(timeout=20)
-    assert slots_of(worker) == []  # removed by the worker as it ended
+    assert [slots_of(pid) for pid in pids] == [[], []]  # removed by the workers as they ended
 
 
 def test_a_killed_workers_slots_are_removed_and_no_longer_mapped(

@@ -13,8 +13,8 @@ A slot's first byte says whether a message in it is still unread (1) or not (0):
 sets it as it fills the slot, the receiver clears it once it has copied out. A sender keeps at
 most ``POOL_BYTES`` of slots; when every one is still unread (a receiver that is busy with the
 messages before), or ``/dev/shm`` has no room, the message goes over the socket as before.
-Only messages to one receiver take the lane (a slot is freed by one reader): a cast to several
-processes sends its tensors as frames.
+A slot is freed by one reader, so a cast with tensors to several processes of the host is sent
+as one message, with a slot, per process (``Transport.send_many``).
 
 Slot files are named like TensorBuffers' (``actormesh-<mailbox>-<pid>-lane<n>``), so what
 removes a dead process's shared memory removes them too; their owner removes them as its
