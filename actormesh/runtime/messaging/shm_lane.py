@@ -219,7 +219,10 @@ def read(descriptor: bytes | memoryview, sizes: Sequence[int]) -> list[Any]:
     for n in sizes:
         out.append(numpy.frombuffer(mm, dtype=numpy.uint8, count=n, offset=at).copy())
         at += _aligned(n)
-    mm[0] = 0  # read: the sender may fill the slot again
+    # Read: the sender may fill the slot again. Python has no fence to put before this store;
+    # on x86 stores never pass earlier loads, and elsewhere the copies' loads completed
+    # long before (a copy of 64 KiB or more returned in between).
+    mm[0] = 0
     return out
 
 
