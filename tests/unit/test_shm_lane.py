@@ -60,9 +60,10 @@ def test_an_unread_slot_is_not_refilled_and_the_pool_has_a_limit(lane) -> None:
     assert lane.put(buffers_of(t)) == descriptors[3]
 
 
-def test_too_small_or_too_large_messages_keep_to_the_socket(lane) -> None:
+def test_too_small_too_large_or_scattered_buffers_keep_to_the_socket(lane) -> None:
     assert lane.put(buffers_of(torch.zeros(shm_lane.LANE_MIN // 4 - 64))) is None
     assert lane.put(buffers_of(torch.zeros(shm_lane.LANE_MAX // 4 + 1))) is None
+    assert lane.put([numpy.zeros(1 << 18)[::2]]) is None  # not contiguous: ZeroMQ's to send
     assert glob.glob(slot_glob(lane)) == []
 
 

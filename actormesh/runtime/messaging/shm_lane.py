@@ -90,7 +90,10 @@ class SendLane:
         """Copy ``buffers`` into a free slot and return its descriptor, or ``None`` when the
         message should go over the socket (too small or too large, no free slot, a forked
         child: the slots are its parent's)."""
-        views = [memoryview(b).cast("B") for b in buffers]
+        try:
+            views = [memoryview(b).cast("B") for b in buffers]
+        except (TypeError, ValueError):  # not one contiguous run of bytes: ZeroMQ copes
+            return None
         need = _HEADER
         for v in views:
             need += _aligned(v.nbytes)
