@@ -40,7 +40,9 @@ logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 LANE_MIN = OOB_THRESHOLD  # bytes of buffers from which a message takes the lane: any buffer
-LANE_MAX = 16 << 20  # and up to which: a bigger one would need slots /dev/shm may not hold
+# And up to which: at 16 MiB the copies gained nothing measurable over the socket
+# (bench/RESULTS.md), and a pool of such slots would be large.
+LANE_MAX = 8 << 20
 POOL_BYTES = 64 << 20  # of slots per sending process
 _HEADER = 64  # the slot's unread flag, then the buffers, each at a multiple of _ALIGN
 _ALIGN = 64
