@@ -16,7 +16,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``stacks`` (stack dumps, interrupts).
  2    ``messaging/``    ``codec`` (pickling, signing: the only place that unpickles),
                         ``plain_pickle`` (the C pickler's fast path: builtins and
-                        tensors as zero-copy buffers, rebuilt on arrival),
+                        tensors as zero-copy buffers, rebuilt on arrival), ``shm_lane``
+                        (those buffers through shared memory between processes of a host),
                         ``protocol`` (every message kind and its fields), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
                         ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
@@ -62,7 +63,8 @@ Controller, user thread:
    ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
    reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
    socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
-   signed once by ``codec.Signer.frames``); ranks on other hosts through their host agent
+   signed once by ``codec.Signer.frames``; tensors of 64 KiB and more go in a shared-memory
+   slot per process, ``messaging/shm_lane.py``); ranks on other hosts through their host agent
    (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
 
 Worker:
