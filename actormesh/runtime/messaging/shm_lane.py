@@ -39,7 +39,7 @@ from .plain_pickle import OOB_THRESHOLD
 logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
-LANE_MIN = OOB_THRESHOLD  # bytes of buffers from which a message takes the lane: any buffer
+LANE_MIN = OOB_THRESHOLD  # bytes of buffers from which a message takes the lane: every buffer
 # And up to which: at 16 MiB the copies gained nothing measurable over the socket
 # (bench/RESULTS.md), and a pool of such slots would be large.
 LANE_MAX = 8 << 20
