@@ -262,9 +262,15 @@ class Owner(am.Actor):
         self.buf = am.TensorBuffer(torch.ones(1024))
         return os.getpid()
 
+    @am.endpoint
+    def echo(self, t):
+        return t
+
 def start():  # from a thread that ends: the agent must still outlive it, and clean up
     procs = am.this_host().spawn_procs(per_host={"gpus": 2})
-    box.append(procs.spawn("owner", Owner).make.call().get(timeout=30).values())
+    owners = procs.spawn("owner", Owner)
+    box.append(owners.make.call().get(timeout=30).values())
+    owners.echo.call(torch.ones(1 << 18)).get(timeout=30)  # message-lane slots both ways
 
 box = []
 helper = threading.Thread(target=start)
@@ -294,8 +300,12 @@ def test_a_controller_killed_by_a_signal_leaves_no_files(tmp_path: Path, signum:
             lines[tag] = rest
         run_dir, agent = lines["RUN_DIR"], int(lines["AGENT"])
         workers = [int(p) for p in lines["WORKERS"].split()]
-        segments = [p for w in workers for p in glob.glob(f"/dev/shm/actormesh-*-{w}-*")]
-        assert len(segments) == 2 and os.path.isdir(run_dir)
+        segments = [
+            p for pid in [proc.pid, *workers] for p in glob.glob(f"/dev/shm/actormesh-*-{pid}-*")
+        ]
+        lanes = [p for p in segments if "-lane" in p]
+        assert len(segments) - len(lanes) == 2 and os.path.isdir(run_dir)  # the TensorBuffers
+        assert {int(p.split("-")[2]) for p in lanes} == {proc.pid, *workers}
         proc.send_signal(signum)
         proc.wait(10)
 
