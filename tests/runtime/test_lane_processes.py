@@ -63,7 +63,7 @@ def test_large_tensors_cross_through_shared_memory_both_ways(spawn_procs) -> Non
     assert any(f"-{os.getpid()}-lane" in s for s in one.slots_mapped.call_one().get(timeout=10))
     assert any(f"-{worker}-lane" in s for s in slots_mapped())
     assert slots_of(worker)
-    # A call to both ranks: each gets the tensors through a slot of its own.
+    # A call to both ranks: the tensors are copied once, into a slot both read.
     for doubled in doublers.double.call(big, halves).get(timeout=30).values():
         assert torch.equal(doubled[0], big * 2) and torch.equal(doubled[1], halves * 2)
     other = doublers.slice(gpus=1)

@@ -148,3 +148,18 @@ def test_a_lane_message_is_signed_with_its_slot_and_decoded_with_its_buffers(lan
     with pytest.raises(WireError, match="signature"):
         verifier.decode([bytes(forged)])
     assert lane.unread() == 1
+
+
+def test_a_cast_copies_once_and_its_slot_is_free_once_every_receiver_has_read(lane) -> None:
+    key, ids = new_key(), [new_id() for _ in range(3)]
+    signer, verifiers = Signer(key, new_id()), [Verifier(key, me) for me in ids]
+    t = torch.randn(512, 256)
+    payload, buffers = dumps(((t,), {}))
+    frames = signer.frames(ids, ("call", "x"), payload, buffers, lane=lane.put(buffers, 3))
+    assert len(glob.glob(slot_glob(lane))) == 1 and len(frames) == 1
+    for place in (2, 0, 1):  # in any order; each receiver finds its place among the ids
+        assert lane.unread() == 1
+        (got,), _ = verifiers[place].decode(frames).value()
+        assert torch.equal(got, t)
+    assert lane.unread() == 0
+    assert lane.put(buffers, readers=shm_lane.MAX_READERS + 1) is None

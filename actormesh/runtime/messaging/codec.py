@@ -303,11 +303,11 @@ class Verifier:
         # From here on the head is authentic: it was written by a holder of the key.
         if magic != MAGIC:
             raise WireError(f"unknown protocol {bytes(magic)!r}")
-        if not (
-            first[_HEAD_START:dests_end] == self.me
-            if ndest == 1
-            else self._addressed_to_me(first, _HEAD_START, ndest)
-        ):
+        if ndest == 1:
+            reader = 0 if first[_HEAD_START:dests_end] == self.me else -1
+        else:
+            reader = self._place_among(first, _HEAD_START, ndest)
+        if reader < 0:
             raise WireError("message addressed to another process (replayed?)")
         last_seq = self._last_seq
         if seq <= last_seq.get(sender, 0):
@@ -332,7 +332,7 @@ class Verifier:
             raise WireError("payload does not match its signed digest")
         if lane:
             try:
-                buffers = shm_lane.read(first[off : off + _LANE_SIZE], buffers)
+                buffers = shm_lane.read(first[off : off + _LANE_SIZE], buffers, reader)
             except shm_lane.LaneError as exc:
                 raise WireError(str(exc)) from None
         envelope = pickle.loads(first[env_start:head_end])
@@ -340,16 +340,15 @@ class Verifier:
             raise WireError("malformed envelope")
         return Message(sender, envelope, payload, buffers, seq)
 
-    def _addressed_to_me(self, first: memoryview, start: int, ndest: int) -> bool:
-        if ndest == 1:
-            return first[start : start + _ID_SIZE] == self.me
+    def _place_among(self, first: memoryview, start: int, ndest: int) -> int:
+        """This receiver's place among the message's destinations (-1: not one of them)."""
         dests = first[start : start + ndest * _ID_SIZE].tobytes()
         at = dests.find(self.me)
         while at != -1:
             if at % _ID_SIZE == 0:  # a whole id, not the tail of one and the head of the next
-                return True
+                return at // _ID_SIZE
             at = dests.find(self.me, at + 1)
-        return False
+        return -1
 
 
 def payload_digest(payload: bytes) -> bytes:

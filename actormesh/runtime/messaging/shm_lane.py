@@ -9,12 +9,12 @@ is its own, as one read off the socket is. Two memory copies cost less than the 
 (bench/RESULTS.md: a 1 MB argument or result then costs what raw pyzmq's zero-copy frame
 does, against ~140 µs more before; 80 to 120 KiB ~50 µs less than as a frame).
 
-A slot's first byte says whether a message in it is still unread (1) or not (0): the sender
-sets it as it fills the slot, the receiver clears it once it has copied out. A sender keeps at
+A slot's first bytes say which of its readers have not read it yet, one byte each: the sender
+sets them as it fills the slot, and each receiver clears its own once it has copied out (the
+receiver of a cast knows its byte by its place among the message's destinations). A cast to
+up to ``MAX_READERS`` processes of the host thus copies its tensors once. A sender keeps at
 most ``POOL_BYTES`` of slots; when every one is still unread (a receiver that is busy with the
 messages before), or ``/dev/shm`` has no room, the message goes over the socket as before.
-A slot is freed by one reader, so a cast with tensors to several processes of the host is sent
-as one message, with a slot, per process (``Transport.send_many``).
 
 Slot files are named like TensorBuffers' (``actormesh-<mailbox>-<pid>-lane<n>``), so what
 removes a dead process's shared memory removes them too; their owner removes them as its
@@ -44,8 +44,10 @@ LANE_MIN = OOB_THRESHOLD  # bytes of buffers from which a message takes the lane
 # (bench/RESULTS.md), and a pool of such slots would be large.
 LANE_MAX = 8 << 20
 POOL_BYTES = 64 << 20  # of slots per sending process
-_HEADER = 64  # the slot's unread flag, then the buffers, each at a multiple of _ALIGN
-_ALIGN = 64
+_HEADER = 64  # the slot's unread bytes, one per reader, then the buffers, each at a multiple
+_ALIGN = 64  # of _ALIGN
+MAX_READERS = _HEADER
+_UNREAD = b"\0" * MAX_READERS
 _MIN_SLOT = 1 << 20
 # The slot a message's buffers are in: its owner's process mailbox and pid, its number and size.
 DESCRIPTOR = struct.Struct("<8sIIQ")
@@ -88,10 +90,10 @@ class SendLane:
         self._refused_until = 0.0  # /dev/shm had no room: the socket until then
         self._closed = False
 
-    def put(self, buffers: Sequence[Any]) -> bytes | None:
-        """Copy ``buffers`` into a free slot and return its descriptor, or ``None`` when the
-        message should go over the socket (too small or too large, no free slot, a forked
-        child: the slots are its parent's)."""
+    def put(self, buffers: Sequence[Any], readers: int = 1) -> bytes | None:
+        """Copy ``buffers`` into a free slot for ``readers`` receivers and return its
+        descriptor, or ``None`` when the message should go over the socket (too small or too
+        large, too many readers, no free slot, a forked child: the slots are its parent's)."""
         try:
             views = [memoryview(b).cast("B") for b in buffers]
         except (TypeError, ValueError):  # not one contiguous run of bytes: ZeroMQ copes
@@ -101,7 +103,9 @@ class SendLane:
             need += _aligned(v.nbytes)
         if not LANE_MIN <= need - _HEADER <= LANE_MAX or os.getpid() != self.pid:
             return None
-        slot = self._take(need)
+        if readers > MAX_READERS:
+            return None
+        slot = self._take(need, readers)
         if slot is None:
             return None
         mm = slot.mm
@@ -112,13 +116,13 @@ class SendLane:
             at += _aligned(n)
         return DESCRIPTOR.pack(self.mailbox, self.pid, slot.index, slot.capacity)
 
-    def _take(self, need: int) -> _Slot | None:
+    def _take(self, need: int, readers: int) -> _Slot | None:
         with self._lock:
             if self._closed:
                 return None
             best: _Slot | None = None
             for slot in self._slots:  # the smallest free one that fits
-                fits = need <= slot.capacity and slot.mm[0] == 0
+                fits = need <= slot.capacity and slot.mm[:MAX_READERS] == _UNREAD
                 if fits and (best is None or slot.capacity < best.capacity):
                     best = slot
             if best is None:
@@ -133,7 +137,7 @@ class SendLane:
                 self._next_index += 1
                 self._slots.append(best)
                 self._bytes += capacity
-            best.mm[0] = 1
+            best.mm[:readers] = b"\1" * readers
             return best
 
     def _new_slot(self, index: int, capacity: int) -> _Slot | None:
@@ -163,12 +167,12 @@ class SendLane:
         with self._lock:
             for slot in self._slots:
                 if slot.index == index:
-                    slot.mm[0] = 0
+                    slot.mm[:MAX_READERS] = _UNREAD
 
     def unread(self) -> int:
         """How many slots hold a message not read yet."""
         with self._lock:
-            return sum(1 for s in self._slots if s.mm[0])
+            return sum(1 for s in self._slots if s.mm[:MAX_READERS] != _UNREAD)
 
     def close(self, linger: float = 1.0) -> None:
         """Remove the slots, after giving receivers up to ``linger`` seconds to read what is
@@ -181,7 +185,7 @@ class SendLane:
         if os.getpid() != self.pid:
             return  # a forked child's copy: the slots are its parent's
         deadline = time.monotonic() + linger
-        while any(s.mm[0] for s in slots) and time.monotonic() < deadline:
+        while any(s.mm[:MAX_READERS] != _UNREAD for s in slots) and time.monotonic() < deadline:
             time.sleep(0.001)  # a reader copies out within microseconds once it gets there
         for s in slots:
             with contextlib.suppress(FileNotFoundError):
@@ -205,14 +209,15 @@ _mapped_bytes = [0]
 _mapped_lock = threading.Lock()
 
 
-def read(descriptor: bytes | memoryview, sizes: Sequence[int]) -> list[Any]:
-    """The buffers of a lane message, copied out of its slot into memory of this process; the
-    slot is then free for its sender again. Raises ``LaneError`` when the slot is gone."""
+def read(descriptor: bytes | memoryview, sizes: Sequence[int], reader: int = 0) -> list[Any]:
+    """The buffers of a lane message, copied out of its slot into memory of this process, as
+    its reader number ``reader``; once every reader has, the slot is free for its sender again.
+    Raises ``LaneError`` when the slot is gone."""
     import numpy
 
     mailbox, pid, index, capacity = DESCRIPTOR.unpack(descriptor)
     need = _HEADER + sum(_aligned(n) for n in sizes)
-    if need > capacity:
+    if need > capacity or not 0 <= reader < MAX_READERS:
         raise LaneError(f"buffers of {need} bytes do not fit their slot of {capacity}")
     key = (mailbox, pid, index)
     mapping = _mapped.get(key)
@@ -227,7 +232,7 @@ def read(descriptor: bytes | memoryview, sizes: Sequence[int]) -> list[Any]:
     # Read: the sender may fill the slot again. Python has no fence to put before this store;
     # on x86 stores never pass earlier loads, and elsewhere the copies' loads completed
     # long before (a copy of 64 KiB or more returned in between).
-    mm[0] = 0
+    mm[reader] = 0
     return out
 
 

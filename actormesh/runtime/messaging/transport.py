@@ -49,10 +49,13 @@ _zmq_send = zmq.backend.Socket.send
 
 
 def _all_here(dests: Sequence[Address], host: str) -> bool:
-    for dest in dests:  # noqa: SIM110  a loop: cheaper than all() over a generator
+    """Whether ``dests`` are all on ``host`` (reached over ipc://), each once: a destination
+    named twice would find only its first place, and leave its second byte of a lane's slot
+    unread (shm_lane.py)."""
+    for dest in dests:  # a loop: cheaper than all() over a generator
         if dest.host != host or dest.ipc is None:
             return False
-    return True
+    return len({dest.mailbox for dest in dests}) == len(dests)
 
 
 def _unattached(msg: Message) -> None:
@@ -219,17 +222,33 @@ class Transport(IoLoop):
         buffers: Sequence[Any] = (),
         digest: bytes | None = None,
     ) -> None:
-        """Send one message to several processes: signed once, then sent back to back. One with
-        tensors to processes of this host goes to each as a message of its own, its tensors in
-        a slot of its own (shm_lane.py: a slot is freed by one reader)."""
+        """Send one message to several processes: signed once, then sent back to back. Its
+        tensors, to processes of this host, are copied once into a slot they all read
+        (shm_lane.py)."""
         if protocol.CHECK:
             protocol.check_envelope(envelope)
-        if len(dests) == 1 or (
-            buffers and self._lane is not None and _all_here(dests, self.host_id)
-        ):
-            for dest in dests:
-                self.send(dest, envelope, payload, buffers, digest)
+        if len(dests) == 1:
+            self.send(dests[0], envelope, payload, buffers, digest)
             return
+        lane: bytes | None = None
+        if buffers and self._lane is not None and _all_here(dests, self.host_id):
+            lane = self._lane.put(buffers, readers=len(dests))
+        try:
+            self._send_to_many(dests, envelope, payload, buffers, digest, lane)
+        except BaseException:
+            if lane is not None and self._lane is not None:
+                self._lane.release(lane)  # never sent: nobody will read the slot
+            raise
+
+    def _send_to_many(
+        self,
+        dests: Sequence[Address],
+        envelope: tuple[Any, ...],
+        payload: bytes,
+        buffers: Sequence[Any],
+        digest: bytes | None,
+        lane: bytes | None,
+    ) -> None:
         while True:
             known = self._outbox_of
             routes = []
@@ -246,7 +265,7 @@ class Transport(IoLoop):
                     if endpoint in self._batches:
                         self._send_batch(sock, endpoint)
                 mailboxes = [dest.mailbox for dest in dests]
-                frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest)
+                frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest, lane)
                 if len(frames) == 1:  # a call without tensors: one frame, sent inline
                     frame = frames[0]
                     for _, sock in routes:
