@@ -63,9 +63,9 @@ Controller, user thread:
    ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
    reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
    socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
-   signed once by ``codec.Signer.frames``; tensors of 64 KiB and more go in a shared-memory
-   slot per process, ``messaging/shm_lane.py``); ranks on other hosts through their host agent
-   (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
+   signed once by ``codec.Signer.frames``; tensors of 64 KiB and more are copied once into a
+   shared-memory slot that every rank reads, ``messaging/shm_lane.py``); ranks on other hosts
+   through their host agent (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
 
 Worker:
 
