@@ -319,12 +319,13 @@ class Verifier:
         elif len(frames) != 1 + nbuf:
             raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
         buffers = list(frames[1:]) if nbuf else []
+        sizes = []  # of the buffers in a shared-memory slot
         off = dests_end
         for i in range(nbuf):
             (size,) = _LEN.unpack_from(first, off)
             off += _LEN.size
             if lane:
-                buffers.append(size)
+                sizes.append(size)
             elif memoryview(buffers[i]).nbytes != size:
                 raise WireError(f"buffer {i} has the wrong size")
         payload = first[head_end:]
@@ -332,7 +333,7 @@ class Verifier:
             raise WireError("payload does not match its signed digest")
         if lane:
             try:
-                buffers = shm_lane.read(first[off : off + _LANE_SIZE], buffers, reader)
+                buffers = shm_lane.read(first[off : off + _LANE_SIZE], sizes, reader)
             except shm_lane.LaneError as exc:
                 raise WireError(str(exc)) from None
         envelope = pickle.loads(first[env_start:head_end])

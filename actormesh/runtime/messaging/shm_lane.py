@@ -47,7 +47,7 @@ POOL_BYTES = 64 << 20  # of slots per sending process
 _HEADER = 64  # the slot's unread bytes, one per reader, then the buffers, each at a multiple
 _ALIGN = 64  # of _ALIGN
 MAX_READERS = _HEADER
-_UNREAD = b"\0" * MAX_READERS
+_ALL_READ = b"\0" * MAX_READERS  # the unread bytes of a free slot
 _MIN_SLOT = 1 << 20
 # The slot a message's buffers are in: its owner's process mailbox and pid, its number and size.
 DESCRIPTOR = struct.Struct("<8sIIQ")
@@ -122,7 +122,7 @@ class SendLane:
                 return None
             best: _Slot | None = None
             for slot in self._slots:  # the smallest free one that fits
-                fits = need <= slot.capacity and slot.mm[:MAX_READERS] == _UNREAD
+                fits = need <= slot.capacity and slot.mm[:MAX_READERS] == _ALL_READ
                 if fits and (best is None or slot.capacity < best.capacity):
                     best = slot
             if best is None:
@@ -167,12 +167,12 @@ class SendLane:
         with self._lock:
             for slot in self._slots:
                 if slot.index == index:
-                    slot.mm[:MAX_READERS] = _UNREAD
+                    slot.mm[:MAX_READERS] = _ALL_READ
 
     def unread(self) -> int:
         """How many slots hold a message not read yet."""
         with self._lock:
-            return sum(1 for s in self._slots if s.mm[:MAX_READERS] != _UNREAD)
+            return sum(1 for s in self._slots if s.mm[:MAX_READERS] != _ALL_READ)
 
     def close(self, linger: float = 1.0) -> None:
         """Remove the slots, after giving receivers up to ``linger`` seconds to read what is
@@ -185,7 +185,7 @@ class SendLane:
         if os.getpid() != self.pid:
             return  # a forked child's copy: the slots are its parent's
         deadline = time.monotonic() + linger
-        while any(s.mm[:MAX_READERS] != _UNREAD for s in slots) and time.monotonic() < deadline:
+        while any(s.mm[:MAX_READERS] != _ALL_READ for s in slots) and time.monotonic() < deadline:
             time.sleep(0.001)  # a reader copies out within microseconds once it gets there
         for s in slots:
             with contextlib.suppress(FileNotFoundError):
@@ -217,8 +217,10 @@ def read(descriptor: bytes | memoryview, sizes: Sequence[int], reader: int = 0) 
 
     mailbox, pid, index, capacity = DESCRIPTOR.unpack(descriptor)
     need = _HEADER + sum(_aligned(n) for n in sizes)
-    if need > capacity or not 0 <= reader < MAX_READERS:
+    if need > capacity:
         raise LaneError(f"buffers of {need} bytes do not fit their slot of {capacity}")
+    if not 0 <= reader < MAX_READERS:
+        raise LaneError(f"a slot has {MAX_READERS} readers at most, not reader {reader}")
     key = (mailbox, pid, index)
     mapping = _mapped.get(key)
     if mapping is None or len(mapping.mm) != capacity:

@@ -210,8 +210,7 @@ class Transport(IoLoop):
                     self._last_seq[dest.mailbox] = self._signer.last_seq
                     return
             except BaseException:
-                if lane is not None and self._lane is not None:
-                    self._lane.release(lane)  # never sent: nobody will read the slot
+                self._release_unsent(lane)
                 raise
 
     def send_many(
@@ -236,9 +235,12 @@ class Transport(IoLoop):
         try:
             self._send_to_many(dests, envelope, payload, buffers, digest, lane)
         except BaseException:
-            if lane is not None and self._lane is not None:
-                self._lane.release(lane)  # never sent: nobody will read the slot
+            self._release_unsent(lane)
             raise
+
+    def _release_unsent(self, lane: bytes | None) -> None:
+        if lane is not None and self._lane is not None:
+            self._lane.release(lane)  # never sent: nobody will read the slot
 
     def _send_to_many(
         self,
