@@ -9,14 +9,17 @@ from __future__ import annotations
 import os
 
 
-def _float(name: str, default: float) -> float:
+def _float(name: str, default: float, unit: str = "seconds") -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"{name}={raw!r} is not a number of {unit} (0 or more)")
+    return value
 
 
 def _bytes(name: str, default: int) -> int:
@@ -79,6 +82,14 @@ CURVE = os.environ.get("ACTORMESH_CURVE", "auto").strip().lower()
 # more than that). Read by the caller at each call, which tells the agent; 0: every rank replies
 # to the caller directly.
 REPLY_WINDOW = _float("ACTORMESH_REPLY_WINDOW", 0.003)
+# A thread that waits in Future.get() for a call's replies keeps checking for them for up to
+# this many microseconds before it sleeps: a reply that comes meanwhile is read without waking
+# a sleeping CPU (on a virtual machine whose idle CPUs halt, that wake-up is most of a quick
+# call's round trip). Only for a call to at most SPIN_RANKS ranks (half the cores this process
+# may use, so the ranks keep a core each), by one thread of a process at a time, and not after
+# a wait that outlasted the window, until waits are quick again. 0: always sleep at once.
+WAIT_SPIN_US = _float("ACTORMESH_WAIT_SPIN_US", 300.0, "microseconds")
+SPIN_RANKS = len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 0
 # Where the controller listens for host agents, and the address it gives them to reach it
 # (default: this machine's name, resolved), when listen_for_hosts() is not told.
 HOST_LISTEN = os.environ.get("ACTORMESH_LISTEN", "0.0.0.0:29500")

@@ -56,6 +56,7 @@ import common as C
 import zmq
 
 import actormesh as am
+from actormesh import config as am_config
 
 N = 8
 QUICK = C.QUICK
@@ -422,6 +423,24 @@ def main() -> None:
         def raw_call(i: int) -> None:
             floor.call_pickled(tcp, raw_id["tcp"], i)
 
+        # The floor again, its waiting thread spinning as actormesh's does for a call_one's
+        # reply (ACTORMESH_WAIT_SPIN_US): what the spin gains a bare socket, for comparison.
+        spin_ns = int(am_config.WAIT_SPIN_US * 1000)
+
+        def raw_call_spinning(i: int) -> None:
+            sock = tcp.sock
+            sock.send_multipart([raw_id["tcp"], b"k", pickle.dumps(("ping", (i,)), protocol=5)])
+            until = time.perf_counter_ns() + spin_ns
+            while True:
+                try:
+                    fr = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:
+                    if time.perf_counter_ns() >= until:
+                        fr = sock.recv_multipart(copy=False)
+                        break
+            assert pickle.loads(fr[2].buffer) == i
+
         ctrl_tids = {t.native_id: f"main/{t.name}" for t in threading.enumerate()}
         ctrl_tids[threading.main_thread().native_id] = "main thread"  # type: ignore[index]
         for t in threading.enumerate():
@@ -455,6 +474,8 @@ def main() -> None:
 
         if wanted("call_one"):
             sides = {"actormesh": call_one, "raw_tcp": raw_call}
+            if spin_ns and am_config.SPIN_RANKS >= 1:
+                sides["raw_tcp_spinning"] = raw_call_spinning
             out["call_one"] = metered(sides, SHAPES["call_one"])
         if wanted("call_all_8"):
             # CPU of the controller's threads only: the eight workers share the two cores
@@ -588,6 +609,15 @@ def summary(out: dict[str, Any]) -> str:
             f"| {key} | {cell('actormesh')} | {cell('raw_tcp')} | {cell('raw_ipc')} | "
             f"{r['added_us_over_raw_tcp']:.1f} | {r['ratio_over_raw_tcp']:.2f} | "
             f"{r.get('added_cpu_us_over_raw_tcp', '—')} |"
+        )
+    spun = out.get("call_one", {}).get("raw_tcp_spinning")
+    if spun:
+        r = out["call_one"]
+        lines.append(
+            f"\ncall_one beside raw pyzmq tcp whose waiting thread spins as actormesh's does: "
+            f"{spun['median_us']:.1f} µs, added {r['added_us_over_raw_tcp_spinning']:.1f} µs, "
+            f"ratio {r['ratio_over_raw_tcp_spinning']:.2f}, added CPU "
+            f"{r.get('added_cpu_us_over_raw_tcp_spinning', '—')} µs"
         )
     cpu = out.get("call_one", {}).get("cpu_us_per_call", {})
     if cpu:

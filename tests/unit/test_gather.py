@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from actormesh import config
 from actormesh.errors import ActorError, ProcDeath, RemoteFailure, SupervisionError
 from actormesh.runtime.meshes.collect import Gather
 from actormesh.runtime.meshes.proc_table import ProcTable
@@ -96,3 +97,17 @@ def test_a_reply_that_cannot_be_unpickled_fails_its_rank(current: Node) -> None:
     gather.on_message(Message(bytes([16]) * 8, envelope, b"not a pickle", []))
     with pytest.raises(ActorError, match="could not be unpickled"):
         gather.future.get(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "spin_ranks", "spins"), [(1, 1, True), (2, 1, False), (8, 8, True), (1, 0, False)]
+)
+def test_a_call_to_few_enough_ranks_is_waited_for_spinning(
+    current: Node, monkeypatch: pytest.MonkeyPatch, ranks: int, spin_ranks: int, spins: bool
+) -> None:
+    """A thread waiting for a call's replies spins first (config.WAIT_SPIN_US) only when the
+    call's ranks leave it a core: at most SPIN_RANKS of them."""
+    monkeypatch.setattr(config, "SPIN_RANKS", spin_ranks)
+    gather = _gather(current, ranks)
+    assert gather.future.spin is spins
+    gather.close()

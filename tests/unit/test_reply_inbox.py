@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import zmq
 
+from actormesh.runtime.messaging import reply_inbox as reply_inbox_module
 from actormesh.runtime.messaging.address import Address
 from actormesh.runtime.messaging.codec import Message, Signer
 from actormesh.runtime.messaging.node import Node, Port
@@ -75,8 +76,9 @@ class _Worker:
 
 
 class _Until:
-    def __init__(self, done: Callable[[], bool]) -> None:
+    def __init__(self, done: Callable[[], bool], spin: bool = False) -> None:
         self.done = done
+        self.spin = spin
 
 
 def _inbox_with_a_worker(node: Node) -> tuple[ReplyInbox, _Handler, Port, _Worker]:
@@ -148,3 +150,79 @@ def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> N
         release.set()
         worker.close()
         node.close()
+
+
+# -- spinning for a quick call's reply (config.WAIT_SPIN_US) ------------------------------------
+
+_LONG_NS = int(TIMEOUT_S * 1e9)  # a window no reply here outlasts
+
+
+def test_a_spinning_wait_reads_its_replies_and_spins_on(node: Node) -> None:
+    inbox, handler, port, worker = _inbox_with_a_worker(node)
+    inbox._spin_ns = _LONG_NS
+    try:
+        for index in range(2):
+            worker.reply(port.port_id, index)
+        until = _Until(lambda: len(handler.got) >= 2, spin=True)
+        inbox.wait(until, time.monotonic() + TIMEOUT_S, lambda: None)
+        assert [msg.envelope[2] for msg in handler.got] == [0, 1]
+        assert inbox._spin_pays  # its replies came within the window
+    finally:
+        worker.close()
+        node.close()
+
+
+def test_a_wait_outlasting_the_window_stops_spinning_until_a_reply_comes_quickly(
+    node: Node,
+) -> None:
+    """A reply that does not come within the window stops the spinning; the next waits
+    sleep at once, until one's reply comes within twice the window."""
+    inbox, handler, port, worker = _inbox_with_a_worker(node)
+    inbox._spin_ns = 1000  # 1 µs: nothing is sent, so the spin runs out
+    try:
+        nothing = _Until(lambda: False, spin=True)
+        inbox.wait(nothing, time.monotonic() + 0.05, lambda: None)
+        assert not inbox._spin_pays
+        # Sleeping, it reads a reply that was already queued; with a 1 µs window the receive
+        # still took longer than twice the window: spinning stays off.
+        worker.reply(port.port_id, 0)
+        inbox.wait(_Until(lambda: len(handler.got) >= 1, spin=True), time.monotonic() + 5, _none)
+        assert len(handler.got) == 1 and not inbox._spin_pays
+        # With a window no receive of a queued reply outlasts, the next one turns it back on.
+        inbox._spin_ns = _LONG_NS
+        worker.reply(port.port_id, 1)
+        inbox.wait(_Until(lambda: len(handler.got) >= 2, spin=True), time.monotonic() + 5, _none)
+        assert len(handler.got) == 2 and inbox._spin_pays
+    finally:
+        worker.close()
+        node.close()
+
+
+def test_only_one_thread_of_a_process_spins(node: Node) -> None:
+    """While another thread spins (holds the spinner), a wait sleeps at once: it gets to its
+    deadline without having spun, so it still counts spinning as paying."""
+    inbox, _handler, _port, worker = _inbox_with_a_worker(node)
+    inbox._spin_ns = 1000
+    assert reply_inbox_module._spinner.acquire(timeout=TIMEOUT_S)
+    try:
+        inbox.wait(_Until(lambda: False, spin=True), time.monotonic() + 0.05, lambda: None)
+        assert inbox._spin_pays
+    finally:
+        reply_inbox_module._spinner.release()
+        worker.close()
+        node.close()
+
+
+def test_a_wait_not_asked_to_spin_never_does(node: Node) -> None:
+    inbox, _handler, _port, worker = _inbox_with_a_worker(node)
+    inbox._spin_ns = 1000
+    try:
+        inbox.wait(_Until(lambda: False), time.monotonic() + 0.05, lambda: None)
+        assert inbox._spin_pays  # it did not spin, so it cannot have run out
+    finally:
+        worker.close()
+        node.close()
+
+
+def _none() -> None:
+    pass

@@ -54,6 +54,7 @@ class Future(Generic[T]):
         "_state",
         "_value",
         "_waker",
+        "spin",
     )
 
     def __init__(
@@ -69,6 +70,9 @@ class Future(Generic[T]):
         self._callbacks: list[Callable[[Future[T]], None]] = []
         self._describe_pending = describe_pending
         self._pending_ranks = pending_ranks
+        # Whether a thread waiting for this checks for its replies awhile before it sleeps
+        # (see config.WAIT_SPIN_US).
+        self.spin = False
 
     def pending_ranks(self) -> list[tuple[str, int]]:
         """The ``(mesh_id, rank)`` pairs whose replies this future still waits for, when it is

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ... import config
 from ...errors import (
     ActorError,
     MeshTimeoutError,
@@ -156,6 +157,8 @@ class Gather(Collector[T]):
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
         self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
+        # A call to a few ranks leaves a core to a thread that spins for their replies.
+        self.future.spin = self.n <= config.SPIN_RANKS
 
     def on_message(self, msg: Message) -> None:
         # A rank that answered (the common case: every reply of a call_one, a choose or a call
