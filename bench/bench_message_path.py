@@ -425,7 +425,8 @@ def main() -> None:
 
         # The floor again, its waiting thread spinning as actormesh's does for a call_one's
         # reply (ACTORMESH_WAIT_SPIN_US): what the spin gains a bare socket, for comparison.
-        spin_ns = int(am_config.WAIT_SPIN_US * 1000)
+        # (The same window for a commit from before the spin: ab_commits.py runs both alike.)
+        spin_ns = int(getattr(am_config, "WAIT_SPIN_US", 300.0) * 1000)
 
         def raw_call_spinning(i: int) -> None:
             sock = tcp.sock
@@ -474,7 +475,7 @@ def main() -> None:
 
         if wanted("call_one"):
             sides = {"actormesh": call_one, "raw_tcp": raw_call}
-            if spin_ns and am_config.SPIN_RANKS >= 1:
+            if spin_ns and len(os.sched_getaffinity(0)) >= 2:
                 sides["raw_tcp_spinning"] = raw_call_spinning
             out["call_one"] = metered(sides, SHAPES["call_one"])
         if wanted("call_all_8"):
