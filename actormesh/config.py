@@ -86,8 +86,9 @@ REPLY_WINDOW = _float("ACTORMESH_REPLY_WINDOW", 0.003)
 # this many microseconds before it sleeps: a reply that comes meanwhile is read without waking
 # a sleeping CPU (on a virtual machine whose idle CPUs halt, that wake-up is most of a quick
 # call's round trip). Only for a call to at most SPIN_RANKS ranks (half the cores this process
-# may use, so the ranks keep a core each), by one thread of a process at a time, and not after
-# a wait that outlasted the window, until waits are quick again. 0: always sleep at once.
+# may use, so the ranks keep a core each), only in the main thread (the one with a reply inbox),
+# and not after a wait that outlasted the window, until waits are quick again. 0: always sleep
+# at once.
 WAIT_SPIN_US = _float("ACTORMESH_WAIT_SPIN_US", 300.0, "microseconds")
 SPIN_RANKS = len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 0
 # Where the controller listens for host agents, and the address it gives them to reach it

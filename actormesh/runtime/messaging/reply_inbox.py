@@ -52,8 +52,6 @@ _RECHECK_S = 0.02
 _zmq_recv = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _now_ns = time.perf_counter_ns
-# Held by the thread that spins for its replies (ReplyInbox._receive).
-_spinner = threading.Lock()
 
 
 class Awaited(Protocol):
@@ -192,22 +190,18 @@ class ReplyInbox:
         It pays while replies come within the window. One that does not stops the spinning
         (this thread's waits on slow calls would only burn a core), until a reply comes
         within twice the window again while it sleeps (sleeping adds the wake-up: the margin).
-        One thread of the process spins at a time: more would take the cores of the ranks
-        they wait for.
+        Only the main thread has a reply inbox, so at most one thread of a process spins.
         """
         start = _now_ns()
-        if self._spin_pays and _spinner.acquire(False):
-            try:
-                until = start + spin_ns
-                while True:
-                    try:  # each try releases the GIL, as the sleeping receive does
-                        frame: zmq.Frame = _zmq_recv(sock, _NOBLOCK, False)
-                        return frame
-                    except zmq.Again:
-                        if _now_ns() >= until:
-                            break
-            finally:
-                _spinner.release()
+        if self._spin_pays:
+            until = start + spin_ns
+            while True:
+                try:  # each try releases the GIL, as the sleeping receive does
+                    frame: zmq.Frame = _zmq_recv(sock, _NOBLOCK, False)
+                    return frame
+                except zmq.Again:
+                    if _now_ns() >= until:
+                        break
             self._spin_pays = False
             return _zmq_recv(sock, 0, False)
         frame = _zmq_recv(sock, 0, False)
