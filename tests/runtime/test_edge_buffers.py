@@ -41,6 +41,7 @@ class Owner(am.Actor):
 class Reader(am.Actor):
     def __init__(self) -> None:
         self.held: am.TensorBuffer | None = None
+        self.seen: list[object] = []
 
     @am.endpoint
     def read(self, buf: am.TensorBuffer, keep: bool = True) -> float:
@@ -62,12 +63,22 @@ class Reader(am.Actor):
         self.held = None
 
     @am.endpoint
-    def mapped(self) -> list[str]:
+    def read_mapping(self, buf: am.TensorBuffer) -> int:
+        """Read through a handle that is garbage afterwards; which mapping it read through
+        (kept here, so that no later one takes its id)."""
+        dst = torch.empty(N)
+        buf.read_into(dst).get(timeout=10)
+        self.seen.append(buf._map)
+        return id(buf._map)
+
+    @am.endpoint
+    def mapped(self, path: str | None = None) -> list[str]:
         """The TensorBuffer files this process maps (deleted ones included; not the message
-        lane's slots, which calls with large tensors map)."""
+        lane's slots, which calls with large tensors map), or only ``path`` if it does. Other
+        tests' buffers read by this worker may still be mapped for a moment (shm.LINGER_S)."""
         with open("/proc/self/maps") as f:
-            lines = [line for line in f if "/dev/shm/actormesh-" in line and "-lane" not in line]
-        return [line.split()[-2] for line in lines]
+            found = [w for line in f for w in line.split() if w.startswith("/dev/shm/actormesh-")]
+        return [p for p in found if "-lane" not in p and path in (None, p)]
 
 
 def test_a_dropped_buffer_read_again_by_a_reader_that_mapped_it_raises(shared_procs) -> None:
@@ -75,11 +86,11 @@ def test_a_dropped_buffer_read_again_by_a_reader_that_mapped_it_raises(shared_pr
     reader = shared_procs.spawn("drop-reader", Reader).slice(gpus=1)
     buf = owner.make.call_one(5.0).get(timeout=10)
     assert reader.read.call_one(buf).get(timeout=10) == 5.0
-    assert len(reader.mapped.call_one().get(timeout=10)) == 1
+    assert reader.mapped.call_one(buf.path).get(timeout=10) == [buf.path]
     owner.drop.call_one().get(timeout=10)
     with pytest.raises(am.ActorError, match="dropped"):
         reader.read_held.call_one().get(timeout=10)
-    assert reader.mapped.call_one().get(timeout=10) == []  # and the mapping went with it
+    assert reader.mapped.call_one(buf.path).get(timeout=10) == []  # the mapping went with it
 
 
 def test_readers_release_their_mappings(shared_procs) -> None:
@@ -89,14 +100,28 @@ def test_readers_release_their_mappings(shared_procs) -> None:
         buf = owner.make.call_one(float(i)).get(timeout=10)
         assert reader.read.call_one(buf, keep=False).get(timeout=10) == float(i)
         owner.drop.call_one().get(timeout=10)
-        # The reader's handle was garbage: nothing of any cycle stays mapped.
-        assert reader.mapped.call_one().get(timeout=10) == []
+        # The reader's handle was garbage: nothing of any cycle stays mapped (past the linger).
+        wait_until(lambda p=buf.path: reader.mapped.call_one(p).get(timeout=10) == [], 10, "unmap")
     buf = owner.make.call_one(7.0).get(timeout=10)
     assert reader.read.call_one(buf).get(timeout=10) == 7.0
     assert reader.read_held.call_one().get(timeout=10) == 7.0  # a kept handle stays mapped
-    assert len(reader.mapped.call_one().get(timeout=10)) == 1
+    assert reader.mapped.call_one(buf.path).get(timeout=10) == [buf.path]
     reader.forget.call_one().get(timeout=10)
-    assert reader.mapped.call_one().get(timeout=10) == []
+    wait_until(lambda: reader.mapped.call_one(buf.path).get(timeout=10) == [], 10, "unmapping")
+    owner.drop.call_one().get(timeout=10)
+
+
+def test_a_buffer_passed_into_every_call_is_mapped_once(shared_procs) -> None:
+    """Each call brings a new handle of the same buffer: they read through one mapping, kept
+    for a moment after each handle goes (mapping it again for every read cost as much as the
+    copy), and released once no handle has used it for that moment."""
+    owner = shared_procs.spawn("linger-owner", Owner).slice(gpus=0)
+    reader = shared_procs.spawn("linger-reader", Reader).slice(gpus=3)
+    buf = owner.make.call_one(4.0).get(timeout=10)
+    first = reader.read_mapping.call_one(buf).get(timeout=10)
+    assert [reader.read_mapping.call_one(buf).get(timeout=10) for _ in range(3)] == [first] * 3
+    wait_until(lambda: reader.mapped.call_one(buf.path).get(timeout=10) == [], 10, "unmapping")
+    assert reader.read_mapping.call_one(buf).get(timeout=10) != first  # mapped anew
     owner.drop.call_one().get(timeout=10)
 
 

@@ -7,9 +7,11 @@ between the owner and the holder, never through the controller.
   file under ``/dev/shm``, and the tensor object keeps working on that memory (its storage is
   swapped in place). The file's space is reserved first: a buffer that does not fit in
   ``/dev/shm`` is served over the socket instead (with a warning), never a SIGBUS later. A
-  reader maps the file on its first read through a handle and copies with ``memcpy``; the
-  mapping goes when the handle is garbage, when a read finds the buffer dropped, or when the
-  owner dies (a mapping would otherwise keep the memory of a deleted file).
+  reader maps the file on its first read and copies with ``memcpy``; every handle of the
+  buffer in that process shares the mapping, which outlives the last of them by half a second
+  (a handle passed anew into each call finds it mapped) and goes then, when a read finds the
+  buffer dropped, or when the owner dies (a mapping would otherwise keep the memory of a
+  deleted file). See ``shm.py``.
 - Other hosts (or ``transport="socket"`` to force it on one host): the reader asks the owner over
   the direct worker-to-worker ZeroMQ connection; the bytes travel as one zero-copy frame.
 - CUDA tensors: a reader on the owner's GPU copies device to device through CUDA IPC; other
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.node import current_node
 from ..messaging.protocol import BUF_CUDA, BUF_READ, BUF_WRITE
-from . import cuda_buffers
+from . import cuda_buffers, shm
 from .buffer_owner import (
     Owned,
     bytes_of,
@@ -48,13 +49,12 @@ from .buffer_owner import (
     on_write,
     take_back,
 )
-from .shm import NoSpace, ShmMapping, mapped, watch_deaths
+from .shm import NoSpace, ShmMapping
 
 if TYPE_CHECKING:
     import torch
 
 _ids = itertools.count(1)
-_maps_lock = threading.Lock()
 
 
 def _as_tensor(data: Any) -> torch.Tensor:
@@ -128,7 +128,8 @@ class TensorBuffer:
                     stacklevel=2,
                 )
                 self.transport = "socket"
-        self._map: ShmMapping | None = None
+        self._map: ShmMapping | None = None  # the mapping this handle last read through
+        self._let_go: weakref.finalize[Any, Any] | None = None  # counts it out of its users
         self.opened: torch.Tensor | None = None  # a holder's view of the owner's CUDA memory
         lend(self.buffer_id, Owned(tensor, self.path, mapping))
         if BUF_READ not in node.handlers:  # this process's first buffer
@@ -231,29 +232,19 @@ class TensorBuffer:
             os.unlink(owned.path)
 
     def _mapping(self) -> ShmMapping:
-        """This handle's mapping of the owner's file, made on first use; a dropped buffer (its
-        file gone) is an error, and its mapping is released rather than read stale."""
+        """The mapping of the owner's file to read through (shared by the buffer's handles in
+        this process); a dropped buffer (its file gone) is an error."""
         assert self.path is not None
+        held = self._map
         try:
-            inode = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            inode = None
-        with _maps_lock:
-            m = self._map
-            if m is not None and m.inode != inode:
-                m.release()
-                m = self._map = None
-            if inode is None:
-                raise MeshError(f"{self!r} was dropped by its owner")
-            if m is None:
-                try:
-                    m = ShmMapping(self.path, self.nbytes, self.owner.mailbox)
-                except FileNotFoundError:
-                    raise MeshError(f"{self!r} was dropped by its owner") from None
-                self._map = m
-                weakref.finalize(self, m.release)
-                mapped.add(m)
-                watch_deaths()
+            m = shm.mapping(self.path, self.nbytes, self.owner.mailbox, held)
+        except shm.Dropped:
+            raise MeshError(f"{self!r} was dropped by its owner") from None
+        if m is not held:
+            if self._let_go is not None:
+                self._let_go()  # the mapping it held before
+            self._map = m
+            self._let_go = weakref.finalize(self, shm.let_go, m, current_node().transport)
         return m
 
     def _remote(self, kind: str, tensor: torch.Tensor) -> Future[None]:
@@ -333,5 +324,6 @@ def _restore(state: tuple[Any, ...], transport: str, gpu: str | None = None) -> 
     buf.transport = transport
     buf.gpu = gpu
     buf._map = None
+    buf._let_go = None
     buf.opened = None
     return buf

@@ -1,10 +1,12 @@
 """The shared-memory side of ``TensorBuffer`` (buffers.py): room in ``/dev/shm``, and readers'
 mappings of owners' files, which must not outlive their use.
 
-A reader maps an owner's file on its first read through a handle and keeps the mapping with the
-handle (mapping once per read costs about as much again as the copy). The mapping goes when
-the handle is garbage, when a read finds the file gone (the buffer was dropped), or when the
-owner dies: a mapping of a deleted file keeps its memory, for as long as it exists.
+A reader maps an owner's file on its first read, and every handle of that buffer in the process
+reads through the same mapping (mapping 256 MB costs about as much again as copying it). The
+mapping outlives the last handle that used it by ``LINGER_S``, so that a handle which comes anew
+with each call (the buffer passed as an argument) finds the file mapped. It goes after that, when
+a read finds the file gone (the buffer was dropped), or when the owner dies: a mapping of a
+deleted file keeps its memory, for as long as it exists.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -20,13 +23,22 @@ from ..messaging.codec import Message
 from ..messaging.node import current_node
 
 SHM_DIR = "/dev/shm"
+# How long a mapping outlives the last handle that read through it (seconds).
+LINGER_S = 0.5
 # Every live reader mapping of this process, so that an owner's death unmaps its files.
 mapped: weakref.WeakSet[ShmMapping] = weakref.WeakSet()
+# path -> the mapping of that file which every handle of its buffer in this process reads through
+_shared: dict[str, ShmMapping] = {}
+_lock = threading.Lock()  # over _shared and each mapping's count of handles
 _janitor_node: Any = None
 
 
 class NoSpace(Exception):
     pass
+
+
+class Dropped(Exception):
+    """The owner's file is gone: its buffer was dropped."""
 
 
 def no_space(nbytes: int) -> str:
@@ -49,6 +61,7 @@ class ShmMapping:
     def __init__(self, path: str, nbytes: int, owner: bytes) -> None:
         import torch
 
+        self.path = path
         fd = os.open(path, os.O_RDWR)
         try:
             self.inode = os.fstat(fd).st_ino
@@ -60,6 +73,8 @@ class ShmMapping:
         self.owner = owner
         self.lock = threading.Lock()  # held while copying: the memory must stay mapped
         self.stale = False
+        self.users = 0  # handles reading through it (under _lock)
+        self.idle_since = 0.0  # when the last of them went
 
     def copy(self, other: Any, into_buffer: bool) -> None:
         with self.lock:
@@ -87,6 +102,65 @@ class ShmMapping:
         if self.mm is not None:
             self.mm.close()
             self.mm = None
+
+
+def mapping(path: str, nbytes: int, owner: bytes, held: ShmMapping | None) -> ShmMapping:
+    """The mapping to read ``path`` through, for a handle that holds ``held`` (the mapping it
+    read through before, or None). A mapping the handle did not hold counts it as a user until
+    :func:`let_go`. Raises :class:`Dropped` when the file is gone, after unmapping it."""
+    try:
+        inode: int | None = os.stat(path).st_ino
+    except FileNotFoundError:
+        inode = None
+    with _lock:
+        m = _shared.get(path)
+        if m is not None and (m.inode != inode or m.mm is None):
+            _forget(m)  # dropped (and maybe made again under the same name), or its owner died
+            m = None
+        if inode is None:
+            raise Dropped
+        if m is None:
+            try:
+                m = ShmMapping(path, nbytes, owner)
+            except FileNotFoundError:
+                raise Dropped from None
+            _shared[path] = m
+            mapped.add(m)
+            watch_deaths()
+        if m is not held:
+            m.users += 1
+        return m
+
+
+def let_go(m: ShmMapping, transport: Any) -> None:
+    """A handle that read through ``m`` is garbage, or reads through another mapping now (any
+    thread, also in a garbage collection under ``_lock``: the count is kept by the I/O thread)."""
+    transport.call_soon(lambda: _let_go(m, transport))
+
+
+def _let_go(m: ShmMapping, transport: Any) -> None:
+    with _lock:
+        m.users -= 1
+        if m.users > 0:
+            return
+        m.idle_since = time.monotonic()
+    transport.call_later(LINGER_S, lambda: _unmap_if_idle(m))
+
+
+def _unmap_if_idle(m: ShmMapping) -> None:
+    with _lock:
+        # Not if a handle took it again meanwhile (a later timer looks once it lets go).
+        if m.users <= 0 and time.monotonic() >= m.idle_since + LINGER_S:
+            _forget(m)
+
+
+def _forget(m: ShmMapping) -> None:
+    # Under _lock. No handle can be copying through it after its file went (a read looks first,
+    # under _lock), unless it read just before: release waits for that copy, or leaves the unmap
+    # to it.
+    if _shared.get(m.path) is m:
+        del _shared[m.path]
+    m.release(wait=False)
 
 
 class _Janitor:
