@@ -129,8 +129,6 @@ class CellRun:
     on ``_wake``.
     """
 
-    spin = False  # its thread sleeps at once while it waits (see ReplyInbox._receive)
-
     def __init__(self, target: Target, options: CellOptions) -> None:
         self.target = target
         self.options = options

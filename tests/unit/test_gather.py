@@ -109,5 +109,5 @@ def test_a_call_to_few_enough_ranks_is_waited_for_spinning(
     call's ranks leave it a core: at most SPIN_RANKS of them."""
     monkeypatch.setattr(config, "SPIN_RANKS", spin_ranks)
     gather = _gather(current, ranks)
-    assert gather.future.spin is spins
+    assert gather.future._spin is spins
     gather.close()

@@ -75,9 +75,8 @@ class _Worker:
 
 
 class _Until:
-    def __init__(self, done: Callable[[], bool], spin: bool = False) -> None:
+    def __init__(self, done: Callable[[], bool]) -> None:
         self.done = done
-        self.spin = spin
 
 
 def _inbox_with_a_worker(node: Node) -> tuple[ReplyInbox, _Handler, Port, _Worker]:
@@ -162,8 +161,8 @@ def test_a_spinning_wait_reads_its_replies_and_spins_on(node: Node) -> None:
     try:
         for index in range(2):
             worker.reply(port.port_id, index)
-        until = _Until(lambda: len(handler.got) >= 2, spin=True)
-        inbox.wait(until, time.monotonic() + TIMEOUT_S, lambda: None)
+        until = _Until(lambda: len(handler.got) >= 2)
+        inbox.wait(until, time.monotonic() + TIMEOUT_S, lambda: None, spin=True)
         assert [msg.envelope[2] for msg in handler.got] == [0, 1]
         assert inbox._spin_pays  # its replies came within the window
     finally:
@@ -179,18 +178,20 @@ def test_a_wait_outlasting_the_window_stops_spinning_until_a_reply_comes_quickly
     inbox, handler, port, worker = _inbox_with_a_worker(node)
     inbox._spin_ns = 1000  # 1 µs: nothing is sent, so the spin runs out
     try:
-        nothing = _Until(lambda: False, spin=True)
-        inbox.wait(nothing, time.monotonic() + 0.05, lambda: None)
+        inbox.wait(_Until(lambda: False), time.monotonic() + 0.05, lambda: None, spin=True)
         assert not inbox._spin_pays
-        # Sleeping, it reads a reply that was already queued; with a 1 µs window the receive
-        # still took longer than twice the window: spinning stays off.
+        # Sleeping, it reads a reply sent just before; with a 1 µs window the receive still
+        # took longer than twice the window: spinning stays off.
         worker.reply(port.port_id, 0)
-        inbox.wait(_Until(lambda: len(handler.got) >= 1, spin=True), time.monotonic() + 5, _none)
+        got_one = _Until(lambda: len(handler.got) >= 1)
+        inbox.wait(got_one, time.monotonic() + TIMEOUT_S, lambda: None, spin=True)
         assert len(handler.got) == 1 and not inbox._spin_pays
-        # With a window no receive of a queued reply outlasts, the next one turns it back on.
+        # With a window that no receive of a reply sent just before outlasts, the next one
+        # turns it back on.
         inbox._spin_ns = _LONG_NS
         worker.reply(port.port_id, 1)
-        inbox.wait(_Until(lambda: len(handler.got) >= 2, spin=True), time.monotonic() + 5, _none)
+        got_two = _Until(lambda: len(handler.got) >= 2)
+        inbox.wait(got_two, time.monotonic() + TIMEOUT_S, lambda: None, spin=True)
         assert len(handler.got) == 2 and inbox._spin_pays
     finally:
         worker.close()
@@ -206,7 +207,3 @@ def test_a_wait_not_asked_to_spin_never_does(node: Node) -> None:
     finally:
         worker.close()
         node.close()
-
-
-def _none() -> None:
-    pass

@@ -51,16 +51,17 @@ class Future(Generic[T]):
         "_event",
         "_lock",
         "_pending_ranks",
+        "_spin",
         "_state",
         "_value",
         "_waker",
-        "spin",
     )
 
     def __init__(
         self,
         describe_pending: Callable[[], str] | None = None,
         pending_ranks: Callable[[], list[tuple[str, int]]] | None = None,
+        spin: bool = False,
     ) -> None:
         self._state = _PENDING
         self._value: Any = None
@@ -71,8 +72,8 @@ class Future(Generic[T]):
         self._describe_pending = describe_pending
         self._pending_ranks = pending_ranks
         # Whether a thread waiting for this checks for its replies awhile before it sleeps
-        # (see config.WAIT_SPIN_US).
-        self.spin = False
+        # (a call to few ranks: see config.WAIT_SPIN_US).
+        self._spin = spin
 
     def pending_ranks(self) -> list[tuple[str, int]]:
         """The ``(mesh_id, rank)`` pairs whose replies this future still waits for, when it is
@@ -167,7 +168,8 @@ class Future(Generic[T]):
                     self._waker = inbox
                 try:
                     deadline = None if timeout is None else time.monotonic() + timeout
-                    inbox.wait(self, deadline, self._on_wake, 0.25 if wait_hooks else 1.0)
+                    step = 0.25 if wait_hooks else 1.0
+                    inbox.wait(self, deadline, self._on_wake, step, self._spin)
                 finally:
                     self._waker = None
                 if self._state != _PENDING:

@@ -79,7 +79,9 @@ class ShmMapping:
     def copy(self, other: Any, into_buffer: bool) -> None:
         with self.lock:
             if self.view is None:
-                raise SupervisionError([], "the owner of a TensorBuffer died")
+                raise SupervisionError(
+                    [], "the shared memory of a TensorBuffer is gone: its owner dropped it or died"
+                )
             if into_buffer:
                 self.view.copy_(other)
             else:
@@ -155,9 +157,8 @@ def _unmap_if_idle(m: ShmMapping) -> None:
 
 
 def _forget(m: ShmMapping) -> None:
-    # Under _lock. No handle can be copying through it after its file went (a read looks first,
-    # under _lock), unless it read just before: release waits for that copy, or leaves the unmap
-    # to it.
+    # Under _lock. A copy through it may still run (a handle that looked just before): that
+    # copy unmaps it as it ends.
     if _shared.get(m.path) is m:
         del _shared[m.path]
     m.release(wait=False)

@@ -156,9 +156,9 @@ class Gather(Collector[T]):
         self.finish = finish
         self.deaths_as_values = False  # stacks(): a dead rank is an answer, not a failure
         self.failures: list[RemoteFailure] = []
-        self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks)
         # A call to a few ranks leaves a core to a thread that spins for their replies.
-        self.future.spin = self.n <= config.SPIN_RANKS
+        spin = self.n <= config.SPIN_RANKS
+        self.future: Future[T] = Future(self.describe_timeout, self.pending_ranks, spin)
 
     def on_message(self, msg: Message) -> None:
         # A rank that answered (the common case: every reply of a call_one, a choose or a call

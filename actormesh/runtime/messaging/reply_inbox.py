@@ -29,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -55,8 +56,6 @@ _now_ns = time.perf_counter_ns
 
 
 class Awaited(Protocol):
-    spin: bool  # whether its replies are worth checking for before sleeping (_receive)
-
     def done(self) -> bool: ...
 
 
@@ -99,11 +98,18 @@ class ReplyInbox:
 
     # -- the owner thread ------------------------------------------------------------------------
 
-    def wait(self, fut: Awaited, deadline: float | None, on_wake: Any, step: float = 1.0) -> None:
+    def wait(
+        self,
+        fut: Awaited,
+        deadline: float | None,
+        on_wake: Any,
+        step: float = 1.0,
+        spin: bool = False,
+    ) -> None:
         """Read replies until ``fut`` (a future, or a cell waiting for its ranks) is done,
         ``deadline`` passes (then return), or ``on_wake`` raises (it runs every ``step``
-        seconds and when woken by another thread: pending failures, wait hooks). While
-        ``fut.spin``, a reply is checked for awhile before the thread sleeps (``_receive``)."""
+        seconds and when woken by another thread: pending failures, wait hooks). ``spin``:
+        each reply is tried for awhile before the thread sleeps for it (``_receive``)."""
         self.waiting = True
         try:
             if fut.done():
@@ -115,7 +121,7 @@ class ReplyInbox:
                 with self._lock:
                     if self.closed:
                         return
-                    self._read(fut, int(left * 1000) or 1)
+                    self._read(fut.done, int(left * 1000) or 1, spin)
                 if fut.done():
                     return
                 # Woken by another thread, or a step went by with nothing read.
@@ -137,9 +143,8 @@ class ReplyInbox:
         if queued:
             self.node.transport.call_soon(self._on_readable)
 
-    def _read(self, fut: Awaited, timeout_ms: int) -> None:
-        # Caller holds the lock. Replies until ``fut`` is done; returns at a wake-up or the
-        # timeout.
+    def _read(self, done: Callable[[], bool], timeout_ms: int, spin: bool) -> None:
+        # Caller holds the lock. Replies until ``done()``; returns at a wake-up or the timeout.
         sock = self._socket
         if timeout_ms != self._timeout_ms:
             sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
@@ -148,14 +153,11 @@ class ReplyInbox:
         ports = node.ports
         in_order = node.in_order
         verifier = self._verifier
-        done = fut.done
-        spin_ns = self._spin_ns
+        spin_ns = self._spin_ns if spin else 0
         while True:
             try:
-                if spin_ns and fut.spin:
-                    frame = self._receive(sock, spin_ns)
-                else:
-                    frame = _zmq_recv(sock, 0, False)  # blocks without the GIL, up to the timeout
+                # Blocks (without the GIL) up to the timeout, after spinning if asked to.
+                frame = self._receive(sock, spin_ns) if spin_ns else _zmq_recv(sock, 0, False)
             except zmq.Again:
                 return
             if not frame.more and not len(frame):
