@@ -225,7 +225,7 @@ def test_forged_and_unsigned_messages_are_dropped_and_logged(shared_procs, capsy
     assert any("dropped a message that failed authentication: truncated" in x for x in lines)
 
 
-def test_random_frames_never_crash_a_worker_or_the_controller(shared_procs) -> None:
+def test_random_frames_never_crash_a_worker_or_the_controller(shared_procs, capsys, caplog) -> None:
     import random
 
     counter = shared_procs.spawn("fuzzed", Counter)
@@ -243,10 +243,33 @@ def test_random_frames_never_crash_a_worker_or_the_controller(shared_procs) -> N
                 sock.send_multipart(frames)
         target.incr.broadcast()
         assert target.get.call_one().get(timeout=10) == 1  # both still serve
+        # Each side says it dropped each of them (the worker through the controller's output):
+        # all of that is seen here, none later in another test's output (or outside any).
+        seen: list[str] = []
+        wait_until(
+            lambda: seen.append(capsys.readouterr().err) or _dropped("".join(seen)) >= 200,
+            10,
+            "the worker's 200 warnings",
+        )
+        assert _dropped("".join(seen)) == 200
+
+        def controller_dropped() -> int:
+            return sum(
+                "dropped" in r.getMessage() for r in caplog.records if r.name.endswith("receive")
+            )
+
+        wait_until(lambda: controller_dropped() >= 200, 10, "the controller's 200 warnings")
+        assert controller_dropped() == 200
     finally:
         for sock in socks:
             sock.close(linger=1000)
         ctx.term()
+
+
+def _dropped(err: str) -> int:
+    return sum(
+        1 for line in err.splitlines() if line.startswith("[gpus=1] WARNING") and "dropped" in line
+    )
 
 
 def test_python_logging_in_an_endpoint_reaches_the_controller(shared_procs, capsys) -> None:
