@@ -7,7 +7,6 @@ closes; the host agent removes those of a process that died (same name pattern).
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import threading
@@ -17,8 +16,9 @@ from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.node import current_node
 from ..messaging.protocol import BUF_DONE
+from ..messaging.shm_lane import SHM_DIR, NoRoom, map_reserved
 from . import cuda_buffers
-from .shm import SHM_DIR, NoSpace, no_space
+from .shm import NoSpace, no_space
 
 if TYPE_CHECKING:
     import torch
@@ -61,15 +61,9 @@ def move_to_shm(
     path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{buffer_id}")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        # ftruncate alone reserves nothing: touching a page that tmpfs cannot supply is a
-        # SIGBUS, in the owner now or in a reader later.
-        os.posix_fallocate(fd, 0, nbytes)
-        mapping = mmap.mmap(fd, nbytes)
-    except OSError as exc:
-        os.unlink(path)
-        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-            raise NoSpace(no_space(nbytes)) from None
-        raise
+        mapping = map_reserved(fd, path, nbytes)
+    except NoRoom:
+        raise NoSpace(no_space(nbytes)) from None
     finally:
         os.close(fd)
     shared = torch.frombuffer(mapping, dtype=torch.uint8)

@@ -15,19 +15,17 @@ import mmap
 import os
 import threading
 import time
-import weakref
 from typing import Any
 
 from ...errors import SupervisionError
 from ..messaging.codec import Message
 from ..messaging.node import current_node
+from ..messaging.shm_lane import SHM_DIR
 
-SHM_DIR = "/dev/shm"
 # How long a mapping outlives the last handle that read through it (seconds).
 LINGER_S = 0.5
-# Every live reader mapping of this process, so that an owner's death unmaps its files.
-mapped: weakref.WeakSet[ShmMapping] = weakref.WeakSet()
-# path -> the mapping of that file which every handle of its buffer in this process reads through
+# path -> the mapping of that file which every handle of its buffer in this process reads
+# through (an owner's death unmaps its files: _Janitor)
 _shared: dict[str, ShmMapping] = {}
 _lock = threading.Lock()  # over _shared and each mapping's count of handles
 _janitor_node: Any = None
@@ -127,7 +125,6 @@ def mapping(path: str, nbytes: int, owner: bytes, held: ShmMapping | None) -> Sh
             except FileNotFoundError:
                 raise Dropped from None
             _shared[path] = m
-            mapped.add(m)
             watch_deaths()
         if m is not held:
             m.users += 1
@@ -173,9 +170,9 @@ class _Janitor:
         pass
 
     def on_death(self, mailbox: bytes, death: Any) -> bool:
-        for m in list(mapped):
-            if m.owner == mailbox:
-                m.release(wait=False)  # the I/O thread: never wait for a copy
+        with _lock:
+            for m in [m for m in _shared.values() if m.owner == mailbox]:
+                _forget(m)  # without waiting for a copy: this is the I/O thread
         return False
 
 

@@ -59,6 +59,27 @@ class LaneError(Exception):
     """A lane message whose slot cannot be read (its sender died and its slots were removed)."""
 
 
+class NoRoom(Exception):
+    """``/dev/shm`` cannot hold a new file."""
+
+
+def map_reserved(fd: int, path: str, nbytes: int) -> mmap.mmap:
+    """The new shared-memory file ``path`` (open as ``fd``, which the caller closes), its
+    ``nbytes`` reserved, then mapped: lane slots and TensorBuffers (``buffer_owner.py``) are
+    made this way. Raises ``NoRoom`` when ``/dev/shm`` cannot hold it, any other ``OSError`` as
+    it is; either way the file is removed."""
+    try:
+        # ftruncate alone reserves nothing: a page that tmpfs cannot supply later is a SIGBUS,
+        # in the owner or in a reader.
+        os.posix_fallocate(fd, 0, nbytes)
+        return mmap.mmap(fd, nbytes)
+    except OSError as exc:
+        os.unlink(path)
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            raise NoRoom from None
+        raise
+
+
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) & ~(_ALIGN - 1)
 
@@ -148,14 +169,11 @@ class SendLane:
             logger.debug("no shared-memory lane (%s): tensors go over the socket", exc)
             return None
         try:
-            # Reserve the pages now: a page tmpfs cannot supply later is a SIGBUS, in the
-            # sender or in a reader.
-            os.posix_fallocate(fd, 0, capacity)
-            mm = mmap.mmap(fd, capacity)
+            mm = map_reserved(fd, path, capacity)
+        except NoRoom:
+            return None
         except OSError as exc:
-            os.unlink(path)
-            if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                logger.warning("no shared-memory lane: %s", exc)
+            logger.warning("no shared-memory lane: %s", exc)
             return None
         finally:
             os.close(fd)
