@@ -7,6 +7,7 @@ import glob
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -43,6 +44,20 @@ def _infrastructure(procs: list[psutil.Process]) -> set[int]:
     return keep
 
 
+T = TypeVar("T")
+
+
+def _left_after_grace(find: Callable[[], list[T]], grace: float = 10.0) -> list[T]:
+    """What ``find`` still finds once it finds nothing or ``grace`` seconds have passed: what
+    a test started gets that long to go away by itself."""
+    deadline = time.monotonic() + grace
+    left = find()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = find()
+    return left
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
     """Fail the test that leaves a process behind (after giving stops a few seconds)."""
@@ -63,11 +78,7 @@ def no_leaked_processes() -> Iterator[None]:
                 continue
         return out
 
-    deadline = time.monotonic() + 10
-    left = leaked()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = leaked()
+    left = _left_after_grace(leaked)
     if left:
         desc = [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in left if p.is_running()]
         for p in left:
@@ -95,16 +106,12 @@ def no_leaked_shared_memory() -> Iterator[None]:
     process's own job as it exits, or its host agent's when it is killed)."""
     before = set(_orphaned_shared_memory())
     yield
-    deadline = time.monotonic() + 10
-    left = set(_orphaned_shared_memory()) - before
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = set(_orphaned_shared_memory()) - before
+    left = _left_after_grace(lambda: sorted(set(_orphaned_shared_memory()) - before))
     for path in left:
         with contextlib.suppress(OSError):
             os.unlink(path)
     if left:
-        pytest.fail(f"test left shared memory of dead processes: {sorted(left)}")
+        pytest.fail(f"test left shared memory of dead processes: {left}")
 
 
 @pytest.fixture(autouse=True)
