@@ -266,21 +266,22 @@ def thread_names(pid: int, known: dict[int, str]) -> dict[int, str]:
 class CpuMeter:
     """Sums CPU per named thread of several processes over the blocks of each side."""
 
-    def __init__(self, procs: dict[str, tuple[int, dict[int, str]]]) -> None:
-        self.procs = procs  # label -> (pid, tid -> thread name)
+    def __init__(self, procs: list[tuple[str, int, dict[int, str]]]) -> None:
+        # (label, pid, tid -> thread name); processes with one label add up (the workers)
+        self.procs = procs
         self.cpu: dict[str, dict[str, int]] = {}
         self.calls: dict[str, int] = {}
 
     def on_block(self, side: str, run: Callable[[], list[int]]) -> list[int]:
-        before = {label: thread_cpu_ns(pid) for label, (pid, _) in self.procs.items()}
+        before = {pid: thread_cpu_ns(pid) for _, pid, _ in self.procs}
         got = run()
-        after = {label: thread_cpu_ns(pid) for label, (pid, _) in self.procs.items()}
+        after = {pid: thread_cpu_ns(pid) for _, pid, _ in self.procs}
         acc = self.cpu.setdefault(side, {})
-        for label, (pid, known) in self.procs.items():
+        for label, pid, known in self.procs:
             names = thread_names(pid, known)
-            for tid, t1 in after[label].items():
+            for tid, t1 in after[pid].items():
                 name = f"{label}: {names.get(tid, 'other')}"
-                acc[name] = acc.get(name, 0) + t1 - before[label].get(tid, t1)
+                acc[name] = acc.get(name, 0) + t1 - before[pid].get(tid, t1)
         self.calls[side] = self.calls.get(side, 0) + len(got)
         return got
 
@@ -447,23 +448,33 @@ def main() -> None:
         for t in threading.enumerate():
             if t.name.startswith("actormesh-io"):
                 ctrl_tids[t.native_id] = "I/O thread"  # type: ignore[index]
-        worker_tids = {}
-        for name, tid in info["tids"].items():
-            if name.startswith("actor-"):
-                worker_tids[tid] = "actor thread"
-            elif name.startswith("actormesh-io"):
-                worker_tids[tid] = "I/O thread"
-            elif name.startswith("raw"):
-                worker_tids[tid] = "raw pyzmq thread"
-            else:
-                worker_tids[tid] = name
-        threads = {"controller": (os.getpid(), ctrl_tids), "worker 0": (info["pid"], worker_tids)}
+
+        def worker_threads(info: dict[str, Any]) -> dict[int, str]:
+            known = {}
+            for name, tid in info["tids"].items():
+                if name.startswith("actor-"):
+                    known[tid] = "actor thread"
+                elif name.startswith("actormesh-io"):
+                    known[tid] = "I/O thread"
+                elif name.startswith("raw"):
+                    known[tid] = "raw pyzmq thread"
+                else:
+                    known[tid] = name
+            return known
+
+        controller = ("controller", os.getpid(), ctrl_tids)
+        threads = [controller, ("worker 0", info["pid"], worker_threads(info))]
+        # The call to 8: the eight workers' threads, added up by kind.
+        every_worker = [controller] + [
+            ("8 workers", w["pid"], worker_threads(w))
+            for w in actors.threads.call().get(timeout=TIMEOUT).values()
+        ]
 
         def metered(
             sides: dict[str, Callable[[int], object]],
             shape: tuple[int, int],
             nbytes: int = 0,
-            procs: dict[str, Any] = threads,
+            procs: list[tuple[str, int, dict[int, str]]] = threads,
         ) -> dict[str, Any]:
             meter = CpuMeter(procs)
             result = interleave(sides, shape, nbytes, meter.on_block)
@@ -479,14 +490,13 @@ def main() -> None:
                 sides["raw_tcp_spinning"] = raw_call_spinning
             out["call_one"] = metered(sides, SHAPES["call_one"])
         if wanted("call_all_8"):
-            # CPU of the controller's threads only: the eight workers share the two cores
             out["call_all_8"] = metered(
                 {
                     "actormesh": lambda i: actors.ping.call(i).get(timeout=TIMEOUT),
                     "raw_tcp": lambda i: floor.call_all(tcp, i),
                 },
                 SHAPES["call_all_8"],
-                procs={"controller": threads["controller"]},
+                procs=every_worker,
             )
         import torch
 
@@ -620,9 +630,11 @@ def summary(out: dict[str, Any]) -> str:
             f"ratio {r['ratio_over_raw_tcp_spinning']:.2f}, added CPU "
             f"{r.get('added_cpu_us_over_raw_tcp_spinning', '—')} µs"
         )
-    cpu = out.get("call_one", {}).get("cpu_us_per_call", {})
-    if cpu:
-        lines += ["", "| thread (call_one) | " + " | ".join(cpu) + " |"]
+    for key in ("call_one", "call_all_8"):
+        cpu = out.get(key, {}).get("cpu_us_per_call", {})
+        if not cpu:
+            continue
+        lines += ["", f"| thread ({key}) | " + " | ".join(cpu) + " |"]
         lines.append("|---|" + "---|" * len(cpu))
         names = sorted({k for v in cpu.values() for k in v})
         for name in names:

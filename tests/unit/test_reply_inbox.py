@@ -1,35 +1,43 @@
-"""The main thread's reply inbox lives in its transport's ZeroMQ context (one I/O thread for a
-call and its reply), so the transport closes it before ending that context, whichever way the
-process ends, and a closed node gives no new one."""
+"""The main thread's reply inbox: a unix datagram socket that workers of its host send their
+replies into (``datagrams.py``). The transport closes it, whichever way the process ends, and a
+closed node gives no new one. A reply that cannot go as a datagram comes through the process
+inbox, and the sender's later replies wait for it."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 
-import zmq
-
 from actormesh.runtime.messaging.address import Address
-from actormesh.runtime.messaging.codec import Message, Signer
+from actormesh.runtime.messaging.codec import Message, dumps
+from actormesh.runtime.messaging.datagrams import DATAGRAM_MAX, path_of
 from actormesh.runtime.messaging.node import Node, Port
 from actormesh.runtime.messaging.protocol import OK, REPLY
 from actormesh.runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
+from actormesh.runtime.messaging.transport import Transport
 
 TIMEOUT_S = 10
 
 
-def test_closing_the_transport_alone_closes_the_reply_inbox_and_does_not_hang(node: Node) -> None:
+def test_closing_the_transport_alone_closes_the_reply_inbox_and_removes_its_socket(
+    node: Node,
+) -> None:
     inbox = reply_inbox(node)
     assert inbox is not None and not inbox.closed
-    # What os._exit in an actor thread does (no Node.close): ZeroMQ's term waits for every
-    # socket of the context, so an inbox left open would hang this forever.
+    path = path_of(inbox.address.ipc or "")
+    assert os.path.exists(path)
+    # What os._exit in an actor thread does (no Node.close).
     closer = threading.Thread(target=node.transport.close, kwargs={"linger": 0}, daemon=True)
     closer.start()
     closer.join(TIMEOUT_S)
     try:
-        assert not closer.is_alive(), "the transport's close hung on the reply inbox's socket"
+        assert not closer.is_alive(), "the transport's close hung on the reply inbox"
         assert inbox.closed
+        assert not os.path.exists(path), "the reply inbox's socket was left behind"
     finally:
         node.close()  # the node's own closers (supervision's waiter list)
 
@@ -55,23 +63,24 @@ class _Handler:
 
 
 class _Worker:
-    """What a worker does with a reply inbox's address: a socket that sends it signed replies."""
+    """A worker's transport, replying to a reply inbox as an actor does (``send_reply``)."""
 
     def __init__(self, node: Node, address: Address) -> None:
         self.address = address
-        self.ctx: zmq.Context[object] = zmq.Context()
-        self.out = self.ctx.socket(zmq.PUSH)
-        self.out.setsockopt(zmq.LINGER, 0)
-        self.out.connect(address.ipc or "")
-        self.signer = Signer(node.key, b"worker-0")
+        self.caller = node.address.mailbox
+        self.run_dir = tempfile.mkdtemp(prefix="am-unit-", dir="/tmp")
+        self.transport = Transport(node.key, self.run_dir, "w0")
 
-    def reply(self, port_id: int, index: int = 0) -> None:
-        envelope = (REPLY, port_id, index, OK)
-        self.out.send_multipart(self.signer.frames(self.address.mailbox, envelope))
+    def reply(self, port_id: int, index: int = 0, value: object = None) -> None:
+        # The last message sent to the caller's process before this reply: see Node.in_order.
+        after = self.transport.last_seq_to(self.caller)
+        envelope = (REPLY, port_id, index, OK, after) if after else (REPLY, port_id, index, OK)
+        payload, buffers = dumps(value)
+        self.transport.send(self.address, envelope, payload, buffers, caller=self.caller)
 
     def close(self) -> None:
-        self.out.close()
-        self.ctx.term()
+        self.transport.close(linger=0)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 class _Until:
@@ -87,10 +96,11 @@ def _inbox_with_a_worker(node: Node) -> tuple[ReplyInbox, _Handler, Port, _Worke
     return inbox, handler, node.open_port(handler, inbox.address), _Worker(node, inbox.address)
 
 
-def test_a_reply_reaches_the_inbox_through_the_transports_context(node: Node) -> None:
+def test_a_reply_reaches_the_inbox_as_a_datagram(node: Node) -> None:
     inbox, handler, port, worker = _inbox_with_a_worker(node)
     try:
-        # A reply signed for the inbox's mailbox, as a worker sends it, is read off its socket.
+        # A reply signed for the inbox's mailbox, as a worker sends it, is read off its socket
+        # (the node is not started: nothing else could have read it).
         worker.reply(port.port_id)
         inbox.wait(_Until(lambda: bool(handler.got)), time.monotonic() + TIMEOUT_S, lambda: None)
         assert len(handler.got) == 1
@@ -122,7 +132,7 @@ def test_replies_due_are_read_on_and_a_late_one_still_ends_the_wait(node: Node) 
 
 def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> None:
     """A wait stops reading once its own reply is in; a reply to another call queued behind it
-    is the I/O thread's to read, though the wait's receives took the socket FD's signal."""
+    is the I/O thread's to read."""
     node.start()
     inbox = reply_inbox(node)
     assert inbox is not None
@@ -205,5 +215,53 @@ def test_a_wait_not_asked_to_spin_never_does(node: Node) -> None:
         inbox.wait(_Until(lambda: False), time.monotonic() + 0.05, lambda: None)
         assert inbox._spin_pays  # it did not spin, so it cannot have run out
     finally:
+        worker.close()
+        node.close()
+
+
+# -- replies that cannot go as datagrams ---------------------------------------------------------
+
+
+def test_replies_that_do_not_fit_come_through_the_process_inbox_and_keep_their_order(
+    node: Node,
+) -> None:
+    """With the inbox's queue full (Linux queues 10 datagrams) or a reply larger than a
+    datagram, replies go through the process inbox; a later datagram reply of the same sender
+    is handled only after them."""
+    node.start()
+    inbox = reply_inbox(node)
+    assert inbox is not None
+    handler = _Handler()
+    port = node.open_port(handler, inbox.address)
+    worker = _Worker(node, inbox.address)
+    # The I/O thread is kept busy, so that neither the inbox nor the process inbox is read
+    # until the wait below reads the inbox.
+    release = threading.Event()
+    node.transport.call_soon(lambda: release.wait(TIMEOUT_S))
+    try:
+        for index in range(16):
+            worker.reply(port.port_id, index)
+        large = b"x" * (DATAGRAM_MAX + 1)
+        worker.reply(port.port_id, 16, large)
+        queued = 17
+        # The wait reads what came as datagrams (the queue's length, give or take one); the
+        # rest sits in the process inbox.
+        inbox.wait(_Until(lambda: False), time.monotonic() + 0.2, lambda: None)
+        as_datagrams = len(handler.got)
+        assert 8 <= as_datagrams < 16
+        assert [msg.envelope[2] for msg in handler.got] == list(range(as_datagrams))
+        # Room again: this one goes as a datagram, and names the last of those before it.
+        worker.reply(port.port_id, queued)
+        inbox.wait(_Until(lambda: False), time.monotonic() + 0.2, lambda: None)
+        assert len(handler.got) == as_datagrams, "a reply overtook the ones sent before it"
+        release.set()
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(handler.got) < queued + 1 and time.monotonic() < deadline:
+            handler.arrived.wait(0.05)
+            handler.arrived.clear()
+        assert [msg.envelope[2] for msg in handler.got] == list(range(queued + 1))
+        assert handler.got[16].value() == large
+    finally:
+        release.set()
         worker.close()
         node.close()

@@ -92,6 +92,6 @@ def send_reply(
             if after
             else (REPLY, port.port_id, index, status)
         )
-        node.transport.send(port.address, envelope, payload, buffers)
+        node.transport.send(port.address, envelope, payload, buffers, caller=caller)
     except Exception:
         logger.exception("could not send the reply of %s", runner.name)

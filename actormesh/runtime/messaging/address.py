@@ -27,6 +27,8 @@ class Address(NamedTuple):
 
 # Unix socket paths are limited to 107 bytes; a longer actor path would not bind.
 MAX_IPC_PATH = 100
+_IPC = "ipc://"
+DATAGRAM_SCHEME = "dgram://"  # a reply inbox's address (datagrams.py)
 
 
 def actor_address(proc: Address, key: str) -> Address | None:
@@ -45,6 +47,26 @@ def actor_address(proc: Address, key: str) -> Address | None:
         return None
     mailbox = hashlib.blake2b(proc.mailbox + key.encode(), digest_size=8).digest()
     return Address(proc.host, ipc, None, mailbox)
+
+
+def reply_inbox_address(proc: Address, number: int, mailbox: bytes) -> Address | None:
+    """The address of reply inbox ``number`` of process ``proc``: a unix datagram socket beside
+    the process's own (``datagrams.py``); ``None`` when its path would be too long to bind."""
+    if proc.ipc is None or not proc.ipc.startswith(_IPC):
+        return None
+    path = f"{proc.ipc[len(_IPC) :]}.r{number}"
+    if len(path) > MAX_IPC_PATH:
+        return None
+    return Address(proc.host, f"{DATAGRAM_SCHEME}{path}", None, mailbox)
+
+
+def process_of_inbox(inbox: Address, mailbox: bytes) -> Address:
+    """The process (its mailbox: ``mailbox``) whose reply inbox is ``inbox``: where a reply
+    that cannot go as a datagram goes instead. Derived from the inbox's path, as that path was
+    from the process's (``reply_inbox_address``), so a call need not carry both."""
+    assert inbox.ipc is not None
+    path = inbox.ipc[len(DATAGRAM_SCHEME) :].rsplit(".r", 1)[0]
+    return Address(inbox.host, f"{_IPC}{path}", None, mailbox)
 
 
 def local_host_id() -> str:

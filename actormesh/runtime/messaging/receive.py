@@ -4,7 +4,7 @@ thread's reply inbox) does with its socket."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -77,7 +77,7 @@ def receive(
         yield msg
 
 
-def decode(verifier: Verifier | None, frames: list[zmq.Frame]) -> Message | None:
+def decode(verifier: Verifier | None, frames: Sequence[Any]) -> Message | None:
     """The message, authenticated (``Verifier.decode``); ``None`` when it fails (dropped and
     logged, never handled). No verifier: the socket takes no messages from outside."""
     try:

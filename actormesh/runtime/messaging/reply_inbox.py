@@ -5,16 +5,19 @@ reply arrived on the process inbox, the I/O thread would read it and then wake t
 thread: two thread wake-ups where one does. So the main thread gets its own reply socket, and
 while it waits in ``Future.get`` it reads that socket itself.
 
-The waiting thread sleeps in a blocking ZeroMQ receive on the socket, as an actor's thread does
-(``actor_inbox.py``), not in ``poll()`` on the socket's FD: the reply is read by the receive that
-was already waiting for it, with no ``EVENTS`` read to re-arm the FD before and after (two
-syscalls per call). Other threads wake it (a future completed elsewhere, a failure to raise) by
-sending an empty frame to the same socket (``socket_waker.py``).
+The socket is a unix datagram socket (``datagrams.py``), not a ZeroMQ one: a worker of this
+host sends its reply straight into it, and the waiting thread, asleep in a blocking receive on
+it, is the only thread woken. Through ZeroMQ, the I/O threads of both processes would have
+been woken first. A reply that cannot go as a datagram (too large, or the socket's queue full)
+comes through the process inbox, and the replies its sender sends after it wait for it
+(``Node.in_order``). Other threads wake the waiting one (a future completed elsewhere, a
+failure to raise) with an empty datagram.
 
 Before it sleeps for the reply of a call to few ranks (``call_one``), the thread tries to receive
 for a while (``config.WAIT_SPIN_US``, 300 µs): a reply that comes meanwhile saves the wake-up of
 a sleeping CPU. On this project's 2-core virtual machine, whose idle CPUs halt, that took a quick
-call from about 50 µs slower than raw pyzmq to about 20 µs faster (``bench/RESULTS.md``).
+call from about 50 µs slower than raw pyzmq to about 20 µs faster (``bench/RESULTS.md``, before
+the datagrams took it further).
 
 When the thread is not waiting (it runs user code, or awaits in an event loop), the I/O thread
 reads the socket instead, so futures still complete and callbacks still run on their own. The
@@ -32,15 +35,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-import zmq
-
 from ... import config
 from ..faults import supervision
-from .address import MAX_IPC_PATH, Address
+from .address import MAX_IPC_PATH, reply_inbox_address
 from .codec import Message, Verifier, new_id
+from .datagrams import DatagramInbox, DatagramSender, path_of
 from .protocol import REPLY
-from .receive import decode, has_message, receive
-from .socket_waker import SocketWaker, wake_address
+from .receive import decode
 
 if TYPE_CHECKING:
     from .node import Node
@@ -49,9 +50,6 @@ logger = logging.getLogger(__name__)
 
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
-# pyzmq's backend receive, without the Python wrapper.
-_zmq_recv = zmq.backend.Socket.recv
-_NOBLOCK = int(zmq.NOBLOCK)
 _now_ns = time.perf_counter_ns
 
 
@@ -63,14 +61,17 @@ class ReplyInbox:
     """The reply socket of one thread. See the module docstring."""
 
     def __init__(self, node: Node, owner: threading.Thread) -> None:
-        transport = node.transport
-        ipc = node.address.ipc
-        assert ipc is not None
+        if node.transport.closing:
+            raise ConnectionError("the node is closing")
+        address = reply_inbox_address(node.address, next(_numbers), new_id())
+        if address is None:
+            raise ConnectionError("this process has no ipc:// path short enough for an inbox")
         self.node = node
         self.owner = owner
         self.owner_ident = owner.ident  # compared on every call and wait
-        self.address = Address(transport.host_id, f"{ipc}.r{next(_numbers)}", None, new_id())
+        self.address = address
         self.address_state = tuple(self.address)  # as a call's envelope carries it
+        self._path = path_of(address.ipc or "")
         self._verifier = Verifier(node.key, self.address.mailbox)
         # Held by the reader. Reentrant: a callback run by a read may end the process (os._exit
         # in a worker closes the transport, which closes this socket) on the thread that holds it.
@@ -78,23 +79,19 @@ class ReplyInbox:
         self.waiting = False
         self.closed = False
         self._watched = False  # by the I/O thread (only it changes this)
-        self._timeout_ms = -1  # the socket's RCVTIMEO, set only when a wait needs another
         self._spin_ns = int(config.WAIT_SPIN_US * 1000)
         self._spin_pays = True  # see _receive
-        # The transport's context: its one I/O thread moves the calls out and the replies in
-        # (see transport.py's docstring); the waking socket must share it (inproc://).
-        with self._lock:  # the transport may close it (see close) as soon as it is made
-            self._socket: zmq.Socket[Any] = transport.thread_socket(zmq.PULL, self.close)
-            self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.setsockopt(zmq.RCVHWM, 0)
-            self._socket.bind(self.address.ipc or "")
-            wake_at = wake_address()
-            self._socket.bind(wake_at)
-            self._fd = self._socket.fileno()
-        # Wakes the waiting thread, from any thread, under its own lock (never the reader's).
-        self._waker = SocketWaker()
-        self._waker.connect(transport.thread_socket(zmq.PUSH, self.close), wake_at)
-        transport.call_soon(self._watch)
+        self._inbox = DatagramInbox(self._path)
+        self._fd = self._inbox.fd
+        # Wakes the waiting thread, from any thread (an empty datagram).
+        self._waker = DatagramSender()
+        try:
+            node.transport.on_close(self.close)
+        except ConnectionError:
+            self._waker.close()
+            self._inbox.close()
+            raise
+        node.transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
 
@@ -130,43 +127,23 @@ class ReplyInbox:
                     return
         finally:
             self.waiting = False
-            if self._watched:
-                self._hand_over()
-
-    def _hand_over(self) -> None:
-        # The I/O thread watched the socket through the wait (nothing woke it, so it did not
-        # stop): the wait's receives may have taken the FD's edge for messages left unread
-        # (replies to other calls, which the wait does not read once its own is done). Reading
-        # EVENTS re-arms the FD; what is already queued, the I/O thread is asked to read.
-        with self._lock:
-            queued = not self.closed and has_message(self._socket)
-        if queued:
-            self.node.transport.call_soon(self._on_readable)
+            # What the wait left unread (replies to other calls) makes the socket readable:
+            # the I/O thread, if it watches, reads it next.
 
     def _read(self, done: Callable[[], bool], timeout_ms: int, spin: bool) -> None:
         # Caller holds the lock. Replies until ``done()``; returns at a wake-up or the timeout.
-        sock = self._socket
-        if timeout_ms != self._timeout_ms:
-            sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
-            self._timeout_ms = timeout_ms
+        inbox = self._inbox
         node = self.node
         ports = node.ports
         in_order = node.in_order
         verifier = self._verifier
         spin_ns = self._spin_ns if spin else 0
         while True:
-            try:
-                # Blocks (without the GIL) up to the timeout, after spinning if asked to.
-                frame = self._receive(sock, spin_ns) if spin_ns else _zmq_recv(sock, 0, False)
-            except zmq.Again:
-                return
-            if not frame.more and not len(frame):
-                return  # a wake-up
-            frames = [frame]
-            while frame.more:  # the rest of a message arrives with its first frame
-                frame = _zmq_recv(sock, _NOBLOCK, False)
-                frames.append(frame)
-            msg = decode(verifier, frames)  # None: dropped, and said so
+            # Blocks (without the GIL) up to the timeout, after spinning if asked to.
+            data = self._receive(spin_ns, timeout_ms) if spin_ns else inbox.receive(timeout_ms)
+            if not data:
+                return  # the timeout (None), or a wake-up (empty)
+            msg = decode(verifier, [data])  # None: dropped, and said so
             if msg is None:
                 continue
             env = msg.envelope
@@ -185,8 +162,8 @@ class ReplyInbox:
             if done():
                 return
 
-    def _receive(self, sock: zmq.Socket[Any], spin_ns: int) -> zmq.Frame:
-        """The next frame, tried for up to ``spin_ns`` before sleeping for it: a reply that
+    def _receive(self, spin_ns: int, timeout_ms: int) -> bytes | None:
+        """The next datagram, tried for up to ``spin_ns`` before sleeping for it: a reply that
         comes meanwhile is read without a sleeping CPU's wake-up (config.WAIT_SPIN_US).
 
         It pays while replies come within the window. One that does not stops the spinning
@@ -194,22 +171,23 @@ class ReplyInbox:
         within twice the window again while it sleeps (sleeping adds the wake-up: the margin).
         Only the main thread has a reply inbox, so at most one thread of a process spins.
         """
+        inbox = self._inbox
         start = _now_ns()
         if self._spin_pays:
             until = start + spin_ns
+            try_receive = inbox.try_receive
             while True:
-                try:  # each try releases the GIL, as the sleeping receive does
-                    frame: zmq.Frame = _zmq_recv(sock, _NOBLOCK, False)
-                    return frame
-                except zmq.Again:
-                    if _now_ns() >= until:
-                        break
+                data = try_receive()  # each try releases the GIL, as the sleeping one does
+                if data is not None:
+                    return data
+                if _now_ns() >= until:
+                    break
             self._spin_pays = False
-            return _zmq_recv(sock, 0, False)
-        frame = _zmq_recv(sock, 0, False)
-        if not self._spin_pays:
+            return inbox.receive(timeout_ms)
+        data = inbox.receive(timeout_ms)
+        if data is not None and not self._spin_pays:
             self._spin_pays = _now_ns() - start <= 2 * spin_ns
-        return frame
+        return data
 
     @staticmethod
     def _handle(node: Node, msg: Message) -> None:
@@ -227,7 +205,7 @@ class ReplyInbox:
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
         to raise. Named like ``threading.Event.set`` for supervision's main-thread waiters."""
-        self._waker.wake()
+        self._waker.wake(self._path)
 
     # -- the I/O thread --------------------------------------------------------------------------
 
@@ -249,20 +227,29 @@ class ReplyInbox:
             self.node.transport.add_reader(self._fd, self._on_readable)
         self._on_readable()
 
+    def _unwatch(self) -> None:
+        if self._watched:
+            self._watched = False
+            self.node.transport.remove_reader(self._fd)
+
     def _on_readable(self) -> None:
+        if self.closed:
+            self._unwatch()
+            return
         if self.waiting or not self._lock.acquire(blocking=False):
             # The owner reads now; look again once it is done.
             if self._watched:
-                self._watched = False
-                self.node.transport.remove_reader(self._fd)
+                self._unwatch()
                 self.node.transport.call_later(_RECHECK_S, self._recheck)
             return
         try:
             if not self.closed:
-                # Read until empty: the socket's FD signals edges, not levels, and the owner's
-                # receives leave it in no known state.
-                for msg in receive(self._socket, self._verifier, woken=True, wakeups=True):
-                    self._handle(self.node, msg)
+                try_receive = self._inbox.try_receive
+                while (data := try_receive()) is not None:
+                    if data:  # not a wake-up
+                        msg = decode(self._verifier, [data])
+                        if msg is not None:
+                            self._handle(self.node, msg)
         finally:
             self._lock.release()
 
@@ -277,14 +264,16 @@ class ReplyInbox:
     # -- any thread --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the sockets (when the node closes). A waiting owner stops waiting here."""
+        """Close the socket and remove its path (when the node closes). A waiting owner stops
+        waiting here."""
         if self.closed:
             return
         self.closed = True  # first: a woken owner stops reading and lets go of the lock
-        self._waker.wake()
+        self._waker.wake(self._path)
         self._waker.close()
+        self.node.transport.call_soon(self._unwatch)  # the poller forgets the fd
         with self._lock:
-            self._socket.close(linger=0)
+            self._inbox.close()
 
 
 _numbers = itertools.count(1)
@@ -314,6 +303,9 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
             inbox = _main_inbox = ReplyInbox(node, current)
         except ConnectionError:
             return None  # the node is closing: its calls fail as they are sent
+        except OSError as exc:  # its socket did not bind: replies come to the process inbox
+            logger.warning("no reply inbox for this thread: %s", exc)
+            return None
         node.on_close(inbox.close)
         # In a script, an unhandled failure elsewhere wakes the wait (fail fast). Registered
         # for good rather than for each wait: a wake-up with nobody waiting is read, and acted

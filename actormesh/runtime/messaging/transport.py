@@ -10,9 +10,9 @@ Socket ownership (ZeroMQ sockets are not thread-safe):
   destination, because a cast to many receivers is signed once with one sequence number.
 - An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
   read by their own threads, so calls and replies skip the I/O thread.
-- A reply inbox is a socket of this transport's ZeroMQ context (``thread_socket``): one libzmq
-  I/O thread moves both the calls and their replies (a context of its own woke a second one,
-  ~16 µs more of its CPU per call to 8 ranks: bench/RESULTS.md, 2026-11-27).
+- A thread's reply inbox is not a ZeroMQ socket but a unix datagram socket (``datagrams.py``):
+  replies from processes of this host reach the waiting thread without waking an I/O thread
+  on either side. A reply that cannot go as a datagram comes through the process inbox.
 
 The I/O thread (``io_loop.py``, which ``Transport`` is built on) never runs user code: it
 authenticates, decodes envelopes and dispatches to the handler, which must only do short work
@@ -30,9 +30,10 @@ from typing import Any
 import zmq
 
 from . import protocol
-from .address import Address, actor_address, local_host_id
+from .address import DATAGRAM_SCHEME, Address, actor_address, local_host_id, process_of_inbox
 from .codec import Message, Signer, Verifier, new_id
 from .curve import CurveKeys
+from .datagrams import DatagramSender, path_of
 from .io_loop import IoLoop
 from .open_files import files_short, make_room
 from .receive import receive
@@ -109,8 +110,9 @@ class Transport(IoLoop):
         self._outboxes: dict[str, zmq.Socket[Any]] = {}
         # dest -> (endpoint, outbox), so a send skips working out the endpoint. An entry may
         # hold a socket closed since (it is then dropped and looked up again, under the lock).
-        self._outbox_of: dict[Address, tuple[str, zmq.Socket[Any]]] = {}
+        self._outbox_of: dict[Address, tuple[str, zmq.Socket[Any] | None]] = {}
         self._send_lock = threading.Lock()
+        self._datagrams = DatagramSender()  # replies to reply inboxes of this host
         # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
         self._last_seq: dict[bytes, int] = {}
         # Called on the I/O thread after each message off the process inbox is handled.
@@ -123,7 +125,7 @@ class Transport(IoLoop):
         self.add_reader(self._inbox, self._drain)
         self._closed = False
         self._closing = False
-        self._thread_sockets: list[Callable[[], None]] = []  # their closers, see thread_socket
+        self._closers: list[Callable[[], None]] = []  # see on_close
 
     def _bind_tcp(self, host: str, port: int) -> str:
         # Socket options are copied when a bind happens, so the ipc:// bind made before stays
@@ -181,8 +183,12 @@ class Transport(IoLoop):
         payload: bytes = b"",
         buffers: Sequence[Any] = (),
         digest: bytes | None = None,
+        caller: bytes | None = None,
     ) -> None:
-        """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable."""
+        """Send one message. Never blocks for long: ZeroMQ queues until the peer is reachable.
+
+        ``caller``: for a reply to a thread's reply inbox (a datagram address), the mailbox of
+        that thread's process, where the reply goes when it cannot go as a datagram."""
         if protocol.CHECK:
             protocol.check_envelope(envelope)
         lane: bytes | None = None
@@ -191,8 +197,19 @@ class Transport(IoLoop):
             if route is None:
                 route = self._remember_outbox(dest)
             endpoint, sock = route
-            if buffers and lane is None and self._lane is not None and endpoint[:6] == "ipc://":
+            if buffers and lane is None and self._lane is not None and endpoint[:6] != "tcp://":
                 lane = self._lane.put(buffers)  # copied before the lock: other sends go on
+            if sock is None:  # a reply inbox of this host
+                if self._send_datagram(dest, endpoint, envelope, payload, buffers, digest, lane):
+                    return
+                if caller is None:
+                    self._release_unsent(lane)
+                    logger.error("a reply to %s could not be sent: no route but datagrams", dest)
+                    return
+                # Its queue is full, or the reply too large: through the caller's process inbox.
+                # The sender's later replies name it, so they are handled after it (in_order).
+                dest = process_of_inbox(dest, caller)
+                continue
             try:
                 with self._send_lock:
                     if sock.closed:
@@ -212,6 +229,29 @@ class Transport(IoLoop):
             except BaseException:
                 self._release_unsent(lane)
                 raise
+
+    def _send_datagram(
+        self,
+        dest: Address,
+        endpoint: str,
+        envelope: tuple[Any, ...],
+        payload: bytes,
+        buffers: Sequence[Any],
+        digest: bytes | None,
+        lane: bytes | None,
+    ) -> bool:
+        """Send a message to a reply inbox as one datagram; whether it went (datagrams.py)."""
+        if buffers and lane is None:
+            return False  # its buffers would be frames of their own
+        try:
+            with self._send_lock:
+                if self._datagrams.closed:
+                    raise ConnectionError("transport is closed")
+                frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest, lane)
+                return self._datagrams.send(frames[0], path_of(endpoint))
+        except BaseException:
+            self._release_unsent(lane)
+            raise
 
     def send_many(
         self,
@@ -253,10 +293,13 @@ class Transport(IoLoop):
     ) -> None:
         while True:
             known = self._outbox_of
-            routes = []
+            routes: list[tuple[str, zmq.Socket[Any]]] = []
             for dest in dests:  # a loop, not a comprehension: this runs for every call()
                 route = known.get(dest)
-                routes.append(self._remember_outbox(dest) if route is None else route)
+                endpoint, sock = self._remember_outbox(dest) if route is None else route
+                if sock is None:
+                    raise ConnectionError(f"{endpoint} is a reply inbox: it takes replies only")
+                routes.append((endpoint, sock))
             with self._send_lock:
                 closed = [d for d, (_, sock) in zip(dests, routes, strict=True) if sock.closed]
                 if closed:
@@ -280,9 +323,16 @@ class Transport(IoLoop):
                     self._last_seq[mailbox] = seq
                 return
 
-    def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
-        """The (endpoint, outbox) of ``dest``, kept for the next sends to it."""
-        route = self._outbox(dest)
+    def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any] | None]:
+        """The (endpoint, outbox) of ``dest``, kept for the next sends to it (no outbox: a
+        reply inbox, sent datagrams)."""
+        route: tuple[str, zmq.Socket[Any] | None]
+        if dest.ipc is not None and dest.ipc.startswith(DATAGRAM_SCHEME):
+            if dest.host != self.host_id:
+                raise ConnectionError(f"reply inbox {dest.ipc} is on another host")
+            route = (dest.ipc, None)
+        else:
+            route = self._outbox(dest)
         if len(self._outbox_of) > 65536:
             self._outbox_of.clear()
         self._outbox_of[dest] = route
@@ -446,18 +496,14 @@ class Transport(IoLoop):
                 if sock is not None:
                     sock.close(linger=0)
 
-    def thread_socket(self, kind: int, close: Callable[[], None]) -> zmq.Socket[Any]:
-        """A socket of this transport's context that another thread owns and reads.
-
-        ``close`` (which must be safe from any thread) runs when the transport closes, before
-        its context ends: ZeroMQ's ``term`` waits for every socket of the context, however the
-        process ends (``Node.close``, or ``os._exit`` in an actor thread).
-        """
+    def on_close(self, close: Callable[[], None]) -> None:
+        """Run ``close`` (safe from any thread) when the transport closes, however the process
+        ends (``Node.close``, or ``os._exit`` in an actor thread): how a thread's reply inbox
+        wakes its waiting owner and removes its socket."""
         with self._outbox_lock:
             if self._closed:
                 raise ConnectionError("transport is closed")
-            self._thread_sockets.append(close)
-            return self.ctx.socket(kind)
+            self._closers.append(close)
 
     # -- reading (the I/O thread) ------------------------------------------------------------------
 
@@ -488,14 +534,16 @@ class Transport(IoLoop):
             self._closed = True
             outboxes = list(self._outboxes.items())
             self._outboxes.clear()
-        for close_socket in self._thread_sockets:
-            self._guard(close_socket)
+        for close in self._closers:
+            self._guard(close)
         with self._send_lock:
             for endpoint, sock in outboxes:
                 if endpoint in self._batches:  # unsent one-way messages go before we close
                     self._send_batch(sock, endpoint)
                 sock.close(linger=int(linger * 1000))
         self._inbox.close(linger=0)
+        with self._send_lock:
+            self._datagrams.close()
         self.ctx.term()
         self.close_wake_pipe()
         if self._lane is not None:
