@@ -91,21 +91,21 @@ def main() -> None:
         for k in range(n):
             router.send_multipart([ids[k], call])
         for _ in range(n):
-            assert pickle.loads(router.recv_multipart()[1]) == i
+            assert pickle.loads(router.recv_multipart()[1]) == ("ping", (i,))
 
     def datagrams(i: int, n: int) -> None:
         call = pickle.dumps(("ping", (i,)), protocol=5)
         for k in range(n):
             out.sendto(call, paths[k])
         for _ in range(n):
-            assert pickle.loads(inbox.recv(BUFFER)) == i
+            assert pickle.loads(inbox.recv(BUFFER)) == ("ping", (i,))
 
     def mixed(i: int, n: int) -> None:
         call = b"d" + pickle.dumps(("ping", (i,)), protocol=5)
         for k in range(n):
             router.send_multipart([ids[k], call])
         for _ in range(n):
-            assert pickle.loads(inbox.recv(BUFFER)) == i
+            assert pickle.loads(inbox.recv(BUFFER)) == ("ping", (i,))
 
     sides: dict[str, Callable[[int, int], None]] = {
         "pyzmq": pyzmq,

@@ -4,8 +4,9 @@ A message through ZeroMQ passes four threads: the sender's, its context's I/O th
 receiver's I/O thread and the receiver's. Each hand-off wakes a thread, and on a machine with
 few cores those wake-ups, not the sockets, are most of a small message's cost. A datagram sent
 to a unix socket is in the receiver's queue when ``sendto`` returns, and wakes the thread asleep
-in ``recv`` on it directly: raw pyzmq's pickled echo took 146 µs on this project's 2-core VM
-where the same echo over datagrams took 16 µs (``bench/RESULTS.md``, issue 22, tenth pass).
+in ``recv`` on it directly: raw pyzmq's pickled echo took 141 to 147 µs on this project's 2-core
+VM where the same echo over datagrams took 16 to 19 µs (``bench/bench_datagrams.py``; RESULTS.md,
+issue 22's tenth pass).
 
 Datagrams are used where they cannot lose or reorder anything the runtime promises:
 
