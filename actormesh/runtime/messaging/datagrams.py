@@ -27,7 +27,6 @@ process send one to make the reader look at its state again.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import socket
 import struct
@@ -40,9 +39,6 @@ from .address import DATAGRAM_SCHEME
 DATAGRAM_MAX = 64 * 1024
 
 _MSG_DONTWAIT = socket.MSG_DONTWAIT
-# What a non-blocking send to a reader's path can meet: its queue is full (EAGAIN), its sender's
-# buffer is (ENOBUFS), or the reader is gone (ECONNREFUSED, ENOENT).
-_NOT_SENT = (BlockingIOError, ConnectionRefusedError, FileNotFoundError, InterruptedError)
 
 
 def path_of(address_ipc: str) -> str:
@@ -126,12 +122,11 @@ class DatagramSender:
             return False
         try:
             self._sendto(data, _MSG_DONTWAIT, path)
-        except _NOT_SENT:
+        except OSError:
+            # The reader's queue is full (EAGAIN), this socket's buffer is (ENOBUFS), the reader
+            # is gone (ECONNREFUSED, ENOENT) or the system takes no datagram this large: the
+            # caller sends it another way, never drops it.
             return False
-        except OSError as exc:
-            if exc.errno in (errno.ENOBUFS, errno.EMSGSIZE, errno.ENOTSOCK, errno.EBADF):
-                return False
-            raise
         return True
 
     def wake(self, path: str) -> None:
