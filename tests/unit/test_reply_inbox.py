@@ -136,17 +136,20 @@ def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> N
     node.start()
     inbox = reply_inbox(node)
     assert inbox is not None
-    watching = threading.Event()
-    node.transport.call_soon(watching.set)  # after the inbox's first watch (queued before it)
-    assert watching.wait(TIMEOUT_S)
     mine, other = _Handler(), _Handler()
     my_port = node.open_port(mine, inbox.address)
     other_port = node.open_port(other, inbox.address)
     worker = _Worker(node, inbox.address)
-    # The I/O thread is kept busy through the wait, so that it cannot see the signal before
-    # the wait's receives take it.
-    release = threading.Event()
-    node.transport.call_soon(lambda: release.wait(TIMEOUT_S))
+    # The I/O thread is kept busy through the wait (from after its first look at the inbox,
+    # queued before), so that the wait, not the I/O thread, reads first.
+    release, busy = threading.Event(), threading.Event()
+
+    def keep_busy() -> None:
+        busy.set()
+        release.wait(TIMEOUT_S)
+
+    node.transport.call_soon(keep_busy)
+    assert busy.wait(TIMEOUT_S)
     try:
         worker.reply(my_port.port_id)
         worker.reply(other_port.port_id)
@@ -225,7 +228,7 @@ def test_a_wait_not_asked_to_spin_never_does(node: Node) -> None:
 def test_replies_that_do_not_fit_come_through_the_process_inbox_and_keep_their_order(
     node: Node,
 ) -> None:
-    """With the inbox's queue full (Linux queues 10 datagrams) or a reply larger than a
+    """With the inbox's queue full (``net.unix.max_dgram_qlen``) or a reply larger than a
     datagram, replies go through the process inbox; a later datagram reply of the same sender
     is handled only after them."""
     node.start()
@@ -234,21 +237,29 @@ def test_replies_that_do_not_fit_come_through_the_process_inbox_and_keep_their_o
     handler = _Handler()
     port = node.open_port(handler, inbox.address)
     worker = _Worker(node, inbox.address)
-    # The I/O thread is kept busy, so that neither the inbox nor the process inbox is read
-    # until the wait below reads the inbox.
-    release = threading.Event()
-    node.transport.call_soon(lambda: release.wait(TIMEOUT_S))
+    # The I/O thread is kept busy from before the first reply (after its first look at the
+    # inbox, queued before), so that neither the inbox nor the process inbox is read until the
+    # wait below reads the inbox.
+    release, busy = threading.Event(), threading.Event()
+
+    def keep_busy() -> None:
+        busy.set()
+        release.wait(TIMEOUT_S)
+
+    node.transport.call_soon(keep_busy)
+    assert busy.wait(TIMEOUT_S)
     try:
-        for index in range(16):
+        # More small replies than the inbox's queue holds, then one too large for a datagram.
+        small = _queue_length() + 6
+        for index in range(small):
             worker.reply(port.port_id, index)
         large = b"x" * (DATAGRAM_MAX + 1)
-        worker.reply(port.port_id, 16, large)
-        queued = 17
-        # The wait reads what came as datagrams (the queue's length, give or take one); the
-        # rest sits in the process inbox.
+        worker.reply(port.port_id, small, large)
+        queued = small + 1
+        # The wait reads what came as datagrams; the rest sits in the process inbox.
         inbox.wait(_Until(lambda: False), time.monotonic() + 0.2, lambda: None)
         as_datagrams = len(handler.got)
-        assert 8 <= as_datagrams < 16
+        assert 0 < as_datagrams < small
         assert [msg.envelope[2] for msg in handler.got] == list(range(as_datagrams))
         # Room again: this one goes as a datagram, and names the last of those before it.
         worker.reply(port.port_id, queued)
@@ -260,8 +271,14 @@ def test_replies_that_do_not_fit_come_through_the_process_inbox_and_keep_their_o
             handler.arrived.wait(0.05)
             handler.arrived.clear()
         assert [msg.envelope[2] for msg in handler.got] == list(range(queued + 1))
-        assert handler.got[16].value() == large
+        assert handler.got[small].value() == large
     finally:
         release.set()
         worker.close()
         node.close()
+
+
+def _queue_length() -> int:
+    """How many datagrams Linux queues for a reader (``net.unix.max_dgram_qlen``)."""
+    with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+        return int(f.read())
