@@ -742,8 +742,9 @@ def main() -> None:
         "",
         runs_list(out_dir),
     ]
-    # Benchmarks that need more than this machine's one host (network-namespace fake hosts,
-    # a debugger session) keep their own results beside this report; they are shown here too.
+    # What run.sh does not measure (fake hosts, a debugger session, GPUs, separate benchmarks
+    # and the before/after passes of their issues) is kept by hand in RESULTS-<topic>.md files
+    # beside this report, so that a full run's copy to RESULTS.md keeps it.
     for extra in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "RESULTS-*.md"))):
         p += ["", read(extra).rstrip()]
     print("\n".join(p))

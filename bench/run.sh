@@ -14,7 +14,8 @@
 #
 # Every run writes $OUT/<system>_run<k>.json, $OUT/logs/<system>_run<k>.log and
 # $OUT/RESULTS.md.  A full run of every system also copies that report to bench/RESULTS.md;
-# a QUICK run or a subset never overwrites it.
+# a QUICK run or a subset never overwrites it.  What is written by hand (separate benchmarks,
+# before/after passes) goes into a bench/RESULTS-<topic>.md file: every report appends those.
 set -uo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
