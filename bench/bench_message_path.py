@@ -18,7 +18,7 @@ Four parts, all in one controller process and one mesh of 8 workers:
    also ipc:// (what actormesh uses on one host).
 2. **CPU per call and thread** (from ``/proc/<pid>/task/<tid>/schedstat``, ns): the
    controller's and worker 0's threads during the blocks of each side (for the call to 8, the
-   controller's threads only);
+   controller's and all eight workers', added up by kind);
    the *added CPU* is actormesh's total minus the floor's, far less noisy than wall time. Added wall
    time minus added CPU is time spent waiting for a thread to be woken and scheduled.
 3. **Steps.** The runtime's own functions timed alone on realistic inputs (a loop of each,
