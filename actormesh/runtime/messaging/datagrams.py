@@ -78,10 +78,8 @@ class DatagramInbox:
             )
             self._timeout_ms = timeout_ms
         try:
-            n = self._recv_into(self._buffer)
+            n = self._recv_into(self._buffer)  # a signal's handler may raise (Ctrl-C)
         except BlockingIOError:  # the timeout went by
-            return None
-        except InterruptedError:
             return None
         return self._view[:n].tobytes()
 
@@ -89,7 +87,7 @@ class DatagramInbox:
         """The next datagram if one is queued, else ``None`` (never waits)."""
         try:
             n = self._recv_into(self._buffer, 0, _MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+        except BlockingIOError:
             return None
         return self._view[:n].tobytes()
 
