@@ -83,6 +83,20 @@ class _Worker:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def _keep_io_thread_busy(node: Node) -> threading.Event:
+    """Keep the node's I/O thread busy until the event returned is set. It is busy on return,
+    after its first look at any reply inbox made before (queued ahead of this)."""
+    release, busy = threading.Event(), threading.Event()
+
+    def keep_busy() -> None:
+        busy.set()
+        release.wait(TIMEOUT_S)
+
+    node.transport.call_soon(keep_busy)
+    assert busy.wait(TIMEOUT_S)
+    return release
+
+
 class _Until:
     def __init__(self, done: Callable[[], bool]) -> None:
         self.done = done
@@ -140,16 +154,8 @@ def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> N
     my_port = node.open_port(mine, inbox.address)
     other_port = node.open_port(other, inbox.address)
     worker = _Worker(node, inbox.address)
-    # The I/O thread is kept busy through the wait (from after its first look at the inbox,
-    # queued before), so that the wait, not the I/O thread, reads first.
-    release, busy = threading.Event(), threading.Event()
-
-    def keep_busy() -> None:
-        busy.set()
-        release.wait(TIMEOUT_S)
-
-    node.transport.call_soon(keep_busy)
-    assert busy.wait(TIMEOUT_S)
+    # The I/O thread is kept busy through the wait, so that the wait, not it, reads first.
+    release = _keep_io_thread_busy(node)
     try:
         worker.reply(my_port.port_id)
         worker.reply(other_port.port_id)
@@ -232,22 +238,9 @@ def test_replies_that_do_not_fit_come_through_the_process_inbox_and_keep_their_o
     datagram, replies go through the process inbox; a later datagram reply of the same sender
     is handled only after them."""
     node.start()
-    inbox = reply_inbox(node)
-    assert inbox is not None
-    handler = _Handler()
-    port = node.open_port(handler, inbox.address)
-    worker = _Worker(node, inbox.address)
-    # The I/O thread is kept busy from before the first reply (after its first look at the
-    # inbox, queued before), so that neither the inbox nor the process inbox is read until the
-    # wait below reads the inbox.
-    release, busy = threading.Event(), threading.Event()
-
-    def keep_busy() -> None:
-        busy.set()
-        release.wait(TIMEOUT_S)
-
-    node.transport.call_soon(keep_busy)
-    assert busy.wait(TIMEOUT_S)
+    inbox, handler, port, worker = _inbox_with_a_worker(node)
+    # Neither the inbox nor the process inbox is read until the wait below reads the inbox.
+    release = _keep_io_thread_busy(node)
     try:
         # More small replies than the inbox's queue holds, then one too large for a datagram.
         small = _queue_length() + 6
