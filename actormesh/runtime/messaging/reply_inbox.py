@@ -302,7 +302,9 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
         try:
             inbox = _main_inbox = ReplyInbox(node, current)
         except ConnectionError:
-            return None  # the node is closing: its calls fail as they are sent
+            # The node is closing (its calls fail as they are sent), or its ipc:// path leaves
+            # no room for the inbox's suffix: replies come to the process inbox.
+            return None
         except OSError as exc:  # its socket did not bind: replies come to the process inbox
             logger.warning("no reply inbox for this thread: %s", exc)
             return None

@@ -200,6 +200,7 @@ class Transport(IoLoop):
             if buffers and lane is None and self._lane is not None and endpoint[:6] != "tcp://":
                 lane = self._lane.put(buffers)  # copied before the lock: other sends go on
             if sock is None:  # a reply inbox of this host
+                # The route of a reply inbox is its socket's path (no outbox).
                 if self._send_datagram(dest, endpoint, envelope, payload, buffers, digest, lane):
                     return
                 if caller is None:
@@ -233,7 +234,7 @@ class Transport(IoLoop):
     def _send_datagram(
         self,
         dest: Address,
-        endpoint: str,
+        path: str,
         envelope: tuple[Any, ...],
         payload: bytes,
         buffers: Sequence[Any],
@@ -248,7 +249,7 @@ class Transport(IoLoop):
                 if self._datagrams.closed:
                     raise ConnectionError("transport is closed")
                 frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest, lane)
-                return self._datagrams.send(frames[0], path_of(endpoint))
+                return self._datagrams.send(frames[0], path)
         except BaseException:
             self._release_unsent(lane)
             raise
@@ -324,13 +325,13 @@ class Transport(IoLoop):
                 return
 
     def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any] | None]:
-        """The (endpoint, outbox) of ``dest``, kept for the next sends to it (no outbox: a
-        reply inbox, sent datagrams)."""
+        """The (endpoint, outbox) of ``dest``, kept for the next sends to it; for a reply
+        inbox, sent datagrams, (its socket's path, no outbox)."""
         route: tuple[str, zmq.Socket[Any] | None]
         if dest.ipc is not None and dest.ipc.startswith(DATAGRAM_SCHEME):
             if dest.host != self.host_id:
                 raise ConnectionError(f"reply inbox {dest.ipc} is on another host")
-            route = (dest.ipc, None)
+            route = (path_of(dest.ipc), None)
         else:
             route = self._outbox(dest)
         if len(self._outbox_of) > 65536:
