@@ -52,7 +52,7 @@ from torch import nn
 import actormesh as am
 from actormesh.runtime.messaging import node as node_mod
 from actormesh.tensor import distribute, inspect, module_to_mesh
-from actormesh.tensor.mesh import tensor_mesh
+from actormesh.tensor.controller.mesh import tensor_mesh
 
 if C.QUICK:
     ROUNDS, STEPS, STEPS_WIDE, CHAINS, RECORD_BLOCKS = 2, 5, 3, 2, 20
@@ -80,7 +80,7 @@ class Spmd(am.Actor):
     """The floors: the same work, written as SPMD code that runs in every rank."""
 
     def _mesh(self, key: str) -> Any:
-        from actormesh.tensor.local import REGISTRY
+        from actormesh.tensor.worker.local import REGISTRY
 
         # What `python -m actormesh run` gives a script with several ranks per host (torchrun's
         # default), and what the tensor engine uses: one intra-op thread per rank.

@@ -353,7 +353,8 @@ def _engine_turn(name: str, processes: set[bytes]) -> tuple[int, dict[str, int]]
     """``(this cell's number, the tensor engines' batches sent before it)``, having told each
     tensor mesh's stream that the cell was launched on these processes: a cell that touches an
     engine's values runs after those batches, and the engine's later messages run after the
-    cell, on each rank (``actormesh.tensor.local``). ``None`` when there is no tensor mesh."""
+    cell, on each rank (``actormesh.tensor.worker.local``). ``None`` when there is no tensor
+    mesh."""
     if "actormesh.tensor" not in sys.modules:  # no tensor was made here: no engine anywhere
         return None
     from ..tensor.tools import cell_launched

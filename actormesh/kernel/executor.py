@@ -203,17 +203,17 @@ def _engine_turn(
     ns: dict[str, Any], source: str, engine_turn: tuple[int, dict[str, int]] | None
 ) -> contextlib.AbstractContextManager[Any]:
     """A cell that reads a tensor engine's values in this process runs between the engine's
-    batches, holding its lock (``actormesh.tensor.local.CellTurn``), so that the cell's and the
-    engine's collectives come in the same order on every rank; other cells do not wait. Every
-    cell, whatever it reads, then lets through the engine's messages sent after it."""
-    if not engine_turn or "actormesh.tensor.engine" not in sys.modules:
+    batches, holding its lock (``actormesh.tensor.worker.local.CellTurn``), so that the cell's
+    and the engine's collectives come in the same order on every rank; other cells do not wait.
+    Every cell, whatever it reads, then lets through the engine's messages sent after it."""
+    if not engine_turn or "actormesh.tensor.worker.engine" not in sys.modules:
         return contextlib.nullcontext()  # no engine in this process: none waits for the cell
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):  # ValueError: a null byte, before Python 3.12
         tree = None  # _execute reports it; the cell touches nothing, but must release
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} if tree else set()
-    from ..tensor.local import CellTurn
+    from ..tensor.worker.local import CellTurn
 
     cell, batches = engine_turn
     return CellTurn(cell, ns, names, batches)
@@ -262,7 +262,7 @@ class MeshStatus(Actor):
             info["cell_line"] = _line_of(running["thread"], running["cell"])
         host = actor_host()
         busy: list[tuple[Any, ...]] = []
-        tensor = sys.modules.get("actormesh.tensor.engine")
+        tensor = sys.modules.get("actormesh.tensor.worker.engine")
         for runner in list(host.actors.values()) if host is not None else ():
             state = runner.busy
             if state is not None and not runner.name.startswith(TOOL_ACTOR_PREFIX):

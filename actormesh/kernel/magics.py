@@ -319,7 +319,7 @@ class MeshMagics(Magics):
 
         Those are the calls whose replies are still awaited; the endpoints others started
         (a ``--noblock`` cell, another thread) keep running."""
-        stream = sys.modules.get("actormesh.tensor.stream")
+        stream = sys.modules.get("actormesh.tensor.controller.stream")
         if stream is not None:  # loaded once a tensor was made: only then is there a stream
             stream.flush_all()
         exc = getattr(result, "error_in_exec", None)

@@ -21,26 +21,26 @@ tensor engine style), ``side_effects`` (what a failed op poisons besides its out
 
 from __future__ import annotations
 
-from .activate import activate as activate
-from .activate import no_mesh as no_mesh
-from .activate import rank as rank
-from .adopt import adopt as adopt
-from .errors import RemoteTensorError as RemoteTensorError
-from .fetch import fetch as fetch
-from .fetch import inspect as inspect
-from .fetch import live as live
-from .mesh import device_mesh as device_mesh
-from .module import MeshModule as MeshModule
-from .module import module_to_mesh as module_to_mesh
-from .proxy import MeshTensor as MeshTensor
-from .recording import dispatch as _dispatch  # noqa: F401  (installs MeshTensor's op recorder)
-from .remote import call_on_shard_and_fetch as call_on_shard_and_fetch
-from .remote import remote as remote
-from .rref import rref as _rref  # noqa: F401  (installs endpoint.rref)
-from .stream import flush_all as flush_all
-from .tensor_api import distribute as distribute
-from .tensor_api import rand as rand
-from .tensor_api import randn as randn
+from .controller.activate import activate as activate
+from .controller.activate import no_mesh as no_mesh
+from .controller.activate import rank as rank
+from .controller.adopt import adopt as adopt
+from .controller.distribute import distribute as distribute
+from .controller.distribute import rand as rand
+from .controller.distribute import randn as randn
+from .controller.fetch import fetch as fetch
+from .controller.fetch import inspect as inspect
+from .controller.fetch import live as live
+from .controller.mesh import device_mesh as device_mesh
+from .controller.module import MeshModule as MeshModule
+from .controller.module import module_to_mesh as module_to_mesh
+from .controller.recording import dispatch as _dispatch  # noqa: F401  (installs MeshTensor's op recorder)
+from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
+from .controller.remote import remote as remote
+from .controller.rref import rref as _rref  # noqa: F401  (installs endpoint.rref)
+from .controller.stream import flush_all as flush_all
+from .controller.tensor import MeshTensor as MeshTensor
+from .wire.errors import RemoteTensorError as RemoteTensorError
 
 __all__ = [
     "MeshModule",

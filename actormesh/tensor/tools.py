@@ -19,12 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from . import compat
-from .engine import _TensorEngine
-from .local import local_value
-from .mesh import TensorMesh
-from .module import MeshModule
-from .proxy import MeshTensor
-from .remote import RemoteFunction
+from .controller.mesh import TensorMesh
+from .controller.module import MeshModule
+from .controller.remote import RemoteFunction
+from .controller.tensor import MeshTensor
+from .worker.engine import _TensorEngine
+from .worker.local import local_value
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def cell_launched(cell: int, name: str, processes: set[bytes]) -> dict[str, int]
     many batches each engine (by key) was sent before the cell: one that touches engine values
     runs after those (``local.CellTurn``). Each engine's next message waits, on those
     processes, for the cell to take its turn (``local.wait_for_cell``)."""
-    from .mesh import meshes
+    from .controller.mesh import meshes
 
     sent = {}
     for tm in meshes():

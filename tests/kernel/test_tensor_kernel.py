@@ -23,7 +23,7 @@ def test_kernel_mesh_tensor(panel_kernel: tuple[Kernel, Panel], tmp_path: Path) 
     kernel.ok("import sys\nassert 'actormesh.tensor' not in sys.modules, sorted(sys.modules)")
     kernel.ok(
         "import torch, actormesh as am\n"
-        "import actormesh.tensor.stream as stream\n"
+        "import actormesh.tensor.controller.stream as stream\n"
         "stream.IDLE_FLUSH = 3600.0  # no idle flush: only the end of the cell sends the ops\n"
         "procs = am.this_host().spawn_procs(per_host={'dp': 2, 'tp': 2})\n"
         "x = torch.arange(64.0).reshape(8, 8)\n"
@@ -278,7 +278,7 @@ def test_a_noblock_cell_and_the_ops_issued_while_it_runs_keep_one_order(kernel: 
         "import datetime, torch.distributed as dist\n"
         "for group in list(dist.distributed_c10d._world.pg_map):  # the mesh's groups too\n"
         "    group.set_timeout(datetime.timedelta(seconds=10))  # a hang fails fast\n"
-        "import actormesh.tensor.local as local\n"
+        "import actormesh.tensor.worker.local as local\n"
         "local.LOCAL_VALUE_WAIT = 20.0  # an engine waiting for a cell that never releases too"
     )
     kernel.ok(

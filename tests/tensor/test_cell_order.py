@@ -22,7 +22,7 @@ class Cells(am.Actor):
 
     @am.endpoint
     def release(self, cell: int) -> None:
-        from actormesh.tensor.local import release_cell
+        from actormesh.tensor.worker.local import release_cell
 
         release_cell(cell)
 
@@ -40,7 +40,7 @@ class Cells(am.Actor):
 
     @am.endpoint
     def set_wait(self, seconds: float) -> None:
-        import actormesh.tensor.local as local
+        import actormesh.tensor.worker.local as local
 
         local.LOCAL_VALUE_WAIT = seconds
 

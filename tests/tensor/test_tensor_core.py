@@ -22,7 +22,7 @@ SPECS: list[list[Any]] = [
 
 
 def engine_stats(procs: Any) -> list[dict[str, int]]:
-    from actormesh.tensor.mesh import tensor_mesh
+    from actormesh.tensor.controller.mesh import tensor_mesh
 
     return tensor_mesh(procs).engine.stats.call().get(timeout=WAIT).values()
 
@@ -99,7 +99,7 @@ def test_repr_and_metadata_never_fetch(mesh: Any) -> None:
 
 
 def test_controller_side_errors_raise_at_the_line_and_send_nothing(mesh: Any) -> None:
-    from actormesh.tensor.mesh import tensor_mesh
+    from actormesh.tensor.controller.mesh import tensor_mesh
 
     dt = distribute(torch.ones(4, 4), mesh, sharding_spec=["dp", None])
     stream = tensor_mesh(mesh).stream
@@ -136,7 +136,7 @@ def test_a_slice_of_a_tensor_mesh_is_refused_at_the_line_and_the_mesh_stays_usab
 
 
 def test_no_round_trip_per_op(mesh: Any) -> None:
-    from actormesh.tensor.mesh import tensor_mesh
+    from actormesh.tensor.controller.mesh import tensor_mesh
 
     tm = tensor_mesh(mesh)
     one = tm.engine.slice(dp=0, tp=0)
@@ -261,8 +261,8 @@ def test_ranks_see_torch_distributed_environment(mesh: Any) -> None:
 def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from actormesh.tensor import stream
-    from actormesh.tensor.mesh import tensor_mesh
+    from actormesh.tensor.controller import stream
+    from actormesh.tensor.controller.mesh import tensor_mesh
 
     monkeypatch.setattr(stream, "IDLE_FLUSH", 3600.0)  # so only the end of the cell sends
     shell = InteractiveShell.instance()

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import actormesh as am
-from actormesh.tensor import distribute, fetch, inspect, shapes
+from actormesh.tensor import distribute, fetch, inspect
+from actormesh.tensor.wire import shapes
 
 WAIT = 60
 

@@ -179,7 +179,7 @@ class Scaler(am.Actor):
 
 def test_endpoint_rref_is_a_mesh_tensor_in_the_stream(mesh: Any) -> None:
     from actormesh.tensor import MeshTensor
-    from actormesh.tensor.mesh import tensor_mesh
+    from actormesh.tensor.controller.mesh import tensor_mesh
 
     actors = mesh.spawn("scaler", Scaler)
     x = torch.arange(8.0).reshape(4, 2)

@@ -13,10 +13,10 @@ import torch
 
 from actormesh.tensor import distribute, fetch, inspect, live, remote
 from actormesh.tensor.compat import loads
-from actormesh.tensor.errors import RemoteTensorError
-from actormesh.tensor.mesh import tensor_mesh
-from actormesh.tensor.records import IN
-from actormesh.tensor.stream import _pack
+from actormesh.tensor.controller.mesh import tensor_mesh
+from actormesh.tensor.controller.stream import _pack
+from actormesh.tensor.wire.errors import RemoteTensorError
+from actormesh.tensor.wire.ops import IN
 
 WAIT = 60
 

@@ -24,6 +24,12 @@ LAYERS = [
     ("actormesh.runtime.procs",),
     ("actormesh.runtime.dataplane", "actormesh.runtime"),
     ("actormesh.hosts",),
+    # The tensor layer: what both halves share, then the ranks' half, then the controller's
+    # (which spawns the ranks' engine), then the package's face and its tools for the kernel.
+    ("actormesh.tensor.compat",),
+    ("actormesh.tensor.wire",),
+    ("actormesh.tensor.worker",),
+    ("actormesh.tensor.controller",),
     ("actormesh.tensor",),
     ("actormesh.kernel",),
     ("actormesh.debugger",),  # builds on the kernel: the kernel never imports it
@@ -176,6 +182,15 @@ def test_runtime_and_hosts_never_import_kernel_debugger_or_tensor() -> None:
                 assert not target.startswith(
                     ("actormesh.kernel", "actormesh.debugger", "actormesh.tensor")
                 ), f"{module}:{line} imports {target}"
+
+
+def test_the_ranks_half_of_the_tensor_layer_never_imports_the_controllers() -> None:
+    for module, edges in import_graph().items():
+        if module.startswith(("actormesh.tensor.worker", "actormesh.tensor.wire")):
+            for target, line in edges:
+                assert not target.startswith("actormesh.tensor.controller"), (
+                    f"{module}:{line} imports {target}"
+                )
 
 
 def test_the_checker_sees_every_import_form() -> None:

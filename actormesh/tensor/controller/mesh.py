@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from . import compat
-from .engine import _TensorEngine
+from .. import compat
+from ..worker.engine import _TensorEngine
 from .stream import Stream, flush_all
 
 logger = logging.getLogger(__name__)

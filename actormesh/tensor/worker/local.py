@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import compat
+from .. import compat
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch.utils._pytree import tree_map
 
-from . import compat
+from .. import compat
 from .registry import handler
 
 # How long a rank waits for the actor to run the endpoint (it may be busy with other calls),

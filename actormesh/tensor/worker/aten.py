@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .records import IN
+from ..wire.ops import IN
 from .registry import handler
 from .shard_ops import TAKES_CONSTANTS, as_dtensor, on_shards
 

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import compat
+from .. import compat
+from ..wire.ops import Ref, issue_site
 from .mesh import TensorMesh, tensor_mesh
-from .proxy import MeshTensor, new_mesh_tensor
-from .records import Ref, issue_site
+from .tensor import MeshTensor, new_mesh_tensor
 
 DATA_DIM_NAMES = ("data_parallel", "dp", "data")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import ActorError, RemoteFailure
+from ...errors import ActorError, RemoteFailure
 
 
 class RemoteTensorError(ActorError):

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ..errors import MeshClosedError, SupervisionError
-from .records import Op, issue_site, torch_constant
+from ...errors import MeshClosedError, SupervisionError
+from ..wire.ops import Op, issue_site, torch_constant
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec_loads
 
-from . import compat
+from .. import compat
+from ..wire.ops import Ref, issue_site
 from .mesh import TensorMesh
-from .proxy import MeshTensor, OpaqueRef, new_mesh_tensor
-from .records import Ref, issue_site
+from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
 
 _fn_ids = itertools.count(1)
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from . import compat
+from .. import compat
+from ..wire.ops import Ref, issue_site
+from ..wire.shapes import contiguous_strides, signature
 from .mesh import TensorMesh
-from .records import Ref, issue_site
-from .shapes import contiguous_strides, signature
 
 # Set by recording.py, fetch.py and activate.py as they are imported (the package imports them
 # all): they build on MeshTensor, so MeshTensor's methods reach them through here rather than
@@ -95,7 +95,7 @@ class MeshTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Passed to an endpoint: the worker's actor gets this rank's local value, after the
         # ops issued before the call (it waits for the engine to run batch ``seq``).
-        from .local import local_value
+        from ..worker.local import local_value
 
         stream = self.mesh.stream
         stream.flush()

@@ -17,9 +17,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten
 
-from . import compat
+from .. import compat
+from ..wire.ops import IN, Ref, issue_site
+from ..wire.shapes import plans, propagate, remember, signature
 from .mesh import TensorMesh
-from .proxy import (
+from .tensor import (
     NO_KWARGS,
     STRIDED,
     MeshTensor,
@@ -29,8 +31,6 @@ from .proxy import (
     new_mesh_tensor,
     reshape_in_place,
 )
-from .records import IN, Ref, issue_site
-from .shapes import plans, propagate, remember, signature
 
 _names: dict[Any, str] = {}  # op -> "aten.mm.default" (str() of an op costs microseconds)
 

@@ -5,7 +5,7 @@ one, modules, remote functions' results) and runs the op batches the controller 
 in order, on its own thread (so every rank runs the same collectives in the same order).
 
 Failures. An op that raises turns its outputs into *poisoned* values: ``poison[id]`` holds the
-:class:`~actormesh.tensor.records.FailureInfo` of the op that originally failed, and ``env[id]``
+:class:`~actormesh.tensor.wire.ops.FailureInfo` of the op that originally failed, and ``env[id]``
 a *stand-in* with the shape the controller computed (and the placements of an input of that
 shape), so that later ops on this rank still run, for real, on the stand-ins. That is what keeps
 healthy ranks from hanging in a collective that a failed rank would otherwise skip. Ops that read
@@ -23,12 +23,12 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from .compat import Actor, Extent, Point, endpoint, loads
-from .fetch_worker import answer_fetch
+from ..compat import Actor, Extent, Point, endpoint, loads
+from ..wire.ops import FailureInfo, Op, Ref, op_name
+from ..wire.shapes import contiguous_strides
+from .fetch import answer_fetch
 from .local import REGISTRY, Adopted, wait_for_cell
-from .records import FailureInfo, Op, Ref, op_name
 from .registry import HANDLERS, StoodIn
-from .shapes import contiguous_strides
 from .side_effects import written
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class _TensorEngine(Actor):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        from . import handlers, module_worker, rref_worker  # noqa: F401  (register handlers)
+        from . import aten, module, rref  # noqa: F401  (register handlers)
 
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import SupervisionError
-from . import compat
-from .errors import RemoteTensorError
+from ...errors import SupervisionError
+from .. import compat
+from ..wire.errors import RemoteTensorError
+from ..wire.ops import FailureInfo
 from .mesh import TensorMesh
-from .proxy import MeshTensor, OpaqueRef, hooks
-from .records import FailureInfo
+from .tensor import MeshTensor, OpaqueRef, hooks
 
 
 def fetch(obj: Any, **coords: int) -> compat.Future[Any]:

@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from .. import config
+from ... import config
 
 Op = tuple[str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], Any, str]
 
@@ -91,7 +91,8 @@ def op_name(op: Op) -> str:
 
 # -- issue sites -------------------------------------------------------------------------------
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The whole tensor package (controller, wire and worker) is skipped: a site is the user's line.
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP: tuple[str, ...] = (_HERE,)
 _sites: dict[Any, str] = {}
 # ACTORMESH_TENSOR_TRACEBACKS=1: a site is the whole controller stack, not one file:line.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import compat
+from .. import compat
 from .mesh import tensor_mesh
-from .proxy import MeshTensor, new_mesh_tensor
+from .tensor import MeshTensor, new_mesh_tensor
 
 ADOPT_TIMEOUT = 60.0
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec_loads
 
-from . import compat
+from .. import compat
+from ..wire.ops import Ref, issue_site
+from ..worker.rref import ACTOR_WAIT
 from .mesh import TensorMesh
-from .proxy import MeshTensor
-from .records import Ref, issue_site
-from .rref_worker import ACTOR_WAIT
+from .tensor import MeshTensor
 
 _described: dict[Any, Any] = {}  # (actor key, endpoint, input signature) -> (spec, entries)
 

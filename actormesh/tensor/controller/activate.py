@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import compat
+from .. import compat
+from ..wire.ops import issue_site
 from .mesh import TensorMesh, tensor_mesh
-from .proxy import MeshTensor, hooks, new_mesh_tensor
-from .records import issue_site
+from .tensor import MeshTensor, hooks, new_mesh_tensor
 
 _FACTORIES = {
     torch.rand: "rand", torch.randn: "randn", torch.randint: "randint", torch.zeros: "zeros",
@@ -159,7 +159,7 @@ def reduce(t: MeshTensor, dims: Any, reduction: str = "sum", scatter: bool = Fal
 
 
 def _ref(t: MeshTensor) -> Any:
-    from .records import Ref
+    from ..wire.ops import Ref
 
     return Ref(t.value_id)
 

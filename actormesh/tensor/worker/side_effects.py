@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .records import IN, Op, Ref
+from ..wire.ops import IN, Op, Ref
 
 
 def written(op: Op, siblings: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
@@ -39,7 +39,7 @@ def written(op: Op, siblings: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def _mutable_arguments(payload: Any, ins: tuple[int, ...]) -> tuple[int, ...]:
-    from .handlers import resolve_op
+    from .aten import resolve_op
 
     name, args, kwargs = payload[:3]
     # The fast path sends its inputs as IN, in the order of ``ins`` (args first, then kwargs).

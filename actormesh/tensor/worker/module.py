@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..wire.shapes import contiguous_strides
 from .registry import StoodIn, handler
-from .shapes import contiguous_strides
 from .shard_ops import as_dtensor
 
 if TYPE_CHECKING:

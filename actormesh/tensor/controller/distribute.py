@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from .. import config
-from . import compat
+from ... import config
+from .. import compat
+from ..wire.ops import issue_site
 from .mesh import TensorMesh, tensor_mesh
-from .proxy import MeshTensor, new_mesh_tensor
-from .records import issue_site
+from .tensor import MeshTensor, new_mesh_tensor
 
 
 def distribute(
