@@ -2,8 +2,9 @@
 
 Two processes share GPU 0, form a ``cpu:gloo,cuda:gloo`` group and multiply a ``Shard(0)``
 DTensor by its transpose. With torch 2.11 on an H100 rank 1 dies with SIGSEGV (2026-11-25),
-which is why a tensor mesh whose ranks share a GPU computes on the CPU (``tensor/mesh.py``,
-``docs/gpus.md``). Rerun it on a new torch to see whether that can change.
+which is why a tensor mesh whose ranks share a GPU computes on the CPU
+(``tensor/controller/mesh.py``, ``docs/gpus.md``). Rerun it on a new torch to see whether that
+can change.
 
 Usage: python scripts/probe_gloo_cuda_dtensor.py   (needs one GPU)
 """

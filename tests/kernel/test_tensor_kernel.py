@@ -220,7 +220,7 @@ def test_a_mesh_cell_waits_for_the_engines_batch(kernel: Kernel, tmp_path: Path)
         "    def waiting(self):  # is a thread of this rank in CellTurn's wait?\n"
         "        import sys, traceback\n"
         "        return any(\n"
-        "            f.filename.endswith('actormesh/tensor/local.py') and f.name == '__enter__'\n"
+        "            f.filename.endswith('tensor/worker/local.py') and f.name == '__enter__'\n"
         "            for frame in sys._current_frames().values()\n"
         "            for f in traceback.extract_stack(frame)\n"
         "        )\n"

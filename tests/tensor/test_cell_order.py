@@ -33,7 +33,7 @@ class Cells(am.Actor):
         import traceback
 
         return any(
-            f.filename.endswith("actormesh/tensor/local.py") and f.name == "wait_for_cell"
+            f.filename.endswith("actormesh/tensor/worker/local.py") and f.name == "wait_for_cell"
             for frame in sys._current_frames().values()
             for f in traceback.extract_stack(frame)
         )
