@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 # Every envelope any process of the test run sends is checked against the protocol table
-# (runtime/messaging/protocol.py); workers and agents inherit the variable.
+# (runtime/messaging/protocol.py), and every tensor op recorded against the table of op kinds
+# (tensor/wire/kinds.py); workers and agents inherit the variable.
 os.environ["ACTORMESH_CHECK_PROTOCOL"] = "1"
 
 

@@ -120,7 +120,9 @@ def rank(mesh: Any, dims: str | tuple[str, ...]) -> MeshTensor:
     tm = tensor_mesh(mesh)
     dims = tm.check_dims(dims, "rank")
     out = new_mesh_tensor(tm, (), torch.int64, per_rank=True)
-    tm.stream.record(("rank", (out.value_id,), (), (((), torch.int64, True),), dims, issue_site()))
+    tm.stream.record(
+        ("rank", (out.value_id,), (), (((), torch.int64, True),), (dims,), issue_site())
+    )
     return out
 
 

@@ -279,7 +279,7 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
             leaves.append(o[1])
     seed = _seed() if plan[5] else None
     tm.stream.record(
-        ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed),
+        ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed, None),
          issue_site())
     )  # fmt: skip
     for position, shape, stride in reshaped:

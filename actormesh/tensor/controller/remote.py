@@ -149,7 +149,7 @@ class RemoteFunction:
             spec = treespec_loads(text)
             self._cache[shape_of] = (spec, entries)
             leaves, out_ids, meta = _outputs(tm, entries, per_rank)
-            tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), Ref(whole), site))
+            tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), (Ref(whole),), site))
         finally:
             tm.stream.died(whole)  # the whole result is not needed once unpacked
         return tree_unflatten(leaves, spec)

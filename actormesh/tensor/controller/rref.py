@@ -56,7 +56,7 @@ def rref(key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             described = _described[signature] = (treespec_loads(text), entries)
         spec, entries = described
         outs, out_ids, meta = _outputs(tm, entries, True)
-        tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), Ref(whole), site))
+        tm.stream.record(("unpack", tuple(out_ids), (whole,), tuple(meta), (Ref(whole),), site))
     finally:
         tm.stream.died(whole)  # the whole result is not needed once unpacked
     return tree_unflatten(outs, spec)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ...errors import MeshClosedError, SupervisionError
+from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class Stream:
         cid = self.new_id()
         # A snapshot: the op is pickled later, and x may change in place before that.
         data = x.detach().clone()
-        self.record(("constant", (cid,), (), ((tuple(x.shape), x.dtype, True),), data,
+        self.record(("constant", (cid,), (), ((tuple(x.shape), x.dtype, True),), (data,),
                      issue_site()))  # fmt: skip
         if version is None:
             self.died(cid)
@@ -240,6 +241,10 @@ class Stream:
         self.wake_event.set()
 
 
+if CHECK:  # the test suite: every op recorded is checked against the table of kinds
+    Stream.record = checked(Stream.record)  # type: ignore[method-assign,assignment]
+
+
 def _constant_gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None:
     stream = ref()
     if stream is None:
@@ -287,19 +292,12 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         del stream
 
 
-# Op kinds whose payloads hold only tensors, Refs, scalars, dtypes and placements: a batch of
-# only these is pickled by the plain C pickler, several times faster than the runtime's
-# cloudpickle (whose per-object hook dominated the controller's cost per op). Others carry user
-# functions, modules or arguments that may need pickling by value (defined in a notebook).
-_PLAIN_KINDS = frozenset(
-    {"aten", "constant", "distribute", "random", "redistribute", "placements", "factory", "rank",
-     "reduce", "unpack", "module_forward", "module_backward", "module_mode"}
-)  # fmt: skip
-
-
 def _pack(ops: list[Op]) -> list[Op] | bytes:
+    """A batch of only ``plain`` kinds (kinds.py) pickled by the plain C pickler, several times
+    faster than the runtime's cloudpickle (whose per-object hook dominated the controller's
+    cost per op); other batches as they are (the runtime's codec pickles them)."""
     for op in ops:
-        if op[0] not in _PLAIN_KINDS:
+        if op[0] not in PLAIN_KINDS:
             return ops
     buffer = io.BytesIO()
     _BatchPickler(buffer, protocol=5).dump(ops)

@@ -140,7 +140,7 @@ class MeshTensor(torch.Tensor):
         out = record(
             self.mesh,
             "placements",
-            Ref(self.value_id),
+            (Ref(self.value_id),),
             (self.value_id,),
             per_rank=False,
             meta=(None,),

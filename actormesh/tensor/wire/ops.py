@@ -2,12 +2,14 @@
 
 An op is a plain tuple ``(kind, out, ins, meta, payload, site)``:
 
-- ``kind`` names the worker's handler (``"aten"``, ``"distribute"``, ``"remote_call"``, ...);
+- ``kind`` one of the table in ``kinds.py`` (``"aten"``, ``"distribute"``, ``"remote_call"``,
+  ...), which names the worker function that runs it;
 - ``out`` the ids the controller allocated for its results (an in-place op names its input);
 - ``ins`` the ids it reads, so a worker sees at once whether an input is poisoned;
 - ``meta`` one ``(shape, dtype, per_rank)`` per output: what a failed rank's stand-in must look
   like, known on the controller from shape propagation;
-- ``payload`` the handler's arguments, with :class:`Ref` where a remote value goes;
+- ``payload`` the handler's arguments, a tuple of the fields ``kinds.py`` lists for the kind,
+  with :class:`Ref` where a remote value goes;
 - ``site`` the ``file:line`` of the user's code that issued it (for error reports; the whole
   controller stack with ``ACTORMESH_TENSOR_TRACEBACKS=1``).
 

@@ -1,7 +1,10 @@
-"""The worker's handlers for the tensor ops (see engine.py for how they are run).
+"""The ranks' side of ``recording.py``: an ``aten`` op run on DTensors (and ``constant``, the
+controller tensors those ops read).
 
-Each handler gets the engine, the op's payload and its output ids, and returns one value per
-output id. They run under ``torch.no_grad()``: autograd lives on the controller.
+Each handler of the stream (here and in ``distribute``, ``activate``, ``remote``, ``module``,
+``rref``; ``handlers.py`` says which runs which kind) gets the engine, the op's payload and its
+output ids, and returns one value per output id. They run under ``torch.no_grad()``: autograd
+lives on the controller.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN
-from .registry import handler
 from .shard_ops import TAKES_CONSTANTS, as_dtensor, on_shards
 
 if TYPE_CHECKING:
@@ -109,17 +111,16 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
     return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
 
 
-@handler("aten")
 def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    name, args, kwargs, seed = payload[:4]
+    name, args, kwargs, seed, inputs = payload  # one shape for both paths (wire/kinds.py)
     func = resolve_op(name)
-    if len(payload) > 4:  # from the controller's fast path: inputs as IN, in the order of ins
+    if inputs is not None:  # from the controller's fast path: inputs as IN, in the order of ins
         # (and no controller tensors: nothing to lift)
         try:
             env = engine.env
-            values = iter([env[i] for i in payload[4]])
+            values = iter([env[i] for i in inputs])
         except KeyError:
-            values = map(engine.value, payload[4])  # raises, saying which value is gone
+            values = map(engine.value, inputs)  # raises, saying which value is gone
         args = tuple([next(values) if a is IN else a for a in args])
         if kwargs:
             kwargs = {k: next(values) if v is IN else v for k, v in kwargs.items()}
@@ -201,198 +202,8 @@ def _plain(placements: Sequence[Any]) -> list[Any]:
     return [p if type(p) is Shard else Replicate() for p in placements]
 
 
-@handler("distribute")
-def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    from torch.distributed.tensor import distribute_tensor
-
-    tensor, placements = payload
-    # src_data_rank=None: every rank already has the whole tensor; each keeps its slice.
-    return [
-        distribute_tensor(tensor.to(engine.device), engine.mesh, placements, src_data_rank=None)
-    ]
-
-
-@handler("distribute_staged")
-def run_distribute_staged(
-    engine: _TensorEngine, payload: Any, out: tuple[int, ...]
-) -> Sequence[Any]:
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    staged_id, placements, shape = payload
-    # The block came on its own, sent to this rank alone (engine.stage): no communication.
-    block = engine.staged.pop(staged_id).to(engine.device)
-    stride = torch.empty(shape, device="meta").stride()
-    return [
-        DTensor.from_local(
-            block, engine.mesh, placements, run_check=False, shape=torch.Size(shape),
-            stride=stride,
-        )
-    ]  # fmt: skip
-
-
-@handler("constant")
 def run_constant(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     # A controller tensor that ops read by id (Stream.constant): kept plain, and lifted to a
     # Replicate DTensor where an op mixes it with DTensors (lift_constants).
-    return [payload.to(engine.device)]
-
-
-@handler("random")
-def run_random(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-    from torch.distributed.tensor import distribute_tensor
-
-    fn, shape, dtype, seed, placements = payload
-    if engine.device == "cuda":
-        return [_dtensor_random(engine, fn, shape, dtype, seed, placements)]
-    # DTensor's RNG needs a GPU: on CPU every rank draws the whole tensor and keeps its part.
-    gen = torch.Generator().manual_seed(seed)
-    full = getattr(torch, fn)(*shape, generator=gen, dtype=dtype)
-    return [distribute_tensor(full.to(engine.device), engine.mesh, placements, src_data_rank=None)]
-
-
-def _dtensor_random(
-    engine: _TensorEngine, fn: str, shape: Any, dtype: Any, seed: int, placements: Any
-) -> Any:
-    """DTensor's own factory: each rank draws only its shard, at its offset in one stream, so
-    the global tensor is the same for every placement. The rank's generators are restored
-    afterwards (per-rank factories under activate() keep drawing differently per rank)."""
-    import torch
-    from torch.distributed import tensor as dtensor
-
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
-        torch.manual_seed(seed)
-        return getattr(dtensor, fn)(
-            *shape, device_mesh=engine.mesh, placements=placements, dtype=dtype
-        )
-
-
-@handler("redistribute")
-def run_redistribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    ref, placements = payload
-    v = engine.resolve(ref)
-    return [v.redistribute(engine.mesh, placements)]
-
-
-@handler("placements")
-def run_placements(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    return [tuple(engine.resolve(payload).placements)]
-
-
-# -- per-rank tensors (ProcMesh.activate) --------------------------------------------------------
-
-
-@handler("factory")
-def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-
-    name, args, kwargs = payload
-    kwargs = dict(kwargs, device=engine.device)
-    return tensor_leaves(getattr(torch, name)(*engine.resolve(args), **engine.resolve(kwargs)))
-
-
-@handler("rank")
-def run_rank(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-
-    dims = payload
-    value = 0
-    for d in dims:  # row-major position within the named dimensions
-        value = value * engine.sizes[engine.labels.index(d)] + engine.coords[d]
-    return [torch.tensor(value, dtype=torch.int64, device=engine.device)]
-
-
-@handler("reduce")
-def run_reduce(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-    import torch.distributed as dist
-
-    ref, dims, reduction, scatter = payload
-    local = engine.resolve(ref)
-    groups = [engine.mesh.get_group(d) for d in dims]
-    if reduction == "stack":
-        result = local.unsqueeze(0)
-        for d, group in reversed(list(zip(dims, groups, strict=True))):
-            n = engine.sizes[engine.labels.index(d)]
-            parts = [torch.empty_like(result) for _ in range(n)]
-            dist.all_gather(parts, result.contiguous(), group=group)
-            result = torch.cat(parts, 0) if result is not local else torch.stack(parts)
-        total = 1
-        for d in dims:
-            total *= engine.sizes[engine.labels.index(d)]
-        result = result.reshape(total, *local.shape)
-    else:
-        op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-              "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}[reduction]  # fmt: skip
-        result = local.clone()
-        for group in groups:
-            dist.all_reduce(result, op=op, group=group)
-        if reduction == "avg":
-            n = 1
-            for d in dims:
-                n *= engine.sizes[engine.labels.index(d)]
-            result = result / n
-    if scatter:
-        # Rank i (row-major within ``dims``) keeps chunk i of dim 0.
-        index = 0
-        for d in dims:
-            index = index * engine.sizes[engine.labels.index(d)] + engine.coords[d]
-        n = 1
-        for d in dims:
-            n *= engine.sizes[engine.labels.index(d)]
-        result = result.chunk(n, 0)[index].clone()
-    return [result]
-
-
-# -- remote functions -----------------------------------------------------------------------------
-
-
-@handler("define")
-def run_define(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    fn_id, fn = payload
-    engine.fns[fn_id] = fn
-    return []
-
-
-@handler("remote_call")
-def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-
-    fn_id, name, args, kwargs, structured = payload
-    with torch.enable_grad():  # user code: torch's default grad mode, as in a local call
-        result = engine.fns[fn_id](*engine.resolve(args), **engine.resolve(kwargs))
-    if not structured:  # "inspect": the whole result is one opaque value
-        return [result]
-    values = tensor_leaves(result)
-    op = engine.current
-    if op is not None:
-        _check_as_described(name, values, op[3])  # the op's (shape, dtype, per_rank) per result
-    return values
-
-
-def _check_as_described(name: str, values: Sequence[Any], meta: Sequence[Any]) -> None:
-    """A result must be what the controller recorded for it (``propagate``'s answer, or the
-    first rank's cached one): a per-rank tensor as it is, a DTensor by its global shape. Later
-    ops are shaped on the controller from that, so a result that differs would mislead every
-    op after it without a word."""
-    from torch.distributed.tensor import DTensor
-
-    for k, (value, described) in enumerate(zip(values, meta, strict=False)):
-        if described is None:
-            continue
-        if not described[2] and not isinstance(value, DTensor):
-            continue  # a global result kept as this rank's part: its whole shape is not here
-        shape, dtype = tuple(described[0]), described[1]
-        if tuple(value.shape) != shape or value.dtype != dtype:
-            raise RuntimeError(
-                f"remote function {name} returned a {tuple(value.shape)} {value.dtype} tensor "
-                f"as its result {k} on this rank, where the controller was told {shape} "
-                f"{dtype}; make its propagate return what the function returns (or leave "
-                "propagate out: the function then runs once to learn its results' shapes)"
-            )
-
-
-@handler("unpack")
-def run_unpack(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    return tensor_leaves(engine.resolve(payload))
+    (tensor,) = payload
+    return [tensor.to(engine.device)]

@@ -25,11 +25,12 @@ from typing import Any
 
 from ..compat import Actor, Extent, Point, endpoint, loads
 from ..wire.ops import FailureInfo, Op, Ref, op_name
-from ..wire.shapes import contiguous_strides
+from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
-from .local import REGISTRY, Adopted, wait_for_cell
-from .registry import HANDLERS, StoodIn
+from .handlers import HANDLERS
+from .local import REGISTRY, wait_for_cell
 from .side_effects import written
+from .stand_ins import StoodIn, stand_in
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ class _TensorEngine(Actor):
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-
-        from . import aten, module, rref  # noqa: F401  (register handlers)
 
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
@@ -178,7 +177,7 @@ class _TensorEngine(Actor):
                 if computed is not None:
                     self.env[o] = computed[k]
                 elif o not in ins:  # an in-place op keeps its (stand-in) value
-                    self.env[o] = self.stand_in(meta[k] if k < len(meta) else None, ins)
+                    self.env[o] = stand_in(self, meta[k] if k < len(meta) else None, ins)
                 self._set_poison(o, root)
             self._poison_written(op, root)
             if root.serial not in self.holders:  # nothing holds it: report it at once
@@ -241,38 +240,6 @@ class _TensorEngine(Actor):
         if t is dict:
             return {k: self.resolve(v) for k, v in x.items()}
         return x
-
-    def stand_in(self, meta: Any, ins: tuple[int, ...]) -> Any:
-        """A zero value of the shape the op would have had; ``None`` when that is unknown."""
-        if meta is None:
-            return None
-        import torch
-        from torch.distributed.tensor import DTensor, Replicate, Shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        shape, dtype, per_rank = meta[:3]
-        split = meta[3] if len(meta) > 3 else None  # a dim the value is known to be split over
-        try:
-            if per_rank:
-                return torch.zeros(shape, dtype=dtype, device=self.device)
-            mesh = self.mesh
-            placements: list[Any] = [Replicate()] * self.mesh.ndim
-            if split is not None:
-                placements = [Shard(0) if d == split else Replicate() for d in self.labels]
-            for i in ins if split is None else ():  # an input of the same shape's placements
-                v = self.env.get(i)
-                if isinstance(v, DTensor) and tuple(v.shape) == tuple(shape):
-                    mesh, placements = v.device_mesh, list(v.placements)
-                    break
-            local, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
-            zeros = torch.zeros(local, dtype=dtype, device=self.device)
-            return DTensor.from_local(
-                zeros, mesh, placements, run_check=False, shape=torch.Size(shape),
-                stride=contiguous_strides(shape),
-            )  # fmt: skip
-        except Exception:
-            logger.debug("no stand-in for %s", meta, exc_info=True)
-            return None
 
     # -- poison bookkeeping ----------------------------------------------------------------------
 
@@ -353,9 +320,7 @@ class _TensorEngine(Actor):
 
     @endpoint
     def adopt(self, id: int, name: str) -> Adopted:
-        """Take ``name`` from this process's ``%%mesh`` namespace as value ``id`` (local.py)."""
-        from .local import adopt_value
-
+        """Take ``name`` from this process's ``%%mesh`` namespace as value ``id`` (adopt.py)."""
         return adopt_value(self, id, name)
 
     @endpoint

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..wire.shapes import contiguous_strides
-from .registry import StoodIn, handler
 from .shard_ops import as_dtensor
+from .stand_ins import StoodIn
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -58,7 +58,6 @@ def _as_global(engine: _TensorEngine, t: Any) -> Any:
     return as_dtensor(t, engine.mesh, [Replicate()] * engine.mesh.ndim)
 
 
-@handler("module_build")
 def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
@@ -88,14 +87,12 @@ def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequ
     return [*values, state]
 
 
-@handler("module_mode")
 def run_mode(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, training = payload
     engine.resolve(ref).module.train(training)
     return []
 
 
-@handler("module_forward")
 def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
@@ -185,7 +182,6 @@ def _forward_on_zeros(state: ModuleState, local: Any, cause: BaseException) -> A
     return y
 
 
-@handler("module_backward")
 def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
     from torch.distributed.tensor import DTensor

@@ -9,7 +9,6 @@ from typing import Any
 from torch.utils._pytree import tree_map
 
 from .. import compat
-from .registry import handler
 
 # How long a rank waits for the actor to run the endpoint (it may be busy with other calls),
 # and for the actor's spawn (sent by another route than the op stream, so it may come later).
@@ -23,7 +22,6 @@ def _local(v: Any) -> Any:
     return v.to_local() if isinstance(v, DTensor) else v
 
 
-@handler("rref")
 def run_rref(engine: Any, payload: Any, out: tuple[int, ...]) -> list[Any]:
     key, name, args, kwargs = payload
     runner = compat.local_actor(key, SPAWN_WAIT)

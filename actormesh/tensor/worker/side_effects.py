@@ -42,8 +42,9 @@ def _mutable_arguments(payload: Any, ins: tuple[int, ...]) -> tuple[int, ...]:
     from .aten import resolve_op
 
     name, args, kwargs = payload[:3]
-    # The fast path sends its inputs as IN, in the order of ``ins`` (args first, then kwargs).
-    inputs = iter(payload[4]) if len(payload) > 4 else iter(())
+    # The fast path sends its inputs as IN, in the order of ``payload[4]`` (args first, then
+    # kwargs); the general path (``payload[4]`` None) sends Refs.
+    inputs = iter(payload[4] or ())
     positional = [list(_ids(a, inputs)) for a in args]
     by_name = {k: list(_ids(v, inputs)) for k, v in kwargs.items()}
     out: list[int] = []

@@ -1,0 +1,199 @@
+"""The op kinds of the tensor stream, written down once: each kind's payload fields, which
+controller modules record it and which worker function runs it.
+
+An op is the tuple of ``ops.py``: ``(kind, out, ins, meta, payload, site)``. Its ``payload`` is
+a plain tuple of the fields listed here, in this order (tuples pickle several times faster than
+small classes, and a batch holds hundreds of ops): a handler unpacks it by name in one statement
+(``name, args, kwargs, seed, inputs = payload``), and this table is what gives those positions
+their names. One kind has one payload shape, whichever code path records it.
+
+A field is ``name: type`` (``|`` between alternatives): ``Ref`` a remote value by id (ops.py),
+``IN``-or-``Ref`` args are explained per kind, ``tensor`` a controller ``torch.Tensor`` sent by
+value, ``any`` a value the check does not constrain (a user's module or function).
+
+``plain`` kinds carry only tensors, Refs, scalars, dtypes and placements: a batch of only those
+goes through the C pickler (``stream._pack``), several times faster than the runtime's
+cloudpickle; the others carry user functions, modules or arguments that may need pickling by
+value (defined in a notebook).
+
+With ``ACTORMESH_CHECK_PROTOCOL=1`` (the test suite sets it) the controller checks every op it
+records against this table, and the module that recorded it against ``emitted_by``
+(``stream.py``); ``tests/tensor/test_op_kinds.py`` checks the worker's ``handlers.HANDLERS``
+against ``handler`` and records programs that emit every kind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from .ops import Op, Ref
+
+# The recording modules and handlers, as ``module`` or ``module:function`` under actormesh.tensor.
+_REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller.activate"
+_REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
+_TENSOR, _STREAM = "controller.tensor", "controller.stream"
+
+
+class Kind(NamedTuple):
+    """One op kind. ``outputs``: how many ids ``out`` names (``None``: as many as the op has
+    results, which the controller knows from shape propagation)."""
+
+    name: str
+    fields: tuple[str, ...]
+    outputs: int | None
+    emitted_by: tuple[str, ...]
+    handler: str
+    plain: bool
+    doc: str
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.partition(":")[0] for f in self.fields)
+
+
+_TABLE = [
+    # -- torch ops (recording.py: every aten op that reaches MeshTensor.__torch_dispatch__) -----
+    Kind("aten", ("name: str", "args: tuple", "kwargs: dict", "seed: int|None",
+                  "inputs: tuple|None"), None, (_REC,), "worker.aten:run_aten", True,
+         "One aten op (``name``: ``aten.mm.default``). ``inputs`` not None: the fast path's "
+         "op, whose tensor arguments are ``IN`` placeholders standing for these ids in order "
+         "(args, then kwargs) and which has no controller tensors. ``None``: the general path's, "
+         "whose arguments hold ``Ref``s (controller tensors uploaded as ``constant`` ops). "
+         "``seed``: one draw of the controller's generator for a random op."),
+    Kind("constant", ("tensor: tensor",), 1, (_STREAM,), "worker.aten:run_constant", True,
+         "A controller tensor that later ops read by id (``Stream.constant``): an op's "
+         "argument, a module's input batch; uploaded once per version."),
+    # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
+    Kind("distribute", ("tensor: tensor", "placements: tuple"), 1, (_DIST,),
+         "worker.distribute:run_distribute", True,
+         "A controller tensor placed on the mesh: each rank keeps its slice of the whole."),
+    Kind("distribute_staged", ("staged_id: int", "placements: tuple", "shape: tuple"), 1,
+         (_DIST,), "worker.distribute:run_distribute_staged", False,
+         "A large tensor whose blocks went to each rank ahead of the op (``engine.stage``)."),
+    Kind("random", ("fn: str", "shape: tuple", "dtype: dtype", "seed: int",
+                    "placements: tuple"), 1, (_DIST,), "worker.distribute:run_random", True,
+         "``actormesh.tensor.rand``/``randn``: one global tensor from one seed."),
+    Kind("redistribute", ("value: Ref", "placements: tuple"), 1, (_TENSOR,),
+         "worker.distribute:run_redistribute", True,
+         "``MeshTensor.redistribute``: the same global tensor with other placements."),
+    Kind("placements", ("value: Ref",), 1, (_TENSOR,), "worker.distribute:run_placements", True,
+         "``MeshTensor.placements()``: the value's DTensor placements, as a value to fetch."),
+    # -- per-rank tensors (activate.py) ---------------------------------------------------------
+    Kind("factory", ("name: str", "args: tuple", "kwargs: dict"), 1, (_ACT,),
+         "worker.activate:run_factory", True,
+         "``torch.<name>(*args, **kwargs)`` under ``activate()``, run by each rank itself."),
+    Kind("rank", ("dims: tuple",), 1, (_ACT,), "worker.activate:run_rank", True,
+         "``rank(procs, dims)``: each rank's coordinate along ``dims``, an int64 scalar."),
+    Kind("reduce", ("value: Ref", "dims: tuple", "reduction: str", "scatter: bool"), 1, (_ACT,),
+         "worker.activate:run_reduce", True,
+         "``MeshTensor.reduce``: a per-rank tensor combined over mesh dimensions."),
+    # -- remote functions (remote.py) and endpoints as steps (rref.py) --------------------------
+    Kind("define", ("fn_id: int", "fn: any"), 0, (_REMOTE,), "worker.remote:run_define", False,
+         "A remote function's code, sent once per engine under ``fn_id``."),
+    Kind("remote_call", ("fn_id: int", "name: str", "args: tuple", "kwargs: dict",
+                         "structured: bool"), None, (_REMOTE,), "worker.remote:run_call", False,
+         "A call of remote function ``fn_id`` on every rank; ``structured`` False: its whole "
+         "result is one opaque value (``propagate='inspect'``, or a result still to describe)."),
+    Kind("unpack", ("whole: Ref",), None, (_REMOTE, _RREF), "worker.remote:run_unpack", True,
+         "The tensors of a result rank 0 described (a remote call's, an rref's) under new ids."),
+    Kind("rref", ("actor_key: str", "endpoint: str", "args: tuple", "kwargs: dict"), 1, (_RREF,),
+         "worker.rref:run_rref", False,
+         "``endpoint.rref(...)``: the actor's endpoint run on its own thread; its result kept."),
+    # -- module_to_mesh (module.py) -------------------------------------------------------------
+    Kind("module_build", ("source: any", "is_factory: bool", "seed: int", "data_dim: str|None",
+                          "fsdp: bool", "tp_plan: dict", "tp_dim: str|None"), None, (_MOD,),
+         "worker.module:run_build", False,
+         "A module (or a factory run under ``seed``) built and parallelised on every rank: out "
+         "names its parameters, buffers, then its state."),
+    Kind("module_forward", ("state: Ref", "input: Ref", "output_shape: tuple", "grad_on: bool",
+                            "input_grad: bool"), 2, (_MOD,), "worker.module:run_forward", True,
+         "A module's forward on this rank's slice of the batch: out names the output and the "
+         "autograd graph kept for backward."),
+    Kind("module_backward", ("state: Ref", "graph: Ref", "grad_output: Ref|tensor",
+                             "wanted: tuple", "input_grad: bool"), None, (_MOD,),
+         "worker.module:run_backward", True,
+         "Backward from a forward's graph: out names the wanted parameters' gradients (then "
+         "the input's)."),
+    Kind("module_mode", ("state: Ref", "training: bool"), 0, (_MOD,), "worker.module:run_mode",
+         True, "``train()``/``eval()`` on the ranks' module."),
+]  # fmt: skip
+
+KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}
+
+# Op kinds whose batches the C pickler may pickle (stream._pack).
+PLAIN_KINDS = frozenset(k.name for k in _TABLE if k.plain)
+
+CHECK = os.environ.get("ACTORMESH_CHECK_PROTOCOL") == "1"
+
+
+class OpKindError(AssertionError):
+    """An op that does not match its kind's entry (raised only with the check on)."""
+
+
+_TYPES: dict[str, Any] = {
+    "str": str, "int": int, "bool": bool, "tuple": tuple, "dict": dict, "None": type(None),
+    "Ref": Ref, "tensor": torch.Tensor, "dtype": torch.dtype, "any": object,
+}  # fmt: skip
+
+
+def _types(field: str) -> tuple[type, ...]:
+    return tuple(_TYPES[t.strip()] for t in field.partition(":")[2].split("|"))
+
+
+def check_op(op: Op, emitter: str | None = None) -> None:
+    """Raise :class:`OpKindError` unless ``op`` has its kind's shape (and, given the module that
+    recorded it, ``actormesh.tensor.<emitter>``, that module is one of the kind's)."""
+    if type(op) is not tuple or len(op) != 6:
+        raise OpKindError(f"an op is (kind, out, ins, meta, payload, site), got {op!r:.200}")
+    kind, out, ins, meta, payload, site = op
+    entry = KINDS.get(kind)
+    if entry is None:
+        raise OpKindError(f"unknown op kind {kind!r}: add it to tensor/wire/kinds.py")
+    where = f"an op of kind {kind!r}"
+    for name, ids in (("out", out), ("ins", ins)):
+        if type(ids) is not tuple or not all(type(i) is int for i in ids):
+            raise OpKindError(f"{where}: {name} must be a tuple of ids, got {ids!r:.200}")
+    if entry.outputs is not None and len(out) != entry.outputs:
+        raise OpKindError(f"{where} names {entry.outputs} output(s), got out={out!r}")
+    if type(meta) is not tuple or len(meta) != len(out):
+        raise OpKindError(f"{where}: meta needs one entry per output id, got {meta!r:.200}")
+    for m in meta:
+        if m is not None and not (type(m) is tuple and 3 <= len(m) <= 4):
+            raise OpKindError(f"{where}: a meta entry is (shape, dtype, per_rank[, split]) or "
+                              f"None, got {m!r:.200}")  # fmt: skip
+    if type(site) is not str:
+        raise OpKindError(f"{where}: site must be the issuing line as text, got {site!r:.200}")
+    if type(payload) is not tuple or len(payload) != len(entry.fields):
+        raise OpKindError(
+            f"{where}: the payload is ({', '.join(entry.field_names)}), got {payload!r:.300}"
+        )
+    for field, value in zip(entry.fields, payload, strict=True):
+        if not isinstance(value, _types(field)):
+            raise OpKindError(
+                f"{where}: payload field {field!r} got a {type(value).__name__}: {value!r:.200}"
+            )
+    if emitter is not None and emitter not in entry.emitted_by:
+        raise OpKindError(f"{where} was recorded by {emitter}; the table says {entry.emitted_by}")
+
+
+# Ops checked so far, by kind (test_op_kinds.py asserts that its programs recorded every kind).
+seen: Counter[str] = Counter()
+
+
+def checked(record: Callable[[Any, Op], None]) -> Callable[[Any, Op], None]:
+    """``Stream.record`` that first checks the op against its kind, and the module that
+    recorded it against the kind's ``emitted_by`` (``stream.py`` uses it with CHECK on)."""
+
+    def checked_record(stream: Any, op: Op) -> None:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        check_op(op, caller.removeprefix("actormesh.tensor."))
+        seen[op[0]] += 1
+        record(stream, op)
+
+    return checked_record

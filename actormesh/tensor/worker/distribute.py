@@ -1,0 +1,79 @@
+"""The ranks' side of ``distribute.py`` and of MeshTensor's placement methods: global tensors
+made from the controller's (``distribute``, ``distribute_staged``), drawn from one seed
+(``random``), re-placed (``redistribute``) and described (``placements``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
+
+
+def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    from torch.distributed.tensor import distribute_tensor
+
+    tensor, placements = payload
+    # src_data_rank=None: every rank already has the whole tensor; each keeps its slice.
+    return [
+        distribute_tensor(tensor.to(engine.device), engine.mesh, placements, src_data_rank=None)
+    ]
+
+
+def run_distribute_staged(
+    engine: _TensorEngine, payload: Any, out: tuple[int, ...]
+) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    staged_id, placements, shape = payload
+    # The block came on its own, sent to this rank alone (engine.stage): no communication.
+    block = engine.staged.pop(staged_id).to(engine.device)
+    stride = torch.empty(shape, device="meta").stride()
+    return [
+        DTensor.from_local(
+            block, engine.mesh, placements, run_check=False, shape=torch.Size(shape),
+            stride=stride,
+        )
+    ]  # fmt: skip
+
+
+def run_random(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    fn, shape, dtype, seed, placements = payload
+    if engine.device == "cuda":
+        return [_dtensor_random(engine, fn, shape, dtype, seed, placements)]
+    # DTensor's RNG needs a GPU: on CPU every rank draws the whole tensor and keeps its part.
+    gen = torch.Generator().manual_seed(seed)
+    full = getattr(torch, fn)(*shape, generator=gen, dtype=dtype)
+    return [distribute_tensor(full.to(engine.device), engine.mesh, placements, src_data_rank=None)]
+
+
+def _dtensor_random(
+    engine: _TensorEngine, fn: str, shape: Any, dtype: Any, seed: int, placements: Any
+) -> Any:
+    """DTensor's own factory: each rank draws only its shard, at its offset in one stream, so
+    the global tensor is the same for every placement. The rank's generators are restored
+    afterwards (per-rank factories under activate() keep drawing differently per rank)."""
+    import torch
+    from torch.distributed import tensor as dtensor
+
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+        torch.manual_seed(seed)
+        return getattr(dtensor, fn)(
+            *shape, device_mesh=engine.mesh, placements=placements, dtype=dtype
+        )
+
+
+def run_redistribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    ref, placements = payload
+    v = engine.resolve(ref)
+    return [v.redistribute(engine.mesh, placements)]
+
+
+def run_placements(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    (ref,) = payload
+    return [tuple(engine.resolve(ref).placements)]

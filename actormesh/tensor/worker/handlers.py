@@ -1,0 +1,34 @@
+"""Which function runs each kind of op on a rank: the engine's ``_execute`` looks the op's kind
+up here. The kinds, their payloads and who records them are ``wire/kinds.py``'s table;
+``tests/tensor/test_op_kinds.py`` checks that the two agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import activate, aten, distribute, module, remote, rref
+
+# (engine, payload, output ids) -> one value per output id
+Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
+
+HANDLERS: dict[str, Handler] = {
+    "aten": aten.run_aten,
+    "constant": aten.run_constant,
+    "distribute": distribute.run_distribute,
+    "distribute_staged": distribute.run_distribute_staged,
+    "random": distribute.run_random,
+    "redistribute": distribute.run_redistribute,
+    "placements": distribute.run_placements,
+    "factory": activate.run_factory,
+    "rank": activate.run_rank,
+    "reduce": activate.run_reduce,
+    "define": remote.run_define,
+    "remote_call": remote.run_call,
+    "unpack": remote.run_unpack,
+    "rref": rref.run_rref,
+    "module_build": module.run_build,
+    "module_forward": module.run_forward,
+    "module_backward": module.run_backward,
+    "module_mode": module.run_mode,
+}
