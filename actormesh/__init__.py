@@ -61,7 +61,7 @@ from .runtime.meshes.ports import Channel as Channel
 from .runtime.meshes.ports import Port as Port
 from .runtime.meshes.ports import PortReceiver as PortReceiver
 from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
-from .runtime.meshes.proc_mesh import mesh_extensions as _mesh_extensions
+from .runtime.meshes.tensor_seam import load_with as _load_tensor_layer_with
 from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
 from .runtime.messaging.metrics import log_metrics as log_metrics
 from .runtime.procs.controller import shutdown_context as shutdown_context
@@ -162,17 +162,15 @@ _sys.modules[__name__].__class__ = _Package
 _copyreg.pickle(_Package, _by_name)
 
 
-def _tensor_function(name: str) -> _Callable[..., object]:
-    def call(*args: object, **kwargs: object) -> object:
-        from . import tensor
+def _load_tensor_layer() -> object:
+    from . import tensor
 
-        return getattr(tensor, name)(*args, **kwargs)
-
-    return call
+    return tensor
 
 
-# ProcMesh.activate() and ProcMesh.rank(dims) are the tensor layer's (imported on first use).
-_mesh_extensions.update(activate=_tensor_function("activate"), rank=_tensor_function("rank"))
+# ProcMesh.activate(), ProcMesh.rank(dims) and endpoint.rref(...) are the tensor layer's: the
+# runtime's seam (runtime/meshes/tensor_seam.py) imports it on first use through this.
+_load_tensor_layer_with(_load_tensor_layer)
 
 
 def __getattr__(name: str) -> object:

@@ -36,7 +36,8 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``collect`` (gathering replies), ``waits``
                         (who waits on whom, for timeouts), ``endpoint`` (the adverbs),
-                        ``actor_mesh``, ``proc_mesh``, ``ports``.
+                        ``actor_mesh``, ``proc_mesh``, ``ports``, ``tensor_seam`` (the one
+                        way up into the tensor layer).
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
                         ``host_agent``, ``worker_output`` (an agent's workers and their
@@ -97,8 +98,9 @@ Extension points
 ``future.wait_hooks``             called while a ``Future.get`` blocks (the debugger ends waits
                                   on paused ranks)
 ``supervision.set_fault_hook``    where failures nobody waits for go (a broadcast that raised)
-``proc_mesh.mesh_extensions``     ``ProcMesh`` methods of a higher layer (the tensor layer's
-                                  ``activate`` and ``rank``, registered by ``actormesh``)
+``tensor_seam.install(layer)``    what the runtime calls in the tensor layer above it
+                                  (``ProcMesh.activate``/``rank``, ``Endpoint.rref``): one
+                                  typed ``TensorLayer``, loaded on first use
 ================================  ===============================================================
 
 For tools (the kernel, the debugger, the sidebar)

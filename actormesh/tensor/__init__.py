@@ -34,13 +34,15 @@ from .controller.fetch import live as live
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
-from .controller.recording import dispatch as _dispatch  # noqa: F401  (installs MeshTensor's op recorder)
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .controller.remote import remote as remote
-from .controller.rref import rref as _rref  # noqa: F401  (installs endpoint.rref)
+from .controller.seams import install as _install_seams
 from .controller.stream import flush_all as flush_all
 from .controller.tensor import MeshTensor as MeshTensor
 from .wire.errors import RemoteTensorError as RemoteTensorError
+
+# MeshTensor's methods that live in the modules built on it, and what the runtime calls up here.
+_install_seams()
 
 __all__ = [
     "MeshModule",

@@ -18,8 +18,9 @@ from ..runtime.dataplane.distributed import destroy_process_group, init_process_
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.endpoint import RREF
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
+from ..runtime.meshes.tensor_seam import TensorLayer
+from ..runtime.meshes.tensor_seam import install as install_tensor_layer
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
 
@@ -33,6 +34,7 @@ __all__ = [
     "Point",
     "ProcMesh",
     "RemoteFailure",
+    "TensorLayer",
     "ValueMesh",
     "cell_namespaces",
     "completed",
@@ -41,7 +43,7 @@ __all__ = [
     "failed",
     "helper_mesh_with_args",
     "init_process_group",
-    "install_rref",
+    "install_tensor_layer",
     "is_stopped",
     "loads",
     "local_actor",
@@ -94,13 +96,7 @@ def report_unhandled(error: Exception) -> None:
 def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
-    return ProcMesh._create(proc_table(procs), view_shape(procs), None).spawn(name, cls, *args)
-
-
-def install_rref(impl: Any) -> None:
-    """Make ``impl(actor_key, endpoint_name, args, kwargs)`` what ``endpoint.rref(...)`` does
-    (the runtime's Endpoint cannot import the tensor layer above it)."""
-    RREF[:] = [impl]
+    return unrecorded(procs).spawn(name, cls, *args)
 
 
 def local_actor(key: str, timeout: float) -> Any:

@@ -10,7 +10,6 @@ host, gathered by its agent: relay.py). A process that dies fails the collector 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -31,6 +30,7 @@ from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
 from . import relay
+from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -105,11 +105,6 @@ def _all_on(addresses: list[Any], ranks: tuple[int, ...], host: str) -> bool:
 def no_values(_: list[Any]) -> None:
     """The result of a gather whose replies only say "done" (spawns, re-spawns)."""
     return None
-
-
-# How an endpoint's result becomes a tensor on the mesh (``Endpoint.rref``): the tensor layer,
-# which sits above the runtime, installs itself here when it is imported (``actormesh`` does).
-RREF: list[Callable[[str, str, tuple[Any, ...], dict[str, Any]], Any]] = []
 
 
 class Endpoint(Generic[P, R]):
@@ -233,9 +228,7 @@ class Endpoint(Generic[P, R]):
         they come back at once as per-rank MeshTensors that later ops read without a round
         trip. The actors must live on the processes of the tensor mesh of a MeshTensor argument
         (or of ``procs.activate()``'s mesh)."""
-        if not RREF:
-            raise MeshUsageError("endpoint.rref needs the tensor layer: import actormesh.tensor")
-        return RREF[0](self._key, self._name, args, kwargs)
+        return tensor_layer("endpoint.rref").rref(self._key, self._name, args, kwargs)
 
     # -- sending ---------------------------------------------------------------------------------
 

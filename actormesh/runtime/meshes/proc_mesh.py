@@ -16,7 +16,7 @@ from ..actors.future import Future
 from ..actors.ownership import Owner
 from ..actors.runner import ActorRunner, current_runner
 from ..faults.stacks import STOPPED_HINT, stopped
-from ..mesh_shape import MeshShape, NoPublicConstructor
+from ..mesh_shape import MeshShape, NoPublicConstructor, view_shape
 from ..messaging.codec import payload_digest
 from ..messaging.metrics import in_worker, local_log
 from ..messaging.node import current_node, spawn_hint
@@ -27,6 +27,7 @@ from .actor_mesh import ActorMesh
 from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable, live_table
+from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -34,20 +35,6 @@ if TYPE_CHECKING:
     from ..procs.mesh_record import MeshRecord
 
 A = TypeVar("A", bound=Actor)
-
-# Methods a higher layer adds to proc meshes: ``activate`` and ``rank`` are the tensor layer's
-# (actormesh.tensor), which the runtime never imports; the actormesh namespace registers them.
-mesh_extensions: dict[str, Callable[..., Any]] = {}
-
-
-def _extension(name: str) -> Callable[..., Any]:
-    fn = mesh_extensions.get(name)
-    if fn is None:
-        raise MeshUsageError(
-            f"ProcMesh.{name} comes from actormesh.tensor, which registers it when the actormesh "
-            "package is imported; import actormesh first"
-        )
-    return fn
 
 
 class ActorSpawn(NamedTuple):
@@ -182,12 +169,12 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         """``with procs.activate():`` torch factories make per-rank MeshTensors on this mesh
         (PyTorch Monarch's tensor-engine style); see ``actormesh.tensor.activate``. The first
         use starts the mesh's tensor engine (forms a process group: seconds)."""
-        return _extension("activate")(self)
+        return tensor_layer("ProcMesh.activate").activate(self)
 
     def rank(self, dims: str | tuple[str, ...]) -> Any:
         """Each rank's coordinate along ``dims`` as a per-rank MeshTensor (an int64 scalar;
         row-major over several dims); see ``actormesh.tensor.rank``."""
-        return _extension("rank")(self, dims)
+        return tensor_layer("ProcMesh.rank").rank(self, dims)
 
     # -- supervision ---------------------------------------------------------------------------
 
@@ -381,3 +368,10 @@ def proc_table(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
     """The processes under a proc or actor mesh: for tools that group meshes by proc mesh (the
     kernel, the sidebar, process groups). A function, not an attribute: see ``actor_key``."""
     return mesh._procs  # noqa: SLF001  the one reader outside the mesh classes
+
+
+def unrecorded(procs: ProcMesh) -> ProcMesh:
+    """A view of ``procs`` whose spawns are not recorded for ``heal``: for a helper actor that
+    a healed process cannot host (the tensor engine: a healed process never joined its process
+    group, tensor/compat.py)."""
+    return _restore(proc_table(procs), view_shape(procs))

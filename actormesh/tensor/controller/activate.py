@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from .. import compat
 from ..wire.ops import issue_site
 from .mesh import TensorMesh, tensor_mesh
-from .tensor import MeshTensor, hooks, new_mesh_tensor
+from .tensor import MeshTensor, new_mesh_tensor
 
 _FACTORIES = {
     torch.rand: "rand", torch.randn: "randn", torch.randint: "randint", torch.zeros: "zeros",
@@ -164,6 +164,3 @@ def _ref(t: MeshTensor) -> Any:
     from ..wire.ops import Ref
 
     return Ref(t.value_id)
-
-
-hooks["reduce"] = reduce

@@ -24,7 +24,7 @@ from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import FailureInfo
 from .mesh import TensorMesh
-from .tensor import MeshTensor, OpaqueRef, hooks
+from .tensor import MeshTensor, OpaqueRef
 
 
 def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
@@ -154,7 +154,7 @@ def _assemble(
         _, first, _, shape, divisor = pieces[0]
         if divisor is None:  # disjoint blocks
             full = torch.empty(shape, dtype=first.dtype)
-        else:  # each rank's term of a partial sum (fetch_worker.combinable)
+        else:  # each rank's term of a partial sum (worker/fetch.combinable)
             full = torch.zeros(shape, dtype=first.dtype)
         for _, local, offset, _, _ in pieces:
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
@@ -190,8 +190,3 @@ def live(mesh: Any) -> compat.ValueMesh:
     tm = tensor_mesh(mesh)
     tm.stream.flush()
     return tm.engine.live.call().get(timeout=60)
-
-
-hooks["fetch"] = fetch
-hooks["get"] = get
-hooks["fetch_value"] = fetch_value

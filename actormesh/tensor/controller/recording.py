@@ -1,5 +1,5 @@
 """Recording: every aten op that reaches ``MeshTensor.__torch_dispatch__`` becomes an op in its
-mesh's stream, and returns new MeshTensors at once (``proxy.py`` is the tensor itself).
+mesh's stream, and returns new MeshTensors at once (``tensor.py`` is the tensor itself).
 
 The general path (``_record``) takes any arguments: nested lists of tensors, controller tensors
 (uploaded once as constants, ``Stream.constant``), and finds the outputs' shapes on meta tensors
@@ -20,13 +20,13 @@ from torch.utils._pytree import tree_unflatten
 from .. import compat
 from ..wire.ops import IN, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
+from .fetch import fetch
 from .mesh import TensorMesh
 from .tensor import (
     NO_KWARGS,
     STRIDED,
     MeshTensor,
     check_fits,
-    hooks,
     make_wrapper,
     new_mesh_tensor,
     reshape_in_place,
@@ -296,7 +296,7 @@ def _sync_bool(t: Any) -> bool:
 
 
 def _sync_equal(a: Any, b: Any) -> bool:
-    return bool(torch.equal(*hooks["fetch"]((a, b)).get()))
+    return bool(torch.equal(*fetch((a, b)).get()))
 
 
 def _per_rank_only(func: Any) -> Callable[..., Any]:
@@ -323,4 +323,3 @@ _SYNC[torch.ops.aten.equal.default] = _sync_equal
 for _resize in (torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default):
     _SYNC[_resize] = _per_rank_only(_resize)
 _SYNC_IDS = frozenset(id(op) for op in _SYNC)
-hooks["dispatch"] = dispatch

@@ -3,7 +3,7 @@
 The controller records one ``rref`` op. Each rank's engine, on reaching it (so after the ops
 issued before it), hands the call to the actor's own thread (``run_task``: after the calls
 already in its inbox, never beside one) with every MeshTensor argument as that rank's local
-value, waits for it, and keeps the whole result as a value of its own (``rref_worker.py``); an
+value, waits for it, and keeps the whole result as a value of its own (``worker/rref.py``); an
 ``unpack`` op then names the result's tensors with ids the controller allocated, so later ops
 read them where they are. The results are per-rank MeshTensors (each actor returns its own).
 
@@ -64,6 +64,3 @@ def rref(key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 def _refs(x: Any) -> Any:
     return tree_map(lambda v: Ref(v.value_id) if isinstance(v, MeshTensor) else v, x)
-
-
-compat.install_rref(rref)

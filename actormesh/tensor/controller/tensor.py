@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,10 +25,6 @@ from ..wire.ops import Ref, issue_site
 from ..wire.shapes import contiguous_strides, signature
 from .mesh import TensorMesh
 
-# Set by recording.py, fetch.py and activate.py as they are imported (the package imports them
-# all): they build on MeshTensor, so MeshTensor's methods reach them through here rather than
-# importing them.
-hooks: dict[str, Callable[..., Any]] = {}
 NO_KWARGS: dict[str, Any] = {}
 make_wrapper = torch.Tensor._make_wrapper_subclass  # noqa: SLF001
 STRIDED = torch.strided
@@ -67,7 +64,7 @@ class MeshTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # torch types it as the disabled impl
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return hooks["dispatch"](func, args, kwargs or NO_KWARGS)  # recording.dispatch
+        return methods.dispatch(func, args, kwargs or NO_KWARGS)
 
     def __del__(self) -> None:
         # Not weakref.finalize: that costs a third of a recorded op. The worker's value is
@@ -110,7 +107,7 @@ class MeshTensor(torch.Tensor):
 
     def get(self, timeout: float | None = None) -> torch.Tensor:
         """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
-        return hooks["get"](self, timeout)
+        return methods.get(self, timeout)
 
     def item(self) -> Any:
         return self.get().item()
@@ -145,7 +142,7 @@ class MeshTensor(torch.Tensor):
             per_rank=False,
             meta=(None,),
         )
-        return hooks["fetch_value"](out, self.mesh, 0)
+        return methods.fetch_value(out, self.mesh, 0)
 
     def redistribute(self, sharding_spec: Any = None, *, placements: Any = None) -> MeshTensor:
         """The same global tensor with other placements (DTensor's redistribute)."""
@@ -169,7 +166,7 @@ class MeshTensor(torch.Tensor):
         """Combine a per-rank tensor over mesh dimension(s): ``"sum"``, ``"avg"``, ``"max"``,
         ``"min"``, ``"product"`` or ``"stack"`` (a new leading dim); ``scatter=True`` leaves
         each rank one chunk of dim 0. Every rank gets the result (Monarch's ``reduce``)."""
-        return hooks["reduce"](self, dims, reduction, scatter)
+        return methods.reduce(self, dims, reduction, scatter)
 
 
 def new_mesh_tensor(
@@ -245,3 +242,30 @@ class OpaqueRef:
 
     def __repr__(self) -> str:
         return f"<remote value on {self.mesh!r}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Methods:
+    """What MeshTensor's methods call in the modules built on MeshTensor: those import this
+    module (they make and read MeshTensors), so this one cannot import them. One instance,
+    made by ``seams.install`` (which names each function), is ``methods``."""
+
+    dispatch: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]  # recording.dispatch
+    get: Callable[[MeshTensor, float | None], torch.Tensor]  # fetch.get
+    fetch_value: Callable[[OpaqueRef, TensorMesh, int], compat.Future[Any]]  # fetch.fetch_value
+    reduce: Callable[[MeshTensor, Any, str, bool], MeshTensor]  # activate.reduce
+
+
+def _not_installed(*args: Any) -> Any:
+    raise RuntimeError(
+        "MeshTensor's methods are not installed: import actormesh.tensor (its __init__ calls "
+        "controller.seams.install)"
+    )
+
+
+methods = Methods(_not_installed, _not_installed, _not_installed, _not_installed)
+
+
+def install_methods(installed: Methods) -> None:
+    global methods
+    methods = installed
