@@ -10,13 +10,101 @@ r = dt @ dt.T                     # recorded and streamed; returns at once
 print(r.shape, am.inspect(r))     # metadata is local; inspect is a sync point
 ```
 
-Modules: ``proxy`` (MeshTensor), ``recording`` and ``shapes`` (ops into the stream, shapes
-on the controller), ``stream`` (ids, batches, constants), ``engine`` and ``handlers`` (the
-workers), ``fetch`` and ``fetch_worker`` (sync points, either side), ``module``
-(``module_to_mesh``), ``remote`` (remote functions), ``activate`` (per-rank tensors, Monarch's
-tensor engine style), ``side_effects`` (what a failed op poisons besides its outputs),
-``local`` (the engines for code beside them on a worker: actors, ``%%mesh`` cells) and
-``adopt`` (a cell's tensor as a MeshTensor).
+Layout
+======
+
+Three sub-packages, by where the code runs; a job with a half on each side has one module of the
+same name on each (``controller/fetch.py`` asks, ``worker/fetch.py`` answers).
+``tests/unit/test_layers.py`` orders them ``compat`` < ``wire`` < ``worker`` < ``controller``:
+the ranks' half never imports the controller's.
+
+==============================  ==================================================================
+``compat.py``                   the one way into the runtime (and back: its ``TensorLayer`` seam)
+``wire/ops.py``                 what an op of the stream is; ``Ref``, ``IN``; the issuing line
+``wire/kinds.py``               the table of op kinds: payload fields, recorder, handler
+``wire/shapes.py``              shapes on meta tensors, signatures, the plans' cache
+``wire/errors.py``              ``RemoteTensorError``
+``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
+``controller/recording.py``     aten ops into the stream (the fast path and the general one)
+``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
+``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
+``controller/fetch.py``         sync points: values back to the controller
+``controller/distribute.py``    global MeshTensors from controller tensors, random factories
+``controller/activate.py``      per-rank MeshTensors (Monarch's ``activate``), ``rank``, ``reduce``
+``controller/module.py``        ``module_to_mesh``
+``controller/remote.py``        remote functions
+``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
+``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
+``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
+``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
+``worker/handlers.py``          which function runs each kind of op
+``worker/aten.py``              aten ops on DTensors, and constants
+``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
+``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
+``worker/activate.py``          per-rank factories, ``rank``, ``reduce``
+``worker/module.py``            a module's build, forward and backward
+``worker/remote.py``            remote functions' definitions, calls and results
+``worker/rref.py``              an endpoint run on its actor's thread
+``worker/fetch.py``             one rank's answer to a sync point
+``worker/adopt.py``             a cell's tensor taken as an engine value
+``worker/side_effects.py``      what a failed op poisons besides its outputs
+``worker/stand_ins.py``         what a failed op leaves in place of its outputs
+``worker/local.py``             the engines, for code beside them (actors, ``%%mesh`` cells)
+``tools.py``                    what the kernel, the sidebar and the debugger use
+==============================  ==================================================================
+
+The life of an op: ``r = dt @ dt.T``, then ``r.item()``
+=======================================================
+
+Here ``dt`` is a (1, 8) MeshTensor split along ``tp`` (``sharding_spec=[None, "tp"]``), so ``r``
+is (1, 1), a ``Partial`` sum over ``tp`` on the ranks.
+
+Controller, user thread: recording, which returns at once.
+
+1. ``dt.T`` and ``@`` reach ``MeshTensor.__torch_dispatch__`` (``controller/tensor.py``) as
+   ``torch.ops.aten.permute.default`` and ``torch.ops.aten.mm.default``: below autograd, since
+   MeshTensor switches ``__torch_function__`` off. It calls ``recording.dispatch``
+   (``controller/recording.py``) through ``tensor.methods``, which ``seams.install``
+   (``controller/seams.py``) fills.
+2. ``recording.dispatch`` keys the op on its inputs' signatures and scalars. The first op of a
+   key takes the general path, ``recording._record``: ``shapes.propagate`` (``wire/shapes.py``)
+   runs the op on meta tensors (a shape error raises here, and nothing is sent) and
+   ``shapes.remember`` keeps a plan in ``shapes.plans``; a later op of that key is recorded from
+   the plan. Either way its outputs are new MeshTensors (``tensor.make_wrapper``: metadata, no
+   storage) whose ids come from ``Stream.new_id`` (``controller/stream.py``), and
+   ``Stream.record`` appends the op ``("aten", out, ins, meta, payload, site)`` (``wire/ops.py``;
+   the payload's fields as ``kinds.KINDS`` in ``wire/kinds.py`` lists them; ``ops.issue_site``
+   finds the user's line) to the mesh's buffer.
+
+Controller, the sync point.
+
+3. ``MeshTensor.item`` calls ``MeshTensor.get``, which is ``fetch.get`` (``controller/fetch.py``):
+   ``fetch._requests`` names the value and the rank wanted, and ``Stream.fetch_after_batch`` sends
+   the buffered ops and the fetch as one call, ``_TensorEngine.run_and_fetch``, one message per
+   process. ``stream._pack`` pickles the batch with the C pickler when every op's kind is
+   ``plain``; the call goes as any call does (``Endpoint.call``, walked hop by hop in
+   ``runtime/__init__.py``).
+
+Worker, the engine's thread.
+
+4. ``_TensorEngine.run_and_fetch`` (``worker/engine.py``) waits for its turn
+   (``_TensorEngine._turn``: ``%%mesh`` cells launched before it), and ``_TensorEngine._run_batch``
+   unpickles the batch (``codec.loads``) and runs each op with ``_TensorEngine._execute``: the
+   function ``handlers.HANDLERS`` (``worker/handlers.py``) names for the kind, here
+   ``aten.run_aten`` (``worker/aten.py``). It finds the op (``aten.resolve_op``) and its inputs
+   in ``_TensorEngine.env``; ``shard_ops.on_shards`` (``worker/shard_ops.py``) runs it on the
+   local shards where that is known to be exact, else DTensor runs it (with its own collectives,
+   the same on every rank). The results go into ``env`` under the controller's ids. An op that
+   raises poisons them instead (``side_effects.written``, ``stand_ins.stand_in``).
+5. ``_TensorEngine._fetch`` answers with ``fetch.answer_fetch`` (``worker/fetch.py``): each rank
+   its failure if the value failed there; else, ``r`` being a small partial sum
+   (``fetch.combinable``), each rank along ``tp`` its term.
+
+Controller again.
+
+6. ``fetch._assemble`` (``controller/fetch.py``) adds the terms up into one tensor (or raises
+   ``RemoteTensorError``, ``wire/errors.py``, naming the ranks, the op and the line from step 2),
+   and ``MeshTensor.item`` returns its ``item()``.
 """
 
 from __future__ import annotations

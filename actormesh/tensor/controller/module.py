@@ -3,7 +3,7 @@
 The controller keeps a *mirror* of the module: the same submodules, with every parameter and
 buffer replaced by a MeshTensor, so ``parameters()``, ``state_dict()``, ``torch.optim`` and
 ``clip_grad_norm_`` work unchanged. Calling it is one op each way (a custom autograd Function):
-forward runs the real module on the workers (module_worker.py), backward runs its backward
+forward runs the real module on the workers (worker/module.py), backward runs its backward
 there and returns the parameters' gradients as MeshTensors, which the controller's autograd
 accumulates into ``p.grad`` like any gradient. The output's shape comes from running a meta
 copy of the module on the controller, cached per input shape.

@@ -145,7 +145,7 @@ class _TensorEngine(Actor):
     @endpoint
     def stage(self, id: int, block: Any) -> None:
         """This rank's block of a large tensor, sent to it alone ahead of the ``distribute``
-        op that places it (tensor_api.py); per-sender FIFO keeps it ahead of that op."""
+        op that places it (controller/distribute.py); per-sender FIFO keeps it ahead of that op."""
         self.staged[id] = block
         self.counts["staged_bytes"] += block.nbytes
 

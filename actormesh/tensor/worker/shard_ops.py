@@ -10,7 +10,7 @@ result with the spec it must have:
 - ``detach``/``alias`` and ``*_like`` factories: the input's spec;
 - ``mse_loss`` and its backward on a sharded input and a target that is sharded alike or
   replicated (each rank takes its block): the local sum is a ``Partial`` sum over the sharded
-  mesh dimensions. (DTensor's own rule for it gave wrong values, see handlers.py.)
+  mesh dimensions. (DTensor's own rule for it gave wrong values, see aten.py.)
 
 Each returns ``None`` when the op does not qualify, and DTensor runs it as before.
 """
