@@ -204,56 +204,12 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     ins: list[int] = []
     eargs = tuple(_encode(a, found, sig, ins) for a in args)
     ekwargs = {k: _encode(v, found, sig, ins) for k, v in kwargs.items()}
-    tm = None
-    per_rank = False
-    constants = False
-    for x in found:
-        if type(x) is MeshTensor:
-            if tm is None:
-                tm, per_rank = x.mesh, x.per_rank
-            elif x.mesh is not tm:
-                raise compat.MeshUsageError(
-                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
-                    "op; move one to the other's mesh first"
-                )
-            elif x.per_rank != per_rank:
-                raise compat.MeshUsageError(
-                    f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
-                    "make the global one per-rank or combine the per-rank one with reduce()"
-                )
-        else:
-            constants = True
-    assert tm is not None
+    tm, per_rank, constants = _the_mesh(func, found)
     if tm.stream.lost is not None:
         tm.stream.check()
     # Raises here, at the user's line: nothing is sent.
     spec, entries, single = propagate(func, (func, tuple(sig), tuple(kwargs)), args, kwargs)
-    outs: list[Any] = []
-    meta = []
-    reshaped: list[Any] = []
-    for e in entries:
-        if e[0] == "new":
-            s = signature(e[1], e[2], e[3], per_rank)
-            outs.append((_NEW, e[1], e[3], per_rank, e[2], s))
-            meta.append((e[4], e[3], per_rank))
-        elif e[0] == "alias":
-            t = found[e[1]]
-            if type(t) is not MeshTensor:
-                raise compat.MeshUsageError(
-                    f"{func} would write into a controller tensor from a MeshTensor; fetch the "
-                    "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
-                )
-            # By identity: == on tensors is an op.
-            position = next(i for i, m in enumerate(_meshes(found)) if m is t)
-            if len(e) > 2:  # an in-place op that changed t's shape or strides (resize_, t_)
-                check_fits(t, e[2], e[3], func)
-                reshaped.append((position, e[2], e[3]))
-                meta.append((e[2], t.dtype, per_rank))
-            else:
-                meta.append((tuple(t.shape), t.dtype, per_rank))
-            outs.append((_ALIAS, position))
-        else:
-            outs.append((_VALUE, e[1]))
+    outs, meta, reshaped = _outputs(func, entries, found, per_rank)
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
@@ -285,6 +241,66 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     for position, shape, stride in reshaped:
         reshape_in_place(meshes[position], shape, stride)
     return leaves[0] if single else tree_unflatten(leaves, spec)
+
+
+def _the_mesh(func: Any, found: list[Any]) -> tuple[TensorMesh, bool, bool]:
+    """The one mesh of an op's MeshTensors, whether they are per-rank, and whether the op has
+    controller tensors too; raises, at the user's line, for MeshTensors that do not mix."""
+    tm = None
+    per_rank = False
+    constants = False
+    for x in found:
+        if type(x) is MeshTensor:
+            if tm is None:
+                tm, per_rank = x.mesh, x.per_rank
+            elif x.mesh is not tm:
+                raise compat.MeshUsageError(
+                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
+                    "op; move one to the other's mesh first"
+                )
+            elif x.per_rank != per_rank:
+                raise compat.MeshUsageError(
+                    f"{func}: mixes a per-rank MeshTensor (from `activate()`) with a global one; "
+                    "make the global one per-rank or combine the per-rank one with reduce()"
+                )
+        else:
+            constants = True
+    assert tm is not None
+    return tm, per_rank, constants
+
+
+def _outputs(
+    func: Any, entries: Any, found: list[Any], per_rank: bool
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """From ``propagate``'s entries: the plan's outputs (new, alias of an input, or a plain
+    value), their ``meta`` for the op, and the in-place ops' new shapes and strides."""
+    outs: list[Any] = []
+    meta = []
+    reshaped: list[Any] = []
+    for e in entries:
+        if e[0] == "new":
+            s = signature(e[1], e[2], e[3], per_rank)
+            outs.append((_NEW, e[1], e[3], per_rank, e[2], s))
+            meta.append((e[4], e[3], per_rank))
+        elif e[0] == "alias":
+            t = found[e[1]]
+            if type(t) is not MeshTensor:
+                raise compat.MeshUsageError(
+                    f"{func} would write into a controller tensor from a MeshTensor; fetch the "
+                    "MeshTensor first (actormesh.inspect) or make the target a MeshTensor"
+                )
+            # By identity: == on tensors is an op.
+            position = next(i for i, m in enumerate(_meshes(found)) if m is t)
+            if len(e) > 2:  # an in-place op that changed t's shape or strides (resize_, t_)
+                check_fits(t, e[2], e[3], func)
+                reshaped.append((position, e[2], e[3]))
+                meta.append((e[2], t.dtype, per_rank))
+            else:
+                meta.append((tuple(t.shape), t.dtype, per_rank))
+            outs.append((_ALIAS, position))
+        else:
+            outs.append((_VALUE, e[1]))
+    return outs, meta, reshaped
 
 
 def _sync_scalar(t: Any, *rest: Any, **kw: Any) -> Any:
