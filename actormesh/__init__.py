@@ -75,8 +75,8 @@ __version__ = "0.1.0"
 # The tensor layer imports torch (a second or more), which most actor programs never need: its
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
-    {"MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect",
-     "module_to_mesh", "no_mesh", "remote"}
+    {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
+     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show"}
 )  # fmt: skip
 
 __all__ = [
@@ -101,6 +101,7 @@ __all__ = [
     "PortReceiver",
     "ProcMesh",
     "SlurmJob",
+    "Stream",
     "SupervisionError",
     "TensorBuffer",
     "ValueMesh",
@@ -115,7 +116,9 @@ __all__ = [
     "distribute",
     "endpoint",
     "fetch",
+    "get_active_stream",
     "get_or_spawn_controller",
+    "grad_generator",
     "init_process_group",
     "inspect",
     "listen_for_hosts",
@@ -124,6 +127,7 @@ __all__ = [
     "no_mesh",
     "remote",
     "send",
+    "show",
     "shutdown_context",
     "this_host",
     "this_proc",

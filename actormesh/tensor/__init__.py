@@ -30,7 +30,10 @@ the ranks' half never imports the controller's.
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
 ``controller/fetch.py``         sync points: values back to the controller
 ``controller/distribute.py``    global MeshTensors from controller tensors, random factories
-``controller/activate.py``      per-rank MeshTensors (Monarch's ``activate``), ``rank``, ``reduce``
+``controller/activate.py``      per-rank MeshTensors (Monarch's ``activate``), ``rank``
+``controller/reduce.py``        ``MeshTensor.reduce``, ``reduce_``: Monarch's collectives
+``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
+``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
 ``controller/module.py``        ``module_to_mesh``
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
@@ -41,7 +44,9 @@ the ranks' half never imports the controller's.
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
-``worker/activate.py``          per-rank factories, ``rank``, ``reduce``
+``worker/activate.py``          per-rank factories, ``rank``
+``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
+``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
@@ -113,15 +118,21 @@ from .controller.activate import activate as activate
 from .controller.activate import no_mesh as no_mesh
 from .controller.activate import rank as rank
 from .controller.adopt import adopt as adopt
+from .controller.borrows import Stream as Stream
+from .controller.borrows import get_active_stream as get_active_stream
 from .controller.distribute import distribute as distribute
 from .controller.distribute import rand as rand
 from .controller.distribute import randn as randn
 from .controller.fetch import fetch as fetch
 from .controller.fetch import inspect as inspect
 from .controller.fetch import live as live
+from .controller.fetch import show as show
+from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
+from .controller.reduce import reduce_tree as reduce
+from .controller.reduce import reduce_tree_ as reduce_
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .controller.remote import remote as remote
 from .controller.seams import install as _install_seams
@@ -136,6 +147,7 @@ __all__ = [
     "MeshModule",
     "MeshTensor",
     "RemoteTensorError",
+    "Stream",
     "activate",
     "adopt",
     "call_on_shard_and_fetch",
@@ -143,6 +155,8 @@ __all__ = [
     "distribute",
     "fetch",
     "flush_all",
+    "get_active_stream",
+    "grad_generator",
     "inspect",
     "live",
     "module_to_mesh",
@@ -150,5 +164,8 @@ __all__ = [
     "rand",
     "randn",
     "rank",
+    "reduce",
+    "reduce_",
     "remote",
+    "show",
 ]

@@ -18,6 +18,7 @@ from ..runtime.dataplane.distributed import destroy_process_group, init_process_
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
+from ..runtime.meshes.endpoint import message_readers, on_unsent
 from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
@@ -36,6 +37,7 @@ __all__ = [
     "RemoteFailure",
     "TensorLayer",
     "ValueMesh",
+    "actor_mesh_as",
     "cell_namespaces",
     "completed",
     "destroy_process_group",
@@ -49,6 +51,8 @@ __all__ = [
     "local_actor",
     "mailboxes",
     "mesh_id",
+    "message_readers",
+    "on_unsent",
     "report_unhandled",
     "then",
     "value_mesh",
@@ -97,6 +101,12 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
     return unrecorded(procs).spawn(name, cls, *args)
+
+
+def actor_mesh_as(actors: Any, procs: Any) -> Any:
+    """The actors of ``actors`` addressed in the shape of ``procs``, another shape of the same
+    processes in the same order (a tensor mesh view sends to its engine with its own labels)."""
+    return actors._new_with_shape(view_shape(procs))
 
 
 def local_actor(key: str, timeout: float) -> Any:

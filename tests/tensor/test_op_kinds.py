@@ -124,6 +124,9 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     actors = mesh.spawn("cells", CellLike)
     scaled = actors.scale.rref(ones, 3.0)  # rref, unpack
     actors.make.call("made").get(timeout=WAIT)
+    passed = actors.scale.call(ones + 1, 2.0).get(timeout=WAIT)  # pin
+    with activate(mesh.rename(dp="kinds_dp")):  # mesh_view (a shape no other test uses)
+        view_total = torch.ones(2).reduce("kinds_dp")
     adopted = adopt(mesh, "made")  # no op: the engine takes the cell's value
     model = module_to_mesh(nn.Linear(4, 2), mesh)  # module_build
     loss = model(x).sum()  # module_forward
@@ -138,6 +141,8 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert torch.equal(inspect(pos), torch.tensor([1.0, 2.0]))
     assert fetch(n, dp=1).get(timeout=WAIT) == pytest.approx(float(x[2:].norm()))
     assert torch.equal(fetch(scaled, dp=1).get(timeout=WAIT), torch.full((2, 2), 3.0))
+    assert all(torch.equal(v, torch.full((2, 2), 4.0)) for v in passed.values())
+    assert torch.equal(fetch(view_total, kinds_dp=1).get(timeout=WAIT), torch.full((2,), 2.0))
     assert torch.equal(fetch(adopted, dp=1, tp=1).get(timeout=WAIT), torch.full((2,), 3.0))
     assert torch.equal(inspect(adopted * 2), torch.zeros(2))  # rank 0's value
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)

@@ -10,6 +10,8 @@ host, gathered by its agent: relay.py). A process that dies fails the collector 
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -44,14 +46,65 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
+class _Pickling(threading.local):
+    """What the arguments being pickled on this thread are for (``message_readers``)."""
+
+    to: tuple[ProcTable, tuple[int, ...]] | None = None
+    unsent: list[Callable[[], None]] | None = None
+
+
+_pickling = _Pickling()
+
+
+def message_readers() -> frozenset[bytes] | None:
+    """While this thread pickles the arguments of a call or a spawn: the mailboxes of the
+    processes that will unpickle them (one object each); else ``None``. An object that stands
+    for a value held on those processes (a MeshTensor) keeps it there until each has read it."""
+    to = _pickling.to
+    if to is None:
+        return None
+    procs, ranks = to
+    return frozenset(procs.addresses[r].mailbox for r in ranks)
+
+
+def on_unsent(callback: Callable[[], None]) -> None:
+    """Call ``callback`` if the arguments being pickled are not sent after all (pickling
+    another argument failed); nothing happens outside ``message_readers``'s window."""
+    if _pickling.unsent is not None:
+        _pickling.unsent.append(callback)
+
+
 def pickle_arguments(
-    args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+    to: tuple[ProcTable, tuple[int, ...]] | None = None,
 ) -> tuple[bytes, list[Any]]:
     """Pickle call arguments, or raise what pickling raised, with a note (PEP 678) that says
     which argument cannot be pickled (nothing is sent). The exception keeps its type, as
-    Monarch's does: code that catches pickle's ``TypeError`` keeps catching it."""
+    Monarch's does: code that catches pickle's ``TypeError`` keeps catching it. ``to``: the
+    processes (table and ranks) that will read them, for ``message_readers``."""
+    simple = _all_simple(args, kwargs)
+    if simple or to is None:
+        return _pickle(args, kwargs, what, simple)
+    before = _pickling.to, _pickling.unsent
+    unsent: list[Callable[[], None]] = []
+    _pickling.to, _pickling.unsent = to, unsent
     try:
-        return dumps((args, kwargs), simple=_all_simple(args, kwargs))
+        return _pickle(args, kwargs, what, simple)
+    except BaseException:
+        for callback in unsent:
+            callback()
+        raise
+    finally:
+        _pickling.to, _pickling.unsent = before
+
+
+def _pickle(
+    args: tuple[Any, ...], kwargs: dict[str, Any], what: str, simple: bool
+) -> tuple[bytes, list[Any]]:
+    try:
+        return dumps((args, kwargs), simple=simple)
     except Exception as exc:
         named = [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
@@ -251,10 +304,10 @@ class Endpoint(Generic[P, R]):
         stopped = procs.stopped_actors.get(self._key) if procs.stopped_actors else None
         if stopped and not stopped.isdisjoint(shape.ranks()):
             raise MeshClosedError(f"cannot call {self._what}: its actor mesh was stopped")
-        payload, buffers = pickle_arguments(args, kwargs, self._what)
+        ranks = shape.ranks()
+        payload, buffers = pickle_arguments(args, kwargs, self._what, (procs, ranks))
         node = current_node()
         transport = node.transport
-        ranks = shape.ranks()
         reply: tuple[Any, ...] | None = None
         if collector is not None:
             inbox = None

@@ -27,6 +27,7 @@ from .actor_mesh import ActorMesh
 from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable, live_table
+from .rank_table import rank_table
 from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh
 
@@ -135,9 +136,10 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             raise MeshClosedError(f"cannot spawn on a stopped proc mesh; {spawn_hint('new procs')}")
         endpoints = frozenset(endpoint_names(cls))
         _refuse_hidden_endpoints(cls, endpoints)
-        payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}")
-        key = f"{name}-{uuid.uuid4().hex[:12]}"
         shape = self._shape
+        to = (self._procs, shape.ranks())
+        payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}", to)
+        key = f"{name}-{uuid.uuid4().hex[:12]}"
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
         methods = plain_method_names(cls) - endpoints
         mesh: ActorMesh[A] = ActorMesh._create(
@@ -162,6 +164,13 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             spawn = ActorSpawn(key, name, shape, payload, buffers, digest, owner)
             self._record.actor_spawns.append(spawn)
         return mesh
+
+    def to_table(self) -> str:
+        """Monarch's ``to_table()``: this mesh's processes as a text grid, one row per point
+        of all its dimensions but the last, a column per index of the last; each cell is the
+        process's rank in the proc mesh as spawned. Sends nothing."""
+        shape = self._shape
+        return rank_table(shape.labels, shape.sizes, shape.ranks())
 
     # -- tensors (actormesh.tensor) ---------------------------------------------------------------
 

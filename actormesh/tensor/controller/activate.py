@@ -28,8 +28,6 @@ _FACTORIES = {
     torch.eye: "eye", torch.linspace: "linspace", torch.tensor: "tensor",
 }  # fmt: skip
 
-_REDUCTIONS = ("sum", "avg", "max", "min", "product", "stack")
-
 _local = threading.local()
 
 
@@ -120,47 +118,6 @@ def rank(mesh: Any, dims: str | tuple[str, ...]) -> MeshTensor:
     tm = tensor_mesh(mesh)
     dims = tm.check_dims(dims, "rank")
     out = new_mesh_tensor(tm, (), torch.int64, per_rank=True)
-    tm.stream.record(
-        ("rank", (out.value_id,), (), (((), torch.int64, True),), (dims,), issue_site())
-    )
+    meta = (((), torch.int64, True),)
+    tm.stream.record(("rank", (out.value_id,), (), meta, (dims, tm.view_id), issue_site()))
     return out
-
-
-def reduce(t: MeshTensor, dims: Any, reduction: str = "sum", scatter: bool = False) -> MeshTensor:
-    tm = t.mesh
-    if not t.per_rank:
-        raise compat.MeshUsageError(
-            "reduce() combines the values of a per-rank MeshTensor (from activate()); a global "
-            "MeshTensor is already one value: use redistribute(...) to change its placements"
-        )
-    if reduction not in _REDUCTIONS:
-        raise compat.MeshUsageError(
-            f"unknown reduction {reduction!r}; use one of {', '.join(_REDUCTIONS)}"
-        )
-    dims = tm.check_dims(dims, "reduce")
-    n = 1
-    for d in dims:
-        n *= tm.sizes[tm.labels.index(d)]
-    shape = list(t.shape)
-    if reduction == "stack":
-        shape = [n, *shape]
-    if scatter:
-        if not shape or shape[0] % n:
-            raise compat.MeshUsageError(
-                f"reduce(scatter=True) splits dim 0 over {n} ranks; the result's shape "
-                f"{tuple(shape)} does not divide evenly"
-            )
-        shape[0] //= n
-    dtype = t.dtype if reduction != "avg" or t.dtype.is_floating_point else torch.float32
-    out = new_mesh_tensor(tm, tuple(shape), dtype, per_rank=True)
-    tm.stream.record(
-        ("reduce", (out.value_id,), (t.value_id,), ((tuple(shape), dtype, True),),
-         (_ref(t), dims, reduction, scatter), issue_site())
-    )  # fmt: skip
-    return out
-
-
-def _ref(t: MeshTensor) -> Any:
-    from ..wire.ops import Ref
-
-    return Ref(t.value_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import compat
-from .mesh import tensor_mesh
+from .mesh import engine_mesh
 from .tensor import MeshTensor, new_mesh_tensor
 
 ADOPT_TIMEOUT = 60.0
@@ -29,7 +29,7 @@ def adopt(mesh: Any, name: str, *, timeout: float = ADOPT_TIMEOUT) -> MeshTensor
         raise compat.MeshUsageError(
             f"adopt(mesh, name): name must be the Python name the %%mesh cell bound, got {name!r}"
         )
-    tm = tensor_mesh(mesh)
+    tm = engine_mesh(mesh, "adopt")
     tm.stream.flush()  # the engine takes it after the ops issued before
     vid = tm.stream.new_id()
     try:

@@ -54,9 +54,10 @@ def distribute(
     meta = ((tuple(tensor.shape), tensor.dtype, False),)
     staged = _send_blocks(tm, data, places) if data.nbytes > config.TENSOR_SHARD_BYTES else None
     if staged is None:
-        tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places), issue_site()))
+        tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places, tm.view_id),
+                                 issue_site()))  # fmt: skip
     else:
-        payload = (staged, places, tuple(tensor.shape))
+        payload = (staged, places, tuple(tensor.shape), tm.view_id)
         tm.stream.record(("distribute_staged", (out.value_id,), (), meta, payload, issue_site()))
     return out
 
@@ -101,7 +102,14 @@ def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, place
     out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
     meta = ((shape, dtype, False),)
     tm.stream.record(
-        ("random", (out.value_id,), (), meta, (fn, shape, dtype, seed, places), issue_site())
+        (
+            "random",
+            (out.value_id,),
+            (),
+            meta,
+            (fn, shape, dtype, seed, places, tm.view_id),
+            issue_site(),
+        )
     )
     return out
 

@@ -23,6 +23,7 @@ from ...errors import SupervisionError
 from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import FailureInfo
+from .activate import no_mesh
 from .mesh import TensorMesh
 from .tensor import MeshTensor, OpaqueRef
 
@@ -61,6 +62,23 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
 def inspect(obj: Any, **coords: int) -> Any:
     """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
     return get(obj, None, **coords)
+
+
+def show(obj: Any, **coords: int) -> None:
+    """Monarch's ``show``: ``inspect(obj, **coords)`` displayed (in a notebook as its output,
+    else printed). Blocks as ``inspect`` does."""
+    import sys
+
+    value = inspect(obj, **coords)
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    with no_mesh.activate():  # showing a tensor makes tensors: controller ones
+        if shell is not None:
+            from IPython.display import display
+
+            display(value)
+        else:
+            print(value)
 
 
 def get(obj: Any, timeout: float | None, **coords: int) -> Any:
@@ -152,10 +170,12 @@ def _assemble(
             out[id] = pieces[0][1]
             continue
         _, first, _, shape, divisor = pieces[0]
-        if divisor is None:  # disjoint blocks
-            full = torch.empty(shape, dtype=first.dtype)
-        else:  # each rank's term of a partial sum (worker/fetch.combinable)
-            full = torch.zeros(shape, dtype=first.dtype)
+        # Under no_mesh: a fetch inside `with procs.activate():` builds a controller tensor.
+        with no_mesh.activate():
+            if divisor is None:  # disjoint blocks
+                full = torch.empty(shape, dtype=first.dtype)
+            else:  # each rank's term of a partial sum (worker/fetch.combinable)
+                full = torch.zeros(shape, dtype=first.dtype)
         for _, local, offset, _, _ in pieces:
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
             if divisor is None:

@@ -4,7 +4,10 @@ The first tensor use of a mesh forms a ``torch.distributed`` group over its proc
 (``init_process_group``), spawns the hidden ``_TensorEngine`` actor on exactly those processes,
 and each engine builds the ``DeviceMesh`` (row-major actormesh rank = DeviceMesh rank). One
 set of processes has one engine: a slice or ``rename`` of an engine's mesh that covers the same
-processes in the same shape reuses it.
+processes in the same shape reuses it, and another shape of the same processes in the same order
+(a ``rename``, ``flatten`` or ``split``) is a *view* of it: a ``TensorMesh`` with its own labels
+and sizes over the same engine and op stream, whose ``DeviceMesh`` the ranks build when its first
+op reaches them (worker/views.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import compat
+from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
 from .stream import Stream, flush_all
 
@@ -49,11 +53,15 @@ def engine_device(backend: str) -> str:
 class TensorMesh:
     """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
 
+    view_id = 0  # which shape of the engine's processes this is (0: the engine's own)
+
     def __init__(self, procs: compat.ProcMesh) -> None:
         self.procs = procs
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
         self.key = uuid.uuid4().hex
+        self.base = self
+        self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
         members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
@@ -69,6 +77,30 @@ class TensorMesh:
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
+
+    def view(self, procs: compat.ProcMesh) -> TensorMesh:
+        """This engine's processes in the shape of ``procs`` (the same processes in the same
+        order: a rename, flatten or split), made once per shape."""
+        base = self.base
+        shape = (tuple(procs.sizes), tuple(procs.sizes.values()))
+        if shape == (base.labels, base.sizes):
+            return base
+        with _lock:
+            found = base.views.get(shape)
+            if found is not None:
+                return found
+            view = object.__new__(TensorMesh)
+            view.__dict__.update(base.__dict__)
+            view.procs = procs
+            view.labels, view.sizes = shape
+            view.view_id = len(base.views) + 1
+            view.engine = compat.actor_mesh_as(base.engine, procs)
+            base.views[shape] = view
+            # Under the lock: no other thread may use the view before this op is in the stream.
+            view.stream.record(
+                ("mesh_view", (), (), (), (view.view_id, view.labels, view.sizes), issue_site())
+            )
+        return view
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
@@ -208,10 +240,27 @@ def tensor_mesh(mesh: Any) -> TensorMesh:
             tm = TensorMesh(procs)
             _meshes[ident] = tm
     TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
-    if (tuple(procs.sizes), tuple(procs.sizes.values())) != (tm.labels, tm.sizes):
+    return tm.view(procs)
+
+
+def view_of(tm: TensorMesh, mesh: Any) -> TensorMesh | None:
+    """``mesh`` as a view of ``tm``'s engine if it is the same processes in the same order
+    (``None`` if not: then it would need an engine of its own)."""
+    procs = _normalize(mesh)
+    if compat.mailboxes(procs) != tm.mailboxes:
+        return None
+    return tm.view(procs)
+
+
+def engine_mesh(mesh: Any, what: str) -> TensorMesh:
+    """``tensor_mesh(mesh)`` for what works only on the shape the engine was started on (the
+    worker's side of it uses the engine's own ``DeviceMesh``)."""
+    tm = tensor_mesh(mesh)
+    if tm.view_id != 0:
         raise compat.MeshUsageError(
-            f"these processes already run a tensor engine over {tm!r}; use that mesh "
-            "(tensor meshes of other shapes over the same processes are not supported)"
+            f"{what} needs the mesh its processes' tensor engine was started on ({tm.base!r}); "
+            f"{tm!r} is a rename, flatten or split of it: pass that mesh (and name its "
+            "dimensions as it does)"
         )
     return tm
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import compat
 from ..wire.ops import Ref, issue_site
-from .mesh import TensorMesh, tensor_mesh
+from .mesh import TensorMesh, engine_mesh
 from .tensor import MeshTensor, new_mesh_tensor
 
 DATA_DIM_NAMES = ("data_parallel", "dp", "data")
@@ -198,7 +198,7 @@ def module_to_mesh(
 
     Blocks only while a new mesh's engine starts. Optimise with ``torch.optim`` as usual.
     """
-    tm = tensor_mesh(mesh)
+    tm = engine_mesh(mesh, "module_to_mesh")
     is_factory = not isinstance(module_or_factory, nn.Module)
     if is_factory:
         if not callable(module_or_factory):

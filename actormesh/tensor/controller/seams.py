@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import compat
-from . import activate, fetch, recording, rref
+from . import activate, fetch, recording, reduce, rref
 from .tensor import Methods, install_methods
 
 
@@ -39,7 +39,7 @@ def install() -> None:
             dispatch=recording.dispatch,
             get=fetch.get,
             fetch_value=fetch.fetch_value,
-            reduce=activate.reduce,
+            reduce=reduce.reduce,
         )
     )
     layer: compat.TensorLayer = _ForTheRuntime()

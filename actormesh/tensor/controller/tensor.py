@@ -14,8 +14,9 @@ recorded.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -90,13 +91,29 @@ class MeshTensor(torch.Tensor):
         return self.__repr__() if not spec else format(self.item(), spec)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        # Passed to an endpoint: the worker's actor gets this rank's local value, after the
-        # ops issued before the call (it waits for the engine to run batch ``seq``).
+        # Passed to an endpoint or to spawn: the worker's actor gets this rank's local value,
+        # after the ops issued before the call (it waits for the engine to run batch ``seq``).
+        # The message may be read long after this MeshTensor is gone (a temporary, as in
+        # ``counter.incr.call(torch.ones(()))``): the ranks that will read it keep the value
+        # under a pin of its own, which each drops once its actor read it.
         from ..worker.local import local_value
 
-        stream = self.mesh.stream
+        tm = self.mesh
+        stream = tm.stream
+        readers = compat.message_readers()
+        ranks = () if readers is None else tuple(
+            i for i, mailbox in enumerate(tm.mailboxes) if mailbox in readers
+        )  # fmt: skip
+        if not ranks:  # no reader holds the mesh (local_value says so), or none is known
+            stream.flush()
+            return (local_value, (tm.key, self.value_id, stream.batches))
+        pin = stream.new_id()
+        meta = ((tuple(self.shape), self.dtype, self.per_rank),)
+        stream.record(("pin", (pin,), (self.value_id,), meta, (Ref(self.value_id), ranks),
+                       issue_site()))  # fmt: skip
+        compat.on_unsent(partial(stream.died, pin))  # not sent after all: no rank will read it
         stream.flush()
-        return (local_value, (self.mesh.key, self.value_id, stream.batches))
+        return (local_value, (tm.key, pin, stream.batches, False, True))
 
     def __deepcopy__(self, memo: Any) -> MeshTensor:
         out = torch.ops.aten.clone.default(self)
@@ -161,12 +178,34 @@ class MeshTensor(torch.Tensor):
         return out
 
     def reduce(
-        self, dims: str | tuple[str, ...], reduction: str = "sum", scatter: bool = False
+        self,
+        dims: str | Sequence[str] = (),
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+        _inplace: bool = False,
+        out: MeshTensor | None = None,
     ) -> MeshTensor:
-        """Combine a per-rank tensor over mesh dimension(s): ``"sum"``, ``"avg"``, ``"max"``,
-        ``"min"``, ``"product"`` or ``"stack"`` (a new leading dim); ``scatter=True`` leaves
-        each rank one chunk of dim 0. Every rank gets the result (Monarch's ``reduce``)."""
-        return methods.reduce(self, dims, reduction, scatter)
+        """Combine a per-rank tensor over mesh dimension(s) (all of them when none are given),
+        as Monarch's ``reduce``: ``"sum"``, ``"avg"``, ``"product"``, ``"min"``, ``"max"``,
+        ``"band"``, ``"bor"``, ``"bxor"`` (every rank gets the result), or ``"stack"`` (a new
+        leading dim of the ranks' values). ``scatter=True``: the tensor's leading dim has one
+        row per rank, and rank i keeps row i of the result (a reduce-scatter, or for
+        ``"stack"`` an all-to-all). ``mesh``: a rename/flatten/split of this tensor's mesh to
+        put the result on; ``out``: a per-rank MeshTensor to write the result into. Returns at
+        once; bad arguments raise ``ValueError`` here."""
+        return methods.reduce(self, dims, reduction, scatter, mesh, _inplace, out)
+
+    def reduce_(
+        self,
+        dims: str | Sequence[str] = (),
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> MeshTensor:
+        """``reduce`` written into this tensor (kinds whose result has its shape: the
+        elementwise ones without ``scatter``, and ``"stack"`` with it); returns it."""
+        return methods.reduce(self, dims, reduction, scatter, mesh, True, None)
 
 
 def new_mesh_tensor(
@@ -253,7 +292,8 @@ class Methods:
     dispatch: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]  # recording.dispatch
     get: Callable[[MeshTensor, float | None], torch.Tensor]  # fetch.get
     fetch_value: Callable[[OpaqueRef, TensorMesh, int], compat.Future[Any]]  # fetch.fetch_value
-    reduce: Callable[[MeshTensor, Any, str, bool], MeshTensor]  # activate.reduce
+    # reduce.reduce(t, dims, reduction, scatter, mesh, _inplace, out)
+    reduce: Callable[[MeshTensor, Any, str, bool, Any, bool, Any], MeshTensor]
 
 
 def _not_installed(*args: Any) -> Any:

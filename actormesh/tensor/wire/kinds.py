@@ -38,6 +38,7 @@ from .ops import Op, Ref
 _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller.activate"
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
+_REDUCE, _MESH = "controller.reduce", "controller.mesh"
 
 
 class Kind(NamedTuple):
@@ -70,14 +71,16 @@ _TABLE = [
          "A controller tensor that later ops read by id (``Stream.constant``): an op's "
          "argument, a module's input batch; uploaded once per version."),
     # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
-    Kind("distribute", ("tensor: tensor", "placements: tuple"), 1, (_DIST,),
+    Kind("distribute", ("tensor: tensor", "placements: tuple", "view: int"), 1, (_DIST,),
          "worker.distribute:run_distribute", True,
          "A controller tensor placed on the mesh: each rank keeps its slice of the whole."),
-    Kind("distribute_staged", ("staged_id: int", "placements: tuple", "shape: tuple"), 1,
+    Kind("distribute_staged", ("staged_id: int", "placements: tuple", "shape: tuple",
+                               "view: int"), 1,
          (_DIST,), "worker.distribute:run_distribute_staged", False,
          "A large tensor whose blocks went to each rank ahead of the op (``engine.stage``)."),
     Kind("random", ("fn: str", "shape: tuple", "dtype: dtype", "seed: int",
-                    "placements: tuple"), 1, (_DIST,), "worker.distribute:run_random", True,
+                    "placements: tuple", "view: int"), 1, (_DIST,),
+         "worker.distribute:run_random", True,
          "``actormesh.tensor.rand``/``randn``: one global tensor from one seed."),
     Kind("redistribute", ("value: Ref", "placements: tuple"), 1, (_TENSOR,),
          "worker.distribute:run_redistribute", True,
@@ -88,11 +91,22 @@ _TABLE = [
     Kind("factory", ("name: str", "args: tuple", "kwargs: dict"), 1, (_ACT,),
          "worker.activate:run_factory", True,
          "``torch.<name>(*args, **kwargs)`` under ``activate()``, run by each rank itself."),
-    Kind("rank", ("dims: tuple",), 1, (_ACT,), "worker.activate:run_rank", True,
-         "``rank(procs, dims)``: each rank's coordinate along ``dims``, an int64 scalar."),
-    Kind("reduce", ("value: Ref", "dims: tuple", "reduction: str", "scatter: bool"), 1, (_ACT,),
-         "worker.activate:run_reduce", True,
-         "``MeshTensor.reduce``: a per-rank tensor combined over mesh dimensions."),
+    Kind("rank", ("dims: tuple", "view: int"), 1, (_ACT,), "worker.activate:run_rank", True,
+         "``rank(procs, dims)``: each rank's coordinate along ``dims`` of mesh ``view`` (0: the "
+         "engine's own), an int64 scalar."),
+    Kind("reduce", ("value: Ref", "dims: tuple", "reduction: str", "scatter: bool", "view: int",
+                    "inplace: bool", "into: Ref|None"), 1, (_REDUCE,),
+         "worker.reduce:run_reduce", True,
+         "``MeshTensor.reduce``/``reduce_``: a per-rank tensor combined over dimensions of mesh "
+         "``view`` (Monarch's kinds); ``inplace``: into ``value``; ``into``: into ``out=``."),
+    # -- shapes of an engine's processes (mesh.py), values handed to actors (tensor.py) ---------
+    Kind("mesh_view", ("view: int", "labels: tuple", "sizes: tuple"), 0, (_MESH,),
+         "worker.views:run_mesh_view", True,
+         "A rename/flatten/split of the engine's mesh, numbered ``view`` (0 is the engine's "
+         "own): every rank builds its ``DeviceMesh`` here, before any op that names it."),
+    Kind("pin", ("value: Ref", "ranks: tuple"), 1, (_TENSOR,), "worker.local:run_pin", True,
+         "A MeshTensor pickled into a message for the actors of ``ranks`` (engine indices): "
+         "they keep its value under this id until their actor read it; the others drop it."),
     # -- remote functions (remote.py) and endpoints as steps (rref.py) --------------------------
     Kind("define", ("fn_id: int", "fn: any"), 0, (_REMOTE,), "worker.remote:run_define", False,
          "A remote function's code, sent once per engine under ``fn_id``."),

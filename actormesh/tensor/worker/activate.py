@@ -1,6 +1,6 @@
 """The ranks' side of ``activate.py``: per-rank tensors. Each rank runs a torch factory
-itself (``factory``), knows its own coordinate (``rank``) and joins the collectives that combine
-a per-rank tensor over mesh dimensions (``reduce``)."""
+itself (``factory``) and knows its own coordinate (``rank``); ``reduce.py`` has the collectives
+that combine a per-rank tensor over mesh dimensions."""
 
 from __future__ import annotations
 
@@ -24,49 +24,6 @@ def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
 def run_rank(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
-    (dims,) = payload
-    value = 0
-    for d in dims:  # row-major position within the named dimensions
-        value = value * engine.sizes[engine.labels.index(d)] + engine.coords[d]
+    dims, view_id = payload
+    value = engine.view(view_id).index(dims)  # row-major position within the named dimensions
     return [torch.tensor(value, dtype=torch.int64, device=engine.device)]
-
-
-def run_reduce(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-    import torch.distributed as dist
-
-    ref, dims, reduction, scatter = payload
-    local = engine.resolve(ref)
-    groups = [engine.mesh.get_group(d) for d in dims]
-    if reduction == "stack":
-        result = local.unsqueeze(0)
-        for d, group in reversed(list(zip(dims, groups, strict=True))):
-            n = engine.sizes[engine.labels.index(d)]
-            parts = [torch.empty_like(result) for _ in range(n)]
-            dist.all_gather(parts, result.contiguous(), group=group)
-            result = torch.cat(parts, 0) if result is not local else torch.stack(parts)
-        total = 1
-        for d in dims:
-            total *= engine.sizes[engine.labels.index(d)]
-        result = result.reshape(total, *local.shape)
-    else:
-        op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-              "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}[reduction]  # fmt: skip
-        result = local.clone()
-        for group in groups:
-            dist.all_reduce(result, op=op, group=group)
-        if reduction == "avg":
-            n = 1
-            for d in dims:
-                n *= engine.sizes[engine.labels.index(d)]
-            result = result / n
-    if scatter:
-        # Rank i (row-major within ``dims``) keeps chunk i of dim 0.
-        index = 0
-        for d in dims:
-            index = index * engine.sizes[engine.labels.index(d)] + engine.coords[d]
-        n = 1
-        for d in dims:
-            n *= engine.sizes[engine.labels.index(d)]
-        result = result.chunk(n, 0)[index].clone()
-    return [result]

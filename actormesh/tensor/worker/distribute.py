@@ -14,11 +14,10 @@ if TYPE_CHECKING:
 def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     from torch.distributed.tensor import distribute_tensor
 
-    tensor, placements = payload
+    tensor, placements, view_id = payload
+    mesh = engine.view(view_id).mesh  # the engine's DeviceMesh, or a view's (views.py)
     # src_data_rank=None: every rank already has the whole tensor; each keeps its slice.
-    return [
-        distribute_tensor(tensor.to(engine.device), engine.mesh, placements, src_data_rank=None)
-    ]
+    return [distribute_tensor(tensor.to(engine.device), mesh, placements, src_data_rank=None)]
 
 
 def run_distribute_staged(
@@ -27,13 +26,13 @@ def run_distribute_staged(
     import torch
     from torch.distributed.tensor import DTensor
 
-    staged_id, placements, shape = payload
+    staged_id, placements, shape, view_id = payload
     # The block came on its own, sent to this rank alone (engine.stage): no communication.
     block = engine.staged.pop(staged_id).to(engine.device)
     stride = torch.empty(shape, device="meta").stride()
     return [
         DTensor.from_local(
-            block, engine.mesh, placements, run_check=False, shape=torch.Size(shape),
+            block, engine.view(view_id).mesh, placements, run_check=False, shape=torch.Size(shape),
             stride=stride,
         )
     ]  # fmt: skip
@@ -43,18 +42,17 @@ def run_random(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seq
     import torch
     from torch.distributed.tensor import distribute_tensor
 
-    fn, shape, dtype, seed, placements = payload
+    fn, shape, dtype, seed, placements, view_id = payload
+    mesh = engine.view(view_id).mesh
     if engine.device == "cuda":
-        return [_dtensor_random(engine, fn, shape, dtype, seed, placements)]
+        return [_dtensor_random(mesh, fn, shape, dtype, seed, placements)]
     # DTensor's RNG needs a GPU: on CPU every rank draws the whole tensor and keeps its part.
     gen = torch.Generator().manual_seed(seed)
     full = getattr(torch, fn)(*shape, generator=gen, dtype=dtype)
-    return [distribute_tensor(full.to(engine.device), engine.mesh, placements, src_data_rank=None)]
+    return [distribute_tensor(full.to(engine.device), mesh, placements, src_data_rank=None)]
 
 
-def _dtensor_random(
-    engine: _TensorEngine, fn: str, shape: Any, dtype: Any, seed: int, placements: Any
-) -> Any:
+def _dtensor_random(mesh: Any, fn: str, shape: Any, dtype: Any, seed: int, placements: Any) -> Any:
     """DTensor's own factory: each rank draws only its shard, at its offset in one stream, so
     the global tensor is the same for every placement. The rank's generators are restored
     afterwards (per-rank factories under activate() keep drawing differently per rank)."""
@@ -63,15 +61,13 @@ def _dtensor_random(
 
     with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
         torch.manual_seed(seed)
-        return getattr(dtensor, fn)(
-            *shape, device_mesh=engine.mesh, placements=placements, dtype=dtype
-        )
+        return getattr(dtensor, fn)(*shape, device_mesh=mesh, placements=placements, dtype=dtype)
 
 
 def run_redistribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, placements = payload
     v = engine.resolve(ref)
-    return [v.redistribute(engine.mesh, placements)]
+    return [v.redistribute(v.device_mesh, placements)]  # its own mesh: the engine's, or a view
 
 
 def run_placements(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:

@@ -52,6 +52,8 @@ class _TensorEngine(Actor):
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
+        from .views import MeshView
+
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -67,6 +69,10 @@ class _TensorEngine(Actor):
         # from the same state): per-rank factories under activate() must draw differently.
         torch.manual_seed(seed + self.index)
         self.rank_str = str(point)
+        # Shapes of these processes by the controller's number (views.py); 0 is the one above.
+        self.views: dict[int, MeshView] = {
+            0: MeshView(self.mesh, self.labels, self.sizes, self.index)
+        }
         self.env: dict[int, Any] = {}
         self.poison: dict[int, FailureInfo] = {}
         self.holders: dict[int, int] = {}  # failure serial -> how many ids carry it
@@ -81,6 +87,9 @@ class _TensorEngine(Actor):
         self.counts = {"run": 0, "fetch": 0, "staged_bytes": 0}
         self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
+        # Pins (run_pin) an actor has read, or that no actor here will read: appended from any
+        # thread, dropped by the engine's thread between batches.
+        self.read_pins: list[int] = []
         self.threads_set = False
         REGISTRY[key] = self
 
@@ -136,6 +145,7 @@ class _TensorEngine(Actor):
                     self._execute(op)
             for i in drops:
                 self._drop(i)
+            self._drop_read_pins()
         finally:
             self.current = None
             with self.cond:
@@ -221,6 +231,16 @@ class _TensorEngine(Actor):
 
     # -- values --------------------------------------------------------------------------------
 
+    def view(self, view_id: int) -> Any:
+        """The shape ``view_id`` of this engine's processes (views.py)."""
+        view = self.views.get(view_id)
+        if view is None:
+            raise RuntimeError(
+                f"mesh view {view_id} is not known on rank {self.rank_str}: its mesh_view op "
+                "failed here or never came"
+            )
+        return view
+
     def value(self, id: int) -> Any:
         v = self.env.get(id, _MISSING)
         if v is _MISSING:
@@ -260,6 +280,12 @@ class _TensorEngine(Actor):
         self.holders.pop(root.serial, None)
         if root.serial not in self.surfaced:
             self.orphans.append(root)
+
+    def _drop_read_pins(self) -> None:
+        if self.read_pins:
+            read, self.read_pins = self.read_pins, []
+            for i in read:
+                self._drop(i)
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
@@ -326,6 +352,7 @@ class _TensorEngine(Actor):
     @endpoint
     def live(self) -> int:
         """How many remote values this rank holds (tests check it goes back to a baseline)."""
+        self._drop_read_pins()  # on the thread that runs the batches, as they are dropped there
         return len(self.env)
 
     @endpoint

@@ -65,13 +65,28 @@ def _piece(engine: _TensorEngine, v: Any, divisor: int | None) -> tuple[Any, ...
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    names = v.device_mesh.mesh_dim_names or ()
-    for label in engine.labels:
-        replicated = label not in names or isinstance(v.placements[names.index(label)], Replicate)
-        if replicated and engine.coords[label] != 0:
+    mesh = v.device_mesh
+    coords = mesh.get_coordinate()
+    for dim, p in enumerate(v.placements):
+        if isinstance(p, Replicate) and coords[dim] != 0:
             return None  # rank 0 along this dimension sends the same piece
+    if not _first_copy(mesh):
+        return None  # a sub-mesh (a TP plan's): the one with rank 0 sends the same pieces
     _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
     return ("piece", v.to_local(), tuple(offset), tuple(v.shape), divisor)
+
+
+_first: dict[int, tuple[Any, bool]] = {}
+
+
+def _first_copy(mesh: Any) -> bool:
+    """Whether ``mesh`` holds global rank 0. A value on the engine's mesh or a view of it (all
+    the ranks) does; one on a sub-mesh (a slice along some dimensions: each slice holds its own
+    copy) is sent by the slice at coordinate 0 of the others, the one that holds rank 0."""
+    found = _first.get(id(mesh))
+    if found is None or found[0] is not mesh:
+        found = _first[id(mesh)] = (mesh, bool((mesh.mesh == 0).any()))
+    return found[1]
 
 
 def combinable(v: Any) -> int | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, module, remote, rref
+from . import activate, aten, distribute, local, module, reduce, remote, rref, views
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -22,7 +22,9 @@ HANDLERS: dict[str, Handler] = {
     "placements": distribute.run_placements,
     "factory": activate.run_factory,
     "rank": activate.run_rank,
-    "reduce": activate.run_reduce,
+    "reduce": reduce.run_reduce,
+    "mesh_view": views.run_mesh_view,
+    "pin": local.run_pin,
     "define": remote.run_define,
     "remote_call": remote.run_call,
     "unpack": remote.run_unpack,

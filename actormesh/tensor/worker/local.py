@@ -1,7 +1,7 @@
 """This process's tensor engines, for code that runs beside them on other threads (worker side).
 
 - ``local_value``: an actor handed a MeshTensor gets this rank's value, once the engine ran the
-  ops issued before the call.
+  ops issued before the call; ``run_pin`` keeps that value for the message until it was read.
 - ``CellTurn``: a ``%%mesh`` cell that touches engine values runs *between* the engine's
   batches. Collectives must run in the same order on every rank, and a cell's collectives (a
   ``full_tensor()`` on a pushed DTensor) share this process's group with the engine's. So the
@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,14 +71,25 @@ def _wait_for_batch(engine: _TensorEngine, seq: int) -> None:
             )
 
 
-def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
+def run_pin(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    """A MeshTensor went into a message for the actors of ``ranks`` (MeshTensor.__reduce_ex__):
+    those ranks keep its value under the pin's own id until their actor read it (local_value),
+    however soon the MeshTensor itself is dropped; the others drop the pin at once."""
+    ref, ranks = payload
+    if engine.index in ranks:
+        return [engine.resolve(ref)]
+    engine.read_pins.append(out[0])  # no actor of this process reads it
+    return [None]
+
+
+def local_value(key: str, id: int, seq: int, dtensor: bool = False, pinned: bool = False) -> Any:
     """On a worker: the local value of a MeshTensor that was passed to an endpoint (with
     ``dtensor``, a global one stays this rank's DTensor, as ``%mesh push`` hands it over).
 
     Waits until this process's engine has run the batch the MeshTensor's op was in (actors run
     on their own threads, so the engine may still be behind), then returns the local tensor.
+    ``pinned``: ``id`` is a pin the engine keeps for this one read (``run_pin``), let go here.
     """
-    from torch.distributed.tensor import DTensor
 
     engine = REGISTRY.get(key)
     if engine is None:
@@ -87,8 +98,19 @@ def local_value(key: str, id: int, seq: int, dtensor: bool = False) -> Any:
             "only to actors on the same processes as the tensor's mesh"
         )
     _wait_for_batch(engine, seq)
+    try:
+        return _read(engine, id, dtensor)
+    finally:
+        if pinned:
+            engine.read_pins.append(id)  # the engine drops it between batches
+
+
+def _read(engine: _TensorEngine, id: int, dtensor: bool) -> Any:
+    from torch.distributed.tensor import DTensor
+
     root = engine.poison.get(id)
     if root is not None:
+        engine.surfaced.add(root.serial)  # the actor's caller hears of it: no orphan report
         raise RuntimeError(
             f"this MeshTensor failed on {root.rank}: {root.exc_type}: {root.message} "
             f"(op {root.op} issued at {root.site})"

@@ -49,10 +49,17 @@ def stand_in(engine: _TensorEngine, meta: Any, ins: tuple[int, ...]) -> Any:
         placements: list[Any] = [Replicate()] * engine.mesh.ndim
         if split is not None:
             placements = [Shard(0) if d == split else Replicate() for d in engine.labels]
+        found = False
         for i in ins if split is None else ():  # an input of the same shape's placements
             v = engine.env.get(i)
             if isinstance(v, DTensor) and tuple(v.shape) == tuple(shape):
                 mesh, placements = v.device_mesh, list(v.placements)
+                found = True
+                break
+        for i in ins if split is None and not found else ():  # else an input's mesh (a view)
+            v = engine.env.get(i)
+            if isinstance(v, DTensor):
+                mesh, placements = v.device_mesh, [Replicate()] * v.device_mesh.ndim
                 break
         local, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
         zeros = torch.zeros(local, dtype=dtype, device=engine.device)

@@ -1,0 +1,57 @@
+"""Other shapes of one engine's processes: a ``rename``, ``flatten`` or ``split`` of the mesh it
+runs on (worker side).
+
+The processes and their row-major order are the same, so a per-rank value needs nothing new;
+what changes is which ranks a mesh dimension groups (the process groups of a collective) and
+each rank's coordinates. The controller numbers each shape it uses (view 0 is the engine's own)
+and sends a ``mesh_view`` op before any op that names it; every rank builds the view's
+``DeviceMesh`` there, in stream order (making its process groups is a collective over all the
+ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..compat import Extent, Point
+
+if TYPE_CHECKING:
+    from .engine import _TensorEngine
+
+
+class MeshView:
+    """One shape of the engine's processes: its ``DeviceMesh``, labels, sizes and this rank's
+    coordinates in it."""
+
+    __slots__ = ("coords", "labels", "mesh", "sizes")
+
+    def __init__(self, mesh: Any, labels: tuple[str, ...], sizes: tuple[int, ...], index: int):
+        self.mesh = mesh
+        self.labels = labels
+        self.sizes = sizes
+        self.coords: dict[str, int] = dict(Point(index, Extent(list(labels), list(sizes))))
+
+    def size(self, dims: Sequence[str]) -> int:
+        n = 1
+        for d in dims:
+            n *= self.sizes[self.labels.index(d)]
+        return n
+
+    def index(self, dims: Sequence[str]) -> int:
+        """This rank's position among the ranks along ``dims``, row-major in the given order."""
+        value = 0
+        for d in dims:
+            value = value * self.sizes[self.labels.index(d)] + self.coords[d]
+        return value
+
+
+def run_mesh_view(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    view_id, labels, sizes = payload
+    ranks = torch.arange(len(engine.mesh.mesh.flatten())).reshape(sizes)
+    mesh = DeviceMesh(engine.device, ranks, mesh_dim_names=tuple(labels))
+    engine.views[view_id] = MeshView(mesh, tuple(labels), tuple(sizes), engine.index)
+    return []
