@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import actormesh as am
+from actormesh import config
 from actormesh.tensor import device_mesh, distribute, fetch, inspect
 
 WAIT = 60
@@ -66,11 +67,18 @@ def test_rename_and_split_group_ranks_by_their_new_names(mesh: Any) -> None:
             assert torch.allclose(fetch(want, dp=d, tp=p).get(timeout=WAIT), xs[d, 0] + xs[d, 1])
 
 
-def test_global_tensors_on_a_view(mesh: Any) -> None:
+def test_global_tensors_on_a_view(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     flat = mesh.flatten("all")
     x = torch.arange(32.0, dtype=torch.float64).reshape(8, 4)
     dt = distribute(x, flat, sharding_spec=["all", None])  # 2 rows per rank, over 4 ranks
     assert torch.equal(fetch(dt, all=3).get(timeout=WAIT), x[6:8])
+    monkeypatch.setattr(config, "TENSOR_SHARD_BYTES", 8)  # each rank is sent its block alone
+    staged = distribute(x, flat, sharding_spec=["all", None])
+    monkeypatch.undo()
+    assert torch.equal(fetch(staged, all=2).get(timeout=WAIT), x[4:6])
+    assert torch.equal(inspect(staged + dt), 2 * x)
+    drawn = am.tensor.randn(8, 2, mesh=flat, sharding_spec=["all", None])
+    assert torch.equal(fetch(drawn, all=1).get(timeout=WAIT), inspect(drawn)[2:4])
     assert torch.allclose(inspect(dt @ dt.T), x @ x.T)
     assert torch.allclose(inspect((dt * 2).sum(0)), (x * 2).sum(0))
     again = dt.redistribute(sharding_spec=[None, "all"])  # one column per rank
