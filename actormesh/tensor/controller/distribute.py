@@ -11,6 +11,7 @@ import torch
 from ... import config
 from .. import compat
 from ..wire.ops import issue_site
+from .interrupts import held
 from .mesh import TensorMesh, tensor_mesh
 from .tensor import MeshTensor, new_mesh_tensor
 
@@ -52,7 +53,10 @@ def distribute(
         tm, tensor.shape, tensor.dtype, per_rank=False, requires_grad=tensor.requires_grad
     )
     meta = ((tuple(tensor.shape), tensor.dtype, False),)
-    staged = _send_blocks(tm, data, places) if data.nbytes > config.TENSOR_SHARD_BYTES else None
+    staged = None
+    if data.nbytes > config.TENSOR_SHARD_BYTES:
+        with held():  # every rank its block, or Ctrl-C before any: none left staged on some
+            staged = _send_blocks(tm, data, places)
     if staged is None:
         tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places, tm.view_id),
                                  issue_site()))  # fmt: skip

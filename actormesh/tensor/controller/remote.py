@@ -69,8 +69,10 @@ class RemoteFunction:
     def _fn_id(self, tm: TensorMesh) -> int:
         fid = self._defined.get(tm.key)
         if fid is None:
-            fid = self._defined[tm.key] = next(_fn_ids)
+            fid = next(_fn_ids)
             tm.stream.record(("define", (), (), (), (fid, self.fn), issue_site()))
+            # Only once recorded: Ctrl-C in between leaves it to define again, not undefined.
+            self._defined[tm.key] = fid
         return fid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

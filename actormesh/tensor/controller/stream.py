@@ -19,6 +19,12 @@ with the last batch on the same cores) it is often descheduled for tens of milli
 middle of a loop of ops, and flushing then would split one burst into many messages. So before
 an idle flush the timer checks, where Linux says so (``/proc/self/task/<tid>/schedstat``),
 whether that thread spent the quiet window waiting for a CPU; if it did, it is not idle.
+
+Every recorded op reaches every rank exactly once, or the mesh's values are declared unusable:
+never a silent divergence. A batch is taken out of the buffer, packed and sent with Ctrl-C held
+back (``interrupts.held``), so an interrupt lands before or after it, never inside; anything else
+that stops a batch once taken (an op that does not pickle, a second Ctrl-C at a stuck send) loses
+the stream (``_unsent``), and every later use says so.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import torch
 from ...errors import MeshClosedError, SupervisionError
 from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
+from .interrupts import held
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +75,9 @@ class Stream:
         self.cells: dict[int, tuple[int, str]] = {}
         self.error: BaseException | None = None  # a failed send from the timer thread
         self.closed = False
-        self.lost: BaseException | None = None  # a rank died: every value of this mesh is gone
+        # A rank died, or a batch did not reach every rank: every value of this mesh is gone.
+        self.lost: BaseException | None = None
+        self.lost_why = ""  # what check() says about it
         self.recorded = 0  # ops recorded so far (the idle timer compares it across a window)
         self.armed = False
         self.wake_event = threading.Event()
@@ -113,11 +122,7 @@ class Stream:
 
     def check(self) -> None:
         if self.lost is not None:
-            raise MeshClosedError(
-                "this MeshTensor's mesh lost a rank, and with it the tensor values of every "
-                "rank; after procs.heal(), distribute (or module_to_mesh) again: "
-                f"{self.lost}"
-            ) from self.lost
+            raise MeshClosedError(f"{self.lost_why}: {self.lost}") from self.lost
 
     def record(self, op: Op) -> None:
         if self.lost is not None:
@@ -130,7 +135,9 @@ class Stream:
             if not self.armed and not full:
                 self.armed = True
                 self.recorder_tid = _native_id()
-                self._start_timer()
+                if self._timer is None:
+                    with held():  # a thread half started would never flush
+                        self._start_timer()
                 self.wake_event.set()
         if full:
             self.flush()
@@ -149,10 +156,14 @@ class Stream:
                 ops, self.ops = self.ops, []
                 dead, self.dead = self.dead, []
                 cells, self.cells = self.cells, {}
-                if (not ops and not dead) or self.closed:
-                    return self.engine.fetch.call(requests, cells)
-                # Under the lock: a batch sent by another thread must not overtake it.
-                reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests, cells)
+                try:
+                    if (not ops and not dead) or self.closed:
+                        return self.engine.fetch.call(requests, cells)
+                    # Under the lock: a batch sent by another thread must not overtake it.
+                    reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests, cells)
+                except BaseException as exc:
+                    self._unsent(exc, ops)
+                    raise
                 self.batches += 1
                 return reply
 
@@ -166,7 +177,16 @@ class Stream:
             with self.lock:
                 self._send_locked()
                 cells, self.cells = self.cells, {}
-                return call(cells)
+                try:
+                    return call(cells)
+                except BaseException as exc:
+                    # Pickled before any send: it failed for every rank, unless an interrupt
+                    # (the second, see interrupts.py) stopped it halfway through its sends.
+                    if isinstance(exc, KeyboardInterrupt):
+                        self._unsent(exc, True)
+                    else:
+                        self.cells = {**cells, **self.cells}  # for the next message, then
+                    raise
 
         return self._sending(send)
 
@@ -175,7 +195,7 @@ class Stream:
         these mailboxes: send what is buffered, so that the engine's next message names the
         cell, and return how many batches the engines were sent before it (a cell that touches
         engine values runs after those). Raises what sending raises."""
-        with self.lock:
+        with held(), self.lock:
             self._send_locked()
             for index, mailbox in enumerate(self.mailboxes):
                 if mailbox in processes:
@@ -183,26 +203,48 @@ class Stream:
             return self.batches
 
     def _sending(self, send: Callable[[], Any]) -> Any:
-        """Run ``send``; a rank's death loses the stream, and an error a background send hit
-        since the last sync point is raised here."""
+        """Run ``send`` with Ctrl-C held back (raised once it is done); a rank's death loses the
+        stream, and an error a background send hit since the last sync point is raised here."""
         self.check()
-        try:
-            result = send()
-        except SupervisionError as exc:
-            self.lose(exc)
-            raise
-        error, self.error = self.error, None
-        if error is not None:
-            if isinstance(error, SupervisionError):
-                self.lose(error)
-            raise error
-        return result
+        with held():
+            try:
+                result = send()
+            except SupervisionError as exc:
+                self.lose(exc)
+                raise
+            error, self.error = self.error, None
+            if error is not None:
+                if isinstance(error, SupervisionError):
+                    self.lose(error)
+                raise error
+            return result
 
     def lose(self, error: BaseException) -> None:
         """A rank of the mesh died: its values (and the group's collectives) are gone."""
+        self._lose(
+            error,
+            "this MeshTensor's mesh lost a rank, and with it the tensor values of every rank; "
+            "after procs.heal(), distribute (or module_to_mesh) again",
+        )
+
+    def _lose(self, error: BaseException, why: str) -> None:
         if self.lost is None:
+            self.lost_why = why
             self.lost = error
             self.ops.clear()
+
+    def _unsent(self, error: BaseException, ops: Any) -> None:
+        """A message of ops (``ops`` truthy) was taken out of the buffer and did not go, or went
+        to some ranks only: the ranks' values may differ, so none is usable any more. (A rank's
+        death is ``lose``, by the caller.)"""
+        if ops and not isinstance(error, SupervisionError):
+            self._lose(
+                error,
+                "the tensor values of this MeshTensor's mesh are unusable: a batch of ops "
+                "could not be sent to every rank, so the ranks may hold different values; "
+                "distribute (or module_to_mesh) again, which starts a new engine on the mesh "
+                "(or stop the mesh and spawn a new one). What stopped the batch",
+            )
 
     def send_now(self) -> None:
         with self.lock:
@@ -221,11 +263,12 @@ class Stream:
         cells, self.cells = self.cells, {}
         try:
             self.engine.run.broadcast(_pack(ops), dead, cells)
-            self.batches += 1
         except BaseException as exc:
             if not ops:
                 return  # only drops: the values died with their processes
-            raise exc
+            self._unsent(exc, ops)
+            raise
+        self.batches += 1
 
     # -- the idle timer ------------------------------------------------------------------------
 
@@ -268,8 +311,8 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         stream = ref()
         if stream is None or stream.closed:
             return
-        if not wake.is_set():
-            continue
+        if not wake.is_set() and not stream.ops:
+            continue  # (armed, but an interrupt came before the event was set: ops say it)
         while True:
             seen = stream.recorded
             # A timer, not synchronisation: the count decides whether the window was quiet.
