@@ -15,9 +15,12 @@ Datagrams are used where they cannot lose or reorder anything the runtime promis
 - A sender never blocks. Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (10 by
   default) for a reader, and a message larger than :data:`DATAGRAM_MAX` does not fit; such a
   reply goes through the caller's process inbox instead (ZeroMQ, read by its I/O thread).
-  Replies that took that route are handled before any later reply of the same sender: the
-  later one names the earlier one's sequence number (``Node.in_order``), as every reply to a
-  reply inbox already names the messages sent before it to the process inbox.
+  Replies of one sender are handled in the order it sent them, whichever route each took: a
+  datagram names the sequence number of the last message its sender sent to the process inbox,
+  and waits until that one was handled (``Node.in_order``); a reply that took the process inbox
+  names the last datagram before it, and the I/O thread reads the reply inbox before handling
+  it (``Node._on_reply``, ``ReplyInbox.drain``). So does a sender's death: a reply it sent just
+  before is handled, not failed (``Node.record_death``).
 - Nothing is unpickled before its signature is checked, as for every message (``codec.py``).
 
 An empty datagram is a wake-up (signed messages are never empty): other threads of the

@@ -127,7 +127,7 @@ class Node:
         self.address = self.transport.address
         # kind -> handler; read on every message, so a plain dict. Add to it with register().
         self.handlers: dict[str, Callable[[Message], None]] = {}
-        self.register(REPLY, self.to_port)
+        self.register(REPLY, self._on_reply)
         self.register(REPLIES, self._on_replies)
         self.register(PORT, self.to_port)
         self.register(DIED, self._on_died)
@@ -149,6 +149,10 @@ class Node:
         self._held: list[tuple[bytes, int, Message]] = []
         self._held_lock = threading.Lock()
         self.transport.on_handled = self._note_handled
+        # Each reads what a thread's reply inbox holds now, before the I/O thread handles what
+        # must come after it: a death (record_death), a reply that took the process inbox after
+        # datagrams of its sender (_on_reply). The reply inbox adds its own.
+        self.drains: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self.transport.start()
@@ -187,6 +191,23 @@ class Node:
             logger.debug("message for closed port %s dropped", msg.envelope[1])
             return
         handler.on_message(msg)
+
+    def _on_reply(self, msg: Message) -> None:
+        """A REPLY off the process inbox. One that its sender could not send as a datagram
+        (too large, or the inbox's queue full) names the last datagram the sender sent to
+        that inbox before it: that one may still be queued, and is handled first."""
+        if len(msg.envelope) > 5:
+            self.read_reply_inboxes()
+        self.to_port(msg)
+
+    def read_reply_inboxes(self) -> None:
+        """Handle what threads' reply inboxes hold now (returns once they did, see
+        ``ReplyInbox.drain``)."""
+        for drain in list(self.drains):
+            try:
+                drain()
+            except Exception:
+                logger.exception("reading a reply inbox failed")
 
     def _on_replies(self, msg: Message) -> None:
         """Replies that a host agent gathered from its workers, in one message (relay.py).
@@ -263,6 +284,10 @@ class Node:
                 return True
             self.dead[mailbox] = death
         shm_lane.forget_sender(mailbox)
+        # A reply the process sent just before it died may wait, unread, in a reply inbox: it
+        # was queued there before its sender's exit was even noticed. Handle it first, so that
+        # a call it answers completes rather than fails.
+        self.read_reply_inboxes()
         if self._held:
             self._release_held()
         observed = False

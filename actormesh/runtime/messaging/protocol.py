@@ -102,10 +102,14 @@ _NODE = "runtime.messaging.node:Node.__init__"
 
 _TABLE = [
     # -- every node ------------------------------------------------------------------------------
-    Kind(REPLY, ("port_id", "index", "status", "after?"), EVERY_ROLE, EVERY_ROLE, _NODE,
+    Kind(REPLY, ("port_id", "index", "status", "after?", "datagrams?"), EVERY_ROLE, EVERY_ROLE,
+         _NODE,
          "The answer of one rank to a call, spawn, stack dump or interrupt; the payload is the "
          "value (status OK) or the rendered failure (FAILED). ``after``: the caller's process "
-         "mailbox when the reply did not come straight from the rank (see Node.in_order)."),
+         "mailbox when the reply did not come straight from the rank (see Node.in_order). "
+         "``datagrams``: on a reply to a reply inbox that went through the process inbox "
+         "instead, the sequence number of its sender's last datagram to that inbox, which is "
+         "handled first (Node._on_reply)."),
     Kind(REPLIES, ("items",), (AGENT,), EVERY_ROLE, _NODE,
          "Several REPLY of one host, gathered by its agent's relay: items are (port_id, sender, "
          "index, status, after, payload size, buffer count); payloads follow, concatenated."),
@@ -264,6 +268,13 @@ def check_envelope(envelope: tuple[Any, ...]) -> None:
 
 
 # -- field forms -----------------------------------------------------------------------------
+
+
+def reply_after_datagrams(envelope: tuple[Any, ...], seq: int) -> tuple[Any, ...]:
+    """A REPLY envelope that names ``seq``, its sender's last datagram to the reply inbox the
+    reply was meant for (its ``datagrams`` field)."""
+    after = envelope[4] if len(envelope) > 4 else 0
+    return (*envelope[:4], after, seq)
 
 
 def shape_state(shape: Shape) -> tuple[Any, ...]:

@@ -10,7 +10,8 @@ host sends its reply straight into it, and the waiting thread, asleep in a block
 it, is the only thread woken. Through ZeroMQ, the I/O threads of both processes would have
 been woken first. A reply that cannot go as a datagram (too large, or the socket's queue full)
 comes through the process inbox, and the replies its sender sends after it wait for it
-(``Node.in_order``). Other threads wake the waiting one (a future completed elsewhere, a
+(``Node.in_order``); it waits, in turn, for the datagrams its sender sent before it (``drain``).
+Other threads wake the waiting one (a future completed elsewhere, a
 failure to raise) with an empty datagram.
 
 Before it sleeps for the reply of a call to few ranks (``call_one``), the thread tries to receive
@@ -32,6 +33,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +52,12 @@ logger = logging.getLogger(__name__)
 
 # How soon the I/O thread looks at the socket again after a wait ended (seconds).
 _RECHECK_S = 0.02
+# How long a death waits for the owner to read the replies queued before it (seconds): the
+# owner reads them at once unless a handler it runs is stuck (the death then fails them).
+_DRAIN_WAIT_S = 0.5
+# A datagram of this one byte (signed messages are longer) asks the thread that reads it to
+# say it got this far in the queue (see drain).
+_MARK = b"\0"
 _now_ns = time.perf_counter_ns
 
 
@@ -81,6 +89,9 @@ class ReplyInbox:
         self._watched = False  # by the I/O thread (only it changes this)
         self._spin_ns = int(config.WAIT_SPIN_US * 1000)
         self._spin_pays = True  # see _receive
+        self._reader = 0  # the thread that holds the lock to read (see drain)
+        self._marks: deque[threading.Event] = deque()  # drains waiting on _MARKs, in order
+        self._marks_lock = threading.Lock()
         self._inbox = DatagramInbox(self._path)
         self._fd = self._inbox.fd
         # Wakes the waiting thread, from any thread (an empty datagram).
@@ -91,6 +102,7 @@ class ReplyInbox:
             self._waker.close()
             self._inbox.close()
             raise
+        node.drains.append(self.drain)
         node.transport.call_soon(self._watch)
 
     # -- the owner thread ------------------------------------------------------------------------
@@ -118,7 +130,11 @@ class ReplyInbox:
                 with self._lock:
                     if self.closed:
                         return
-                    self._read(fut.done, int(left * 1000) or 1, spin)
+                    self._reader = threading.get_ident()  # the owner's
+                    try:
+                        self._read(fut.done, int(left * 1000) or 1, spin)
+                    finally:
+                        self._reader = 0
                 if fut.done():
                     return
                 # Woken by another thread, or a step went by with nothing read.
@@ -143,6 +159,9 @@ class ReplyInbox:
             data = self._receive(spin_ns, timeout_ms) if spin_ns else inbox.receive(timeout_ms)
             if not data:
                 return  # the timeout (None), or a wake-up (empty)
+            if len(data) == 1:
+                self._marked()
+                continue
             msg = decode(verifier, [data])  # None: dropped, and said so
             if msg is None:
                 continue
@@ -243,15 +262,26 @@ class ReplyInbox:
                 self.node.transport.call_later(_RECHECK_S, self._recheck)
             return
         try:
-            if not self.closed:
-                try_receive = self._inbox.try_receive
-                while (data := try_receive()) is not None:
-                    if data:  # not a wake-up
-                        msg = decode(self._verifier, [data])
-                        if msg is not None:
-                            self._handle(self.node, msg)
+            self._read_queued()
         finally:
             self._lock.release()
+
+    def _read_queued(self) -> None:
+        # Caller holds the lock: handle what is queued, without waiting.
+        if self.closed:
+            return
+        self._reader = threading.get_ident()
+        try:
+            try_receive = self._inbox.try_receive
+            while (data := try_receive()) is not None:
+                if len(data) == 1:
+                    self._marked()
+                elif data:  # not a wake-up
+                    msg = decode(self._verifier, [data])
+                    if msg is not None:
+                        self._handle(self.node, msg)
+        finally:
+            self._reader = 0
 
     def _recheck(self) -> None:
         if self.closed or self._watched:
@@ -263,12 +293,50 @@ class ReplyInbox:
 
     # -- any thread --------------------------------------------------------------------------------
 
+    def drain(self) -> None:
+        """Return once the replies queued on the socket now were handled (any thread; waits
+        at most ``_DRAIN_WAIT_S``). The I/O thread asks before it handles what a sender sent
+        after datagrams to this socket: its death (``Node.record_death``: the replies it sent
+        before it died must not fail), a reply that took the process inbox (``_on_reply``:
+        it must not overtake them). Those datagrams are queued here already.
+
+        Reads them itself when the socket is free; when the owner reads it, queues a mark
+        behind them and waits for the owner to come to it."""
+        if self.closed or self._reader == threading.get_ident():
+            return  # this thread is reading now: a handler it ran got here, reading goes on
+        mark: threading.Event | None = None
+        deadline = time.monotonic() + _DRAIN_WAIT_S
+        while not self.closed:
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._read_queued()
+                finally:
+                    self._lock.release()
+                return
+            if mark is None:
+                # The owner reads: it will come to a mark queued behind those replies.
+                mark = threading.Event()
+                with self._marks_lock:
+                    self._marks.append(mark)
+                    if not self._waker.send(_MARK, self._path):
+                        self._marks.pop()  # a full queue: its reader is busy with it anyway
+            # Short waits: once the owner lets go of the socket, this thread reads it itself.
+            if mark.wait(0.002) or time.monotonic() > deadline:
+                return
+
+    def _marked(self) -> None:
+        with self._marks_lock:
+            if self._marks:
+                self._marks.popleft().set()
+
     def close(self) -> None:
         """Close the socket and remove its path (when the node closes). A waiting owner stops
         waiting here."""
         if self.closed:
             return
         self.closed = True  # first: a woken owner stops reading and lets go of the lock
+        if self.drain in self.node.drains:
+            self.node.drains.remove(self.drain)
         self._waker.wake(self._path)
         self._waker.close()
         self.node.transport.call_soon(self._unwatch)  # the poller forgets the fd

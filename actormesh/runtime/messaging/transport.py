@@ -113,6 +113,8 @@ class Transport(IoLoop):
         self._outbox_of: dict[Address, tuple[str, zmq.Socket[Any] | None]] = {}
         self._send_lock = threading.Lock()
         self._datagrams = DatagramSender()  # replies to reply inboxes of this host
+        # reply inbox's path -> sequence number of the last datagram sent to it
+        self._last_datagram: dict[str, int] = {}
         # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
         self._last_seq: dict[bytes, int] = {}
         # Called on the I/O thread after each message off the process inbox is handled.
@@ -208,8 +210,12 @@ class Transport(IoLoop):
                     logger.error("a reply to %s could not be sent: no route but datagrams", dest)
                     return
                 # Its queue is full, or the reply too large: through the caller's process inbox.
-                # The sender's later replies name it, so they are handled after it (in_order).
+                # The sender's later replies name it, so they are handled after it (in_order);
+                # it names the last datagram sent before it, handled before it (Node._on_reply).
                 dest = process_of_inbox(dest, caller)
+                sent = self._last_datagram.get(endpoint)
+                if sent:
+                    envelope = protocol.reply_after_datagrams(envelope, sent)
                 continue
             try:
                 with self._send_lock:
@@ -249,7 +255,12 @@ class Transport(IoLoop):
                 if self._datagrams.closed:
                     raise ConnectionError("transport is closed")
                 frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest, lane)
-                return self._datagrams.send(frames[0], path)
+                if not self._datagrams.send(frames[0], path):
+                    return False
+                if len(self._last_datagram) > 4096:  # reply inboxes come and go (controllers)
+                    self._last_datagram.clear()
+                self._last_datagram[path] = self._signer.last_seq
+                return True
         except BaseException:
             self._release_unsent(lane)
             raise
