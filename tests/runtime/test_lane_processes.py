@@ -119,3 +119,45 @@ def test_the_controllers_slots_go_when_it_exits(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     pid = int(proc.stdout.split("PID")[1])
     assert slots_of(pid) == []
+
+
+class Sink(am.Actor):
+    @am.endpoint
+    def hold(self, seconds: float) -> None:
+        import threading
+
+        threading.Event().wait(seconds)  # busy: what comes meanwhile stays unread
+
+    @am.endpoint
+    def take(self, t: torch.Tensor) -> float:
+        return float(t[0])
+
+    @am.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_dead_receivers_unread_messages_free_the_senders_lane(
+    spawn_procs, unhandled_failures
+) -> None:
+    from actormesh.runtime.messaging.node import current_node
+
+    lane = current_node().transport._lane
+    assert lane is not None
+    procs = spawn_procs(per_host={"gpus": 1})
+    sink = procs.spawn("sink", Sink)
+    pid = sink.pid.call_one().get(timeout=30)
+    before = lane.unread()
+    sink.hold.broadcast(600)
+    for i in range(80):  # 1 MiB each: the lane's pool holds 63 of them
+        sink.take.broadcast(torch.full((1 << 18,), float(i)))
+    wait_until(lambda: lane.unread() - before >= 60, 30, "the messages to fill the lane")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: procs.health().values()[0] != "alive", 30, "the death to be seen")
+    assert lane.unread() == before, "the dead rank's unread messages still hold the lane"
+    unhandled_failures.clear()  # the death, which nobody was calling
+    procs.heal().get(timeout=30)
+    sink = procs.spawn("sink2", Sink)
+    t = torch.full((1 << 18,), 7.0)
+    assert [sink.take.call_one(t).get(timeout=30) for _ in range(5)] == [7.0] * 5
+    assert lane.unread() == before

@@ -182,6 +182,13 @@ class ActorInbox:
         self._closed = True
         self._waker.close()  # later puts wake nobody: the thread is gone
         if self._socket is not None:
+            # What is still queued is dropped; read first, so that its senders' shared-memory
+            # slots (shm_lane.py) are free again.
+            try:
+                self._receive()
+            except Exception:
+                logger.debug("reading what a closing actor inbox held failed", exc_info=True)
+            self._ready.clear()
             self._socket.close(linger=0)
 
 

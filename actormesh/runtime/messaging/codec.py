@@ -309,28 +309,36 @@ class Verifier:
             reader = self._place_among(first, _HEAD_START, ndest)
         if reader < 0:
             raise WireError("message addressed to another process (replayed?)")
-        last_seq = self._last_seq
-        if seq <= last_seq.get(sender, 0):
-            raise WireError(f"replayed or reordered message (seq {seq})")
-        last_seq[sender] = seq
-        if lane:
-            if len(frames) != 1:
-                raise WireError(f"head announces buffers in shared memory, got {len(frames) - 1}")
-        elif len(frames) != 1 + nbuf:
-            raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
-        buffers = list(frames[1:]) if nbuf else []
-        sizes = []  # of the buffers in a shared-memory slot
-        off = dests_end
-        for i in range(nbuf):
-            (size,) = _LEN.unpack_from(first, off)
-            off += _LEN.size
+        try:
+            last_seq = self._last_seq
+            if seq <= last_seq.get(sender, 0):
+                raise WireError(f"replayed or reordered message (seq {seq})")
+            last_seq[sender] = seq
             if lane:
-                sizes.append(size)
-            elif memoryview(buffers[i]).nbytes != size:
-                raise WireError(f"buffer {i} has the wrong size")
-        payload = first[head_end:]
-        if _sha256(payload).digest() != digest:
-            raise WireError("payload does not match its signed digest")
+                if len(frames) != 1:
+                    raise WireError(
+                        f"head announces buffers in shared memory, got {len(frames) - 1}"
+                    )
+            elif len(frames) != 1 + nbuf:
+                raise WireError(f"head announces {nbuf} buffers, got {len(frames) - 1}")
+            buffers = list(frames[1:]) if nbuf else []
+            sizes = []  # of the buffers in a shared-memory slot
+            off = dests_end
+            for i in range(nbuf):
+                (size,) = _LEN.unpack_from(first, off)
+                off += _LEN.size
+                if lane:
+                    sizes.append(size)
+                elif memoryview(buffers[i]).nbytes != size:
+                    raise WireError(f"buffer {i} has the wrong size")
+            payload = first[head_end:]
+            if _sha256(payload).digest() != digest:
+                raise WireError("payload does not match its signed digest")
+        except WireError:
+            if lane:  # dropped unread: its place in the sender's slot is free again
+                at = dests_end + nbuf * _LEN.size
+                shm_lane.discard(first[at : at + _LANE_SIZE], reader)
+            raise
         if lane:
             try:
                 buffers = shm_lane.read(first[off : off + _LANE_SIZE], sizes, reader)

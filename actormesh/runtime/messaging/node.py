@@ -284,6 +284,7 @@ class Node:
                 return True
             self.dead[mailbox] = death
         shm_lane.forget_sender(mailbox)
+        self.transport.forget_receiver(mailbox)  # its unread places in our slots
         # A reply the process sent just before it died may wait, unread, in a reply inbox: it
         # was queued there before its sender's exit was even noticed. Handle it first, so that
         # a call it answers completes rather than fails.

@@ -16,6 +16,13 @@ up to ``MAX_READERS`` processes of the host thus copies its tensors once. A send
 most ``POOL_BYTES`` of slots; when every one is still unread (a receiver that is busy with the
 messages before), or ``/dev/shm`` has no room, the message goes over the socket as before.
 
+A receiver that dies never reads: its sender clears its bytes when it learns of the death
+(``forget_receiver``), as a receiver that drops a message unread clears its own (``discard``).
+A healed rank reuses the dead one's mailbox, so a message for it may have its byte cleared by a
+sender that learnt of the death late: each filling of a slot has a number, written in the slot
+and carried by the message, and a reader that finds another number before or after copying
+refuses the message (``LaneError``) rather than take another message's bytes.
+
 Slot files are named like TensorBuffers' (``actormesh-<mailbox>-<pid>-lane<n>``), so what
 removes a dead process's shared memory removes them too; their owner removes them as its
 transport closes.
@@ -31,7 +38,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .plain_pickle import OOB_THRESHOLD
@@ -44,13 +51,18 @@ LANE_MIN = OOB_THRESHOLD  # bytes of buffers from which a message takes the lane
 # (bench/RESULTS.md), and a pool of such slots would be large.
 LANE_MAX = 8 << 20
 POOL_BYTES = 64 << 20  # of slots per sending process
-_HEADER = 64  # the slot's unread bytes, one per reader, then the buffers, each at a multiple
-_ALIGN = 64  # of _ALIGN
-MAX_READERS = _HEADER
+MAX_READERS = 64
+# The slot's head: its unread bytes, one per reader, then the number of its current filling;
+# then the buffers, each at a multiple of _ALIGN.
+_FILLING = struct.Struct("<Q")
+_FILLING_AT = MAX_READERS
+_HEADER = 128
+_ALIGN = 64
 _ALL_READ = b"\0" * MAX_READERS  # the unread bytes of a free slot
 _MIN_SLOT = 1 << 20
-# The slot a message's buffers are in: its owner's process mailbox and pid, its number and size.
-DESCRIPTOR = struct.Struct("<8sIIQ")
+# The slot a message's buffers are in: its owner's process mailbox and pid, its number and size,
+# and the number of the filling that holds them.
+DESCRIPTOR = struct.Struct("<8sIIQQ")
 _MAX_MAPPED = 64 << 20  # receiver: bytes of other processes' slots kept mapped
 _RETRY_AFTER = 10.0  # seconds before asking a full /dev/shm for a slot again
 
@@ -89,13 +101,15 @@ def slot_path(mailbox: bytes, pid: int, slot: int) -> str:
 
 
 class _Slot:
-    __slots__ = ("capacity", "index", "mm", "path")
+    __slots__ = ("capacity", "filling", "index", "mm", "path", "readers")
 
     def __init__(self, index: int, path: str, capacity: int, mm: mmap.mmap) -> None:
         self.index = index
         self.path = path
         self.capacity = capacity
         self.mm = mm
+        self.filling = 0
+        self.readers: Sequence[bytes] = ()  # their mailboxes, by place
 
 
 class SendLane:
@@ -111,10 +125,11 @@ class SendLane:
         self._refused_until = 0.0  # /dev/shm had no room: the socket until then
         self._closed = False
 
-    def put(self, buffers: Sequence[Any], readers: int = 1) -> bytes | None:
-        """Copy ``buffers`` into a free slot for ``readers`` receivers and return its
-        descriptor, or ``None`` when the message should go over the socket (too small or too
-        large, too many readers, no free slot, a forked child: the slots are its parent's)."""
+    def put(self, buffers: Sequence[Any], to: Sequence[bytes] = (b"",)) -> bytes | None:
+        """Copy ``buffers`` into a free slot for the receivers whose mailboxes are ``to`` (in
+        their places among the message's destinations) and return its descriptor, or ``None``
+        when the message should go over the socket (too small or too large, too many readers,
+        no free slot, a forked child: the slots are its parent's)."""
         try:
             views = [memoryview(b).cast("B") for b in buffers]
         except (TypeError, ValueError):  # not one contiguous run of bytes: ZeroMQ copes
@@ -124,20 +139,21 @@ class SendLane:
             need += _aligned(v.nbytes)
         if not LANE_MIN <= need - _HEADER <= LANE_MAX or os.getpid() != self.pid:
             return None
-        if readers > MAX_READERS:
+        if len(to) > MAX_READERS:
             return None
-        slot = self._take(need, readers)
-        if slot is None:
+        taken = self._take(need, to)
+        if taken is None:
             return None
+        slot, filling = taken
         mm = slot.mm
         at = _HEADER
         for v in views:
             n = v.nbytes
             mm[at : at + n] = v
             at += _aligned(n)
-        return DESCRIPTOR.pack(self.mailbox, self.pid, slot.index, slot.capacity)
+        return DESCRIPTOR.pack(self.mailbox, self.pid, slot.index, slot.capacity, filling)
 
-    def _take(self, need: int, readers: int) -> _Slot | None:
+    def _take(self, need: int, to: Sequence[bytes]) -> tuple[_Slot, int] | None:
         with self._lock:
             if self._closed:
                 return None
@@ -158,8 +174,13 @@ class SendLane:
                 self._next_index += 1
                 self._slots.append(best)
                 self._bytes += capacity
-            best.mm[:readers] = b"\1" * readers
-            return best
+            # The number first: a reader of the slot's last filling that copies still will
+            # find it changed, and refuse what it copied.
+            best.filling += 1
+            _FILLING.pack_into(best.mm, _FILLING_AT, best.filling)
+            best.readers = to
+            best.mm[: len(to)] = b"\1" * len(to)
+            return best, best.filling
 
     def _new_slot(self, index: int, capacity: int) -> _Slot | None:
         path = slot_path(self.mailbox, self.pid, index)
@@ -179,13 +200,24 @@ class SendLane:
             os.close(fd)
         return _Slot(index, path, capacity, mm)
 
-    def release(self, descriptor: bytes) -> None:
-        """Free the slot of a message that was never sent."""
-        index = DESCRIPTOR.unpack(descriptor)[2]
+    def release(self, descriptor: bytes, first: int = 0) -> None:
+        """Free the slot of a message that was not sent to its receivers from place ``first``
+        on (a send that failed part of the way: those before it read the slot)."""
+        _, _, index, _, filling = DESCRIPTOR.unpack(descriptor)
         with self._lock:
             for slot in self._slots:
-                if slot.index == index:
-                    slot.mm[:MAX_READERS] = _ALL_READ
+                if slot.index == index and slot.filling == filling:
+                    slot.mm[first:MAX_READERS] = _ALL_READ[first:]
+
+    def forget_receiver(self, mailboxes: Collection[bytes]) -> None:
+        """A receiver died (its inboxes' ``mailboxes``): what it has not read, it never will;
+        its places are free."""
+        with self._lock:
+            for slot in self._slots:
+                mm = slot.mm
+                for place, reader in enumerate(slot.readers):
+                    if reader in mailboxes and mm[place]:
+                        mm[place] = 0
 
     def unread(self) -> int:
         """How many slots hold a message not read yet."""
@@ -233,27 +265,59 @@ def read(descriptor: bytes | memoryview, sizes: Sequence[int], reader: int = 0) 
     Raises ``LaneError`` when the slot is gone."""
     import numpy
 
-    mailbox, pid, index, capacity = DESCRIPTOR.unpack(descriptor)
+    mailbox, pid, index, capacity, filling = DESCRIPTOR.unpack(descriptor)
     need = _HEADER + sum(_aligned(n) for n in sizes)
     if need > capacity:
         raise LaneError(f"buffers of {need} bytes do not fit their slot of {capacity}")
     if not 0 <= reader < MAX_READERS:
         raise LaneError(f"a slot has {MAX_READERS} readers at most, not reader {reader}")
-    key = (mailbox, pid, index)
-    mapping = _mapped.get(key)
-    if mapping is None or len(mapping.mm) != capacity:
-        mapping = _map(key, capacity)
-    mm = mapping.mm  # held here: a death forgetting the slot meanwhile does not unmap it
+    mm = _slot(mailbox, pid, index, capacity)
+    _check_filling(mm, filling)
     out = []
     at = _HEADER
     for n in sizes:
         out.append(numpy.frombuffer(mm, dtype=numpy.uint8, count=n, offset=at).copy())
         at += _aligned(n)
+    _check_filling(mm, filling)  # not filled again while this copied (see the docstring)
     # Read: the sender may fill the slot again. Python has no fence to put before this store;
     # on x86 stores never pass earlier loads, and elsewhere the copies' loads completed
     # long before (a copy of 64 KiB or more returned in between).
     mm[reader] = 0
     return out
+
+
+def discard(descriptor: bytes | memoryview, reader: int) -> None:
+    """Mark a lane message read without copying it out: its receiver drops it (it failed a
+    check after its signature was found good). Quietly nothing when the slot is gone or was
+    filled again."""
+    mailbox, pid, index, capacity, filling = DESCRIPTOR.unpack(descriptor)
+    if not 0 <= reader < MAX_READERS:
+        return
+    try:
+        mm = _slot(mailbox, pid, index, capacity)
+    except LaneError:
+        return
+    if _FILLING.unpack_from(mm, _FILLING_AT)[0] == filling:
+        mm[reader] = 0
+
+
+def _slot(mailbox: bytes, pid: int, index: int, capacity: int) -> mmap.mmap:
+    """The mapping of a slot; held by the caller, so that a death forgetting the slot
+    meanwhile does not unmap it under a copy."""
+    key = (mailbox, pid, index)
+    mapping = _mapped.get(key)
+    if mapping is None or len(mapping.mm) != capacity:
+        mapping = _map(key, capacity)
+    return mapping.mm
+
+
+def _check_filling(mm: mmap.mmap, filling: int) -> None:
+    if _FILLING.unpack_from(mm, _FILLING_AT)[0] != filling:
+        raise LaneError(
+            "the shared memory of the message holds another message now: its sender took this "
+            "one for lost (it learnt that its receiver died, and this process reuses the dead "
+            "one's mailbox)"
+        )
 
 
 def _map(key: tuple[bytes, int, int], capacity: int) -> _Mapping:

@@ -200,7 +200,8 @@ class Transport(IoLoop):
                 route = self._remember_outbox(dest)
             endpoint, sock = route
             if buffers and lane is None and self._lane is not None and endpoint[:6] != "tcp://":
-                lane = self._lane.put(buffers)  # copied before the lock: other sends go on
+                # Copied before the lock: other sends go on.
+                lane = self._lane.put(buffers, (dest.mailbox,))
             if sock is None:  # a reply inbox of this host
                 # The route of a reply inbox is its socket's path (no outbox).
                 if self._send_datagram(dest, endpoint, envelope, payload, buffers, digest, lane):
@@ -283,16 +284,26 @@ class Transport(IoLoop):
             return
         lane: bytes | None = None
         if buffers and self._lane is not None and _all_here(dests, self.host_id):
-            lane = self._lane.put(buffers, readers=len(dests))
+            lane = self._lane.put(buffers, [dest.mailbox for dest in dests])
+        sent = [0]  # how many of dests it reached
         try:
-            self._send_to_many(dests, envelope, payload, buffers, digest, lane)
+            self._send_to_many(dests, envelope, payload, buffers, digest, lane, sent)
         except BaseException:
-            self._release_unsent(lane)
+            self._release_unsent(lane, sent[0])
             raise
 
-    def _release_unsent(self, lane: bytes | None) -> None:
+    def _release_unsent(self, lane: bytes | None, sent: int = 0) -> None:
         if lane is not None and self._lane is not None:
-            self._lane.release(lane)  # never sent: nobody will read the slot
+            # Not sent to the receivers from place ``sent`` on: those will not read the slot.
+            self._lane.release(lane, sent)
+
+    def forget_receiver(self, mailbox: bytes) -> None:
+        """The process of ``mailbox`` died: free its places in this process's lane slots, for
+        messages to it and to its actors' own inboxes (any thread)."""
+        if self._lane is not None:
+            routes = list(self._actor_routes.items())
+            inboxes = {route.mailbox for (proc, _), route in routes if proc.mailbox == mailbox}
+            self._lane.forget_receiver({mailbox, *inboxes})
 
     def _send_to_many(
         self,
@@ -302,6 +313,7 @@ class Transport(IoLoop):
         buffers: Sequence[Any],
         digest: bytes | None,
         lane: bytes | None,
+        sent: list[int],
     ) -> None:
         while True:
             known = self._outbox_of
@@ -325,8 +337,13 @@ class Transport(IoLoop):
                 frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest, lane)
                 if len(frames) == 1:  # a call without tensors: one frame, sent inline
                     frame = frames[0]
-                    for _, sock in routes:
-                        _zmq_send(sock, frame)
+                    if lane is None:
+                        for _, sock in routes:
+                            _zmq_send(sock, frame)
+                    else:  # each receiver not reached must not hold the slot (send_many)
+                        for _, sock in routes:
+                            _zmq_send(sock, frame)
+                            sent[0] += 1
                 else:
                     for _, sock in routes:
                         self._send_frames(sock, frames)
