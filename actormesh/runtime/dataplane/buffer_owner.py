@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from ..messaging.node import current_node
 from ..messaging.protocol import BUF_DONE
 from ..messaging.shm_lane import SHM_DIR, NoRoom, map_reserved
 from . import cuda_buffers
-from .shm import NoSpace, no_space
+from .shm import ROOM_ADVICE, NoSpace, no_space
 
 if TYPE_CHECKING:
     import torch
@@ -55,15 +56,15 @@ def move_to_shm(
     tensor: torch.Tensor, owner: str, buffer_id: int, nbytes: int
 ) -> tuple[str, mmap.mmap]:
     """Move ``tensor``'s bytes into a new shared-memory file; the tensor keeps working, on that
-    memory. Raises ``NoSpace`` (nothing left behind) when ``/dev/shm`` cannot hold it."""
+    memory. Raises ``NoSpace`` (nothing left behind) when ``/dev/shm`` cannot hold it, or no
+    file of a new name could be made there."""
     import torch
 
-    path = os.path.join(SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{buffer_id}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd, path = _new_file(owner, buffer_id)
     try:
         mapping = map_reserved(fd, path, nbytes)
     except NoRoom:
-        raise NoSpace(no_space(nbytes)) from None
+        raise NoSpace(no_space(nbytes), ROOM_ADVICE) from None
     finally:
         os.close(fd)
     shared = torch.frombuffer(mapping, dtype=torch.uint8)
@@ -72,6 +73,27 @@ def move_to_shm(
         typed = shared.view(tensor.dtype).view(tensor.shape)
         tensor.set_(typed.untyped_storage(), 0, tensor.shape, tensor.stride())
     return path, mapping
+
+
+def _new_file(owner: str, buffer_id: int) -> tuple[int, str]:
+    """A new file of this process in ``/dev/shm``, open, and its path. The name starts as every
+    file of the process does (``actormesh-<mailbox>-<pid>-``: what removes a dead process's
+    files finds it) and ends in a random part: names that another local user could guess
+    (``ls /dev/shm`` shows the rest) and make first would refuse the buffer."""
+    for _ in range(_TRIES):
+        path = os.path.join(
+            SHM_DIR, f"actormesh-{owner}-{os.getpid()}-{buffer_id}.{secrets.token_hex(6)}"
+        )
+        try:
+            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600), path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise NoSpace(f"no file can be made in {SHM_DIR} ({exc.strerror})") from None
+    raise NoSpace(f"{_TRIES} new names in {SHM_DIR} were all taken")
+
+
+_TRIES = 3
 
 
 def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:

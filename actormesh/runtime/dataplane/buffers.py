@@ -123,7 +123,7 @@ class TensorBuffer:
                     raise MeshError(f"TensorBuffer(transport='shm'): {exc}") from None
                 warnings.warn(
                     f"TensorBuffer: {exc}; serving it over the socket instead (slower on one "
-                    "host; a larger /dev/shm, e.g. docker run --shm-size, avoids this)",
+                    f"host{exc.advice})",
                     ResourceWarning,
                     stacklevel=2,
                 )
@@ -240,6 +240,11 @@ class TensorBuffer:
             m = shm.mapping(self.path, self.nbytes, self.owner.mailbox, held)
         except shm.Dropped:
             raise MeshError(f"{self!r} was dropped by its owner") from None
+        except shm.NotOurs as exc:
+            raise MeshError(
+                f"{self!r} was dropped by its owner, and its shared-memory name now holds "
+                f"something else, which is neither read nor written: {exc}"
+            ) from None
         if m is not held:
             if self._let_go is not None:
                 self._let_go()  # the mapping it held before

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 import time
 from typing import Any
@@ -32,11 +33,23 @@ _janitor_node: Any = None
 
 
 class NoSpace(Exception):
-    pass
+    """``/dev/shm`` takes no new file for a buffer: no room (``advice`` says what helps), or no
+    new name (the socket serves it)."""
+
+    def __init__(self, text: str, advice: str = "") -> None:
+        super().__init__(text)
+        self.advice = advice
+
+
+ROOM_ADVICE = "; a larger /dev/shm, e.g. docker run --shm-size, avoids this"
 
 
 class Dropped(Exception):
     """The owner's file is gone: its buffer was dropped."""
+
+
+class NotOurs(Exception):
+    """The file at a buffer's name is not its owner's (see ``ShmMapping``)."""
 
 
 def no_space(nbytes: int) -> str:
@@ -60,9 +73,25 @@ class ShmMapping:
         import torch
 
         self.path = path
-        fd = os.open(path, os.O_RDWR)
+        # The name is public (``ls /dev/shm``): once the owner dropped the buffer, another local
+        # user may make a file, or a link to one, under it. Reads would then return their bytes
+        # and writes go into their file (or through the link). So: no link followed, and the
+        # file must be this user's and as large as the buffer, as a lane slot's reader checks.
         try:
-            self.inode = os.fstat(fd).st_ino
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise NotOurs(f"{path} cannot be opened ({exc.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size < nbytes:
+                raise NotOurs(
+                    f"{path} is not the buffer's file: it belongs to uid {st.st_uid} (this job "
+                    f"runs as {os.geteuid()}) and holds {st.st_size} bytes (the buffer "
+                    f"{nbytes}); its owner dropped it, and someone made a file of that name"
+                )
+            self.inode = st.st_ino
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self.mm: mmap.mmap | None = mmap.mmap(fd, nbytes, flags=flags)
         finally:
@@ -107,9 +136,10 @@ class ShmMapping:
 def mapping(path: str, nbytes: int, owner: bytes, held: ShmMapping | None) -> ShmMapping:
     """The mapping to read ``path`` through, for a handle that holds ``held`` (the mapping it
     read through before, or None). A mapping the handle did not hold counts it as a user until
-    :func:`let_go`. Raises :class:`Dropped` when the file is gone, after unmapping it."""
+    :func:`let_go`. Raises :class:`Dropped` when the file is gone, after unmapping it, and
+    :class:`NotOurs` when another file (or a link) has its name."""
     try:
-        inode: int | None = os.stat(path).st_ino
+        inode: int | None = os.lstat(path).st_ino
     except FileNotFoundError:
         inode = None
     with _lock:
