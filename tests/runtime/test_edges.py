@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from support import wait_until
 
 import actormesh as am
+from actormesh.runtime.messaging.run_dir import sweep_run_dirs
 
 
 def run_script(tmp_path: Path, text: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -284,40 +286,76 @@ sys.stdin.readline()  # killed while waiting here
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
-def test_a_controller_killed_by_a_signal_leaves_no_files(tmp_path: Path, signum: int) -> None:
+def _started(tmp_path: Path, env: dict[str, str] | None = None, **popen: Any) -> tuple[
+    subprocess.Popen[str], str, int, list[int], list[str]
+]:  # fmt: skip
+    """KILLED_SCRIPT, started and waited for: it, its run dir, its agent's pid, its workers'
+    pids and the shared-memory files of it and its workers."""
     script = tmp_path / "killed.py"
     script.write_text(KILLED_SCRIPT)
-    with subprocess.Popen(
-        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as proc:
-        assert proc.stdout is not None
-        lines: dict[str, str] = {}
-        while len(lines) < 3:
-            line = proc.stdout.readline()
-            assert line, f"the script ended early: {lines}"
-            tag, _, rest = line.strip().partition(" ")
-            lines[tag] = rest
-        run_dir, agent = lines["RUN_DIR"], int(lines["AGENT"])
-        workers = [int(p) for p in lines["WORKERS"].split()]
-        segments = [
-            p for pid in [proc.pid, *workers] for p in glob.glob(f"/dev/shm/actormesh-*-{pid}-*")
-        ]
-        lanes = [p for p in segments if "-lane" in p]
-        assert len(segments) - len(lanes) == 2 and os.path.isdir(run_dir)  # the TensorBuffers
-        assert {int(p.split("-")[2]) for p in lanes} == {proc.pid, *workers}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        **popen,
+    )
+    assert proc.stdout is not None
+    lines: dict[str, str] = {}
+    while len(lines) < 3:
+        line = proc.stdout.readline()
+        assert line, f"the script ended early: {lines}"
+        tag, _, rest = line.strip().partition(" ")
+        lines[tag] = rest
+    workers = [int(p) for p in lines["WORKERS"].split()]
+    segments = [
+        p for pid in [proc.pid, *workers] for p in glob.glob(f"/dev/shm/actormesh-*-{pid}-*")
+    ]
+    lanes = [p for p in segments if "-lane" in p]
+    assert len(segments) - len(lanes) == 2 and os.path.isdir(lines["RUN_DIR"])  # the buffers
+    assert {int(p.split("-")[2]) for p in lanes} == {proc.pid, *workers}
+    return proc, lines["RUN_DIR"], int(lines["AGENT"]), workers, segments
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_controller_killed_by_a_signal_leaves_no_files(tmp_path: Path, signum: int) -> None:
+    proc, run_dir, agent, workers, segments = _started(tmp_path)
+    with proc:
         proc.send_signal(signum)
         proc.wait(10)
-
-    def gone(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    wait_until(lambda: all(gone(p) for p in [agent, *workers]), 10, "the agent and workers to exit")
+    wait_until(
+        lambda: all(_gone(p) for p in [agent, *workers]), 10, "the agent and workers to exit"
+    )
     wait_until(lambda: not any(os.path.exists(p) for p in segments), 5, "the segments to go")
     wait_until(lambda: not os.path.exists(run_dir), 5, f"{run_dir} to be removed")
+
+
+def test_the_next_run_removes_the_shared_memory_of_a_tree_killed_at_once(
+    tmp_path: Path,
+) -> None:
+    """The OOM killer, ``kill -9 -PGID``: controller, agent and workers die at once, none left
+    to clean up. The next actormesh process on the host (its run-dir sweep) removes the run
+    directory and the shared memory of the processes it names (issue 40)."""
+    runs = tmp_path / "runs"  # a run-dir root of its own: no other run sweeps it meanwhile
+    runs.mkdir()
+    env = dict(os.environ, ACTORMESH_RUN_DIR=str(runs))
+    # Its own process group, as a job's tree is.
+    proc, killed_dir, agent, workers, segments = _started(tmp_path, env, start_new_session=True)
+    with proc:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    wait_until(lambda: all(_gone(p) for p in [agent, *workers]), 10, "the tree to end")
+    assert all(os.path.exists(p) for p in segments) and os.path.isdir(killed_dir)
+    assert sweep_run_dirs(str(runs)) == [killed_dir]  # what the next controller does first
+    assert [p for p in segments if os.path.exists(p)] == [], "shared memory left behind"
 
 
 class Echo(am.Actor):

@@ -1,9 +1,16 @@
 """A process's run directory: the 0700 folder under ``ACTORMESH_RUN_DIR`` that holds its ipc://
 sockets. Each names its owner, so a later process removes those of owners that died without
-removing theirs."""
+removing theirs.
+
+Each process that uses the directory also leaves a note there of the prefix its shared-memory
+files have (``/dev/shm/actormesh-<mailbox>-<pid>-*``): when the whole tree was killed (the OOM
+killer, ``kill -9`` of the process group), nobody was left to remove those files, and the run
+that removes the directory removes them too."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
 import socket
@@ -14,6 +21,7 @@ import psutil
 from ... import config
 
 _OWNER = "owner"  # in each run dir: host, pid and start time of the process it belongs to
+_SHM_NOTE = "shm-"  # + "<mailbox hex>-<pid>": a process of the run dir with shared memory
 
 
 def _identity(pid: int) -> str:
@@ -58,6 +66,54 @@ def sweep_run_dirs(root: str | None = None) -> list[str]:
         except psutil.Error:  # not ours to judge
             alive = True
         if not alive:
+            _remove_shared_memory(entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     return removed
+
+
+def note_shared_memory(run_dir: str, mailbox: bytes) -> None:
+    """Leave a note in ``run_dir`` of this process's shared-memory files (see the module
+    docstring); nothing when the directory is gone or not writable."""
+    with contextlib.suppress(OSError), open(_note(run_dir, mailbox.hex(), os.getpid()), "w"):
+        pass
+
+
+def forget_shared_memory(run_dir: str, mailbox_hex: str, pid: int) -> None:
+    """Remove a process's note: it ended and its files were removed (by itself as it closed,
+    or by its host agent as it reaped it)."""
+    with contextlib.suppress(OSError):
+        os.unlink(_note(run_dir, mailbox_hex, pid))
+
+
+def _note(run_dir: str, mailbox_hex: str, pid: int) -> str:
+    return os.path.join(run_dir, f"{_SHM_NOTE}{mailbox_hex}-{pid}")
+
+
+def _remove_shared_memory(path: str) -> None:
+    """Remove the shared-memory files the notes in a dead owner's run dir name, of processes
+    that are gone (one still alive keeps its own)."""
+    try:
+        notes = [e.name for e in os.scandir(path) if e.name.startswith(_SHM_NOTE)]
+    except OSError:
+        return
+    for note in notes:
+        mailbox, _, pid = note[len(_SHM_NOTE) :].partition("-")
+        if not pid.isdigit() or not all(c in "0123456789abcdef" for c in mailbox):
+            continue
+        if _running(int(pid)):
+            continue
+        for name in glob.glob(f"/dev/shm/actormesh-{mailbox}-{pid}-*"):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that may still use its files (not ended, nor a zombie: a
+    tree killed at once leaves zombies until something reaps them)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # not ours to judge
+        return True

@@ -22,6 +22,7 @@ authenticates, decodes envelopes and dispatches to the handler, which must only 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from .datagrams import DatagramSender, path_of
 from .io_loop import IoLoop
 from .open_files import files_short, make_room
 from .receive import receive
+from .run_dir import forget_shared_memory, note_shared_memory
 from .shm_lane import SendLane
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,10 @@ class Transport(IoLoop):
         self._verifier = Verifier(key, self.mailbox)
         # Large tensors to processes of this host go through shared memory (shm_lane.py).
         self._lane = SendLane(self.mailbox) if shm_lane else None
+        # Its files (and TensorBuffers') outlive a process killed with its whole tree: the
+        # run dir's next sweep removes them (run_dir.py). The note goes as the transport closes.
+        self._pid = os.getpid()
+        note_shared_memory(run_dir, self.mailbox)
         # Handles each message off the process inbox, on the I/O thread: the Node built on this
         # transport sets it (Node.dispatch) before the transport starts.
         self.on_message: Callable[[Message], None] = _unattached
@@ -577,3 +583,5 @@ class Transport(IoLoop):
         self.close_wake_pipe()
         if self._lane is not None:
             self._lane.close(linger)
+        if os.getpid() == self._pid:  # not a forked child's copy
+            forget_shared_memory(self.run_dir, self.mailbox.hex(), self._pid)

@@ -39,6 +39,7 @@ from ..messaging.protocol import (
     SIGNAL,
     SPAWN_PROCS,
 )
+from ..messaging.run_dir import forget_shared_memory
 from ..messaging.transport import Transport
 from ..messaging.tunnel import TunnelEnds
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
@@ -272,6 +273,7 @@ class Agent:
         # and its sockets' files (its inbox and its actors' own, named after it: see
         # actor_address), which ZeroMQ leaves when a process ends without closing them.
         _remove_segments(worker.mailbox.hex(), pid)
+        forget_shared_memory(self.init["run_dir"], worker.mailbox.hex(), pid)
         if worker.ipc:
             for name in (worker.ipc, *glob.glob(glob.escape(worker.ipc) + ".*")):
                 with contextlib.suppress(FileNotFoundError):
