@@ -117,6 +117,10 @@ def test_controller_side_errors_raise_at_the_line_and_send_nothing(mesh: Any) ->
         distribute(torch.ones(4, 4), mesh, sharding_spec=["dp", "dp"])
     with pytest.raises(ValueError, match="in mesh order"):
         distribute(torch.ones(4, 4), mesh, sharding_spec=[("tp", "dp"), None])
+    with pytest.raises(ValueError, match=r"entry 0 \(tensor dim 0\) is not a mesh dimension"):
+        distribute(torch.ones(4, 4), mesh, sharding_spec=[0, None])  # a DTensor Shard(0) habit
+    with pytest.raises(ValueError, match=r"entry \('dp', 1\) \(tensor dim 1\) is not"):
+        distribute(torch.ones(4, 4), mesh, sharding_spec=[None, ("dp", 1)])
     with pytest.raises(TypeError, match="not constructed directly"):
         MeshTensor()
     assert not stream.ops and stream.batches == sent

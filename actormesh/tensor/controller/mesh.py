@@ -171,7 +171,14 @@ class TensorMesh:
         for tdim, entry in enumerate(spec):
             if entry is None:
                 continue
-            names = (entry,) if isinstance(entry, str) else tuple(entry)
+            names = (entry,) if isinstance(entry, str) else entry
+            if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+                raise compat.MeshUsageError(
+                    f"sharding_spec entry {entry!r} (tensor dim {tdim}) is not a mesh "
+                    "dimension name: give a name, a tuple of names or None for each tensor "
+                    f"dimension (this mesh has {self!r}: {self.labels[0]!r} shards over its "
+                    f"first dimension), or DTensor placements=[Shard({tdim}), ...]"
+                )
             positions = []
             for name in names:
                 if name not in self.labels:
