@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -86,6 +87,10 @@ def test_values_are_floats_and_bad_ones_refused_before_anything_is_kept(node: _N
     metrics.log_metrics({"a": 1, "b": np.float32(0.5), "c": True}, step=2)
     with pytest.raises(metrics.MeshUsageError, match="must be a number"):
         metrics.log_metrics({"ok": 1.0, "bad": "0.5"})
+    with pytest.raises(metrics.MeshUsageError, match=r"'huge' is an int of 1329 bits, too large"):
+        metrics.log_metrics({"ok": 1.0, "huge": 10**400})
+    with pytest.raises(metrics.MeshUsageError, match=r"'huge' is Fraction.*too large for a float"):
+        metrics.log_metrics({"ok": 1.0, "huge": Fraction(10**400, 3)})
     metrics.flush_metrics()
     (envelope,) = node.sent
     assert metrics.call_records(envelope[3]) == [

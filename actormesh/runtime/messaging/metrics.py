@@ -148,6 +148,18 @@ def _check_name(name: object) -> None:
 
 
 def _as_float(name: str, value: object) -> float:
+    try:
+        return _converted(name, value)
+    except OverflowError:  # float(10**400), a Fraction as large
+        # Not str() of an int: past 4300 digits, Python refuses to make it.
+        what = f"an int of {value.bit_length()} bits" if isinstance(value, int) else repr(value)
+        raise MeshUsageError(
+            f"log_metrics: {name!r} is {what[:80]}, too large for a float (the largest is "
+            "about 1.8e308); log a scaled value (its log10, for example)"
+        ) from None
+
+
+def _converted(name: str, value: object) -> float:
     if type(value) is int:
         return float(value)
     # A tensor, an array or a numpy scalar: one call if it holds one value. Tried before the
