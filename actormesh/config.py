@@ -64,6 +64,11 @@ if TENSOR_TRACEBACKS not in ("0", "1"):
 # block (one message per distinct block, ahead of the op); a smaller tensor travels whole with
 # the op, and every rank keeps its slice.
 TENSOR_SHARD_BYTES = _bytes("ACTORMESH_TENSOR_SHARD_BYTES", 64 * 2**20)
+# How long a tensor sync point given no timeout (t.item(), t.get(), float(t), actormesh.inspect)
+# waits for the ranks, which first run every op issued before it; 0: no deadline. Long enough
+# for a long step, short of forever: a collective that only some ranks entered (a remote
+# function that runs one on some ranks only) never ends, and the error names the ranks.
+TENSOR_TIMEOUT = _float("ACTORMESH_TENSOR_TIMEOUT", 300.0)
 # Where ipc:// sockets live; the path of a unix socket must stay short (108 bytes).
 RUN_DIR = os.environ.get("ACTORMESH_RUN_DIR", "/tmp")
 # Lines of a dead worker's stderr kept for its SupervisionError.

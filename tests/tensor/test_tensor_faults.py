@@ -14,7 +14,7 @@ import torch
 from support import wait_until
 
 import actormesh as am
-from actormesh.tensor import call_on_shard_and_fetch, distribute, inspect
+from actormesh.tensor import call_on_shard_and_fetch, distribute, fetch, inspect
 
 WAIT = 60
 
@@ -45,3 +45,32 @@ def test_rank_death_then_heal(
         inspect(dt)
     fresh = distribute(x, procs, sharding_spec=["dp", None])
     assert torch.equal(inspect(fresh @ fresh.T), x @ x.T)
+
+
+@am.remote(propagate=lambda t: t)
+def all_reduce_on_rank_0_only(t: Any) -> Any:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(t.to_local().clone())  # the other ranks never join it
+    return t
+
+
+def test_a_sync_point_that_waits_on_a_collective_some_ranks_skipped_times_out_naming_them(
+    spawn_procs: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actormesh import config
+
+    procs = spawn_procs(per_host={"dp": 2})
+    dt = distribute(torch.ones(4), procs)
+    assert inspect(dt).sum().item() == 4
+    stuck = all_reduce_on_rank_0_only(dt).sum()
+    start = time.monotonic()
+    with pytest.raises(am.MeshTimeoutError, match=r"rank \{dp=0\} \(1 of 2\) did not answer"):
+        stuck.item(timeout=1)
+    assert time.monotonic() - start < 10
+    monkeypatch.setattr(config, "TENSOR_TIMEOUT", 1.0)  # ACTORMESH_TENSOR_TIMEOUT=1
+    with pytest.raises(am.MeshTimeoutError, match=r"timed out after 1 s .* did not answer"):
+        inspect(stuck)  # no timeout given: the default deadline, not forever
+    with pytest.raises(am.MeshTimeoutError, match=r"rank \{dp=0\}"):
+        fetch(stuck).get(timeout=1)  # a Future's own timeout names the rank too

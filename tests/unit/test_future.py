@@ -200,6 +200,10 @@ def test_when_all_keeps_order_and_fails_with_the_first_failure() -> None:
     assert not both.done()
     with pytest.raises(MeshTimeoutError, match="waiting for 1 more results"):
         both.get(timeout=0.01)
+    described: Future[int] = Future(lambda: "rank {dp=1} of the call")
+    named = when_all([described, Future._completed(3)])
+    with pytest.raises(MeshTimeoutError, match=r"waiting for rank \{dp=1\} of the call$"):
+        named.get(timeout=0.01)  # it says what the futures still pending wait for
     a._set_result(1)
     assert both.get() == [1, 2]  # the order given, not the order of completion
     assert when_all([]).get() == []

@@ -318,7 +318,13 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
 
 def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
     """A future for every result, in order; fails with the first failure. Nothing blocks."""
-    out: Future[list[Any]] = Future(lambda: f"{sum(not f.done() for f in futures)} more results")
+
+    def describe() -> str:  # what the futures still pending wait for (the ranks they name)
+        pending = [f for f in futures if not f.done()]
+        said = [d() for f in pending if (d := f._describe_pending) is not None]  # noqa: SLF001
+        return "; ".join(said) if said else f"{len(pending)} more results"
+
+    out: Future[list[Any]] = Future(describe)
     remaining = [len(futures)]
     if not futures:
         out._set_result([])

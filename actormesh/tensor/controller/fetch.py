@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ...errors import SupervisionError
+from ... import config
+from ...errors import MeshTimeoutError, SupervisionError
 from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import FailureInfo
@@ -59,9 +60,11 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
     return compat.then(compat.when_all(parts), combine)
 
 
-def inspect(obj: Any, **coords: int) -> Any:
-    """``fetch(obj, **coords).get()``: blocks until the value is on the controller."""
-    return get(obj, None, **coords)
+def inspect(obj: Any, *, timeout: float | None = None, **coords: int) -> Any:
+    """``fetch(obj, **coords).get(timeout)``: blocks until the value is on the controller, up
+    to ``timeout`` s (None: ``ACTORMESH_TENSOR_TIMEOUT``, 300 s unless set), then raises
+    ``MeshTimeoutError`` naming the ranks that have not answered."""
+    return get(obj, timeout, **coords)
 
 
 def show(obj: Any, **coords: int) -> None:
@@ -83,10 +86,13 @@ def show(obj: Any, **coords: int) -> None:
 
 def get(obj: Any, timeout: float | None, **coords: int) -> Any:
     """``fetch(obj, **coords).get(timeout)``, for a sync point that blocks anyway (``inspect``,
-    ``t.item()``): values of one mesh are awaited on their own reply future, with no callbacks
-    chained to it. Each callback added to a pending reply wakes the I/O thread to watch the
-    main thread's reply socket, which the wait then takes back: in a training loop's
-    ``loss.item()``, that was two threads taking turns for the GIL every step."""
+    ``t.item()``), with the default deadline of tensor sync points. Values of one mesh are
+    awaited on their own reply future, with no callbacks chained to it. Each callback added to
+    a pending reply wakes the I/O thread to watch the main thread's reply socket, which the
+    wait then takes back: in a training loop's ``loss.item()``, that was two threads taking
+    turns for the GIL every step."""
+    if timeout is None and config.TENSOR_TIMEOUT > 0:
+        timeout = config.TENSOR_TIMEOUT
     leaves, spec = tree_flatten(obj)
     by_mesh = _requests(leaves, coords)
     if len(by_mesh) != 1:
@@ -98,7 +104,25 @@ def get(obj: Any, timeout: float | None, **coords: int) -> Any:
     except SupervisionError as exc:
         tm.stream.lose(exc)  # as _watch does
         raise
+    except MeshTimeoutError as exc:
+        raise MeshTimeoutError(_late(tm, reply, exc)) from None
     return _put_back(leaves, spec, _assemble(tm, requests, vm))
+
+
+def _late(tm: TensorMesh, reply: Any, exc: MeshTimeoutError) -> str:
+    """What a sync point that timed out says: which ranks did not answer, and why they may not."""
+    ranks = compat.mesh_id(tm.procs)[1]
+    late = [tm.coords_of(ranks.index(r)) for _, r in reply.pending_ranks() if r in ranks]
+    said = str(exc).split(" waiting for ", 1)[0]  # "timed out after 2 s"
+    return (
+        f"{said} waiting for a tensor value from the ranks of {tm!r}; rank "
+        f"{', '.join(late) or '(none known)'} ({len(late)} of {len(ranks)}) did not answer. A "
+        "rank answers once it ran every op issued before this sync point: a long step, or a "
+        "collective that not every rank entered (a remote function that runs one on some "
+        "ranks only), which never ends (procs.stacks() shows where each rank is). Give a "
+        "longer timeout (t.item(timeout=...), t.get(timeout=...), inspect(..., timeout=...)) "
+        "or set ACTORMESH_TENSOR_TIMEOUT (seconds, 0 for none)."
+    )
 
 
 def _requests(

@@ -1,4 +1,4 @@
-"""Remote functions: user code run on every rank's local values, as one op in the stream.
+"""Remote functions: user code run on every rank, as one op in the stream.
 
 ``@remote(propagate=...)`` follows PyTorch Monarch's meanings of ``propagate``:
 
@@ -208,8 +208,10 @@ def _outputs(
 
 def remote(fn: Callable[..., Any] | None = None, *, propagate: Any = None) -> Any:
     """Make ``fn`` a remote function: ``fn(*args)`` records one op that runs ``fn`` on every
-    rank's local values and returns MeshTensors at once (see the module docs for
-    ``propagate``). ``fn.call(*args)`` runs it now and gives a ``Future[ValueMesh]``.
+    rank and returns MeshTensors at once (see the module docs for ``propagate``). A global
+    MeshTensor argument arrives as the rank's DTensor (``t.to_local()`` is its shard), a
+    per-rank one as the rank's tensor. ``fn.call(*args)`` runs it now and gives a
+    ``Future[ValueMesh]``.
 
     Usable as ``@remote``, ``@remote(propagate=...)`` or ``remote(fn, propagate=...)``. If the
     function raises on some ranks, its results there are poisoned (stand-ins of the propagated

@@ -123,11 +123,14 @@ class MeshTensor(torch.Tensor):
     # -- sync points -------------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> torch.Tensor:
-        """The full tensor on the controller (a sync point; blocks up to ``timeout`` s)."""
+        """The full tensor on the controller (a sync point). Blocks up to ``timeout`` s (None:
+        ``ACTORMESH_TENSOR_TIMEOUT``, 300 s unless set), then raises ``MeshTimeoutError``
+        naming the ranks that have not answered."""
         return methods.get(self, timeout)
 
-    def item(self) -> Any:
-        return self.get().item()
+    def item(self, timeout: float | None = None) -> Any:
+        """The value of a one-element tensor (a sync point; ``timeout`` as for ``get``)."""
+        return self.get(timeout).item()
 
     def tolist(self) -> Any:
         return self.get().tolist()
