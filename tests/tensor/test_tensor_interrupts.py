@@ -56,6 +56,7 @@ def on_every_rank(t: Any, mesh: Any) -> list[float]:
 # An interrupt that lands in a destructor (MeshTensor.__del__, at its first bytecode) is printed
 # and dropped by Python itself; pytest would turn each print into an error.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.slow
 def test_interrupts_at_random_points_leave_every_rank_the_same_values(mesh: Any) -> None:
     x = distribute(torch.arange(16.0, dtype=torch.float64).reshape(4, 4), mesh, ["dp", None])
     acc = distribute(torch.zeros((), dtype=torch.float64), mesh)
