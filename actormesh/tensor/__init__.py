@@ -27,6 +27,7 @@ the ranks' half never imports the controller's.
 ``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
+``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
 ``controller/fetch.py``         sync points: values back to the controller
 ``controller/distribute.py``    global MeshTensors from controller tensors, random factories
@@ -86,9 +87,10 @@ Controller, the sync point.
 3. ``MeshTensor.item`` calls ``MeshTensor.get``, which is ``fetch.get`` (``controller/fetch.py``):
    ``fetch._requests`` names the value and the rank wanted, and ``Stream.fetch_after_batch`` sends
    the buffered ops and the fetch as one call, ``_TensorEngine.run_and_fetch``, one message per
-   process. ``stream._pack`` pickles the batch with the C pickler when every op's kind is
-   ``plain``; the call goes as any call does (``Endpoint.call``, walked hop by hop in
-   ``runtime/__init__.py``).
+   process, with Ctrl-C held back meanwhile (``interrupts.held``, ``controller/interrupts.py``:
+   the batch reaches every rank or none). ``stream._pack`` pickles the batch with the C pickler
+   when every op's kind is ``plain``; the call goes as any call does (``Endpoint.call``, walked
+   hop by hop in ``runtime/__init__.py``).
 
 Worker, the engine's thread.
 
