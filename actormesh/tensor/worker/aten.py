@@ -38,6 +38,21 @@ _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.d
            "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
 
 
+# Ops DTensor has no rule for (torch 2.13, CPU) whose decomposition, run on DTensors, takes
+# minutes (it goes through torch's reference implementations): refused at once instead, saying
+# what works. (shard_ops.py runs them on each rank's blocks where that is exact.)
+_ATTENTION = (
+    "attention on the CPU (scaled_dot_product_attention) runs on DTensors only with query, key "
+    "and value split alike over batch or heads (dims 0, 1), no dropout, and a mask that is "
+    "replicated or split alike; these were placed otherwise. Keep the sequence dimension whole "
+    "in attention (no SequenceParallel or Shard(2) input there), set dropout to 0, or use an "
+    "attention written with matmul and softmax (Hugging Face: attn_implementation='eager')"
+)
+_REFUSED = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": _ATTENTION,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": _ATTENTION,
+}
+
 # In-place ops that change only a tensor's shape or strides: DTensor has no sharding rule for
 # them (torch 2.13), so on a DTensor the engine runs the view they stand for, under the same id.
 _IN_PLACE_VIEWS = {
@@ -144,7 +159,9 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             func = resolve_op(view)
     local = on_shards(name, func, args, kwargs)
     if local is not None:
-        return [local]
+        return tensor_leaves(local)
+    if name in _REFUSED:
+        raise NotImplementedError(_REFUSED[name])
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
     try:
