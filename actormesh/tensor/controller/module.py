@@ -343,7 +343,7 @@ class _GradSync:
             return
         grads = tuple(g.value_id for g, _ in pairs)
         ins = (*grads, *(p.value_id for _, p in pairs))
-        payload = tuple((Ref(g.value_id), Ref(p.value_id)) for g, p in pairs)
+        payload = (tuple((Ref(g.value_id), Ref(p.value_id)) for g, p in pairs),)
         meta = tuple((tuple(g.shape), g.dtype, False) for g, _ in pairs)
         self.tm.stream.record(("grad_sync", grads, ins, meta, payload, issue_site()))
 

@@ -126,8 +126,9 @@ def run_grad_sync(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> 
     dimensions in buckets of up to ``BUCKET_BYTES`` (one all_reduce per bucket, not one per
     parameter); any other difference is DTensor's redistribute (a reduce-scatter for a
     parameter split over the data dimension). The global values do not change."""
-    grads = [engine.resolve(g) for g, _ in payload]
-    targets = [engine.resolve(p) for _, p in payload]
+    (pairs,) = payload
+    grads = [engine.resolve(g) for g, _ in pairs]
+    targets = [engine.resolve(p) for _, p in pairs]
     result = list(grads)
     buckets: dict[tuple[int, ...], list[int]] = {}
     for k, (g, p) in enumerate(zip(grads, targets, strict=True)):

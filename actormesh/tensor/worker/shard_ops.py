@@ -673,45 +673,39 @@ def _same_blocks(tensors: Sequence[Any]) -> Any:
 
 def _mask_block(mask: Any, spec: Any) -> Any:
     """This rank's part of an attention mask for queries laid out as ``spec`` (None for no
-    mask); ``_NOT_LOCAL`` when it cannot be cut locally."""
+    mask); ``_NOT_LOCAL`` when it cannot be cut here. Over each mesh dimension the mask is split
+    as the queries are, or replicated (then cut here where the queries are split and the mask
+    is not broadcast along that dim)."""
     import torch
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if mask is None:
         return None
     if type(mask) is DTensor:
-        mspec = mask._spec  # noqa: SLF001
-        if mspec.mesh is not spec.mesh:
+        if mask._spec.mesh is not spec.mesh:  # noqa: SLF001
             return _NOT_LOCAL
-        if (
-            mask.dim() == 4
-            and mspec.placements == spec.placements
-            and mask.shape[:2] == spec.shape[:2]
-        ):
-            return mask._local_tensor  # noqa: SLF001
-        if not all(p.is_replicate() for p in mspec.placements):
-            return _NOT_LOCAL
-        full = mask._local_tensor  # noqa: SLF001
+        placements, local = mask.placements, mask._local_tensor  # noqa: SLF001
     elif type(mask) is torch.Tensor:
-        full = mask
+        placements, local = (Replicate(),) * spec.mesh.ndim, mask
     else:
         return _NOT_LOCAL
-    found = _blocks.get(id(spec))
-    if found is None or found[0] is not spec:
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
-            spec.shape, spec.mesh, spec.placements))  # fmt: skip
-    shape, offset = found[1]
-    lead = 4 - full.dim()
-    for d in (0, 1):
-        md = d - lead
-        if md < 0 or full.shape[md] == 1 or shape[d] == spec.shape[d]:
-            continue
-        if full.shape[md] != spec.shape[d]:
+    lead = 4 - mask.dim()
+    for i, (qp, mp) in enumerate(zip(spec.placements, placements, strict=True)):
+        if mp == qp and (not qp.is_shard() or lead == 0):
+            continue  # split alike (or both replicated)
+        if not mp.is_replicate():
             return _NOT_LOCAL
-        full = full.narrow(md, offset[d], shape[d])
-    return full
+        md = qp.dim - lead if qp.is_shard() else -1
+        if md < 0 or mask.shape[md] == 1:
+            continue  # broadcast along the split dim: every rank uses all of it
+        if mask.shape[md] != spec.shape[qp.dim]:
+            return _NOT_LOCAL
+        alone: list[Any] = [Replicate()] * spec.mesh.ndim
+        alone[i] = Shard(md)
+        shape, offset = compute_local_shape_and_global_offset(mask.shape, spec.mesh, alone)
+        local = local.narrow(md, offset[md], shape[md])
+    return local
 
 
 _NOT_LOCAL: Any = object()
