@@ -47,7 +47,7 @@ from ..wire.errors import RemoteTensorError
 from ..wire.ops import Ref, issue_site
 from .fetch import fetch_value
 from .mesh import TensorMesh, engine_mesh
-from .plans import check_plan, install_layouts
+from .plans import check_plan, install_layouts, relayout
 from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
 
 DATA_DIM_NAMES = ("data_parallel", "dp", "data")
@@ -59,10 +59,17 @@ class _Placement:
     """What a meshed model keeps besides the user's attributes (one attribute, ``_actormesh``)."""
 
     def __init__(
-        self, tm: TensorMesh, data_dim: str | None, cls: type, placements: dict[str, str]
+        self,
+        tm: TensorMesh,
+        data_dim: str | None,
+        fsdp: bool,
+        cls: type,
+        placements: dict[str, str],
     ) -> None:
         self.tm = tm
         self.data_dim = data_dim
+        self.fsdp = fsdp
+        self.calling = threading.local()  # within a call that gathered the parameters
         self.cls = cls  # the user's class
         self.placements = placements  # parameter name -> its placements, as the ranks said
         self.grad_sync: Any = None
@@ -85,8 +92,28 @@ class MeshModule(nn.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = self._actormesh
+        if getattr(state.calling, "gathered", False):  # functional_call's own call, below
+            return super().__call__(*args, **kwargs)
         args, kwargs = tree_map(lambda x: _to_mesh(state, x), (args, kwargs))
-        return super().__call__(*args, **kwargs)
+        if not state.fsdp:
+            return super().__call__(*args, **kwargs)
+        # FSDP: the parameters rest split over the data dimension and are gathered for the
+        # call (one relayout each, differentiable: their gradients come back to the split
+        # parameters, and grad_sync reduce-scatters them). The forward's ops then see the
+        # placements of the other options, as FSDP's forward sees whole parameters.
+        axis = state.tm.labels.index(state.data_dim)
+        whole = _replicate()
+        gathered: dict[str, Any] = {}
+        once: dict[int, Any] = {}  # a tied parameter is gathered once
+        for name, p in self.named_parameters(remove_duplicate=False):
+            if id(p) not in once:
+                once[id(p)] = relayout(p, whole, state.tm, axis)
+            gathered[name] = once[id(p)]
+        state.calling.gathered = True
+        try:
+            return torch.func.functional_call(self, gathered, args, kwargs, strict=False)
+        finally:
+            state.calling.gathered = False
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         raise compat.MeshUsageError(
@@ -109,6 +136,12 @@ class MeshModule(nn.Module):
         del local.__dict__["_actormesh"]
         local.__class__ = self._actormesh.cls
         return local
+
+
+def _replicate() -> Any:
+    from torch.distributed.tensor import Replicate
+
+    return Replicate()
 
 
 def _is_param(t: Any) -> bool:
@@ -249,7 +282,7 @@ def module_to_mesh(
     # with them in its memo keeps ties and every other attribute).
     result = copy.deepcopy(model, dict(meshed))
     cls = type(result)
-    object.__setattr__(result, "_actormesh", _Placement(tm, data_dim, cls, placements))
+    object.__setattr__(result, "_actormesh", _Placement(tm, data_dim, fsdp, cls, placements))
     result.__class__ = mesh_class(cls)
     _sync_gradients_after_backward(result)
     if plan:

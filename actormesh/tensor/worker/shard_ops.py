@@ -16,6 +16,7 @@ result with the spec it must have:
   weight gradient's contraction over the split batch giving a ``Partial`` sum) and
   ``sum.dim_IntList``, and ``view`` of a tensor split over no dimension; each placement the
   result gets is the one DTensor's rule gives.
+- ``cat`` with 1-D empty tensors among others, which torch skips and DTensor does not: left out.
 - ``nll_loss`` (``cross_entropy``) with mean reduction on a split batch: DTensor's rule (torch
   2.13) averages the ranks' means, which is wrong whenever their counts of counted targets
   differ (``ignore_index``, padding, class weights); it is computed here as the sum over the
@@ -25,9 +26,12 @@ result with the spec it must have:
   statistics are updated in place. DTensor's rule (torch 2.13) wants the channels split, so it
   redistributes the running statistics and the op updates its copies: the forward was right
   and the running statistics never moved.
+- ``_transformer_encoder_layer_fwd`` (``nn.TransformerEncoderLayer``'s inference path) on a
+  batch split over dim 0: per sample, so each rank's rows with the weights whole.
 - CPU attention (``scaled_dot_product_attention``'s CPU kernel and its backward), which DTensor
-  has no rule for (torch 2.13): with query, key and value split alike over batch or heads only
-  (dims 0 and 1), each (batch, head) attends within itself, so each rank's blocks are the op.
+  has no rule for (torch 2.13): each (batch, head) attends within itself, so with query, key
+  and value split alike over batch or heads only (dims 0 and 1; others are redistributed so,
+  the sequence made whole) each rank's blocks are the op.
 
 Each returns ``None`` when the op does not qualify, and DTensor runs it as before.
 """
@@ -475,6 +479,19 @@ def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     return as_dtensor(local, spec.mesh, spec.placements)
 
 
+def _cat_skipping_empty(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``cat`` with 1-D empty tensors among others: torch skips them (a legacy rule Hugging Face's
+    KV cache relies on: it starts from ``torch.tensor([])``); DTensor's rule does not, so they
+    are left out here before DTensor runs it."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    if not isinstance(tensors, (list, tuple)) or len(tensors) < 2:
+        return None
+    kept = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
+    if len(kept) == len(tensors) or not kept or all(t.dim() == 1 for t in kept):
+        return None
+    return func(kept, *args[1:], **kwargs) if args else func(kept, **kwargs)
+
+
 # -- nll_loss -----------------------------------------------------------------------------------
 
 
@@ -633,42 +650,82 @@ def _batch_norm_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     )
 
 
+# -- torch's fused encoder layer (nn.TransformerEncoderLayer in eval) ------------------------------
+
+
+def _whole(t: Any) -> Any:
+    """The whole value of a DTensor as a local tensor (replicated first if it is not)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if type(t) is not DTensor:
+        return t
+    if not all(p.is_replicate() for p in t.placements):
+        t = t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+    return t._local_tensor  # noqa: SLF001
+
+
+def _encoder_layer(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``_transformer_encoder_layer_fwd`` (the layer's fused inference path), which DTensor has
+    no rule for: each sample of the batch is computed on its own, so on a batch split over dim
+    0 it is the op on each rank's rows with the weights whole (gathered if split) and a batch-
+    shaped mask (key padding: mask_type 1, merged: 2) cut to the same rows."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    x = args[0]
+    if type(x) is not DTensor or len(args) < 18:
+        return None
+    spec = x._spec  # noqa: SLF001
+    if _batch_split(spec) is None:
+        return None
+    kwargs = dict(kwargs)
+    mask = args[18] if len(args) > 18 else kwargs.pop("mask", None)
+    mask_type = args[19] if len(args) > 19 else kwargs.pop("mask_type", None)
+    local = x._local_tensor  # noqa: SLF001
+    if mask is not None:
+        batch_shaped = mask_type in (1, 2)
+        if batch_shaped and type(mask) is DTensor and mask.placements == spec.placements:
+            mask = mask._local_tensor  # noqa: SLF001
+        elif batch_shaped:
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            shape, offset = compute_local_shape_and_global_offset(
+                spec.shape, spec.mesh, spec.placements
+            )
+            mask = _whole(mask).narrow(0, offset[0], shape[0])
+        else:
+            mask = _whole(mask)
+    rest = [_whole(a) if isinstance(a, torch.Tensor) else a for a in args[1:18]]
+    out = func(local, *rest, mask, mask_type, **kwargs)
+    return as_dtensor(out, spec.mesh, spec.placements, spec.shape, spec.stride)
+
+
 # -- attention on the CPU -------------------------------------------------------------------------
 
 _attention_meta: dict[Any, Any] = {}
 
 
-def _heads_only(spec: Any) -> bool:
-    """Only Replicate, or Shard of dim 0 or 1 (batch, heads), and no two mesh dims on one."""
-    from torch.distributed.tensor import Replicate, Shard
+def _aligned(tensors: Sequence[Any]) -> list[Any] | None:
+    """The attention tensors (DTensors of the same mesh, batch and heads) all placed as the
+    first one is, kept to splits of dims 0 and 1 (batch, heads) over at most one mesh dim each,
+    replicated otherwise: a redistribute (exact) for any placed otherwise; None if they are
+    not such DTensors."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    dims = []
-    for p in spec.placements:
-        if type(p) is Shard and p.dim in (0, 1):
-            dims.append(p.dim)
-        elif type(p) is not Replicate:
-            return False
-    return len(dims) == len(set(dims))
-
-
-def _same_blocks(tensors: Sequence[Any]) -> Any:
-    """The spec the attention tensors share (same mesh and placements, heads-only, the same
-    batch and head sizes), or None."""
-    from torch.distributed.tensor import DTensor
-
-    first = None
-    for t in tensors:
-        if type(t) is not DTensor:
-            return None
-        spec = t._spec  # noqa: SLF001
-        if first is None:
-            if not _heads_only(spec):
-                return None
-            first = spec
-        elif (spec.mesh is not first.mesh or spec.placements != first.placements
-              or spec.shape[:2] != first.shape[:2]):  # fmt: skip
-            return None
-    return first
+    first = tensors[0]
+    if any(type(t) is not DTensor for t in tensors):
+        return None
+    mesh = first.device_mesh
+    if any(t.device_mesh is not mesh or t.shape[:2] != first.shape[:2] for t in tensors):
+        return None
+    target: list[Any] = []
+    for p in first.placements:
+        if type(p) is Shard and p.dim in (0, 1) and p not in target:
+            target.append(p)
+        else:
+            target.append(Replicate())
+    placements = tuple(target)
+    return [t if t.placements == placements else t.redistribute(mesh, placements) for t in tensors]
 
 
 def _mask_block(mask: Any, spec: Any) -> Any:
@@ -740,46 +797,65 @@ def _attention_args(args: Sequence[Any], kwargs: dict[str, Any], n: int) -> Any:
     return tensors, dropout, causal, kwargs.get("attn_mask"), kwargs.get("scale")
 
 
+def _laid_out(local: Any, stride: Sequence[int]) -> Any:
+    """``local`` with its dims in memory in the order the global ``stride`` has them (a copy if
+    they are not): the controller (and DTensor's later views) take the layout from the global
+    strides, and the kernel's output on redistributed, contiguous inputs may have another."""
+    import torch
+
+    nd = local.dim()
+    order = sorted(range(nd), key=lambda d: -stride[d])
+    if [local.stride(d) for d in order] == sorted(local.stride(), reverse=True):
+        return local
+    inverse = [order.index(d) for d in range(nd)]
+    out = torch.empty([local.shape[d] for d in order], dtype=local.dtype, device=local.device)
+    out = out.permute(inverse)
+    out.copy_(local)
+    return out
+
+
 def _attention(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     tensors, dropout, causal, mask, scale = _attention_args(args, kwargs, 3)
-    spec = _same_blocks(tensors)
-    if spec is None or dropout != 0.0:
+    aligned = _aligned(tensors) if dropout == 0.0 else None
+    if aligned is None:
         return None
+    spec = aligned[0]._spec  # noqa: SLF001
     local_mask = _mask_block(mask, spec)
     if local_mask is _NOT_LOCAL:
         return None
-    locals_ = [t._local_tensor for t in tensors]  # noqa: SLF001
+    locals_ = [t._local_tensor for t in aligned]  # noqa: SLF001
     out, lse = func(*locals_, 0.0, causal, attn_mask=local_mask, scale=scale)
     (oshape, ostride), (lshape, lstride) = _global_meta(
         func, [*tensors, mask], (0.0, causal), {"scale": scale}
     )
     return (
-        as_dtensor(out, spec.mesh, spec.placements, oshape, ostride),
-        as_dtensor(lse, spec.mesh, spec.placements, lshape, lstride),
+        as_dtensor(_laid_out(out, ostride), spec.mesh, spec.placements, oshape, ostride),
+        as_dtensor(_laid_out(lse, lstride), spec.mesh, spec.placements, lshape, lstride),
     )
 
 
 def _attention_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     tensors, dropout, causal, mask, scale = _attention_args(args, kwargs, 6)
-    spec = _same_blocks(tensors[:5])
-    lse_spec = _same_blocks([tensors[5]]) if tensors[5] is not None else None
-    if spec is None or lse_spec is None or lse_spec.placements != spec.placements:
+    # (query first: the others are placed as it is)
+    aligned = _aligned([tensors[1], tensors[0], *tensors[2:]]) if dropout == 0.0 else None
+    if aligned is None:
         return None
-    if dropout != 0.0:
-        return None
+    aligned = [aligned[1], aligned[0], *aligned[2:]]
+    spec = aligned[1]._spec  # noqa: SLF001
     local_mask = _mask_block(mask, spec)
     if local_mask is _NOT_LOCAL:
         return None
-    locals_ = [t._local_tensor for t in tensors]  # noqa: SLF001
+    locals_ = [t._local_tensor for t in aligned]  # noqa: SLF001
     grads = func(*locals_, 0.0, causal, attn_mask=local_mask, scale=scale)
     metas = _global_meta(func, [*tensors, mask], (0.0, causal), {"scale": scale})
     return tuple(
-        as_dtensor(g, spec.mesh, spec.placements, shape, stride)
+        as_dtensor(_laid_out(g, stride), spec.mesh, spec.placements, shape, stride)
         for g, (shape, stride) in zip(grads, metas, strict=True)
     )
 
 
 _SPECIAL = {
+    "aten._transformer_encoder_layer_fwd.default": _encoder_layer,
     "aten.native_batch_norm.default": _batch_norm,
     "aten.native_batch_norm_backward.default": _batch_norm_backward,
     "aten.t.default": _transpose,
@@ -787,6 +863,7 @@ _SPECIAL = {
     "aten.addmm.default": _addmm,
     "aten.sum.dim_IntList": _sum_dims,
     "aten.view.default": _view_unsplit,
+    "aten.cat.default": _cat_skipping_empty,
     "aten.nll_loss_forward.default": _nll_loss_mean,
     "aten.nll_loss2d_forward.default": _nll_loss_mean,
     "aten._scaled_dot_product_flash_attention_for_cpu.default": _attention,
