@@ -27,6 +27,11 @@ if [ ! -f actormesh/labextension/package.json ]; then
   echo "the sidebar was not built (actormesh/labextension/ is missing); see pip's output above" >&2
   exit 1
 fi
+step "torchvision venv"
+# tests/tensor/test_resnet18.py runs torchvision's resnet18 in a venv of its own (the script says
+# why); with ACTORMESH_TORCHVISION_TESTS=1 a missing venv fails that test instead of skipping it.
+bash scripts/setup-torchvision-venv.sh
+export ACTORMESH_TORCHVISION_TESTS=1
 step "slurm"
 # The Slurm integration test (tests/multihost/test_slurm.py) needs Slurm from Debian's packages;
 # without root or apt it skips and says why.

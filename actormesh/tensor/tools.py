@@ -20,7 +20,7 @@ from typing import Any
 
 from . import compat
 from .controller.mesh import TensorMesh
-from .controller.module import MeshModule
+from .controller.module import MeshModule, model_mesh
 from .controller.remote import RemoteFunction
 from .controller.tensor import MeshTensor
 from .worker.engine import _TensorEngine
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 def _mesh_of(value: MeshTensor | MeshModule) -> TensorMesh:
-    return value.mesh
+    return model_mesh(value) if isinstance(value, MeshModule) else value.mesh
 
 
 class _RankValue:
@@ -107,7 +107,7 @@ def shard_summaries(
     if isinstance(value, MeshModule):
         params = dict(value.named_parameters())
         grads = {n: p.grad for n, p in params.items() if isinstance(p.grad, MeshTensor)}
-        future = _MODULE_SUMMARY.call(value.inner_name, params, grads, param_row, cap)
+        future = _MODULE_SUMMARY.call(type(value).__name__, params, grads, param_row, cap)
     else:
         future = _TENSOR_SUMMARY.call(value, summarize, cap)
     n = 1

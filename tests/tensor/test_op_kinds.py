@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel
 
 import actormesh as am
 from actormesh import config
@@ -128,10 +129,10 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     with activate(mesh.rename(dp="kinds_dp")):  # mesh_view (a shape no other test uses)
         view_total = torch.ones(2).reduce("kinds_dp")
     adopted = adopt(mesh, "made")  # no op: the engine takes the cell's value
-    model = module_to_mesh(nn.Linear(4, 2), mesh)  # module_build
-    loss = model(x).sum()  # module_forward
-    loss.backward()  # module_backward
-    model.eval()  # module_mode
+    plan = {"": ColwiseParallel()}
+    model = module_to_mesh(nn.Linear(4, 2), mesh, tp_plan=plan)  # module_build
+    loss = model(x).sum()  # distribute (the batch, from controller.module), relayout
+    loss.backward()  # grad_sync
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)

@@ -1,180 +1,216 @@
-"""``module_to_mesh``: an ``nn.Module`` whose parameters are MeshTensors.
+"""``module_to_mesh``: the user's own model, its parameters and buffers living on a mesh.
 
-The controller keeps a *mirror* of the module: the same submodules, with every parameter and
-buffer replaced by a MeshTensor, so ``parameters()``, ``state_dict()``, ``torch.optim`` and
-``clip_grad_norm_`` work unchanged. Calling it is one op each way (a custom autograd Function):
-forward runs the real module on the workers (worker/module.py), backward runs its backward
-there and returns the parameters' gradients as MeshTensors, which the controller's autograd
-accumulates into ``p.grad`` like any gradient. The output's shape comes from running a meta
-copy of the module on the controller, cached per input shape.
+The model that comes back *is* the user's: a copy of it (the same class, every attribute, the
+same submodules) in which each parameter and buffer is a MeshTensor, with tied parameters
+still one object. Its class is a subclass made on the fly (``MeshGPT``: ``MeshModule`` and the
+user's class, as FSDP2's ``fully_shard`` does), so ``isinstance`` holds for both. Calling it runs
+the user's ``forward`` here, on the controller: every op it issues is recorded and runs on the
+ranks as DTensor ops (``recording.py``), and the controller's autograd records the backward.
+So any forward works (several inputs, keyword arguments, ``None``, nested containers; tuples,
+dicts, dataclasses or ``ModelOutput`` out), and so do methods that call it (``generate``), with
+the meaning of one process: DTensor has single-device semantics, whatever the placements.
+
+Placements are what the options choose, never what the numbers mean:
+
+- the ranks build the module (``worker/module.py``) and place each parameter: replicated; with
+  ``tp_plan``, as ``parallelize_module`` places it on the ``tp_dim`` dimension; with ``fsdp=True``
+  also split along dim 0 over ``data_dim``;
+- a call splits each controller tensor it is given along dim 0 over ``data_dim`` (data
+  parallelism); MeshTensors are taken as they are;
+- after each backward one op brings every gradient to its parameter's placements (``grad_sync``:
+  the data-parallel sum, bucketed; a reduce-scatter for sharded parameters), so that
+  ``optimizer.step()`` runs without collectives;
+- a plan's layouts are applied around the planned submodules (``plans.py``).
+
+Why not one op per module call (the fast path this module had)? It ran the forward on each
+rank's slice of the batch, which equals the whole batch's forward only when no op mixes rows:
+a loss computed inside ``forward`` (``labels=``), BatchNorm in training, attention masks and
+padding, a ``Shard`` input layout all came out different from one process. Measured on the T1
+step (bench/bench_tensor.py) the recorded forward costs the same (see bench/RESULTS-tensors.md).
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import weakref
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from .. import compat
+from ..wire.errors import RemoteTensorError
 from ..wire.ops import Ref, issue_site
+from .fetch import fetch_value
 from .mesh import TensorMesh, engine_mesh
-from .tensor import MeshTensor, new_mesh_tensor
+from .plans import check_plan, install_layouts, relayout
+from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
 
 DATA_DIM_NAMES = ("data_parallel", "dp", "data")
+BUILD_TIMEOUT = 300.0  # seconds for the ranks to build (and check) a module
+INPUTS_KEPT = 8  # controller tensors a model remembers having put on the mesh
 
 
-class _Owned:
-    """A worker value owned by a controller object: dropped when that object is collected."""
-
-    def __init__(self, tm: TensorMesh, id: int) -> None:
-        self.id = id
-        weakref.finalize(self, tm.stream.died, id)
-
-
-class _ModuleCall(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, call: MeshModule, grad_on: bool, x: Any, *params: Any) -> Any:
-        tm = call.mesh
-        shape, dtype = call.output_meta(x)
-        out = new_mesh_tensor(tm, shape, dtype, per_rank=False)
-        graph = _Owned(tm, tm.stream.new_id())
-        is_mesh = isinstance(x, MeshTensor)
-        input_grad = bool(grad_on and is_mesh and x.requires_grad)
-        # A controller input (a batch) is uploaded once, not with every step that reuses it.
-        xid = x.value_id if is_mesh else tm.stream.constant(x)
-        ins: tuple[int, ...] = (call.remote_state.id, xid)
-        arg = Ref(xid)
-        payload = (Ref(call.remote_state.id), arg, tuple(shape), grad_on, input_grad)
-        # The output is split over the data dimension: a failed rank's stand-in must be too.
-        meta = ((tuple(shape), dtype, False, call.data_dim), None)
-        tm.stream.record(
-            ("module_forward", (out.value_id, graph.id), ins, meta, payload, issue_site())
-        )
-        ctx.call, ctx.graph, ctx.x_meta = call, graph, (tuple(x.shape), x.dtype)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Any) -> Any:
-        call: MeshModule = ctx.call
-        tm = call.mesh
-        wanted = tuple(bool(w) for w in ctx.needs_input_grad[3:])
-        input_grad = bool(ctx.needs_input_grad[2])
-        grads: list[Any] = []
-        out_ids, meta = [], []
-        for p, want in zip(call.param_list, wanted, strict=True):
-            g = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False) if want else None
-            grads.append(g)
-            if g is not None:
-                out_ids.append(g.value_id)
-                meta.append((tuple(p.shape), p.dtype, False))
-        gx = None
-        if input_grad:
-            gx = new_mesh_tensor(tm, ctx.x_meta[0], ctx.x_meta[1], per_rank=False)
-            out_ids.append(gx.value_id)
-            meta.append((ctx.x_meta[0], ctx.x_meta[1], False))
-        # The parameters are inputs too: a poisoned parameter poisons its gradient, and a failed
-        # rank's stand-in gradients take their parameters' placements.
-        params = tuple(p.value_id for p in call.param_list)
-        ins: tuple[int, ...]
-        if isinstance(grad_out, MeshTensor):
-            ins = (call.remote_state.id, ctx.graph.id, grad_out.value_id, *params)
-            garg = Ref(grad_out.value_id)
-        else:
-            ins, garg = (call.remote_state.id, ctx.graph.id, *params), grad_out.detach()
-        payload = (Ref(call.remote_state.id), Ref(ctx.graph.id), garg, wanted, input_grad)
-        tm.stream.record(
-            ("module_backward", tuple(out_ids), ins, tuple(meta), payload, issue_site())
-        )
-        return (None, None, gx, *grads)
-
-
-class MeshModule(nn.Module):
-    """A module living on a mesh (made by ``module_to_mesh``). Its parameters and buffers are
-    MeshTensors; calling it records one op (and its backward one more). ``train()``/``eval()``
-    reach the workers' module; ``fetch_module()`` gives a local copy with the current weights."""
-
-    mesh: TensorMesh
-    param_list: list[MeshTensor]
-    remote_state: _Owned
-    meta_module: nn.Module
-    shapes: dict[Any, tuple[torch.Size, torch.dtype]]
-    inner_name: str
-    data_dim: str | None
+class _Placement:
+    """What a meshed model keeps besides the user's attributes (one attribute, ``_actormesh``)."""
 
     def __init__(
         self,
         tm: TensorMesh,
-        meta: nn.Module,
-        mirror: nn.Module,
-        state: _Owned,
         data_dim: str | None,
+        fsdp: bool,
+        cls: type,
+        placements: dict[str, str],
     ) -> None:
-        super().__init__()
-        for name, child in mirror.named_children():
-            self.add_module(name, child)
-        for name, p in mirror.named_parameters(recurse=False):
-            self.register_parameter(name, p)
-        for name, b in mirror.named_buffers(recurse=False):
-            self.register_buffer(name, b)
-        # Plain attributes, not submodules: nn.Module.__setattr__ would register the meta copy.
-        object.__setattr__(self, "mesh", tm)
-        object.__setattr__(self, "meta_module", meta)
-        object.__setattr__(self, "remote_state", state)
-        object.__setattr__(self, "param_list", list(self.parameters()))
-        object.__setattr__(self, "shapes", {})
-        object.__setattr__(self, "inner_name", type(meta).__name__)
-        object.__setattr__(self, "data_dim", data_dim)
+        self.tm = tm
+        self.data_dim = data_dim
+        self.fsdp = fsdp
+        self.calling = threading.local()  # within a call that gathered the parameters
+        self.cls = cls  # the user's class
+        self.placements = placements  # parameter name -> its placements, as the ranks said
+        self.grad_sync: Any = None
+        # id(controller tensor) -> (weakref, its version, its MeshTensor, that one's version)
+        self.inputs: dict[int, tuple[Any, int, MeshTensor, int]] = {}
 
-    def __repr__(self) -> str:
-        return f"MeshModule({self.inner_name}, mesh={self.mesh!r})"
 
-    def output_meta(self, x: Any) -> tuple[torch.Size, torch.dtype]:
-        key = (tuple(x.shape), x.dtype)
-        found = self.shapes.get(key)
-        if found is None:
-            with torch.no_grad():
-                y = self.meta_module(torch.empty(x.shape, dtype=x.dtype, device="meta"))
-            if not isinstance(y, torch.Tensor):
-                raise compat.MeshUsageError(
-                    f"module_to_mesh supports modules that return one tensor; "
-                    f"{self.inner_name} returned {type(y).__name__}"
-                )
-            found = self.shapes[key] = (y.shape, y.dtype)
-        return found
+class MeshModule(nn.Module):
+    """A model whose parameters and buffers live on a mesh (made by ``module_to_mesh``).
 
-    def forward(self, x: Any) -> MeshTensor:
-        if not isinstance(x, torch.Tensor):
-            raise compat.MeshUsageError(
-                f"a MeshModule takes one tensor (a controller tensor or a MeshTensor), got "
-                f"{type(x).__name__}"
-            )
-        if isinstance(x, MeshTensor) and (x.mesh is not self.mesh or x.per_rank):
-            raise compat.MeshUsageError(
-                "the input MeshTensor must be a global MeshTensor on the module's mesh"
-            )
-        grad_on = torch.is_grad_enabled()
-        return _ModuleCall.apply(self, grad_on, x, *self.param_list)
+    Each meshed model's class derives from this *and* from the user's class: every attribute
+    and method of the user's model works, and ``isinstance(model, UserClass)`` holds. Calling
+    it runs the user's ``forward`` on the controller, recording its ops (see the module docs);
+    ``state_dict()`` holds MeshTensors under the original keys. ``to()``/``double()``/``cuda()``
+    are refused (convert the module before ``module_to_mesh``). ``fetch_module()`` gives a
+    local copy with the current weights.
+    """
 
-    def train(self, mode: bool = True) -> MeshModule:
-        super().train(mode)
-        if "remote_state" in self.__dict__:
-            state = self.remote_state
-            self.mesh.stream.record(
-                ("module_mode", (), (state.id,), (), (Ref(state.id), mode), issue_site())
-            )
-        return self
+    _actormesh: _Placement
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self._actormesh
+        if getattr(state.calling, "gathered", False):  # functional_call's own call, below
+            return super().__call__(*args, **kwargs)
+        args, kwargs = tree_map(lambda x: _to_mesh(state, x), (args, kwargs))
+        if not state.fsdp:
+            return super().__call__(*args, **kwargs)
+        # FSDP: the parameters rest split over the data dimension and are gathered for the
+        # call (one relayout each, differentiable: their gradients come back to the split
+        # parameters, and grad_sync reduce-scatters them). The forward's ops then see the
+        # placements of the other options, as FSDP's forward sees whole parameters.
+        axis = state.tm.labels.index(state.data_dim)
+        whole = _replicate()
+        gathered: dict[str, Any] = {}
+        once: dict[int, Any] = {}  # a tied parameter is gathered once
+        for name, p in self.named_parameters(remove_duplicate=False):
+            if id(p) not in once:
+                once[id(p)] = relayout(p, whole, state.tm, axis)
+            gathered[name] = once[id(p)]
+        state.calling.gathered = True
+        try:
+            return torch.func.functional_call(self, gathered, args, kwargs, strict=False)
+        finally:
+            state.calling.gathered = False
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        raise compat.MeshUsageError(
+            f"{type(self).__name__}: its parameters live on the mesh, so they cannot be moved "
+            "or converted here (to(), double(), cuda()...); convert the module before "
+            "module_to_mesh, or fetch_module() for a local copy"
+        )
 
     def fetch_module(self) -> nn.Module:
-        """A local copy of the module with the current parameters and buffers (a sync point)."""
+        """A local copy of the model (the user's class) with the current parameters and
+        buffers (a sync point)."""
         from .fetch import inspect
 
-        local = copy.deepcopy(self.meta_module).to_empty(device="cpu")
-        local.load_state_dict(inspect(dict(self.state_dict())))
+        meshed = [*self.parameters(), *self.buffers()]
+        values = inspect(meshed)
+        memo: dict[int, Any] = {id(self._actormesh): None}  # not copied: dropped below
+        for m, v in zip(meshed, values, strict=True):
+            memo[id(m)] = nn.Parameter(v, requires_grad=m.requires_grad) if _is_param(m) else v
+        local = copy.deepcopy(self, memo)
+        del local.__dict__["_actormesh"]
+        local.__class__ = self._actormesh.cls
         return local
+
+
+def _replicate() -> Any:
+    from torch.distributed.tensor import Replicate
+
+    return Replicate()
+
+
+def _is_param(t: Any) -> bool:
+    return isinstance(t, nn.Parameter)
+
+
+_classes: dict[type, type] = {}
+_classes_lock = threading.Lock()
+
+
+def mesh_class(cls: type) -> type:
+    """``Mesh<cls>``: MeshModule first, then the user's class (made once per class)."""
+    if issubclass(cls, MeshModule):
+        return cls
+    with _classes_lock:
+        found = _classes.get(cls)
+        if found is None:
+            found = _classes[cls] = type(f"Mesh{cls.__name__}", (MeshModule, cls), {})
+            found.__module__ = cls.__module__
+            found.__qualname__ = f"Mesh{cls.__qualname__}"
+        return found
+
+
+def _to_mesh(state: _Placement, x: Any) -> Any:
+    """A controller tensor given to a meshed model: split along dim 0 over the data dimension
+    (its rows are the batch), or replicated when it has no dims. MeshTensors stay as they are."""
+    if not isinstance(x, torch.Tensor) or type(x) is MeshTensor:
+        return x
+    if x.requires_grad:
+        raise compat.MeshUsageError(
+            "a controller tensor that requires grad was passed to a model on a mesh: its "
+            "gradient would stay on the ranks; pass actormesh.distribute(x, procs, ...) (a "
+            "MeshTensor, which gets .grad) or x.detach()"
+        )
+    # The same batch again (a training loop's fixed batch, the same input_ids): the MeshTensor
+    # made for it, while neither it nor the batch changed (their version counters say so).
+    key = id(x)
+    found = state.inputs.get(key)
+    if found is not None:
+        ref, version, made, made_version = found
+        if ref() is x and version == x._version and made._version == made_version:  # noqa: SLF001
+            return made
+    tm = state.tm
+    placements = tm.placements(x.dim(), _batch_spec(state, x), None)
+    cid = tm.stream.constant(x)  # uploaded once while x is unchanged (a reused batch)
+    out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False)
+    meta = ((tuple(x.shape), x.dtype, False),)
+    tm.stream.record(
+        ("distribute", (out.value_id,), (cid,), meta, (Ref(cid), placements, 0), issue_site())
+    )
+    if not x.is_inference():  # (inference tensors have no version counter)
+        if len(state.inputs) >= INPUTS_KEPT:
+            state.inputs.pop(next(iter(state.inputs)))
+        gone = partial(_input_gone, weakref.ref(state), key)
+        state.inputs[key] = (weakref.ref(x, gone), x._version, out, out._version)  # noqa: SLF001
+    return out
+
+
+def _input_gone(state: weakref.ref[_Placement], key: int, ref: Any) -> None:
+    """A controller tensor a model remembered was collected: forget its MeshTensor."""
+    placement = state()
+    if placement is not None and key in placement.inputs and placement.inputs[key][0] is ref:
+        del placement.inputs[key]
+
+
+def _batch_spec(state: _Placement, x: torch.Tensor) -> list[Any] | None:
+    if state.data_dim is None or x.dim() == 0:
+        return None
+    return [state.data_dim] + [None] * (x.dim() - 1)
 
 
 def module_to_mesh(
@@ -185,72 +221,164 @@ def module_to_mesh(
     fsdp: bool = False,
     tp_plan: Mapping[str, Any] | None = None,
     tp_dim: str | None = None,
-) -> MeshModule:
-    """Put a module on a mesh; its parameters become MeshTensors (see ``MeshModule``).
+) -> Any:
+    """Put a model on a mesh: the same model (its class, attributes and methods), with each
+    parameter and buffer a MeshTensor (see ``MeshModule``).
 
-    Without options the parameters are replicated, inputs are split along ``data_dim`` (default:
-    the first of ``data_parallel``/``dp``/``data``, else the mesh's first dimension) and the
-    gradients are summed over it in backward (bucketed). ``fsdp=True`` shards the parameters
-    over ``data_dim`` with FSDP2 (``fully_shard``); ``tp_plan`` (``{"fc1": ColwiseParallel(),
-    ...}``) applies ``parallelize_module`` over ``tp_dim`` (default: the first other dimension);
-    both give 2-D parallelism. A factory (``lambda: Model()``) builds the module on the workers
-    under one seed, for models too large to ship; a module instance is sent as it is.
+    Calls split controller tensors along dim 0 over ``data_dim`` (default: the first of
+    ``data_parallel``/``dp``/``data``, else the mesh's first dimension); parameters are
+    replicated, and after each backward their gradients are summed over it (bucketed).
+    ``fsdp=True`` also splits each parameter along dim 0 over ``data_dim``; ``tp_plan``
+    (``{"fc1": ColwiseParallel(), ...}``, torch's parallel styles) places parameters as
+    ``parallelize_module`` does over ``tp_dim`` (default: the first other dimension) and
+    redistributes the planned modules' inputs and outputs to the plan's layouts. Whatever the
+    options, the numbers are those of one process (DTensor semantics).
 
-    Blocks only while a new mesh's engine starts. Optimise with ``torch.optim`` as usual.
+    An instance (``module_to_mesh(GPT(), procs)``) is sent to the ranks as it is, and the
+    controller keeps a copy of it with MeshTensors; a factory (``lambda: GPT()``) builds the
+    module on each rank under one seed (for models too large to send) and on the controller
+    on the meta device. Both give the same model, tied parameters staying tied.
+
+    Blocks until the ranks have built the module (and a new mesh's engine has started); raises
+    ``MeshUsageError`` here for a bad option or plan, or if the ranks' module differs from the
+    controller's (names of parameters and buffers).
     """
     tm = engine_mesh(mesh, "module_to_mesh")
     is_factory = not isinstance(module_or_factory, nn.Module)
-    if is_factory:
-        if not callable(module_or_factory):
-            raise compat.MeshUsageError(
-                "module_to_mesh takes an nn.Module or a function that returns one, got "
-                f"{type(module_or_factory).__name__}"
-            )
-        with torch.device("meta"):
-            meta = module_or_factory()
-        if not isinstance(meta, nn.Module):
-            raise compat.MeshUsageError(
-                f"the factory given to module_to_mesh returned {type(meta).__name__}, not an "
-                "nn.Module"
-            )
-    else:
-        assert isinstance(module_or_factory, nn.Module)
-        meta = copy.deepcopy(module_or_factory).to("meta")
+    model = _controller_copy(module_or_factory, is_factory)
     data_dim, tp_dim = _dims(tm, data_dim, fsdp, tp_plan, tp_dim)
-    names = dict(meta.named_parameters())
-    buffers = dict(meta.named_buffers())
-    mts: dict[int, MeshTensor] = {}  # id(meta tensor) -> its MeshTensor (tied weights share)
+    plan = check_plan(model, dict(tp_plan or {}))
+    params = _unique(model.named_parameters(remove_duplicate=False))
+    buffers = _unique(model.named_buffers(remove_duplicate=False))
+    meshed: dict[int, Any] = {}  # id(original tensor) -> its MeshTensor (tied ones share)
     out_ids, out_meta = [], []
-    for p in names.values():
-        t = new_mesh_tensor(tm, p.shape, p.dtype, per_rank=False, requires_grad=p.requires_grad)
-        # torch's mark for a tensor subclass that acts as a Parameter (isinstance holds, and
-        # register_parameter accepts it): what nn.Parameter(t) itself sets on subclasses.
-        t._is_param = True  # noqa: SLF001
-        mts[id(p)] = t
-        out_ids.append(t.value_id)
-        out_meta.append((tuple(p.shape), p.dtype, False))
-    for b in buffers.values():
-        t = new_mesh_tensor(tm, b.shape, b.dtype, per_rank=False)
-        mts[id(b)] = t
-        out_ids.append(t.value_id)
-        out_meta.append((tuple(b.shape), b.dtype, False))
-    state = _Owned(tm, tm.stream.new_id())
+    for originals in (params, buffers):
+        for _name, t in originals:
+            m = new_mesh_tensor(tm, t.shape, t.dtype, per_rank=False)
+            if isinstance(t, nn.Parameter):
+                m.requires_grad_(t.requires_grad)
+                # torch's mark for a tensor subclass acting as a Parameter (isinstance holds,
+                # register_parameter accepts it): what nn.Parameter(t) sets on subclasses.
+                m._is_param = True  # noqa: SLF001
+            meshed[id(t)] = m
+            out_ids.append(m.value_id)
+            out_meta.append((tuple(t.shape), t.dtype, False))
+    report = tm.stream.new_id()
+    names = ([n for n, _ in params], [n for n, _ in buffers])
+    source = module_or_factory if is_factory else _unmeshed(model)
     seed = int(torch.randint(0, 2**62, ()).item())
-    payload = (module_or_factory, is_factory, seed, data_dim, fsdp, dict(tp_plan or {}), tp_dim)
+    payload = (source, is_factory, seed, names, data_dim, fsdp, plan, tp_dim)
     tm.stream.record(
-        ("module_build", (*out_ids, state.id), (), (*out_meta, None), payload, issue_site())
+        ("module_build", (*out_ids, report), (), (*out_meta, None), payload, issue_site())
     )
-    mirror = copy.deepcopy(meta)
-    originals = {id(p): p for p in [*meta.parameters(), *meta.buffers()]}
-    # MeshTensors marked _is_param pass register_parameter's isinstance check; typed as Any.
-    by_position: dict[int, Any] = {id(m): mts[id(o)] for m, o in zip(
-        [*mirror.parameters(), *mirror.buffers()], originals.values(), strict=True)}  # fmt: skip
-    for sub in mirror.modules():
-        for name, value in list(sub.named_parameters(recurse=False, remove_duplicate=False)):
-            sub.register_parameter(name, by_position[id(value)])
-        for name, buf in list(sub.named_buffers(recurse=False, remove_duplicate=False)):
-            sub.register_buffer(name, by_position[id(buf)])
-    return MeshModule(tm, meta, mirror, state, data_dim)
+    ref = OpaqueRef(tm, report, per_rank=False)
+    try:
+        placements = fetch_value(ref, tm, 0).get(timeout=BUILD_TIMEOUT)
+    except RemoteTensorError as exc:
+        raise compat.MeshUsageError(
+            f"module_to_mesh: the ranks could not build the module: {exc}"
+        ) from exc
+    # The controller's model: a copy whose parameters and buffers are the MeshTensors (deepcopy
+    # with them in its memo keeps ties and every other attribute).
+    result = copy.deepcopy(model, dict(meshed))
+    cls = type(result)
+    object.__setattr__(result, "_actormesh", _Placement(tm, data_dim, fsdp, cls, placements))
+    result.__class__ = mesh_class(cls)
+    _sync_gradients_after_backward(result)
+    if plan:
+        install_layouts(result, plan, tm, tp_dim)
+    return result
+
+
+def _controller_copy(source: Any, is_factory: bool) -> nn.Module:
+    """The module the controller copies: the instance itself, or the factory's module built on
+    the meta device (its tensors only describe the ranks')."""
+    if not is_factory:
+        if isinstance(source, MeshModule):
+            raise compat.MeshUsageError(
+                "this model is already on a mesh; fetch_module() gives a local copy to put on "
+                "another"
+            )
+        return source
+    if not callable(source):
+        raise compat.MeshUsageError(
+            "module_to_mesh takes an nn.Module or a function that returns one, got "
+            f"{type(source).__name__}"
+        )
+    with torch.device("meta"):
+        built = source()
+    if not isinstance(built, nn.Module):
+        raise compat.MeshUsageError(
+            f"the factory given to module_to_mesh returned {type(built).__name__}, not an nn.Module"
+        )
+    return built
+
+
+def _unmeshed(module: nn.Module) -> nn.Module:
+    if any(isinstance(t, MeshTensor) for t in [*module.parameters(), *module.buffers()]):
+        raise compat.MeshUsageError(
+            "module_to_mesh: this module already holds MeshTensors; build it from local "
+            "tensors (or pass a factory)"
+        )
+    return module
+
+
+def _unique(named: Any) -> list[tuple[str, torch.Tensor]]:
+    """(first name, tensor) per distinct tensor, in module order (tied ones once)."""
+    seen: set[int] = set()
+    out = []
+    for name, t in named:
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        out.append((name, t))
+    return out
+
+
+def _sync_gradients_after_backward(model: nn.Module) -> None:
+    """After each backward that reached the model's parameters, one ``grad_sync`` op brings
+    their gradients to the parameters' placements (``worker/module.py``). A post-accumulate
+    hook per parameter queues it once per backward, to run as the backward ends (autograd's
+    ``queue_callback``, as torch's DDP does): by then every gradient has accumulated."""
+    state = placement(model)
+    sync = _GradSync(state.tm, [p for p in model.parameters() if p.requires_grad])
+    state.grad_sync = sync  # the model keeps it; the hooks only refer to it weakly
+    ref = weakref.ref(sync)
+    for p in sync.params():
+        p.register_post_accumulate_grad_hook(partial(_queue_sync, ref))
+
+
+def _queue_sync(ref: weakref.ref[_GradSync], _: Any) -> None:
+    sync = ref()
+    if sync is None or getattr(sync.queued, "value", False):
+        return
+    sync.queued.value = True
+    # torch's way to run code when the current backward pass ends (DDP and FSDP use it).
+    torch.autograd.Variable._execution_engine.queue_callback(sync.record)  # noqa: SLF001
+
+
+class _GradSync:
+    """The ``grad_sync`` op of one model. Holds its parameters weakly: a hook a tensor holds
+    (in C++, where the garbage collector cannot see it) must not keep that tensor alive."""
+
+    def __init__(self, tm: TensorMesh, params: list[Any]) -> None:
+        self.tm = tm
+        self.refs = [weakref.ref(p) for p in params]
+        self.queued = threading.local()  # per thread: a backward runs on the caller's thread
+
+    def params(self) -> list[Any]:
+        return [p for p in (r() for r in self.refs) if p is not None]
+
+    def record(self) -> None:
+        self.queued.value = False
+        pairs = [(p.grad, p) for p in self.params() if type(p.grad) is MeshTensor]
+        if not pairs:
+            return
+        grads = tuple(g.value_id for g, _ in pairs)
+        ins = (*grads, *(p.value_id for _, p in pairs))
+        payload = (tuple((Ref(g.value_id), Ref(p.value_id)) for g, p in pairs),)
+        meta = tuple((tuple(g.shape), g.dtype, False) for g, _ in pairs)
+        self.tm.stream.record(("grad_sync", grads, ins, meta, payload, issue_site()))
 
 
 def _dims(
@@ -279,3 +407,14 @@ def _dims(
     if fsdp and data_dim is None:
         raise compat.MeshUsageError("fsdp=True needs a data dimension to shard over")
     return data_dim, tp_dim
+
+
+def placement(model: nn.Module) -> _Placement:
+    """What module_to_mesh keeps on a meshed model (its one attribute of ours)."""
+    state: _Placement = model.__dict__["_actormesh"]
+    return state
+
+
+def model_mesh(model: MeshModule) -> TensorMesh:
+    """The tensor mesh a meshed model lives on."""
+    return placement(model).tm

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ...errors import MeshClosedError, SupervisionError
+from ...errors import MeshClosedError, MeshUsageError, SupervisionError
 from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
 from .interrupts import held
@@ -100,6 +100,13 @@ class Stream:
         with the first op that uses it and again only after ``x`` changed in place; the copy is
         dropped when ``x`` is collected. A training loop's inputs and targets are sent once,
         not with every op."""
+        if x.is_meta:
+            raise MeshUsageError(
+                f"a tensor on the meta device {tuple(x.shape)} met a MeshTensor: it has no "
+                "values to send. A module built by a factory is built on the meta device on "
+                "the controller: register such a tensor as a buffer (it is then built on the "
+                "ranks), or create it in forward"
+            )
         key = id(x)
         entry = self.consts.get(key)
         # Inference tensors have no version counter: those are sent with each op.

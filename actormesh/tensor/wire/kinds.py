@@ -39,6 +39,7 @@ _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
+_PLANS = "controller.plans"
 
 
 class Kind(NamedTuple):
@@ -71,9 +72,10 @@ _TABLE = [
          "A controller tensor that later ops read by id (``Stream.constant``): an op's "
          "argument, a module's input batch; uploaded once per version."),
     # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
-    Kind("distribute", ("tensor: tensor", "placements: tuple", "view: int"), 1, (_DIST,),
-         "worker.distribute:run_distribute", True,
-         "A controller tensor placed on the mesh: each rank keeps its slice of the whole."),
+    Kind("distribute", ("tensor: tensor|Ref", "placements: tuple", "view: int"), 1,
+         (_DIST, _MOD), "worker.distribute:run_distribute", True,
+         "A controller tensor placed on the mesh: each rank keeps its slice of the whole. "
+         "``Ref``: a ``constant`` (a meshed model's input batch, uploaded once per version)."),
     Kind("distribute_staged", ("staged_id: int", "placements: tuple", "shape: tuple",
                                "view: int"), 1,
          (_DIST,), "worker.distribute:run_distribute_staged", False,
@@ -120,22 +122,19 @@ _TABLE = [
          "worker.rref:run_rref", False,
          "``endpoint.rref(...)``: the actor's endpoint run on its own thread; its result kept."),
     # -- module_to_mesh (module.py) -------------------------------------------------------------
-    Kind("module_build", ("source: any", "is_factory: bool", "seed: int", "data_dim: str|None",
-                          "fsdp: bool", "tp_plan: dict", "tp_dim: str|None"), None, (_MOD,),
-         "worker.module:run_build", False,
-         "A module (or a factory run under ``seed``) built and parallelised on every rank: out "
-         "names its parameters, buffers, then its state."),
-    Kind("module_forward", ("state: Ref", "input: Ref", "output_shape: tuple", "grad_on: bool",
-                            "input_grad: bool"), 2, (_MOD,), "worker.module:run_forward", True,
-         "A module's forward on this rank's slice of the batch: out names the output and the "
-         "autograd graph kept for backward."),
-    Kind("module_backward", ("state: Ref", "graph: Ref", "grad_output: Ref|tensor",
-                             "wanted: tuple", "input_grad: bool"), None, (_MOD,),
-         "worker.module:run_backward", True,
-         "Backward from a forward's graph: out names the wanted parameters' gradients (then "
-         "the input's)."),
-    Kind("module_mode", ("state: Ref", "training: bool"), 0, (_MOD,), "worker.module:run_mode",
-         True, "``train()``/``eval()`` on the ranks' module."),
+    Kind("module_build", ("source: any", "is_factory: bool", "seed: int", "names: tuple",
+                          "data_dim: str|None", "fsdp: bool", "tp_plan: dict", "tp_dim: str|None"),
+         None, (_MOD,), "worker.module:run_build", False,
+         "A module (or a factory run under ``seed``) built on every rank, its parameters placed "
+         "(``tp_plan``, ``fsdp``): out names its distinct parameters, then buffers (``names``: "
+         "theirs on the controller, checked), then a report of their placements."),
+    Kind("grad_sync", ("pairs: tuple",), None, (_MOD,), "worker.module:run_grad_sync", True,
+         "After a backward: each (gradient, parameter) pair's gradient moved to the "
+         "parameter's placements under its own id (partial sums summed, bucketed)."),
+    Kind("relayout", ("value: Ref", "axis: int", "placement: any"), 1, (_PLANS,),
+         "worker.module:run_relayout", True,
+         "A tensor-parallel style's layout: ``value`` placed as ``placement`` over mesh "
+         "dimension ``axis``, the others as they are (the same global value)."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

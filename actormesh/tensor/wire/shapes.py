@@ -55,7 +55,12 @@ def _to_meta(x: Any) -> Any:
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     if type(x) is list or type(x) is tuple:
         return type(x)(_to_meta(e) for e in x)
+    if type(x) is torch.device:  # ``.to(device=...)``: the copy stays on meta here
+        return _META
     return x
+
+
+_META = torch.device("meta")
 
 
 def propagate(func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

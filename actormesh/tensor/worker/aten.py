@@ -38,6 +38,20 @@ _RANDOM = {"aten.rand_like.default", "aten.randn_like.default", "aten.uniform_.d
            "aten.normal_.default", "aten.bernoulli_.float"}  # fmt: skip
 
 
+# Ops DTensor has no rule for (torch 2.13, CPU) whose decomposition, run on DTensors, takes
+# minutes (it goes through torch's reference implementations): refused at once instead, saying
+# what works. (shard_ops.py runs them on each rank's blocks where that is exact.)
+_ATTENTION = (
+    "attention on the CPU (scaled_dot_product_attention) runs on DTensors without dropout and "
+    "with a mask that is replicated or split as the batch and heads are; set the attention's "
+    "dropout to 0 (its random numbers cannot be the same as in one process), or use an "
+    "attention written with matmul and softmax (Hugging Face: attn_implementation='eager')"
+)
+_REFUSED = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": _ATTENTION,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": _ATTENTION,
+}
+
 # In-place ops that change only a tensor's shape or strides: DTensor has no sharding rule for
 # them (torch 2.13), so on a DTensor the engine runs the view they stand for, under the same id.
 _IN_PLACE_VIEWS = {
@@ -144,7 +158,9 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             func = resolve_op(view)
     local = on_shards(name, func, args, kwargs)
     if local is not None:
-        return [local]
+        return tensor_leaves(local)
+    if name in _REFUSED:
+        raise NotImplementedError(f"{_REFUSED[name]} ({_placed(args, kwargs)})")
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
     try:
@@ -154,6 +170,19 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             raise
         _decompose.add(func)
         return tensor_leaves(_decomposed(func, args, kwargs))
+
+
+def _placed(args: Any, kwargs: dict[str, Any]) -> str:
+    """How an op's tensor arguments were placed, for a message: ``S(0)/R``..."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for x in _flat(args, kwargs):
+        if isinstance(x, DTensor):
+            out.append("/".join(str(p) for p in x.placements))
+        elif x is not None and hasattr(x, "shape"):
+            out.append("a plain tensor")
+    return "its tensors were placed " + ", ".join(out)
 
 
 def _decomposed(func: Any, args: Any, kwargs: Any) -> Any:

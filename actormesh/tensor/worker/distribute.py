@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..wire.shapes import contiguous_strides
+from .shard_ops import as_dtensor
+
 if TYPE_CHECKING:
     from .engine import _TensorEngine
 
@@ -15,9 +18,30 @@ def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) ->
     from torch.distributed.tensor import distribute_tensor
 
     tensor, placements, view_id = payload
+    tensor = engine.resolve(tensor)  # the tensor itself, or a Ref to a controller constant
     mesh = engine.view(view_id).mesh  # the engine's DeviceMesh, or a view's (views.py)
+    block = _own_block(tensor.to(engine.device), mesh, placements)
+    if block is not None:
+        return [block]
     # src_data_rank=None: every rank already has the whole tensor; each keeps its slice.
     return [distribute_tensor(tensor.to(engine.device), mesh, placements, src_data_rank=None)]
+
+
+def _own_block(tensor: Any, mesh: Any, placements: Any) -> Any:
+    """What ``distribute_tensor(..., src_data_rank=None)`` gives for Shard and Replicate
+    placements, without its Python (a meshed model's batch, every step): this rank's block."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not all(type(p) is Shard or type(p) is Replicate for p in placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, placements)
+    local = tensor
+    for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
+        if size != local.shape[dim]:
+            local = local.narrow(dim, start, size)
+    whole = tensor.shape
+    return as_dtensor(local.contiguous(), mesh, placements, whole, contiguous_strides(whole))
 
 
 def run_distribute_staged(

@@ -30,7 +30,6 @@ HANDLERS: dict[str, Handler] = {
     "unpack": remote.run_unpack,
     "rref": rref.run_rref,
     "module_build": module.run_build,
-    "module_forward": module.run_forward,
-    "module_backward": module.run_backward,
-    "module_mode": module.run_mode,
+    "grad_sync": module.run_grad_sync,
+    "relayout": module.run_relayout,
 }

@@ -1,28 +1,20 @@
-"""The worker side of ``module_to_mesh``: build, parallelise, run forward and backward.
+"""The worker side of ``module_to_mesh``: build the module, place its tensors, and the ops
+that keep placements what the options chose (``grad_sync``, ``relayout``).
 
-A module is one value in the engine's ``env``, and each call is one op each way. Forward runs
-the module on this rank's slice of the batch (split along the data dimension) and presents the
-output as one global DTensor; the autograd graph stays here under an id the controller's
-autograd context owns. Backward runs ``torch.autograd.backward`` from that output, synchronises
-the gradients, hands them out under the ids the controller allocated and clears ``p.grad``, so
-gradient accumulation stays the controller's business (as with local tensors).
-
-Gradient synchronisation. The controller computes the loss on the *global* output, so each
-rank's gradient is a partial sum of the true gradient over the data dimension: replicated
-(and tensor-parallel) parameters are summed over the data-dimension group, in buckets of up to
-``BUCKET_BYTES`` (one all_reduce per bucket, not one per parameter, and none in ``step()``).
-FSDP reduce-scatters them itself; its divide factor is set to 1 for the same reason.
+The module's forward runs on the controller (``controller/module.py``), so here a module is
+only where its parameters come from: each rank builds it (the instance as sent, or the factory
+under one seed), places each parameter over the whole mesh (``tp_plan``: as torch's
+``parallelize_module`` places it over the tp dimension; ``fsdp``: also split along dim 0 over
+the data dimension; otherwise replicated) and hands out every distinct parameter and buffer
+as a DTensor under the ids the controller allocated, tied ones once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..wire.shapes import contiguous_strides
 from .shard_ops import as_dtensor
-from .stand_ins import StoodIn
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -30,38 +22,10 @@ if TYPE_CHECKING:
 BUCKET_BYTES = 25 * 2**20
 
 
-@dataclass
-class ModuleState:
-    module: Any
-    params: list[Any]  # the module's parameters, in the controller's order
-    data_dim: str | None
-    fsdp: bool
-    tp_dim: str | None
-    graphs: dict[int, Any] = field(default_factory=dict)
-    last_input: tuple[int, Any] = (0, None)  # (constant id, this rank's slice of it)
-
-
-def _data_placements(engine: _TensorEngine, data_dim: str | None) -> list[Any]:
-    from torch.distributed.tensor import Replicate, Shard
-
-    return [Shard(0) if label == data_dim else Replicate() for label in engine.labels]
-
-
-def _as_global(engine: _TensorEngine, t: Any) -> Any:
-    """A parameter/buffer/gradient as the engine holds global values: DTensors stay, plain
-    (replicated) tensors become Replicate DTensors sharing their storage."""
-    from torch.distributed.tensor import DTensor, Replicate
-
-    t = t.detach()
-    if isinstance(t, DTensor):
-        return t
-    return as_dtensor(t, engine.mesh, [Replicate()] * engine.mesh.ndim)
-
-
 def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
-    source, is_factory, seed, data_dim, fsdp, tp_plan, tp_dim = payload
+    source, is_factory, seed, names, data_dim, fsdp, tp_plan, tp_dim = payload
     if is_factory:
         # The same initial weights on every rank, without resetting the ranks' own generators
         # (per-rank factories under activate() must keep drawing differently).
@@ -71,207 +35,162 @@ def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequ
     else:
         module = source
     module = module.to(engine.device)
+    params = _distinct(module.named_parameters(remove_duplicate=False))
+    buffers = _distinct(module.named_buffers(remove_duplicate=False))
+    _check_names(names, params, buffers)
     if tp_plan:
         from torch.distributed.tensor.parallel import parallelize_module
 
         parallelize_module(module, engine.mesh[tp_dim], tp_plan)
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        fully_shard(module, mesh=engine.mesh[data_dim])
-        module.set_gradient_divide_factor(1.0)  # see the module docs: grads are partial sums
-    params = list(module.parameters())
-    buffers = list(module.buffers())
-    state = ModuleState(module, params, data_dim, fsdp, tp_dim)
-    values = [_as_global(engine, p) for p in params] + [_as_global(engine, b) for b in buffers]
-    return [*values, state]
-
-
-def run_mode(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    ref, training = payload
-    engine.resolve(ref).module.train(training)
-    return []
-
-
-def run_forward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-
-    ref, xref, global_shape, grad_enabled, input_grad = payload
-    state: ModuleState = engine.resolve(ref)
-    x = engine.resolve(xref)
-    placements = _data_placements(engine, state.data_dim)
-    if isinstance(x, DTensor):
-        local = x.redistribute(x.device_mesh, placements).to_local()
-    elif state.last_input[0] == xref.id:  # the same controller batch as the last call
-        local = state.last_input[1]
-    else:  # a controller tensor: every rank has the batch, each keeps its slice
-        local = distribute_tensor(
-            x.to(engine.device), engine.mesh, placements, src_data_rank=None
-        ).to_local()
-        state.last_input = (xref.id, local)  # ids are never reused: no stale hit
-    local = local.detach()
-    if input_grad:
-        local.requires_grad_(True)
-    before = _collectives(engine)
-    failure = None
-    with torch.set_grad_enabled(grad_enabled):
-        try:
-            y = state.module(local)
-        except Exception as exc:
-            if not _may_stand_in(engine, state, before):
-                raise
-            failure = exc
-            y = _forward_on_zeros(state, local, exc)
-        if isinstance(y, DTensor):  # e.g. a tensor-parallel plan that keeps DTensor outputs
-            y = y.redistribute(y.device_mesh, [Replicate()] * y.device_mesh.ndim).to_local()
-    # The output as a global DTensor split over the data dimension, wrapped without DTensor's
-    # autograd (from_local costs 140 µs of Python): backward starts from the local ``y`` itself.
-    shape = torch.Size(global_shape)
-    result = as_dtensor(y.detach(), engine.mesh, placements, shape, contiguous_strides(shape))
-    graph = (y, result, local if input_grad else None, tuple(x.shape)) if grad_enabled else None
-    if failure is not None:
-        raise StoodIn([result, graph], failure)
-    return [result, graph]
+    values = []
+    report = {}
+    for name, _ in params:
+        # After parallelize_module a planned parameter is a DTensor over the tp dimension (and
+        # a tied one may be so only under one of its names: the first name decides).
+        v = _over_mesh(engine, module.get_parameter(name).detach(), tp_dim)
+        if fsdp and v.dim() > 0:
+            v = _split_over(engine, v, data_dim)
+        values.append(v)
+        report[name] = str(tuple(v.placements))
+    for name, _ in buffers:
+        v = _over_mesh(engine, module.get_buffer(name).detach(), tp_dim)
+        values.append(v)
+        report[name] = str(tuple(v.placements))
+    return [*values, report]
 
 
-# -- a forward that failed on some ranks -----------------------------------------------------------
-#
-# With FSDP or a tensor-parallel plan, forward and backward run collectives: a rank whose
-# forward raised would leave the others blocked in them until the process group's timeout. So
-# the failed rank stands in, as for plain ops: it runs the forward again on a batch of zeros,
-# which takes part in the collectives the others run, and keeps that graph, so that its
-# backward takes part in theirs too (the results stay poisoned). That is only right when the
-# failure came before the forward's own collectives (input checks, bad values in the batch), or
-# after FSDP's all-gather alone (the failed forward left the parameters unsharded, and a second
-# forward does not gather them again). The process groups' sequence numbers say which: in any
-# other case the re-run would pair different collectives across ranks, so the failure is left
-# as it is (and the others wait for the group's timeout, a documented limit).
+def _distinct(named: Any) -> list[tuple[str, Any]]:
+    seen: set[int] = set()
+    out = []
+    for name, t in named:
+        if t is not None and id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
+    return out
 
 
-def _collectives(engine: _TensorEngine) -> dict[int, tuple[Any, int]]:
-    """id(group) -> (group, collectives issued so far) for the mesh's process groups."""
-    import torch.distributed as dist
-
-    groups: list[Any] = [dist.group.WORLD, *(engine.mesh.get_group(d) for d in engine.labels)]
-    return {id(g): (g, g._get_sequence_number_for_group()) for g in groups}  # noqa: SLF001
-
-
-def _may_stand_in(engine: _TensorEngine, state: ModuleState, before: dict[int, Any]) -> bool:
-    fsdp_group = engine.mesh.get_group(state.data_dim) if state.fsdp else None
-    for key, (group, count) in _collectives(engine).items():
-        if count != before[key][1] and group is not fsdp_group:
-            return False
-    return True
+def _check_names(names: Any, params: Any, buffers: Any) -> None:
+    """The ranks' module must have the controller's parameters and buffers, in its order."""
+    for kind, expected, got in (("parameters", names[0], params), ("buffers", names[1], buffers)):
+        mine = [n for n, _ in got]
+        if mine != list(expected):
+            missing = [n for n in expected if n not in mine][:5]
+            extra = [n for n in mine if n not in expected][:5]
+            raise RuntimeError(
+                f"the module built on this rank has other {kind} than the controller's copy "
+                f"(missing here: {missing}, only here: {extra}, or another order); a factory "
+                "must build the same module on the meta device as on the ranks"
+            )
 
 
-def _forward_on_zeros(state: ModuleState, local: Any, cause: BaseException) -> Any:
-    """The module's output for a batch of zeros, its buffers (running statistics) untouched."""
-    import torch
+def _over_mesh(engine: _TensorEngine, t: Any, tp_dim: str | None) -> Any:
+    """``t`` as a DTensor over the whole mesh: a DTensor over the tp dimension keeps its
+    placement there (replicated over the others); a plain tensor is replicated. No
+    communication: each rank already holds its block."""
+    from torch.distributed.tensor import DTensor, Replicate
 
-    saved = [b.detach().clone() for b in state.module.buffers()]
-    zeros = torch.zeros_like(local).requires_grad_(local.requires_grad)
-    try:
-        y = state.module(zeros)
-    except Exception:
-        raise cause from None  # no stand-in: report the original failure
-    finally:
-        with torch.no_grad():
-            for b, old in zip(state.module.buffers(), saved, strict=True):
-                b.copy_(old)
-    return y
-
-
-def run_backward(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    ref, graph_ref, grad_ref, wanted, input_grad = payload
-    state: ModuleState = engine.resolve(ref)
-    graph = engine.value(graph_ref.id)
-    if graph is None and graph_ref.id in engine.poison and not state.fsdp and not input_grad:
-        # The forward failed on this rank only: take part in the gradient sum with zeros, so
-        # that the other ranks' all_reduce completes (the results here stay poisoned).
-        for p in state.params:
-            p.grad = torch.zeros_like(p) if p.requires_grad else None
-        if state.data_dim is not None:
-            _sum_over_data(engine, state)
-        return _hand_out(engine, state, wanted)
-    if graph is None:
-        raise RuntimeError(
-            "backward through this module call a second time (or after forward ran under "
-            "no_grad): the graph on the workers is freed after the first backward"
-        )
-    y, result, local, input_shape = graph
-    engine.env[graph_ref.id] = None  # the graph is freed by its first backward
-    grad = engine.resolve(grad_ref)
-    spec = result._spec  # noqa: SLF001  (the output's mesh and placements)
-    if not isinstance(grad, DTensor):  # a controller tensor: the whole gradient
-        from torch.distributed.tensor import distribute_tensor
-
-        grad = distribute_tensor(grad.to(engine.device), spec.mesh, spec.placements,
-                                 src_data_rank=None)  # fmt: skip
-    elif grad._spec.placements != spec.placements:  # noqa: SLF001
-        grad = grad.redistribute(spec.mesh, spec.placements)
-    with torch.enable_grad():
-        torch.autograd.backward([y], [grad._local_tensor])  # noqa: SLF001
-    if not state.fsdp and state.data_dim is not None:
-        _sum_over_data(engine, state)
-    grads = _hand_out(engine, state, wanted)
-    if input_grad:
-        g = local.grad if local.grad is not None else torch.zeros_like(local)
-        placements = _data_placements(engine, state.data_dim)
-        shape = torch.Size(input_shape)
-        grads.append(as_dtensor(g, engine.mesh, placements, shape, contiguous_strides(shape)))
-    return grads
+    placements: list[Any] = [Replicate()] * engine.mesh.ndim
+    if isinstance(t, DTensor):
+        if t.device_mesh is engine.mesh:
+            return t
+        placements[engine.labels.index(tp_dim)] = t.placements[0]
+        local = t.to_local()
+        return as_dtensor(local, engine.mesh, placements, t.shape, t.stride())
+    return as_dtensor(t, engine.mesh, placements)
 
 
-def _hand_out(engine: _TensorEngine, state: ModuleState, wanted: Sequence[bool]) -> list[Any]:
-    """The wanted parameters' gradients as engine values; ``p.grad`` is cleared (accumulation
-    is the controller's business)."""
-    import torch
+def _split_over(engine: _TensorEngine, v: Any, dim: str) -> Any:
+    """``v`` also split along its dim 0 over mesh dimension ``dim`` (a local slice)."""
+    from torch.distributed.tensor import Shard
 
-    grads = []
-    for p, want in zip(state.params, wanted, strict=True):
-        if want:
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads.append(_as_global(engine, g))
-        p.grad = None
-    return grads
+    placements = list(v.placements)
+    placements[engine.labels.index(dim)] = Shard(0)
+    return v.redistribute(engine.mesh, placements)
 
 
-def _sum_over_data(engine: _TensorEngine, state: ModuleState) -> None:
-    """Sum the local gradients over the data dimension, in buckets (one all_reduce each)."""
-    from torch.distributed.tensor import DTensor, Partial
+def run_relayout(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    ref, axis, placement = payload
+    v = engine.resolve(ref)
+    placements = list(v.placements)
+    if placements[axis] == placement:
+        return [v]
+    placements[axis] = placement
+    return [v.redistribute(v.device_mesh, placements)]
 
-    group = engine.mesh.get_group(state.data_dim)
-    bucket: list[Any] = []
-    size = 0
-    for p in state.params:
-        g = p.grad
-        if g is None:
+
+def run_grad_sync(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+    """Each gradient moved to its parameter's placements, in place (the same ids).
+
+    A gradient that is a partial sum where its parameter is replicated (the usual case: the
+    batch was split over the data dimension) is summed with the others over the same mesh
+    dimensions in buckets of up to ``BUCKET_BYTES`` (one all_reduce per bucket, not one per
+    parameter); any other difference is DTensor's redistribute (a reduce-scatter for a
+    parameter split over the data dimension). The global values do not change."""
+    (pairs,) = payload
+    grads = [engine.resolve(g) for g, _ in pairs]
+    targets = [engine.resolve(p) for _, p in pairs]
+    result = list(grads)
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    for k, (g, p) in enumerate(zip(grads, targets, strict=True)):
+        if tuple(g.placements) == tuple(p.placements):
             continue
-        if isinstance(g, DTensor):
-            if any(isinstance(pl, Partial) for pl in g.placements):
-                g = p.grad = g.redistribute(g.device_mesh, p.placements)
-            g = g.to_local()
-        if bucket and (g.dtype != bucket[0].dtype or size + g.nbytes > BUCKET_BYTES):
-            _all_reduce(bucket, group)
-            bucket, size = [], 0
-        bucket.append(g)
-        size += g.nbytes
-    if bucket:
-        _all_reduce(bucket, group)
+        dims = _summed_dims(g.placements, p.placements)
+        if dims is None:
+            result[k] = g.redistribute(g.device_mesh, p.placements)
+        else:
+            buckets.setdefault(dims, []).append(k)
+    for dims, members in buckets.items():
+        for bucket in _bucketed(grads, members):
+            locals_ = [grads[k].to_local() for k in bucket]
+            summed = _all_reduce(locals_, [engine.mesh.get_group(d) for d in dims])
+            for k, local in zip(bucket, summed, strict=True):
+                g, p = grads[k], targets[k]
+                result[k] = as_dtensor(local, g.device_mesh, p.placements, g.shape, g.stride())
+    return result
 
 
-def _all_reduce(tensors: list[Any], group: Any) -> None:
+def _summed_dims(have: Sequence[Any], want: Sequence[Any]) -> tuple[int, ...] | None:
+    """The mesh dimensions where ``have`` is a partial sum and ``want`` replicated, if that is
+    the only difference; else None."""
+    dims = []
+    for i, (h, w) in enumerate(zip(have, want, strict=True)):
+        if h == w:
+            continue
+        if h.is_partial() and getattr(h, "reduce_op", None) == "sum" and w.is_replicate():
+            dims.append(i)
+            continue
+        return None
+    return tuple(dims)
+
+
+def _bucketed(grads: Sequence[Any], members: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    size = 0
+    for k in members:
+        local = grads[k].to_local()
+        if out and (local.dtype == grads[out[-1][0]].dtype) and size + local.nbytes <= BUCKET_BYTES:
+            out[-1].append(k)
+            size += local.nbytes
+        else:
+            out.append([k])
+            size = local.nbytes
+    return out
+
+
+def _all_reduce(tensors: list[Any], groups: list[Any]) -> list[Any]:
     import torch
     import torch.distributed as dist
 
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
+    for group in groups:
+        dist.all_reduce(flat, group=group)
+    out = []
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
+        # A new tensor, not the gradient's own memory: that may be a view of another value.
+        summed = torch.empty_like(t)
+        summed.copy_(flat[offset : offset + n].view_as(t))
+        out.append(summed)
         offset += n
+    return out
