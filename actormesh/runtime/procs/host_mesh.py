@@ -85,6 +85,22 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
+    def _procs_per_host(self, per_host: Mapping[str, int] | None) -> dict[str, int]:
+        """``per_host`` without the entries that name this host mesh's own dimensions with its
+        own sizes (Monarch code writes ``{"hosts": 1, "gpus": 2}`` for one host)."""
+        out = {}
+        host_sizes = dict(zip(self._shape.labels, self._shape.sizes, strict=True))
+        for dim, size in (per_host or {}).items():
+            if dim not in host_sizes:
+                out[dim] = size
+            elif size != host_sizes[dim]:
+                raise MeshUsageError(
+                    f"per_host={{{dim!r}: {size!r}}}: {dim!r} is a dimension of this host mesh, "
+                    f"of size {host_sizes[dim]}; it may only repeat that size (or be left out: "
+                    f"per_host gives the processes on each host)"
+                )
+        return out
+
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
@@ -94,7 +110,9 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     ) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the extent of procs on each host.
 
-        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``.
+        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``, as
+        has ``per_host={"hosts": 1, "gpus": 4}`` (Monarch's tests write it so): an entry that
+        names a dimension of this host mesh must give its size.
         Blocks until every process has started (at most ``ACTORMESH_SPAWN_TIMEOUT`` seconds) and
         raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
         on the host, a ``gpus`` dimension gives each process its own device
@@ -108,10 +126,7 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         """
         if bootstrap is not None and not callable(bootstrap):
             raise MeshTypeError(f"bootstrap must be a callable, got {bootstrap!r}")
-        per_host = dict(per_host or {})
-        for dim in per_host:
-            if dim in self._shape.labels:
-                raise MeshUsageError(f"per_host dimension {dim!r} is already a host dimension")
+        per_host = self._procs_per_host(per_host)
         if env is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
