@@ -192,8 +192,9 @@ class MeshFailure:
 class ActorError(MeshError, MeshFailure):
     """User code raised inside an endpoint (or an actor's ``__init__``) on one or more ranks.
 
-    The actor survives and keeps serving. ``failures`` holds one :class:`RemoteFailure` per
-    failed rank; identical tracebacks from many ranks are shown once with their ranks.
+    The actor survives and keeps serving, unless this is an ``ActorSupervisionError``.
+    ``failures`` holds one :class:`RemoteFailure` per failed rank; identical tracebacks from
+    many ranks are shown once with their ranks.
     """
 
     def __init__(self, failures: Sequence[RemoteFailure]):

@@ -41,7 +41,8 @@ BOOTSTRAP_NAME = f"{TOOL_ACTOR_PREFIX}bootstrap"
 class Bootstrap(Actor):
     """Runs ``spawn_procs(bootstrap=fn)``'s ``fn`` (sync or async) in its ``__init__``. The
     actors spawned on the process after it are built once it is done, and fail with its
-    failure if it raised (Lifecycle.construct)."""
+    failure if it raised (Lifecycle.construct); those that ``fn`` spawns itself (and those they
+    spawn) are built at once, since ``fn`` may wait for them."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         result = fn()

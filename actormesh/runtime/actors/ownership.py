@@ -3,7 +3,9 @@
 As in Monarch, an actor mesh belongs to the actor that spawned it, whoever made the proc mesh
 under it: a failure nobody waited for (a broadcast that raised, an ``__init__`` that raised, an
 actor that ended) goes straight to that actor's ``__supervise__`` (``SUPERVISE``), which handles
-it (returns true), passes it up to its own owner, or raises, and so fails in turn. A mesh
+it (returns true), or returns false or raises, and so fails in turn: the endpoint awaiting then
+fails, the actor ends and its owner hears why. An actor without ``__supervise__`` passes the
+failure up to its own owner and goes on. A mesh
 spawned outside any actor (by the script) has no owner actor: its failures go to the process
 that spawned its proc mesh, as before (``UNHANDLED``: that mesh's owner, or the fault hook).
 

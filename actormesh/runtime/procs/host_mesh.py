@@ -119,7 +119,8 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
 
         ``bootstrap`` (Monarch's): a picklable callable, sync or async, that every process runs
-        before any actor is built on it (to set environment variables before CUDA starts, say).
+        before any actor is built on it (to set environment variables before CUDA starts, say);
+        it may spawn actors itself (on ``this_proc()``) and call them.
         ``spawn_procs`` does not wait for it: ``initialized`` completes once it ran everywhere
         and fails with its ``ActorError`` if it raised; actors spawned on the mesh then fail
         their ``__init__`` with that failure.
