@@ -186,6 +186,37 @@ def test_async_supervise_is_awaited_on_the_endpoints_loop(procs) -> None:
     # Handled (it returned True): nothing reached the fault hook (the fixture checks).
 
 
+class SlowAsyncSupervisor(Supervisor):
+    """Its ``__supervise__`` still awaits when the endpoint it came in at returns."""
+
+    def __init__(self, child_procs) -> None:
+        super().__init__(child_procs)
+        self.started = asyncio.Event()
+
+    @endpoint
+    async def fail_child_until_supervised(self) -> None:
+        try:
+            await self.mesh.fail_with_supervision_error.call()
+        except SupervisionError:
+            await asyncio.wait_for(self.started.wait(), timeout=30)  # then return at once
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:  # type: ignore[override]
+        self.started.set()
+        await asyncio.sleep(0.5)
+        self.failures.append(f"{failure.mesh_name}: {failure.report()}")
+        self.faulted.set()
+        return True
+
+
+def test_async_supervise_runs_to_its_end_after_the_endpoint_returns(procs) -> None:
+    supervisor = procs.slice(gpus=0).spawn(
+        "slow_supervisor", SlowAsyncSupervisor, procs.slice(gpus=1)
+    )
+    supervisor.fail_child_until_supervised.call_one().get(timeout=30)
+    failures = supervisor.get_failures.call_one().get(timeout=40)
+    assert failures and failures[0].startswith("error_actor: ")
+
+
 @pytest.mark.parametrize("cls", [Supervisor, AsyncSupervisor])
 def test_supervise_callback_unhandled(procs, unhandled_failures, cls) -> None:
     """Returning a false value fails the owner: the endpoint that runs as the failure arrives

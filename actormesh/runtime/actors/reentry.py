@@ -46,6 +46,9 @@ task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar
 END_ITEM = "end"
 
 Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | None"]
+# What watch() gives: the watching task, the items kept for after the endpoint, and the
+# __supervise__ calls it started.
+Watcher = tuple["asyncio.Task[None]", list[Any], list["asyncio.Task[None]"]]
 
 
 class Reentry:
@@ -140,27 +143,33 @@ class Reentry:
 
     # -- __supervise__ at an await ----------------------------------------------------------------
 
-    def watch(self) -> tuple[asyncio.Task[None], list[Any]] | None:
+    def watch(self) -> Watcher | None:
         """While an endpoint awaits, hand supervision events to ``__supervise__``; keep the rest
         for after it (actor's thread, before running the endpoint). Only for actors that have
         a ``__supervise__``: the others pay nothing."""
         if getattr(type(self.runner.instance), "__supervise__", None) is None:
             return None
         deferred: list[Any] = []
-        return self.runner.loop.create_task(self._watch(deferred)), deferred
+        handling: list[asyncio.Task[None]] = []
+        return self.runner.loop.create_task(self._watch(deferred, handling)), deferred, handling
 
-    def unwatch(self, watcher: tuple[asyncio.Task[None], list[Any]]) -> None:
-        task, deferred = watcher
+    def unwatch(self, watcher: Watcher) -> None:
+        """The endpoint ended: stop watching, but let an (async) ``__supervise__`` under way run
+        to its end: cancelled, the failure it handles would be lost."""
+        task, deferred, handling = watcher
         task.cancel()
         loop = self.runner.loop
-        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        loop.run_until_complete(asyncio.gather(task, *handling, return_exceptions=True))
         self.runner.inbox.put_back(deferred)
 
-    async def _watch(self, deferred: list[Any]) -> None:
+    async def _watch(self, deferred: list[Any], handling: list[asyncio.Task[None]]) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             item = await self._inbox_item()
             if item is not None and item[0] == SUPERVISE_ITEM:
-                await self.runner.ownership.handle_at_await(item[1])
+                handler = loop.create_task(self.runner.ownership.handle_at_await(item[1]))
+                handling.append(handler)
+                await asyncio.shield(handler)  # one at a time, in order
             else:
                 deferred.append(item)
 
