@@ -50,14 +50,16 @@ class ReadsFoo(Actor):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("bootstrap", [setup_with_spawn, async_setup_with_spawn])
 def test_setup(bootstrap) -> None:
-    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=bootstrap)
+    # Two processes: this_proc() in the second names that process, not the first one's rank.
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=bootstrap)
     try:
         procs.initialized.get(timeout=40)
         counter = procs.spawn("counter", Counter, 0)
         counter.incr.call().get(timeout=20)
-        assert counter.value.call_one().get(timeout=20) == 1
+        assert counter.value.call().get(timeout=20).values() == [1, 1]
         # What the bootstrap spawned lives on, beside the actors spawned after it.
-        assert procs.spawn("reads_foo", ReadsFoo).foo_value.call_one().get(timeout=20) == 1
+        reads = procs.spawn("reads_foo", ReadsFoo).foo_value.call().get(timeout=20)
+        assert reads.values() == [1, 1]
     finally:
         procs.stop().get(timeout=30)
 

@@ -45,6 +45,25 @@ def test_this_proc() -> None:
     assert env.pid.call_one().get() == os.getpid()
 
 
+class SpawnsHere(Actor):
+    @endpoint
+    def pids(self) -> tuple[int, int]:
+        beside = this_proc().spawn("beside_here", Env)
+        return os.getpid(), beside.pid.call_one().get(timeout=20)
+
+
+def test_this_proc_in_an_actor_is_its_own_process(procs) -> None:
+    """Also on a process that is not rank 0 of its mesh (its spawns were ignored there)."""
+    for gpus in (0, 1):
+        mine, beside = (
+            procs.slice(gpus=gpus)
+            .spawn(f"spawns_here{gpus}", SpawnsHere)
+            .pids.call_one()
+            .get(timeout=30)
+        )
+        assert mine == beside
+
+
 def test_host_mesh_shutdown() -> None:
     host = this_host()
     procs = host.spawn_procs(per_host={"gpus": 1})

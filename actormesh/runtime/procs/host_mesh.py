@@ -10,12 +10,12 @@ from typing import Any
 
 from ... import config
 from ...errors import MeshTypeError, MeshUsageError, SupervisionError
-from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
+from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap, actor_host
 from ..actors.future import Future, settle, when_all
 from ..extent import Extent
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_mesh import ProcMesh, one_proc_mesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
@@ -209,5 +209,8 @@ def this_proc() -> ProcMesh:
     ctl = get_controller()
     ctl.raise_if_shut_down()
     address = ctl.node.address
-    table = ProcTable(f"proc-{address.mailbox.hex()[:16]}", [address], ["controller"])
-    return ProcMesh._create(table, Shape.from_extent({}), None)
+    # In a worker, the process's own rank in its proc mesh: what its actor host spawns for
+    # (a worker of rank 1 whose this_proc() said rank 0 had its spawns ignored).
+    host = actor_host()
+    rank = 0 if host is None else host.proc_rank
+    return one_proc_mesh(f"proc-{address.mailbox.hex()[:16]}", address, rank, "controller")
