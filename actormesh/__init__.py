@@ -28,6 +28,7 @@ import types as _types
 from collections.abc import Callable as _Callable
 
 from .errors import ActorError as ActorError
+from .errors import ActorSupervisionError as ActorSupervisionError
 from .errors import MeshClosedError as MeshClosedError
 from .errors import MeshError as MeshError
 from .errors import MeshFailure as MeshFailure
@@ -84,6 +85,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "ActorSupervisionError",
     "Channel",
     "Context",
     "Endpoint",

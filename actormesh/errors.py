@@ -5,8 +5,10 @@ with the tool's helpers and this module, the package's bottom layer, imports not
 ```
 MeshError                 base of everything actormesh raises on purpose
 ├── ActorError            user code raised remotely (rank, actor, endpoint, remote traceback)
-│   └── MeshCellError *   a %%mesh cell raised on some ranks (kernel/display.py)
+│   ├── MeshCellError *   a %%mesh cell raised on some ranks (kernel/display.py)
+│   └── ActorSupervisionError  ... and that ended the actor (also a SupervisionError, below)
 ├── SupervisionError      a worker died or stopped answering (rank, pid, exit code/signal, stderr)
+│   ├── ActorSupervisionError  an actor ended (a BaseException, abort, __supervise__, stop)
 │   └── MeshClosedError   the mesh was stopped, then used (also a RuntimeError)
 ├── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
 │   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/display.py)
@@ -22,6 +24,11 @@ CellInterrupted *         a %%mesh cell interrupted: a KeyboardInterrupt (kernel
 
 ``ActorError`` and ``SupervisionError`` are also ``MeshFailure`` objects: what a mesh's owner
 (``__supervise__``) and the fault hook receive, named as in Monarch.
+
+``ActorSupervisionError`` is both: a failure that ended an actor (or a call to an actor that has
+ended) is a supervision event in Monarch, which its code catches as ``SupervisionError``, while
+code written for actormesh catches it as the ``ActorError`` it always was; either way it carries
+the rank, the remote traceback and everything else an ``ActorError`` carries.
 
 Remote failures travel as text (type name, message, traceback), never as pickled exception
 objects, so the controller never depends on unpickling a user's exception class.
@@ -72,6 +79,9 @@ class RemoteFailure:
     exc_type: str
     message: str
     traceback: str  # the remote traceback, already rendered as text on the worker
+    # The actor ended with this failure, or had ended (stopped, __init__ failed) before the call
+    # came: the caller's error is an ActorSupervisionError.
+    actor_ended: bool = False
 
     def headline(self) -> str:
         return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
@@ -182,8 +192,9 @@ class MeshFailure:
 class ActorError(MeshError, MeshFailure):
     """User code raised inside an endpoint (or an actor's ``__init__``) on one or more ranks.
 
-    The actor survives and keeps serving. ``failures`` holds one :class:`RemoteFailure` per
-    failed rank; identical tracebacks from many ranks are shown once with their ranks.
+    The actor survives and keeps serving, unless this is an ``ActorSupervisionError``.
+    ``failures`` holds one :class:`RemoteFailure` per failed rank; identical tracebacks from
+    many ranks are shown once with their ranks.
     """
 
     def __init__(self, failures: Sequence[RemoteFailure]):
@@ -256,17 +267,18 @@ class SupervisionError(MeshError, RuntimeError, MeshFailure):
     def rank(self) -> str:
         return self.deaths[0].rank
 
+    # The first lost process's; None when no process was lost (an actor ended, a stopped mesh).
     @property
-    def pid(self) -> int:
-        return self.deaths[0].pid
+    def pid(self) -> int | None:
+        return self.deaths[0].pid if self.deaths else None
 
     @property
     def exitcode(self) -> int | None:
-        return self.deaths[0].exitcode
+        return self.deaths[0].exitcode if self.deaths else None
 
     @property
     def signal(self) -> str | None:
-        return self.deaths[0].signal
+        return self.deaths[0].signal if self.deaths else None
 
     def _summary(self) -> str:
         if not self.deaths:
@@ -284,6 +296,35 @@ class SupervisionError(MeshError, RuntimeError, MeshFailure):
 
     def _render_traceback_(self) -> list[str]:
         return [f"\x1b[31mSupervisionError\x1b[0m: {self}"]
+
+
+class ActorSupervisionError(ActorError, SupervisionError):
+    """A failure that ended the actor, or a call to an actor that had ended: an ``ActorError``
+    (``failures``, ``rank``, ``exc_type``, ``remote_traceback``) that is also a
+    ``SupervisionError``, as Monarch raises for an actor that failed.
+
+    What ends an actor: an endpoint that raises a ``BaseException`` that is not an ``Exception``,
+    an ``@endpoint(explicit_response_port=True)`` method that raises, ``abort()``, a
+    ``__supervise__`` that raises or leaves a failure unhandled, ``ActorMesh.stop()``, an
+    ``__init__`` that raised. Its process lives on, so ``deaths`` is empty.
+    """
+
+    def __init__(self, failures: Sequence[RemoteFailure]):
+        self.failures = tuple(failures)
+        self.deaths = ()
+        self.context = ""
+        Exception.__init__(self, self._summary())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures,), self._failure_state())
+
+
+def actor_error(failures: Sequence[RemoteFailure]) -> ActorError:
+    """The error of a call whose ranks failed with ``failures``: an ``ActorSupervisionError``
+    when one of them ended its actor (or found it ended), else an ``ActorError``."""
+    if any(f.actor_ended for f in failures):
+        return ActorSupervisionError(failures)
+    return ActorError(failures)
 
 
 class MeshClosedError(SupervisionError):

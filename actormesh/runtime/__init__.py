@@ -30,6 +30,7 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         ``lifecycle`` (its construction, stop, ``__cleanup__`` and end),
+                        ``stand_in`` (who reads its inbox while a long ``__init__`` runs),
                         ``failures`` (failures as text), ``response_port`` (explicit response
                         ports), ``actor_host`` (the actors of one process, a proc mesh's
                         bootstrap), ``context``, ``future``.
@@ -40,6 +41,7 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         way up into the tensor layer).
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
+                        ``rank_exit`` (what a worker runs as a graceful stop ends it),
                         ``host_agent``, ``worker_output`` (an agent's workers and their
                         pipes), ``zygote`` (the fork server), ``osutil``,
                         ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).

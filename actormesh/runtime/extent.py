@@ -220,7 +220,8 @@ class Point(Mapping[str, int]):
     """A position in an ``Extent``: dimension name mapped to coordinate.
 
     ``rank`` is the row-major index of the point in ``extent`` (last dimension fastest), so
-    ``Point(3, Extent(["hosts", "gpus"], [1, 4]))`` is ``{hosts=0, gpus=3}``. Immutable,
+    ``Point(3, Extent(["hosts", "gpus"], [1, 4]))`` is ``{hosts: 0, gpus: 3}``, printed as
+    Monarch prints it: ``{'hosts': 0/1, 'gpus': 3/4}``. Immutable,
     hashable, picklable; equal to another ``Point`` with the same rank and extent, and to a
     ``dict`` with the same coordinates.
     """
@@ -311,10 +312,17 @@ class Point(Mapping[str, int]):
         return (Point, (self._rank, self._extent))
 
     def __repr__(self) -> str:
-        return f"Point({dict(zip(self._extent.labels, self._coords, strict=True))!r})"
+        # Monarch's form, which Monarch programs print and parse: each coordinate over its size.
+        parts = zip(self._extent.labels, self._coords, self._extent.sizes, strict=True)
+        return "{" + ", ".join(f"{label!r}: {c}/{size}" for label, c, size in parts) + "}"
 
-    def __str__(self) -> str:
-        return render_coords(self._extent.labels, self._coords)
+    __str__ = __repr__
+
+
+def point_label(point: Point) -> str:
+    """``{hosts=0, gpus=3}``: how actormesh names a rank in failures and messages (``str`` of
+    a ``Point`` is Monarch's ``{'hosts': 0/1, 'gpus': 3/4}``)."""
+    return render_coords(point.extent.labels, [point[label] for label in point.extent.labels])
 
 
 def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from ..runtime.actors.actor import Actor, endpoint
 from ..runtime.actors.actor_host import actor_host
 from ..runtime.actors.future import Future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
-from ..runtime.extent import Extent, Point
+from ..runtime.extent import Extent, Point, point_label
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.endpoint import message_readers, on_unsent
@@ -53,6 +53,7 @@ __all__ = [
     "mesh_id",
     "message_readers",
     "on_unsent",
+    "point_label",
     "report_unhandled",
     "then",
     "value_mesh",

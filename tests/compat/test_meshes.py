@@ -7,7 +7,16 @@ import os
 
 import pytest
 
-from actormesh import Actor, ProcMesh, SupervisionError, endpoint, this_host, this_proc
+from actormesh import (
+    Actor,
+    Extent,
+    ProcMesh,
+    SupervisionError,
+    current_rank,
+    endpoint,
+    this_host,
+    this_proc,
+)
 
 
 class Env(Actor):
@@ -34,6 +43,25 @@ def test_this_host_spawn_procs_with_bootstrap() -> None:
 def test_this_proc() -> None:
     env = this_proc().spawn("env_here", Env)
     assert env.pid.call_one().get() == os.getpid()
+
+
+class SpawnsHere(Actor):
+    @endpoint
+    def pids(self) -> tuple[int, int]:
+        beside = this_proc().spawn("beside_here", Env)
+        return os.getpid(), beside.pid.call_one().get(timeout=20)
+
+
+def test_this_proc_in_an_actor_is_its_own_process(procs) -> None:
+    """Also on a process that is not rank 0 of its mesh (its spawns were ignored there)."""
+    for gpus in (0, 1):
+        mine, beside = (
+            procs.slice(gpus=gpus)
+            .spawn(f"spawns_here{gpus}", SpawnsHere)
+            .pids.call_one()
+            .get(timeout=30)
+        )
+        assert mine == beside
 
 
 def test_host_mesh_shutdown() -> None:
@@ -92,3 +120,31 @@ def test_split(procs) -> None:
     split = env.split(rank=("dp", "tp"), tp=2)
     assert split.sizes == {"dp": 1, "tp": 2}
     assert len(split.slice(tp=1).pid.call().get().values()) == 1
+
+
+class RunIt(Actor):
+    @endpoint
+    async def return_current_rank_str(self) -> str:
+        return str(current_rank())
+
+
+def test_rank_string_and_a_hosts_entry_in_per_host() -> None:
+    """Monarch's ``test_rank_string``: ``per_host`` may name the host dimension (with the host
+    mesh's size), and a rank prints as Monarch prints it."""
+    per_host = {"hosts": 1, "gpus": 2}
+    proc = this_host().spawn_procs(per_host=per_host)
+    try:
+        assert proc.extent == Extent(["hosts", "gpus"], [1, 2])
+        r = proc.spawn("runit", RunIt)
+        vm = r.return_current_rank_str.call().get(timeout=30)
+        r0 = vm.flatten("r").slice(r=0).item()
+        r1 = vm.flatten("r").slice(r=1).item()
+        assert r0 == "{'hosts': 0/1, 'gpus': 0/2}"
+        assert r1 == "{'hosts': 0/1, 'gpus': 1/2}"
+    finally:
+        proc.stop().get(timeout=30)
+
+
+def test_a_hosts_entry_of_another_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="'hosts' is a dimension of this host mesh, of size 1"):
+        this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})

@@ -128,6 +128,39 @@ def test_per_sender_fifo_across_broadcasts_calls_and_slices(shared_procs) -> Non
         assert seen == expected[point["gpus"]]
 
 
+class Indirect(am.Actor):
+    @am.endpoint
+    async def read(self, counter: am.ActorMesh[Counter]) -> int:
+        return await counter.get.call_one()
+
+
+def test_causal_order_a_broadcast_waiting_for_the_io_thread_is_not_overtaken(
+    shared_procs,
+) -> None:
+    """A broadcast, then a call to another actor that reads what the broadcast changed: the read
+    sees it (causal order, as in Monarch), even while the broadcast waits in a batch for this
+    process's I/O thread (held busy here, as a loaded machine would)."""
+    from actormesh.runtime.messaging.node import current_node
+
+    counter = shared_procs.slice(gpus=1).spawn("causal_counter", Counter, 3)
+    indirect = shared_procs.slice(gpus=2).spawn("causal_indirect", Indirect)
+    assert indirect.read.call_one(counter).get(timeout=30) == 3
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_io_thread() -> None:
+        busy.set()
+        release.wait(20)
+
+    current_node().transport.call_soon(hold_the_io_thread)
+    try:
+        assert busy.wait(10)
+        counter.incr.broadcast()  # batched: the busy I/O thread has not sent it
+        assert indirect.read.call_one(counter).get(timeout=10) == 4
+    finally:
+        release.set()
+    assert counter.get.call_one().get(timeout=10) == 4
+
+
 def test_call_one_needs_one_actor_and_says_how_to_slice(shared_procs) -> None:
     c = shared_procs.spawn("counter1", Counter, 0)
     with pytest.raises(am.MeshError, match=r"4 actors.*slice\(gpus=0\)"):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actormesh as am
-from actormesh.runtime.extent import Extent, Point
+from actormesh.runtime.extent import Extent, Point, point_label
 from actormesh.runtime.mesh_shape import MeshShape
 from actormesh.runtime.meshes.value_mesh import ValueMesh
 from actormesh.runtime.shape import Shape
@@ -85,8 +85,10 @@ def test_point_basics() -> None:
     assert p.extent is HG
     assert dict(p) == {"hosts": 0, "gpus": 3}
     assert p["gpus"] == 3
-    assert str(p) == "{hosts=0, gpus=3}"
-    assert repr(p) == "Point({'hosts': 0, 'gpus': 3})"
+    # Printed as Monarch prints a point (Monarch programs parse it); actormesh's rank labels
+    # are point_label's.
+    assert str(p) == repr(p) == "{'hosts': 0/1, 'gpus': 3/4}"
+    assert point_label(p) == "{hosts=0, gpus=3}"
     assert p == {"hosts": 0, "gpus": 3}
     assert p == Point(3, Extent.from_dict({"hosts": 1, "gpus": 4}))
     assert p != Point(2, HG)

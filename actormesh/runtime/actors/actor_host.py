@@ -41,7 +41,8 @@ BOOTSTRAP_NAME = f"{TOOL_ACTOR_PREFIX}bootstrap"
 class Bootstrap(Actor):
     """Runs ``spawn_procs(bootstrap=fn)``'s ``fn`` (sync or async) in its ``__init__``. The
     actors spawned on the process after it are built once it is done, and fail with its
-    failure if it raised (Lifecycle.construct)."""
+    failure if it raised (Lifecycle.construct); those that ``fn`` spawns itself (and those they
+    spawn) are built at once, since ``fn`` may wait for them."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         result = fn()
@@ -81,6 +82,7 @@ class ActorHost:
             logger.warning("ignored a spawn of %s not meant for this process", name)
             return
         runner = ActorRunner(self.node, key, name, point, self.proc_rank)
+        owner = None
         if len(msg.envelope) > 5:
             owner = runner.ownership.owner = msg.envelope[5]
             node = self.node
@@ -89,7 +91,7 @@ class ActorHost:
                 node.send(node.controller, (OWNED, node.mesh_id, self.proc_rank, owner))
         if name == BOOTSTRAP_NAME:
             self.bootstrap = runner
-        else:
+        elif not self._spawned_by_bootstrap(owner):
             runner.after = self.bootstrap
         self.actors[key] = runner
         runner.start(msg)
@@ -97,6 +99,18 @@ class ActorHost:
             runner.post(early)
         with self._spawned:
             self._spawned.notify_all()
+
+    def _spawned_by_bootstrap(self, owner: ownership.Owner | None) -> bool:
+        """Whether the bootstrap spawned this actor (or an actor it spawned did): it is built
+        at once, not after the bootstrap, which may well be waiting for it."""
+        bootstrap = self.bootstrap
+        if owner is None or bootstrap is None:
+            return False
+        if owner.key == bootstrap.key:  # this process's bootstrap, or another rank's
+            return True
+        spawner = self.actors.get(owner.key)
+        here = owner.address.mailbox == self.node.address.mailbox
+        return here and spawner is not None and spawner.after is None
 
     def wait_for_actor(self, key: str, timeout: float) -> ActorRunner | None:
         """The runner of actor mesh ``key`` here, once its spawn arrived (it may trail a message

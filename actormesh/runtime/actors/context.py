@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import MeshUsageError
-from ..extent import Extent, Point
+from ..extent import Extent, Point, point_label
 from ..messaging import node as _node
 from ..shape import Shape
 
@@ -46,8 +46,9 @@ class ActorInstance:
             raise MeshUsageError("actor_instance.proc is for actors; the script has this_proc()")
         return proc_factory[0](self._runner)
 
-    def abort(self, reason: str = "") -> None:
-        """End this actor after the current message, as a failure its owner hears of."""
+    def abort(self, reason: str | None = None) -> None:
+        """End this actor after the current message, as a failure its owner hears of (which
+        names ``reason``, or says that none was given)."""
         if self._runner is None:
             raise MeshUsageError("abort() is for actors; the script can raise")
         self._runner.abort(reason)
@@ -134,7 +135,7 @@ def context() -> Context:
 
 
 def current_rank() -> Point:
-    """The rank of the current actor in its mesh, e.g. ``{hosts=0, gpus=3}``."""
+    """The rank of the current actor in its mesh, e.g. ``{'hosts': 0/1, 'gpus': 3/4}``."""
     return context().actor_instance.rank
 
 
@@ -144,7 +145,7 @@ def current_actor_name() -> str:
     instance = context().actor_instance
     if instance is _CONTROLLER.actor_instance:
         return "controller"
-    return f"{instance.actor_id}{instance.rank}"
+    return f"{instance.actor_id}{point_label(instance.rank)}"
 
 
 def _sender_rank() -> int | None:

@@ -4,12 +4,10 @@ as pickled objects), and the failures of calls that an actor can no longer run."
 from __future__ import annotations
 
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import RemoteFailure
-
-if TYPE_CHECKING:
-    from ..extent import Point
+from ..extent import Point, point_label
 
 
 def render_failure(
@@ -33,7 +31,12 @@ def render_failure(
         lambda: "".join(traceback.format_exception(etype, exc, tb)),
         f"{name}: {message}\n(its traceback could not be formatted)\n",
     )
-    return RemoteFailure(str(rank), actor, endpoint, name, message, text)
+    return RemoteFailure(label(rank), actor, endpoint, name, message, text)
+
+
+def label(rank: Point | str) -> str:
+    """``{hosts=0, gpus=3}``: a rank as failures name it."""
+    return point_label(rank) if isinstance(rank, Point) else rank
 
 
 def _safe(render: Any, fallback: Any) -> Any:
@@ -43,8 +46,19 @@ def _safe(render: Any, fallback: Any) -> Any:
         return fallback
 
 
+def ends_the_actor(exc: BaseException, explicit_port: bool) -> bool:
+    """Whether ``exc``, raised by an endpoint, ends its actor, as in Monarch: a
+    ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...), or any exception out
+    of an ``@endpoint(explicit_response_port=True)`` method (its caller waits on the port, not on
+    the method's return). ``KeyboardInterrupt`` does not: it is how ``interrupt()`` stops one."""
+    if isinstance(exc, KeyboardInterrupt):
+        return False
+    return explicit_port or not isinstance(exc, Exception)
+
+
 def unconstructed(failure: RemoteFailure | None, actor: str, endpoint: str) -> RemoteFailure:
-    """A call to an actor whose ``__init__`` raised ``failure``."""
+    """A call to an actor whose ``__init__`` raised ``failure``: it never ran, which is a
+    supervision event (``actor_ended``)."""
     assert failure is not None
     return RemoteFailure(
         failure.rank,
@@ -53,17 +67,33 @@ def unconstructed(failure: RemoteFailure | None, actor: str, endpoint: str) -> R
         failure.exc_type,
         f"actor {actor!r} failed in __init__, so it cannot run {endpoint!r}: {failure.message}",
         failure.traceback,
+        actor_ended=True,
     )
 
 
-def stopped(rank: Point, actor: str, endpoint: str) -> RemoteFailure:
-    """A call to an actor that ``ActorMesh.stop`` (or a ``BaseException``) ended."""
+def stopped(
+    rank: Point, actor: str, endpoint: str, why: RemoteFailure | None = None
+) -> RemoteFailure:
+    """A call to an actor that ``ActorMesh.stop`` ended, or ``why`` (a ``BaseException``,
+    ``abort()``, its ``__supervise__``)."""
     text = f"actor {actor!r} was stopped, so it cannot run {endpoint!r}"
-    return RemoteFailure(str(rank), actor, endpoint, "ActorStopped", text, text + "\n")
+    if why is None:
+        return RemoteFailure(
+            label(rank), actor, endpoint, "ActorStopped", text, text + "\n", actor_ended=True
+        )
+    text = (
+        f"actor {actor!r} was stopped by a failure ({why.headline()}), so it cannot run "
+        f"{endpoint!r}"
+    )
+    return RemoteFailure(
+        label(rank), actor, endpoint, "ActorStopped", text, why.traceback, actor_ended=True
+    )
 
 
 def ended(failure: RemoteFailure) -> RemoteFailure:
-    """What the owner hears when ``failure`` (a ``SystemExit``, ...) ended the actor."""
+    """``failure`` as what ended the actor: what its caller and its owner are told."""
+    if failure.actor_ended:
+        return failure
     return RemoteFailure(
         failure.rank,
         failure.actor,
@@ -71,6 +101,7 @@ def ended(failure: RemoteFailure) -> RemoteFailure:
         failure.exc_type,
         f"the actor stopped: {failure.message or failure.exc_type}",
         failure.traceback,
+        actor_ended=True,
     )
 
 
@@ -83,4 +114,5 @@ def bootstrap_failed(failed: RemoteFailure, actor: str) -> RemoteFailure:
         failed.exc_type,
         f"the bootstrap of this proc mesh failed, so no actor runs on it: {failed.message}",
         failed.traceback,
+        actor_ended=True,
     )

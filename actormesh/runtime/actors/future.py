@@ -11,6 +11,7 @@ the reply).
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -46,6 +47,7 @@ class Future(Generic[T]):
     """
 
     __slots__ = (
+        "_awaiting",
         "_callbacks",
         "_describe_pending",
         "_event",
@@ -74,6 +76,7 @@ class Future(Generic[T]):
         # Whether a thread waiting for this checks for its replies awhile before it sleeps
         # (a call to few ranks: see config.WAIT_SPIN_US).
         self._spin = spin
+        self._awaiting: Generator[Any, None, T] | None = None  # see send()
 
     def pending_ranks(self) -> list[tuple[str, int]]:
         """The ``(mesh_id, rank)`` pairs whose replies this future still waits for, when it is
@@ -240,6 +243,27 @@ class Future(Generic[T]):
             yield from waiter.__await__()
         return self.get()
 
+    # The coroutine protocol, over one ``__await__`` of this future: Monarch code hands a future
+    # to what takes a coroutine (``asyncio.run(procs.logging_option(...))``,
+    # ``asyncio.create_task(mesh.ep.call())``), since Monarch's are coroutines there. Running
+    # it that way once does not stop ``get()`` or ``await`` from working after.
+
+    def send(self, value: None) -> Any:
+        if self._awaiting is None:
+            self._awaiting = self.__await__()
+        return self._awaiting.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._awaiting is None:
+            self._awaiting = self.__await__()
+        if val is None:
+            return self._awaiting.throw(typ)
+        return self._awaiting.throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._awaiting is not None:
+            self._awaiting.close()
+
     def as_asyncio(self) -> asyncio.Future[T]:
         """An ``asyncio.Future`` of the running event loop that completes as this one does
         (Monarch's ``Future.as_asyncio``): for ``asyncio.wait``, ``gather`` with timeouts, etc.
@@ -275,6 +299,9 @@ class Future(Generic[T]):
         state = {_PENDING: "pending", _DONE: "done", _FAILED: "failed"}[self._state]
         return f"<actormesh.Future {state}>"
 
+
+# asyncio.run, create_task and run_until_complete ask for a coroutine: a future is one.
+collections.abc.Coroutine.register(Future)
 
 _blocked: dict[int, Future[Any]] = {}
 

@@ -16,8 +16,9 @@ from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
-from .failures import bootstrap_failed, render_failure
+from .failures import bootstrap_failed, render_failure, stopped
 from .response_port import send_reply
+from .stand_in import StandIn, StoppedInInit
 
 if TYPE_CHECKING:
     from ..messaging.codec import Message
@@ -34,12 +35,19 @@ class Lifecycle:
         self._cleaned = False  # __cleanup__ runs once, however many ways the actor ends
 
     def construct(self, msg: Message) -> None:
+        runner = self.runner
+        stand_in = StandIn(runner)  # reads the inbox if this takes long (stand_in.py)
+        stand_in.arm()
         try:
-            self._build(msg)
+            self._build(msg, stand_in)
         finally:
-            self.runner.constructed.set()
+            stopped_meanwhile = stand_in.give_back()
+            runner.constructed.set()
+        if stopped_meanwhile:  # its stop was answered while __init__ ran: clean up now
+            self.cleanup(None)
+            runner.instance = None
 
-    def _build(self, msg: Message) -> None:
+    def _build(self, msg: Message, stand_in: StandIn) -> None:
         runner = self.runner
         shape, reply = msg.envelope[3:5]
         if runner.after is not None:
@@ -51,6 +59,7 @@ class Lifecycle:
                 if reply is not None and index is not None:
                     send_reply(runner, reply, index, FAILED, runner.init_failure)
                 return
+        stopped_in_init = False
         with runner.acting():
             try:
                 (cls, *args), kwargs = msg.value()
@@ -58,9 +67,18 @@ class Lifecycle:
                 runner.concurrent = concurrent_endpoints(cls)
                 instance = cls.__new__(cls)
                 runner.instance = instance
-                result = instance.__init__(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    runner.run_coroutine(result)
+                stand_in.enter_init()
+                try:
+                    result = instance.__init__(*args, **kwargs)
+                    if inspect.isawaitable(result):
+                        runner.run_coroutine(result)
+                finally:
+                    stand_in.leave_init()
+            except StoppedInInit:
+                # ActorMesh.stop() interrupted it: a stop, not a failure its owner must hear of.
+                runner.init_failure = stopped(runner.rank, runner.name, "__init__")
+                runner.instance = None
+                stopped_in_init = True
             except BaseException as exc:
                 runner.init_failure = render_failure(exc, runner.rank, runner.name, "__init__", 1)
                 logger.debug("actor %s failed to start", runner.name, exc_info=True)
@@ -70,13 +88,13 @@ class Lifecycle:
         if reply is not None and index is not None:
             status = FAILED if runner.init_failure else OK
             send_reply(runner, reply, index, status, runner.init_failure)
-        if runner.init_failure is not None:
+        if runner.init_failure is not None and not stopped_in_init:
             # A supervision event too, as in Monarch: a spawn nobody calls must not fail unseen.
             runner.ownership.escalate(runner.init_failure)
 
     def end(self, exc: BaseException) -> None:
-        """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ...) ends the actor,
-        as in Monarch: it cleans up with ``__cleanup__(exc)``, then refuses every call."""
+        """A failure ends the actor (a ``BaseException`` that is not an ``Exception``, ...), as
+        in Monarch: it cleans up with ``__cleanup__(exc)``, then refuses every call."""
         self.runner.stopped = True
         self.cleanup(exc)
         self.runner.instance = None

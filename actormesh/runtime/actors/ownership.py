@@ -3,7 +3,9 @@
 As in Monarch, an actor mesh belongs to the actor that spawned it, whoever made the proc mesh
 under it: a failure nobody waited for (a broadcast that raised, an ``__init__`` that raised, an
 actor that ended) goes straight to that actor's ``__supervise__`` (``SUPERVISE``), which handles
-it (returns true), passes it up to its own owner, or raises, and so fails in turn. A mesh
+it (returns true), or returns false or raises, and so fails in turn: the endpoint awaiting then
+fails, the actor ends and its owner hears why. An actor without ``__supervise__`` passes the
+failure up to its own owner and goes on. A mesh
 spawned outside any actor (by the script) has no owner actor: its failures go to the process
 that spawned its proc mesh, as before (``UNHANDLED``: that mesh's owner, or the fault hook).
 
@@ -13,16 +15,17 @@ actor meshes it spawned first.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...errors import ActorError, MeshError
+from ...errors import ActorError, MeshError, RemoteFailure
 from ..faults import supervision
 from ..messaging.address import Address
 from ..messaging.codec import dumps
 from ..messaging.protocol import SUPERVISE, UNHANDLED
-from .failures import render_failure
+from .failures import ended, label, render_failure
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
@@ -69,32 +72,102 @@ class Ownership:
             send_to_owner(node, self.owner, failure)
 
     def handle(self, failure: Any) -> None:
-        """A failure of a mesh this actor owns, on the actor's thread: its ``__supervise__``
-        handles it (returns true), or it goes up to this actor's owner. One that raises fails
-        the actor in turn, as in Monarch: it ends, and its owner hears why."""
-        runner = self.runner
-        handler = getattr(runner.instance, "__supervise__", None)
-        if handler is None or runner.stopped:
-            self.escalate(failure)
+        """A failure of a mesh this actor owns, on the actor's thread between its messages: its
+        ``__supervise__`` (sync, or async on the actor's loop) handles it (returns a true
+        value), or this actor fails, as in Monarch: it ends, and its owner hears why (the
+        failure it did not handle, or what ``__supervise__`` raised while handling it). An
+        actor without ``__supervise__`` passes the failure up to its owner and goes on."""
+        handler = self._handler(failure)
+        if handler is None:
             return
-        with runner.acting():
-            try:
-                handled = bool(handler(failure))
-            except Exception as exc:
-                logger.exception("__supervise__ of %s raised", runner.name)
-                raised = render_failure(exc, runner.rank, runner.name, "__supervise__", 1)
-                runner.stopped = True  # from now on it refuses calls
-                runner.reentry.end_later(exc, raised)
-                return
-        if not handled:
-            self.escalate(failure)
+        result = self._run(failure, handler, failure)
+        if inspect.isawaitable(result):  # an async __supervise__, on the actor's loop
+            result = self._run(failure, self.runner.run_coroutine, result)
+        self._settle(result, failure)
 
-    def abort(self, reason: str) -> None:
+    async def handle_at_await(self, failure: Any) -> None:
+        """``handle``, at an await of an endpoint that runs (on the actor's loop): an async
+        ``__supervise__`` is awaited there."""
+        handler = self._handler(failure)
+        if handler is None:
+            return
+        result = self._run(failure, handler, failure)
+        if inspect.isawaitable(result):
+            with self.runner.acting():
+                try:
+                    result = await result
+                except Exception as exc:
+                    result = self._raised(exc, failure)
+        self._settle(result, failure)
+
+    def _run(self, failure: Any, fn: Any, arg: Any) -> Any:
+        """``fn(arg)`` as this actor; what ``_raised`` gives if it raises."""
+        with self.runner.acting():
+            try:
+                return fn(arg)
+            except Exception as exc:
+                return self._raised(exc, failure)
+
+    def _handler(self, failure: Any) -> Any:
+        """The actor's ``__supervise__``; ``None`` when there is none to run (the failure then
+        went up to its owner)."""
+        handler = getattr(self.runner.instance, "__supervise__", None)
+        if handler is None or self.runner.stopped:
+            self.escalate(failure)
+            return None
+        return handler
+
+    def _settle(self, result: object, failure: Any) -> None:
+        if result:  # handled (or it raised: _raised failed the actor already)
+            return
+        runner = self.runner
+        mesh = getattr(failure, "mesh_name", None)
+        what = str(failure).strip().splitlines()[0] if str(failure).strip() else repr(failure)
+        message = (
+            f"__supervise__ left a failure of mesh {mesh!r} unhandled (it returned "
+            f"{_short(result)}), so the actor that owns it fails: {what}"
+        )
+        report = RemoteFailure(
+            label(runner.rank),
+            runner.name,
+            "__supervise__",
+            "SupervisionError",
+            message,
+            f"SupervisionError: {message}\n\n{_report_of(failure)}\n",
+            actor_ended=True,
+        )
+        runner.fail(
+            failure if isinstance(failure, BaseException) else RuntimeError(message), report
+        )
+
+    def _raised(self, exc: Exception, failure: Any) -> object:
+        runner = self.runner
+        logger.info("__supervise__ of %s raised %r", runner.name, exc)
+        raised = render_failure(exc, runner.rank, runner.name, "__supervise__", 1)
+        mesh = getattr(failure, "mesh_name", None)
+        report = RemoteFailure(
+            raised.rank,
+            raised.actor,
+            raised.endpoint,
+            raised.exc_type,
+            f"{raised.message} (raised by __supervise__ while it handled a failure of mesh "
+            f"{mesh!r}, so the actor that owns it fails)",
+            f"{raised.traceback.rstrip()}\n\nThe failure it was handling:\n{_report_of(failure)}\n",
+            actor_ended=True,
+        )
+        runner.fail(exc, report)
+        return _FAILED
+
+    def abort(self, reason: str | None) -> None:
         """``context().actor_instance.abort(reason)``: the actor ends once the message it
         handles is done (``__cleanup__`` gets the error), and its owner hears why."""
         runner = self.runner
-        exc = RuntimeError(f"the actor aborted: {reason}")
-        runner.reentry.end_later(exc, render_failure(exc, runner.rank, runner.name, "abort"))
+        cls = type(runner.instance).__name__
+        exc = RuntimeError(
+            f"actor {runner.name!r} ({cls}) aborted: {reason or 'no reason provided'}"
+        )
+        report = ended(render_failure(exc, runner.rank, runner.name, "abort"))
+        runner.reentry.end_later(exc, report)
 
     def stop_children(self, timeout: float) -> None:
         """Stop the actor meshes this actor spawned, waiting up to ``timeout`` seconds (actor's
@@ -112,6 +185,19 @@ class Ownership:
                 stop.get(timeout=max(0.0, deadline - time.monotonic()))
             except MeshError as exc:  # a child's __cleanup__ raised, or it died: stopping anyway
                 logger.info("stopping an actor mesh owned by %s: %s", self.runner.name, exc)
+
+
+_FAILED = object()  # what a __supervise__ that raised gives: true, since nothing is left to do
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _report_of(failure: Any) -> str:
+    report = getattr(failure, "report", None)
+    return report() if callable(report) else str(failure)
 
 
 def send_to_owner(node: Node, owner: Owner, failure: Any) -> None:

@@ -26,7 +26,7 @@ from ...errors import RemoteFailure
 from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
 from . import context as ctxmod
-from .failures import ended, render_failure
+from .failures import ends_the_actor, render_failure, stopped
 
 if TYPE_CHECKING:
     from ..messaging.node import Port
@@ -46,6 +46,9 @@ task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar
 END_ITEM = "end"
 
 Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | None"]
+# What watch() gives: the watching task, the items kept for after the endpoint, and the
+# __supervise__ calls it started.
+Watcher = tuple["asyncio.Task[None]", list[Any], list["asyncio.Task[None]"]]
 
 
 class Reentry:
@@ -74,15 +77,22 @@ class Reentry:
         status, value, fatal = OK, None, None
         try:
             value = await coro
+        except asyncio.CancelledError as exc:
+            # A stop or an interrupt: its caller learns so (and why the actor ended, if it did).
+            status = FAILED
+            if runner.end_reason is not None:
+                value = stopped(runner.rank, runner.name, endpoint_name, runner.end_reason)
+            else:
+                value = render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
         except BaseException as exc:
-            # CancelledError too (a stop or an interrupt): its caller learns so.
             status, value = FAILED, render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
-            if not isinstance(exc, (Exception, KeyboardInterrupt, asyncio.CancelledError)):
-                fatal = exc  # SystemExit, a bare BaseException: the actor ends (below)
+            if ends_the_actor(exc, answer is not None):
+                fatal = exc  # the actor ends (below)
                 runner.stopped = True
-        reported = runner.finish(endpoint_name, status, value, None, reply, index, caller, answer)
+        # Inside the actor's loop, where __cleanup__ cannot run to its end: it ends at the top.
+        runner.finish(endpoint_name, status, value, fatal, reply, index, caller, answer, end=False)
         if fatal is not None:
-            self.end_later(fatal, None if reported else ended(value))
+            self.end_later(fatal, None)
 
     def next_item(self) -> Any:
         """The actor's next message, running its loop (and so its concurrent calls) until one
@@ -118,6 +128,8 @@ class Reentry:
         """End the actor with ``__cleanup__(exc)`` once its thread is back at the top, then tell
         its owner ``report`` (any thread)."""
         self.runner.stopped = True
+        if report is not None and self.runner.end_reason is None:
+            self.runner.end_reason = report
         self.runner.inbox.put((END_ITEM, (exc, report)))
 
     def handle_local(self, kind: str, item: Any) -> None:
@@ -131,27 +143,33 @@ class Reentry:
 
     # -- __supervise__ at an await ----------------------------------------------------------------
 
-    def watch(self) -> tuple[asyncio.Task[None], list[Any]] | None:
+    def watch(self) -> Watcher | None:
         """While an endpoint awaits, hand supervision events to ``__supervise__``; keep the rest
         for after it (actor's thread, before running the endpoint). Only for actors that have
         a ``__supervise__``: the others pay nothing."""
         if getattr(type(self.runner.instance), "__supervise__", None) is None:
             return None
         deferred: list[Any] = []
-        return self.runner.loop.create_task(self._watch(deferred)), deferred
+        handling: list[asyncio.Task[None]] = []
+        return self.runner.loop.create_task(self._watch(deferred, handling)), deferred, handling
 
-    def unwatch(self, watcher: tuple[asyncio.Task[None], list[Any]]) -> None:
-        task, deferred = watcher
+    def unwatch(self, watcher: Watcher) -> None:
+        """The endpoint ended: stop watching, but let an (async) ``__supervise__`` under way run
+        to its end: cancelled, the failure it handles would be lost."""
+        task, deferred, handling = watcher
         task.cancel()
         loop = self.runner.loop
-        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        loop.run_until_complete(asyncio.gather(task, *handling, return_exceptions=True))
         self.runner.inbox.put_back(deferred)
 
-    async def _watch(self, deferred: list[Any]) -> None:
+    async def _watch(self, deferred: list[Any], handling: list[asyncio.Task[None]]) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             item = await self._inbox_item()
             if item is not None and item[0] == SUPERVISE_ITEM:
-                self.runner._handle_supervise(item[1])  # noqa: SLF001  at this await
+                handler = loop.create_task(self.runner.ownership.handle_at_await(item[1]))
+                handling.append(handler)
+                await asyncio.shield(handler)  # one at a time, in order
             else:
                 deferred.append(item)
 

@@ -43,15 +43,30 @@ class ResponsePort:
             raise MeshUsageError("this response port already answered its call")
 
     def answer(self, status: int, value: Any) -> bool:
-        """Send the answer unless one was sent; whether this one was."""
+        """Send the answer unless one was sent; whether this one was. A failure sent where
+        nobody waits (a broadcast) goes to the actor's owner."""
+        if not self._claim():
+            return False
+        if not self._send(status, value) and status == FAILED:
+            self._runner._report_unhandled(value)  # noqa: SLF001  a broadcast: nobody waits
+        return True
+
+    def deliver(self, status: int, value: Any) -> bool:
+        """Send the answer to the caller unless one was sent; whether a caller got it (a
+        broadcast has none)."""
+        return self._claim() and self._send(status, value)
+
+    def _claim(self) -> bool:
         with self._lock:
             if self._answered:
                 return False
             self._answered = True
-        if self._reply is not None and self._index is not None:
-            self._runner._reply(self._reply, self._index, status, value, self._caller)  # noqa: SLF001  the actor's reply
-        elif status == FAILED:
-            self._runner._report_unhandled(value)  # noqa: SLF001  a broadcast: nobody waits
+            return True
+
+    def _send(self, status: int, value: Any) -> bool:
+        if self._reply is None or self._index is None:
+            return False
+        self._runner._reply(self._reply, self._index, status, value, self._caller)  # noqa: SLF001  the actor's reply
         return True
 
     def __reduce__(self) -> Any:

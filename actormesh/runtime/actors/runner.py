@@ -31,7 +31,7 @@ from ..messaging.node import reply_port
 from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import FAILED, OK, shape_from_state
 from . import context as ctxmod
-from .failures import ended, render_failure, stopped, unconstructed
+from .failures import ended, ends_the_actor, label, render_failure, stopped, unconstructed
 from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
@@ -62,6 +62,12 @@ class ActorRunner:
         self.after: ActorRunner | None = None
         self.constructed = threading.Event()
         self.stopped = False  # by ActorMesh.stop: it answers every later call with a failure
+        # Why it ended, when a failure ended it: what its later calls fail with.
+        self.end_reason: RemoteFailure | None = None
+        # The task of the async endpoint that awaits now (run_coroutine): the one that fails
+        # when __supervise__ fails this actor at one of its awaits (``failing``).
+        self._awaiting: asyncio.Task[Any] | None = None
+        self.failing: tuple[BaseException, RemoteFailure] | None = None
         self.inbox = ActorInbox(node.key, actor_address(node.address, key))
         self._loop: asyncio.AbstractEventLoop | None = None
         self.lifecycle = Lifecycle(self)  # its construction, stop, cleanup and end
@@ -193,7 +199,7 @@ class ActorRunner:
         shape = shape_from_state(state)
         index = shape.local_index(self.proc_rank)
         failure = RemoteFailure(
-            str(self.rank),
+            label(self.rank),
             self.name,
             endpoint_name,
             "KeyboardInterrupt",
@@ -224,10 +230,11 @@ class ActorRunner:
         answer: ResponsePort | None = None
         fatal: BaseException | None = None
         try:
-            if self.init_failure is not None:
+            if self.stopped:
+                why = self.end_reason
+                status, value = FAILED, stopped(self.rank, self.name, endpoint_name, why)
+            elif self.init_failure is not None:
                 status, value = FAILED, unconstructed(self.init_failure, self.name, endpoint_name)
-            elif self.stopped:
-                status, value = FAILED, stopped(self.rank, self.name, endpoint_name)
             else:
                 self.busy = (endpoint_name, time.monotonic())
                 try:
@@ -248,11 +255,13 @@ class ActorRunner:
         except BaseException as exc:
             # Also an interrupt that landed as the endpoint returned: the reply still goes out.
             status, value = FAILED, render_failure(exc, self.rank, self.name, endpoint_name, 1)
-            if not isinstance(exc, (Exception, KeyboardInterrupt)):
-                fatal = exc  # SystemExit, a bare BaseException: this actor ends (below)
+            if ends_the_actor(exc, answer is not None):
+                fatal = exc  # this actor ends (below)
         finally:
             ctxmod.set_current(None)
             _tls.runner = None
+        if self.failing is not None:  # __supervise__ failed this actor at one of its awaits
+            (fatal, value), status, self.failing = self.failing, FAILED, None
         if forks_made[0] != self.forks_seen:
             exit_if_forked(self.pid, status == FAILED)
         if fatal is None and answer is None and reply is not None and index is not None:
@@ -270,24 +279,27 @@ class ActorRunner:
         index: int | None,
         caller: bytes | None,
         answer: ResponsePort | None,
-    ) -> bool:
-        """Answer a call that ended (``fatal``: the ``BaseException`` that ends the actor);
-        whether its failure went to the owner for want of a caller."""
-        fatal_reported = False
+        end: bool = True,
+    ) -> None:
+        """Answer a call that ended. ``fatal``: what ends the actor (its failure, ``value``, is
+        what its caller and its owner are told); ``end``: end it here (false: the caller ends it
+        later, from outside its event loop). A failure goes to the owner when it ended the actor
+        or no caller got it."""
         if fatal is not None:
-            # Before the reply: whoever hears of the failure sees it ended.
-            self.lifecycle.end(fatal)
+            value = ended(value)
+            self.end_reason = value
+            if end:
+                # Before the reply: whoever hears of the failure sees it ended.
+                self.lifecycle.end(fatal)
+        delivered = status != FAILED
         if answer is not None:
-            if status == FAILED and not answer.answer(status, value):
-                self._report_unhandled(value)  # it raised after answering: nobody waits
+            if status == FAILED:
+                delivered = answer.deliver(status, value)  # not when it answered already
         elif reply is not None and index is not None:
             self._reply(reply, index, status, value, caller)
-        elif status == FAILED:
+            delivered = True
+        if status == FAILED and (fatal is not None or not delivered):
             self._report_unhandled(value)
-            fatal_reported = True
-        if fatal is not None and not fatal_reported:
-            self._escalate(ended(value))
-        return fatal_reported
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -302,7 +314,10 @@ class ActorRunner:
         ``__supervise__`` runs at an await, as in Monarch (``Reentry.watch``)."""
         loop = self.loop
         task = loop.create_task(coro)
-        watcher = self.reentry.watch() if watch else None
+        watcher = None
+        if watch:
+            watcher = self.reentry.watch()
+            self._awaiting = task
         try:
             return loop.run_until_complete(task)
         except BaseException:
@@ -312,6 +327,7 @@ class ActorRunner:
             raise
         finally:
             if watcher is not None:
+                self._awaiting = None
                 self.reentry.unwatch(watcher)
 
     def _reply(
@@ -327,9 +343,23 @@ class ActorRunner:
         """Hand a failure nobody handled here to this actor's owner (ownership.py)."""
         self.ownership.escalate(failure)
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str | None) -> None:
         """``context().actor_instance.abort(reason)`` (ownership.py)."""
         self.ownership.abort(reason)
+
+    def fail(self, exc: BaseException, report: RemoteFailure) -> None:
+        """End this actor with ``__cleanup__(exc)``, its owner told ``report`` (its
+        ``__supervise__`` raised or left a failure unhandled). An endpoint that awaits now fails
+        with ``report`` (as in Monarch, the message being handled fails); otherwise it ends
+        once its thread is back at the top."""
+        self.stopped = True
+        self.end_reason = report
+        task = self._awaiting
+        if task is not None and not task.done():
+            self.failing = (exc, report)
+            task.cancel()
+        else:
+            self.reentry.end_later(exc, report)
 
     def supervise(self, failure: Any) -> None:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from ...errors import ActorError, MeshError, SupervisionError
+from ...errors import MeshError, SupervisionError, actor_error
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def failure_of_broadcast(failure: object) -> MeshError:
     from ...errors import RemoteFailure
 
     if isinstance(failure, RemoteFailure):
-        return ActorError([failure])
+        return actor_error([failure])
     if isinstance(failure, MeshError):
         return failure
     return SupervisionError([], f"unhandled failure: {failure!r}")

@@ -98,7 +98,8 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         future completes when each has run its ``__cleanup__(None)`` (sync or async), or fails
         with the ``ActorError`` of those whose ``__cleanup__`` raised. Calls sent before the
         stop are handled first; calls after it raise ``MeshClosedError`` here (elsewhere, an
-        ``ActorError`` from the stopped actor). Stopping twice is harmless."""
+        ``ActorSupervisionError`` from the stopped actor). Stopping twice is harmless. An actor
+        still in its ``__init__`` is interrupted, or stopped without it (stand_in.py)."""
         procs, shape = self._procs, self._shape
         stopped = procs.stopped_actors.setdefault(self._key, set())
         ranks = [r for r in shape.ranks() if r not in stopped]

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ... import config
 from ...errors import (
-    ActorError,
     MeshTimeoutError,
     ProcDeath,
     RemoteFailure,
     SupervisionError,
+    actor_error,
 )
 from ..actors.future import Future
+from ..extent import point_label
 from ..messaging.codec import Message
 from ..messaging.node import Node, Port, current_node
 from ..messaging.protocol import FAILED, OK
@@ -61,7 +62,7 @@ class Collector(Generic[T]):
         point = None
         if self.full is not None:
             point = self.full.point_of_global(self.shape.global_rank(index))
-        return str(self.shape.point(index) if point is None else point)
+        return point_label(self.shape.point(index) if point is None else point)
 
     def missing_ranks(self) -> str:
         missing = [self.rank_name(i) for i, v in enumerate(self.values) if v is MISSING]
@@ -198,7 +199,7 @@ class Gather(Collector[T]):
     def _complete(self) -> None:
         """Every rank answered: the future gets the failures, or ``finish`` of the values."""
         if self.failures:
-            self.future._set_exception(ActorError(self.failures))
+            self.future._set_exception(actor_error(self.failures))
         else:
             self.future._set_result(self.finish(self.values))
 
@@ -242,7 +243,7 @@ class Stream(Collector[T], Generic[T]):
         if isinstance(value, ProcDeath):
             fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
         elif failed:
-            fut = Future._failed(ActorError([value]))
+            fut = Future._failed(actor_error([value]))
         else:
             fut = Future._completed(value)
         self._arrived.put(fut)

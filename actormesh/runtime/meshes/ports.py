@@ -7,7 +7,7 @@ import queue
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ...errors import ActorError, MeshUsageError, ProcDeath, RemoteFailure
+from ...errors import MeshUsageError, ProcDeath, RemoteFailure, actor_error
 from ..actors.future import Future
 from ..mesh_shape import NoPublicConstructor
 from ..messaging.codec import Message
@@ -105,7 +105,7 @@ def _settle(fut: Future[Any], ranked: bool, entry: tuple[int | None, int, Any]) 
         failure = value if isinstance(value, RemoteFailure) else None
         if failure is None:
             return fut._set_exception(MeshUsageError(f"a port received a bad failure {value!r}"))
-        return fut._set_exception(ActorError([failure]))
+        return fut._set_exception(actor_error([failure]))
     return fut._set_result((rank, value) if ranked else value)
 
 

@@ -32,6 +32,7 @@ from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
+    from ..messaging.address import Address
     from ..procs.host_mesh import HostMesh
     from ..procs.mesh_record import MeshRecord
 
@@ -356,13 +357,21 @@ def _refuse_hidden_endpoints(cls: type, endpoints: frozenset[str]) -> None:
 def _own_proc(runner: ActorRunner) -> ProcMesh:
     """The process of ``runner`` as a one-proc mesh (``context().actor_instance.proc``), under
     an id of its own (``this_proc()``'s is the same in every process)."""
-    node, rank = runner.node, runner.proc_rank
+    node = runner.node
     mesh_id = f"proc-{node.address.mailbox.hex()}"
+    label = node.mesh_id or "controller"
+    return one_proc_mesh(mesh_id, node.address, runner.proc_rank, label, live_table(mesh_id))
+
+
+def one_proc_mesh(
+    mesh_id: str, address: Address, rank: int, label: str, table: ProcTable | None = None
+) -> ProcMesh:
+    """The process at ``address``, rank ``rank`` of its proc mesh, as a one-proc mesh (on
+    ``table`` when one is known)."""
     # Its one point is the process's own rank in its proc mesh (what its ActorHost accepts a
     # spawn for); the table holds only that rank's address, at that index.
-    table = live_table(mesh_id) or ProcTable(
-        mesh_id, [node.address] * (rank + 1), [node.mesh_id or "controller"] * (rank + 1)
-    )
+    if table is None:
+        table = ProcTable(mesh_id, [address] * (rank + 1), [label] * (rank + 1))
     return ProcMesh._create(table, Shape._unchecked((), rank, (), ()), None)
 
 

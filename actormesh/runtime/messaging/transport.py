@@ -229,8 +229,8 @@ class Transport(IoLoop):
                     if sock.closed:
                         self._outbox_of.pop(dest, None)
                         continue  # closed since: see the note after send_one_way
-                    if self._batches and endpoint in self._batches:  # earlier one-way ones first
-                        self._send_batch(sock, endpoint)
+                    if self._batches:  # earlier one-way messages first (causal order)
+                        self._send_batches()
                     frames = self._signer.frames(
                         dest.mailbox, envelope, payload, buffers, digest, lane
                     )
@@ -261,6 +261,8 @@ class Transport(IoLoop):
             with self._send_lock:
                 if self._datagrams.closed:
                     raise ConnectionError("transport is closed")
+                if self._batches:  # earlier one-way messages first (causal order)
+                    self._send_batches()
                 frames = self._signer.frames(dest.mailbox, envelope, payload, buffers, digest, lane)
                 if not self._datagrams.send(frames[0], path):
                     return False
@@ -336,9 +338,8 @@ class Transport(IoLoop):
                     for dest in closed:
                         known.pop(dest, None)
                     continue  # closed since: see the note after send_one_way
-                for endpoint, sock in routes:
-                    if endpoint in self._batches:
-                        self._send_batch(sock, endpoint)
+                if self._batches:  # earlier one-way messages first (causal order)
+                    self._send_batches()
                 mailboxes = [dest.mailbox for dest in dests]
                 frames = self._signer.frames(mailboxes, envelope, payload, buffers, digest, lane)
                 if len(frames) == 1:  # a call without tensors: one frame, sent inline
@@ -378,7 +379,9 @@ class Transport(IoLoop):
 
         Back-to-back one-way messages to one process travel as one signed ZeroMQ message:
         the I/O thread sends what has accumulated as soon as it gets to it, and any other send
-        to that process sends the batch first, so per-sender order is kept.
+        of this process (to any process) sends the batches first, so per-sender order is kept,
+        and so is causal order: what this message makes happen elsewhere cannot reach a
+        receiver of the batch before the batch does.
         """
         if protocol.CHECK:
             protocol.check_envelope(envelope)
@@ -407,6 +410,17 @@ class Transport(IoLoop):
             if sock is None:
                 self._batches.pop(endpoint, None)
             elif endpoint in self._batches:
+                self._send_batch(sock, endpoint)
+
+    def _send_batches(self) -> None:
+        # Caller holds the send lock. Every batch, not only one to the same process: a message
+        # to anyone may start a chain (a call to an actor that calls the batch's receiver) that
+        # must not overtake what this process sent before it (Monarch's causal order).
+        for endpoint in list(self._batches):
+            sock = self._outboxes.get(endpoint)
+            if sock is None:
+                self._batches.pop(endpoint, None)
+            else:
                 self._send_batch(sock, endpoint)
 
     def _send_batch(self, sock: zmq.Socket[Any], endpoint: str) -> None:

@@ -10,12 +10,12 @@ from typing import Any
 
 from ... import config
 from ...errors import MeshTypeError, MeshUsageError, SupervisionError
-from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
+from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap, actor_host
 from ..actors.future import Future, settle, when_all
 from ..extent import Extent
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_mesh import ProcMesh, one_proc_mesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
@@ -85,6 +85,22 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
+    def _procs_per_host(self, per_host: Mapping[str, int] | None) -> dict[str, int]:
+        """``per_host`` without the entries that name this host mesh's own dimensions with its
+        own sizes (Monarch code writes ``{"hosts": 1, "gpus": 2}`` for one host)."""
+        out = {}
+        host_sizes = dict(zip(self._shape.labels, self._shape.sizes, strict=True))
+        for dim, size in (per_host or {}).items():
+            if dim not in host_sizes:
+                out[dim] = size
+            elif size != host_sizes[dim]:
+                raise MeshUsageError(
+                    f"per_host={{{dim!r}: {size!r}}}: {dim!r} is a dimension of this host mesh, "
+                    f"of size {host_sizes[dim]}; it may only repeat that size (or be left out: "
+                    f"per_host gives the processes on each host)"
+                )
+        return out
+
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
@@ -94,24 +110,24 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
     ) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the extent of procs on each host.
 
-        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``.
+        ``this_host().spawn_procs(per_host={"gpus": 4})`` has extent ``{hosts: 1, gpus: 4}``, as
+        has ``per_host={"hosts": 1, "gpus": 4}`` (Monarch's tests write it so): an entry that
+        names a dimension of this host mesh must give its size.
         Blocks until every process has started (at most ``ACTORMESH_SPAWN_TIMEOUT`` seconds) and
         raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
         on the host, a ``gpus`` dimension gives each process its own device
         (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
 
         ``bootstrap`` (Monarch's): a picklable callable, sync or async, that every process runs
-        before any actor is built on it (to set environment variables before CUDA starts, say).
+        before any actor is built on it (to set environment variables before CUDA starts, say);
+        it may spawn actors itself (on ``this_proc()``) and call them.
         ``spawn_procs`` does not wait for it: ``initialized`` completes once it ran everywhere
         and fails with its ``ActorError`` if it raised; actors spawned on the mesh then fail
         their ``__init__`` with that failure.
         """
         if bootstrap is not None and not callable(bootstrap):
             raise MeshTypeError(f"bootstrap must be a callable, got {bootstrap!r}")
-        per_host = dict(per_host or {})
-        for dim in per_host:
-            if dim in self._shape.labels:
-                raise MeshUsageError(f"per_host dimension {dim!r} is already a host dimension")
+        per_host = self._procs_per_host(per_host)
         if env is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
@@ -193,5 +209,8 @@ def this_proc() -> ProcMesh:
     ctl = get_controller()
     ctl.raise_if_shut_down()
     address = ctl.node.address
-    table = ProcTable(f"proc-{address.mailbox.hex()[:16]}", [address], ["controller"])
-    return ProcMesh._create(table, Shape.from_extent({}), None)
+    # In a worker, the process's own rank in its proc mesh: what its actor host spawns for
+    # (a worker of rank 1 whose this_proc() said rank 0 had its spawns ignored).
+    host = actor_host()
+    rank = 0 if host is None else host.proc_rank
+    return one_proc_mesh(f"proc-{address.mailbox.hex()[:16]}", address, rank, "controller")

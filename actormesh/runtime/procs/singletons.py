@@ -17,7 +17,7 @@ import threading
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from ...errors import ActorError, ProcDeath, SupervisionError
+from ...errors import ProcDeath, SupervisionError, actor_error
 from ..actors.actor import Actor
 from ..actors.failures import render_failure
 from ..actors.future import Future
@@ -110,7 +110,7 @@ class _Answer(Generic[T]):
         if status == OK:
             self.future._set_result(value)
         else:
-            self.future._set_exception(ActorError([value]))
+            self.future._set_exception(actor_error([value]))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None:
         controller = self.node.controller

@@ -6,7 +6,6 @@ threads, so heartbeats, stack dumps and stop requests are answered even while an
 
 from __future__ import annotations
 
-import atexit
 import faulthandler
 import json
 import logging
@@ -43,6 +42,7 @@ from ..messaging.protocol import (
 from ..messaging.transport import Transport
 from . import rehost
 from .controller import controller_if_started
+from .rank_exit import run_exit_handlers
 
 logger = logging.getLogger(__name__)
 
@@ -190,20 +190,6 @@ def _deliver_output_before_exit(node: Node) -> None:
     os._exit = exit_after_output
 
 
-def run_exit_handlers(timeout: float = config.STOP_GRACE / 4) -> None:
-    """Run the rank's ``atexit`` handlers, as a normal interpreter exit would: a worker ends
-    with ``os._exit`` (no process-group destructor or collective blocked on a dead peer may
-    hang its exit), which skips them. Bounded: a handler that hangs cannot hold up the stop.
-    Only after a graceful stop; a killed rank runs none."""
-    runner = threading.Thread(
-        target=atexit._run_exitfuncs,  # noqa: SLF001  (what the interpreter's exit calls)
-        name="actormesh-atexit",
-        daemon=True,
-    )
-    runner.start()
-    runner.join(timeout)
-
-
 def main() -> None:
     """Entry point of a worker started as a fresh interpreter (``start_method=spawn``)."""
     from .osutil import die_with_parent
@@ -215,7 +201,7 @@ def main() -> None:
     code = 0
     try:
         run(request["spec"], bytes.fromhex(init["key"]), init)
-        run_exit_handlers()
+        run_exit_handlers()  # only after a graceful stop (rank_exit.py)
     except BaseException:
         import traceback
 

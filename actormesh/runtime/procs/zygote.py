@@ -103,11 +103,11 @@ def _child(request: dict[str, Any], fds: list[int], zygote_pid: int, init: dict[
         os.dup2(fds[1], 2)
         for fd in fds:
             os.close(fd)
-        from . import worker
+        from . import rank_exit, worker
 
         worker.run(request["spec"], bytes.fromhex(init["key"]), init)
         code = 0
-        worker.run_exit_handlers()
+        rank_exit.run_exit_handlers()  # only after a graceful stop
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

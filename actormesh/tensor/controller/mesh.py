@@ -128,7 +128,9 @@ class TensorMesh:
         return index
 
     def coords_of(self, index: int) -> str:
-        return str(compat.Point(index, compat.Extent(list(self.labels), list(self.sizes))))
+        return compat.point_label(
+            compat.Point(index, compat.Extent(list(self.labels), list(self.sizes)))
+        )
 
     def check_dims(self, dims: Sequence[str], what: str) -> tuple[str, ...]:
         dims = (dims,) if isinstance(dims, str) else tuple(dims)

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from ..compat import Actor, Extent, Point, endpoint, loads
+from ..compat import Actor, Extent, Point, endpoint, loads, point_label
 from ..wire.ops import FailureInfo, Op, Ref, op_name
 from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
@@ -68,7 +68,7 @@ class _TensorEngine(Actor):
         # Every process starts torch's generator from the same default seed (and forked ones
         # from the same state): per-rank factories under activate() must draw differently.
         torch.manual_seed(seed + self.index)
-        self.rank_str = str(point)
+        self.rank_str = point_label(point)
         # Shapes of these processes by the controller's number (views.py); 0 is the one above.
         self.views: dict[int, MeshView] = {
             0: MeshView(self.mesh, self.labels, self.sizes, self.index)
