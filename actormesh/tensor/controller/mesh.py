@@ -22,6 +22,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from . import lifetime
 from .stream import Stream, flush_all
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ class TensorMesh:
             procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
         )
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-        self.mailboxes = compat.mailboxes(procs)
-        self.stream = Stream(self.engine, self.mailboxes)
+        self.stream = Stream(self.engine, procs)
+        self.mailboxes = self.stream.mailboxes
+        self.name = self.stream.name
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
@@ -105,6 +107,11 @@ class TensorMesh:
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
         return "{" + dims + "}"
+
+    def describe(self) -> str:
+        """The mesh's name and dimensions, ``'procs-2' {dp: 2, tp: 2}``: two meshes of one shape
+        read differently."""
+        return f"{self.name!r} {self!r}"
 
     @property
     def ndim(self) -> int:
@@ -218,9 +225,12 @@ def _normalize(mesh: Any) -> compat.ProcMesh:
     return mesh
 
 
-def tensor_mesh(mesh: Any) -> TensorMesh:
-    """The engine of ``mesh``'s processes, started on first use (blocks while it starts)."""
+def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
+    """The engine of ``mesh``'s processes, started on first use (blocks while it starts);
+    ``what`` names the call in an error (``distribute``)."""
     procs = _normalize(mesh)
+    if compat.is_stopped(procs):
+        raise lifetime.stopped_mesh(compat.mesh_name(procs), what)
     ident = compat.mesh_id(procs)
     with _lock:
         for key, old in list(_meshes.items()):  # forget engines of stopped meshes
@@ -255,7 +265,7 @@ def view_of(tm: TensorMesh, mesh: Any) -> TensorMesh | None:
 def engine_mesh(mesh: Any, what: str) -> TensorMesh:
     """``tensor_mesh(mesh)`` for what works only on the shape the engine was started on (the
     worker's side of it uses the engine's own ``DeviceMesh``)."""
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, what)
     if tm.view_id != 0:
         raise compat.MeshUsageError(
             f"{what} needs the mesh its processes' tensor engine was started on ({tm.base!r}); "

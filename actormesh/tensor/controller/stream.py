@@ -39,8 +39,10 @@ from typing import Any
 import torch
 
 from ...errors import MeshClosedError, SupervisionError
+from .. import compat
 from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
+from . import lifetime
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +58,15 @@ _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 class Stream:
     """One mesh's op buffer. Any thread may record or flush; batches keep their order."""
 
-    def __init__(self, engine: Any, mailboxes: list[bytes]) -> None:
+    def __init__(self, engine: Any, procs: compat.ProcMesh) -> None:
         self.engine = engine  # the ActorMesh of _TensorEngine
-        self.mailboxes = mailboxes  # by engine index: its process (the kernel names processes)
+        self.procs = procs
+        self.name = compat.mesh_name(procs)
+        # Its ``closed`` turns True when the processes are stopped: read on every recorded op,
+        # so an attribute rather than a call.
+        self.procs_state = compat.proc_state(procs)
+        # by engine index: its process (the kernel names processes; a healed one has a new one)
+        self.mailboxes = compat.mailboxes(procs)
         self.ops: list[Op] = []
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.lock = threading.Lock()
@@ -112,15 +120,16 @@ class Stream:
         return cid
 
     def check(self) -> None:
+        """Raise what makes this mesh's values unusable: stopped, or a rank lost (since healed
+        or not), each saying what to do."""
+        if self.procs_state.closed:
+            raise lifetime.stopped(self.name) from self.lost
         if self.lost is not None:
-            raise MeshClosedError(
-                "this MeshTensor's mesh lost a rank, and with it the tensor values of every "
-                "rank; after procs.heal(), distribute (or module_to_mesh) again: "
-                f"{self.lost}"
-            ) from self.lost
+            healed = compat.mailboxes(self.procs) != self.mailboxes
+            raise lifetime.lost(self.name, self.lost, healed) from self.lost
 
     def record(self, op: Op) -> None:
-        if self.lost is not None:
+        if self.lost is not None or self.procs_state.closed:
             self.check()
         with self.lock:
             ops = self.ops
@@ -189,14 +198,22 @@ class Stream:
         try:
             result = send()
         except SupervisionError as exc:
-            self.lose(exc)
-            raise
+            raise self.translate(exc) from exc
         error, self.error = self.error, None
         if error is not None:
-            if isinstance(error, SupervisionError):
-                self.lose(error)
-            raise error
+            raise self.translate(error) from error
         return result
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """What a sync point raises for ``exc``: a rank's death (or the mesh's stop) loses the
+        stream, and is said in the user's words (the runtime's error names the engine's
+        endpoint, which the user never called)."""
+        if not isinstance(exc, SupervisionError):
+            return exc
+        self.lose(exc)
+        if self.procs_state.closed or isinstance(exc, MeshClosedError):
+            return lifetime.stopped(self.name)
+        return lifetime.rank_died(self.name, exc)
 
     def lose(self, error: BaseException) -> None:
         """A rank of the mesh died: its values (and the group's collectives) are gone."""
