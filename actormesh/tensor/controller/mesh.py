@@ -12,11 +12,13 @@ op reaches them (worker/views.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import compat
@@ -51,6 +53,27 @@ def engine_device(backend: str) -> str:
     return "cpu"
 
 
+@contextlib.contextmanager
+def _saying_so(mesh: str, processes: int) -> Iterator[None]:
+    """One line on stderr while a mesh's tensor engine starts (seconds, once per mesh: a
+    process group, then an engine on every process), so that the first tensor step of a
+    notebook or script does not wait in silence; it ends with how long it took."""
+    print(
+        f"actormesh: starting the tensor engine of {mesh}: a process group over its "
+        f"{processes} processes, once per mesh ...",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    start = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        print(" failed", file=sys.stderr, flush=True)
+        raise
+    print(f" ready in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+
+
 class TensorMesh:
     """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
 
@@ -65,14 +88,16 @@ class TensorMesh:
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
-        members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-        device = engine_device(members[0].backend)
-        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
-        seed = int(torch.randint(0, 2**62, ()).item())
-        self.engine = compat.helper_mesh_with_args(
-            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
-        )
-        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs))):
+            members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
+            device = engine_device(members[0].backend)
+            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
+            seed = int(torch.randint(0, 2**62, ()).item())
+            self.engine = compat.helper_mesh_with_args(
+                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+                device,
+            )  # fmt: skip
+            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
         self.stream = Stream(self.engine, procs)
         self.mailboxes = self.stream.mailboxes
         self.name = self.stream.name
