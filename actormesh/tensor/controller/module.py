@@ -196,6 +196,12 @@ def module_to_mesh(
     both give 2-D parallelism. A factory (``lambda: Model()``) builds the module on the workers
     under one seed, for models too large to ship; a module instance is sent as it is.
 
+    Batch normalisation is per shard, as under DDP: a ``BatchNorm`` layer normalises each
+    rank's part of the batch with that part's statistics, and keeps running statistics of its
+    own on each data-parallel rank (``am.inspect`` of one reads rank 0's). torch's
+    ``nn.SyncBatchNorm`` (statistics of the whole batch) needs GPU tensors: a CPU mesh refuses
+    it here.
+
     Blocks only while a new mesh's engine starts. Optimise with ``torch.optim`` as usual.
     """
     tm = engine_mesh(mesh, "module_to_mesh")
@@ -217,6 +223,7 @@ def module_to_mesh(
         assert isinstance(module_or_factory, nn.Module)
         meta = copy.deepcopy(module_or_factory).to("meta")
     data_dim, tp_dim = _dims(tm, data_dim, fsdp, tp_plan, tp_dim)
+    _refuse_cpu_sync_batchnorm(tm, meta)
     names = dict(meta.named_parameters())
     buffers = dict(meta.named_buffers())
     mts: dict[int, MeshTensor] = {}  # id(meta tensor) -> its MeshTensor (tied weights share)
@@ -251,6 +258,21 @@ def module_to_mesh(
         for name, buf in list(sub.named_buffers(recurse=False, remove_duplicate=False)):
             sub.register_buffer(name, by_position[id(buf)])
     return MeshModule(tm, meta, mirror, state, data_dim)
+
+
+def _refuse_cpu_sync_batchnorm(tm: TensorMesh, meta: nn.Module) -> None:
+    """torch's SyncBatchNorm raises on CPU tensors, on every rank at the first forward: said at
+    the user's line instead, with what works."""
+    if tm.device.type != "cpu":
+        return
+    layers = [name for name, m in meta.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    if layers:
+        raise compat.MeshUsageError(
+            f"module_to_mesh: {layers[0] or 'the module'} is an nn.SyncBatchNorm, which torch "
+            "runs on GPUs only, and this mesh computes on the CPU; use nn.BatchNorm (each "
+            "data-parallel rank then normalises its part of the batch with that part's "
+            "statistics, as under DDP), or a mesh with a GPU per rank"
+        )
 
 
 def _dims(
