@@ -253,6 +253,16 @@ class Stream:
             )
             self._timer.start()
 
+    def timer_ends_if_idle(self) -> bool:
+        """Called by the idle timer after a second with nothing recorded: it ends (the next
+        recorded op starts another), so no thread outlives a mesh's use, in a test or a
+        notebook that stopped its mesh. Under the lock that ``record`` arms it under."""
+        with self.lock:
+            if self.wake_event.is_set():
+                return False
+            self._timer = None
+            return True
+
     def close(self) -> None:
         self.closed = True
         self.wake_event.set()
@@ -274,7 +284,7 @@ def _constant_gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None
 
 def _idle_loop(ref: weakref.ref[Stream]) -> None:
     """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
-    while it sleeps, so a dropped mesh's stream can go)."""
+    while it sleeps, so a dropped mesh's stream can go); end after a second of nothing."""
     while True:
         stream = ref()
         if stream is None or stream.closed:
@@ -286,6 +296,8 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         if stream is None or stream.closed:
             return
         if not wake.is_set():
+            if stream.timer_ends_if_idle():
+                return
             continue
         while True:
             seen = stream.recorded
