@@ -40,6 +40,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import cell_names
+
 
 class MeshError(Exception):
     """Base class of every error actormesh raises on purpose."""
@@ -182,7 +184,7 @@ class MeshFailure:
     def report(self) -> str:
         """The failure as text for a person: where, what, and the remote traceback or stderr."""
         where = f"mesh {self.mesh_name!r}: " if self.mesh_name else ""
-        return where + str(self).lstrip("\n")
+        return where + str(self)
 
     def _failure_state(self) -> dict[str, object]:
         # Kept across pickling: an owner actor escalates what it did not handle to its own owner.
@@ -224,27 +226,29 @@ class ActorError(MeshError, MeshFailure):
             groups.setdefault(key, ([], f))[0].append(f.rank)
         return list(groups.values())
 
+    def _heading(self, ranks: list[str], failure: RemoteFailure) -> str:
+        """One group's first line: which ranks, what raised, and what it raised."""
+        return f"[{format_ranks(ranks)}] {failure.where} raised {failure.headline()}"
+
     def _summary(self) -> str:
-        lines = []
-        for ranks, f in self.groups():
-            lines.append(f"[{format_ranks(ranks)}] {f.where} raised {f.headline()}")
-        return "\n".join(lines)
+        return "\n".join(self._heading(ranks, f) for ranks, f in self.groups())
 
     def __str__(self) -> str:
-        parts = []
-        for ranks, f in self.groups():
-            parts.append(
-                f"\n[{format_ranks(ranks)}] {f.where} raised {f.headline()}\n"
-                f"Remote traceback:\n{f.traceback.rstrip()}"
+        # No leading blank line: Python prints "ActorError: " and the first heading on one line.
+        # A notebook's cell files read as IPython names them ("Cell In[8], line 10").
+        return cell_names.in_text(
+            "\n".join(
+                f"{self._heading(ranks, f)}\nRemote traceback:\n{f.traceback.rstrip()}"
+                for ranks, f in self.groups()
             )
-        return "".join(parts)
+        )
 
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of printing the (useless) local traceback.
         out = []
         for ranks, f in self.groups():
-            out.append(f"\x1b[31m[{format_ranks(ranks)}] {f.where}: {f.headline()}\x1b[0m")
-            out.extend(f.traceback.rstrip().splitlines())
+            out.append(f"\x1b[31m{self._heading(ranks, f)}\x1b[0m")
+            out.extend(cell_names.in_text(f.traceback.rstrip()).splitlines())
         return out
 
 

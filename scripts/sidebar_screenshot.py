@@ -3,7 +3,10 @@
 Runs JupyterLab in a temp dir (as tests/ui does), a notebook with a 4-rank mesh that trained a
 few hundred steps logging its loss and learning rate (rank 1's loss drifts away, so its chart
 marks it), then one rank was killed, one is paused at a breakpoint and two run a long cell.
-Usage: ``python scripts/sidebar_screenshot.py [OUT.png]`` (needs the dev extras and chromium).
+Usage: ``python scripts/sidebar_screenshot.py [OUT.png [DEFAULT_WIDTH.png]]`` (needs the dev
+extras and chromium): OUT.png with the sidebar widened, as in the README; DEFAULT_WIDTH.png, if
+given, the sidebar alone at JupyterLab's default width, taken first (both are worth a look
+after a change to the sidebar's layout).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ CELLS = [
 ]
 
 
-def main(out: Path) -> None:
+def main(out: Path, narrow: Path | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp))
         lab.start()
@@ -58,14 +61,6 @@ def main(out: Path) -> None:
                 page.wait_for_selector(".jp-NotebookPanel")
                 page.click(".jp-SideBar [data-id='actormesh-sidebar']")
                 expect(page.locator("#actormesh-sidebar [data-connection='live']")).to_have_count(1)
-                # Widen the sidebar: drag the handle between it and the notebook.
-                handle = page.locator(".lm-SplitPanel-handle:visible").first
-                box = handle.bounding_box()
-                assert box is not None
-                page.mouse.move(box["x"] + 2, box["y"] + 300)
-                page.mouse.down()
-                page.mouse.move(box["x"] + 200, box["y"] + 300, steps=5)
-                page.mouse.up()
                 cells = page.locator(".jp-NotebookPanel .jp-Cell")
                 for i in range(len(CELLS)):
                     cells.nth(i).locator(".jp-InputArea-editor").click()
@@ -88,6 +83,22 @@ def main(out: Path) -> None:
                 page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
                 elapsed = rows.first.locator(".jp-actormesh-elapsed")
                 expect(elapsed).to_have_text(re.compile(r"^[4-9] s$"))
+                if narrow is not None:
+                    page.locator("#actormesh-sidebar").screenshot(path=str(narrow))
+                chart = "#actormesh-sidebar .jp-actormesh-chart canvas"
+                before = page.locator(chart).first.evaluate("c => c.clientWidth")
+                # Widen the sidebar: drag the handle between it and the notebook.
+                handle = page.locator(".lm-SplitPanel-handle:visible").first
+                box = handle.bounding_box()
+                assert box is not None
+                page.mouse.move(box["x"] + 2, box["y"] + 300)
+                page.mouse.down()
+                page.mouse.move(box["x"] + 200, box["y"] + 300, steps=5)
+                page.mouse.up()
+                page.locator(".jp-NotebookPanel .jp-Cell").nth(0).scroll_into_view_if_needed()
+                page.wait_for_function(  # the charts redrawn at the new width
+                    f"document.querySelector({chart!r}).clientWidth > {before + 150}"
+                )
                 page.screenshot(path=str(out))
                 browser.close()
         finally:
@@ -97,4 +108,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "sidebar.png")
+    main(
+        Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "sidebar.png",
+        Path(sys.argv[2]) if len(sys.argv) > 2 else None,
+    )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import glob
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -16,6 +18,32 @@ import pytest
 # (runtime/messaging/protocol.py), and every tensor op recorded against the table of op kinds
 # (tensor/wire/kinds.py); workers and agents inherit the variable.
 os.environ["ACTORMESH_CHECK_PROTOCOL"] = "1"
+
+
+# What pytest-timeout allows a test when it has no marker (pyproject's `timeout`).
+DEFAULT_TIMEOUT = 120.0
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+        if value:
+            return float(value)
+    return float(item.config.getini("timeout") or DEFAULT_TIMEOUT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A hang leaves every thread's stack (faulthandler, which also reaches a GIL held in C)
+    shortly before pytest-timeout ends the test: at nine tenths of *that test's* limit, not a
+    suite-wide one, which printed stacks in the middle of slow tests that then passed. Written
+    to fd 2, which pytest captures: shown with the test's failure, never in a passing run."""
+    faulthandler.dump_traceback_later(0.9 * _timeout_of(item), file=2)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _descendants() -> list[psutil.Process]:
@@ -88,6 +116,54 @@ def no_leaked_processes() -> Iterator[None]:
             except psutil.Error:
                 pass
         pytest.fail(f"test left {len(left)} process(es) running: {desc}")
+
+
+# Threads actormesh starts in this process (actor runners, I/O loops, timers, listeners), and
+# the one that lives as long as the process: the controller node's I/O loop.
+_ACTORMESH_THREADS = ("actor-", "actormesh-", "tensor-")
+_PROCESS_THREADS = ("actormesh-io-",)
+
+
+def _actormesh_threads() -> list[threading.Thread]:
+    """The threads above, less those that live as long as the process by design: an actor
+    stopped by ``ActorMesh.stop`` keeps its thread, idle, to answer later calls with "actor ...
+    was stopped" (runner.py), and a ``get_or_spawn_controller`` singleton is the process's."""
+    from actormesh.runtime.actors.actor_host import actor_host
+    from actormesh.runtime.meshes.actor_mesh import actor_key
+    from actormesh.runtime.procs import singletons
+
+    host = actor_host()
+    process_wide = {actor_key(mesh) for mesh in list(singletons._singletons.values())}
+    stopped = {
+        runner.thread.ident
+        for runner in (list(host.actors.values()) if host is not None else [])
+        if runner.stopped or runner.key in process_wide
+    }
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith(_ACTORMESH_THREADS)
+        and not t.name.startswith(_PROCESS_THREADS)
+        and t.ident not in stopped
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail the test that leaves an actormesh thread running in the test process: an actor on
+    ``this_proc()`` not stopped, a host listener not closed (after a few seconds' grace)."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    left = _left_after_grace(
+        lambda: [t for t in _actormesh_threads() if t.ident not in before and t.is_alive()],
+        grace=5.0,
+    )
+    if left:
+        pytest.fail(
+            f"test left {len(left)} actormesh thread(s) running in the test process: "
+            f"{sorted(t.name for t in left)}; stop what it started in this process (the "
+            "actors it spawned on this_proc(), the host listener it opened)"
+        )
 
 
 def _orphaned_shared_memory() -> list[str]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from ..runtime.meshes.display import value_cell
 
-# The sidebar's state colours. The debugger knows no idle or busy: a rank it does not hold
-# is "running", drawn as busy.
+# The sidebar's state colours. A rank the debugger does not hold is idle or busy as its status
+# says (the sidebar's words); "running" only until its first status answer, drawn as busy.
 STATE_COLOURS = {
     "idle": "#4a9a5c",
     "busy": "#2f74c0",

@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MeshError
+from ..kernel.panel.watch import activity
 from .dap import DapError
 from .widget_html import MeshRows, RankRow, locals_table, note, rank_table, stack_table, wrap
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from .magics import DebugMagics
 
 logger = logging.getLogger(__name__)
+
+STATUS_AGAIN = 2.0  # seconds between the widget's status questions to the ranks
 
 _ACTIONS = (("continue", "continue"), ("next", "step over"), ("step", "step in"),
             ("out", "step out"), ("pause", "pause"))  # fmt: skip
@@ -74,6 +77,12 @@ class DebuggerWidget:
         )
         self.box.add_class("jp-actormesh-debugger")
         self._pending = threading.Lock()
+        # (mesh id, rank) -> "busy"/"idle" from the rank's last status answer, for the ranks the
+        # debugger does not hold: the sidebar's words for them, where the debugger knows only
+        # that they are not paused. Asked on each refresh, and every STATUS_AGAIN seconds.
+        self._activity: dict[tuple[str, int], str] = {}
+        self._asking: set[tuple[str, int]] = set()
+        self._again: threading.Timer | None = None
         self.unsubscribe = self.debugger.add_listener(self._changed)
         self.refresh()
 
@@ -137,8 +146,12 @@ class DebuggerWidget:
         if self.debugger.is_dead(mesh_id, rank):
             return RankRow(rank, point, "dead", title=title, selected=selected)
         rd = self.debugger.ranks.get((mesh_id, rank))
+        if rd is None or rd.status == "running":
+            self._ask_status(tools, rank)
         if rd is None:
-            return RankRow(rank, point, "running", title=title, selected=selected)
+            return RankRow(
+                rank, point, self._state_of(mesh_id, rank), title=title, selected=selected
+            )
         where = rd.location if rd.status == "paused" else None
         left = rd.timeout_left()
         if left is not None:
@@ -150,13 +163,51 @@ class DebuggerWidget:
         return RankRow(
             rank,
             point,
-            rd.status,
+            self._state_of(mesh_id, rank) if rd.status == "running" else rd.status,
             "" if where is None else f"{self.debug.files.label(where.path)}:{where.line}",
             "" if where is None else where.function,
             detail,
             title,
             selected,
         )
+
+    def _state_of(self, mesh_id: str, rank: int) -> str:
+        """A rank the debugger does not hold: busy or idle as its last status answer said
+        (``running`` until the first answer)."""
+        return self._activity.get((mesh_id, rank), "running")
+
+    def _ask_status(self, tools: Any, rank: int) -> None:
+        """Ask the rank what it runs (non-blocking, as the sidebar does); a changed answer
+        refreshes the widget, and the ranks are asked again every two seconds (a rank that
+        starts a cell sends the debugger no event)."""
+        key = (tools.table.mesh_id, rank)
+        if key in self._asking:
+            return
+        self._asking.add(key)
+        try:
+            future = tools.status_actors()._new_with_shape(tools.rank_shape(rank)).status.call_one()
+        except Exception:  # a stopped mesh, a dead rank: the debugger's own words stay
+            self._asking.discard(key)
+            return
+
+        def answered(done: Any) -> None:
+            self._asking.discard(key)
+            if done.exception() is not None:
+                return
+            state = activity(done.result())
+            if self._activity.get(key) != state:
+                self._activity[key] = state
+                self._changed()
+            if self._again is None:
+                self._again = threading.Timer(STATUS_AGAIN, self._ask_again)
+                self._again.daemon = True
+                self._again.start()
+
+        future.add_done_callback(answered)
+
+    def _ask_again(self) -> None:
+        self._again = None
+        self._changed()
 
     def _mesh_names(self) -> dict[str, list[str]]:
         """The notebook variables holding each proc mesh (or an actor mesh on it), as the

@@ -17,6 +17,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -289,7 +290,8 @@ class CellRun:
                 logs.writer = previous
             grouper.flush(final=True)
             if self._strip is not None:
-                self._strip.update(self.states, time.monotonic() - self._started, final=True)
+                shown = self._shown_states(self._paused_ranks())
+                self._strip.update(shown, time.monotonic() - self._started, final=True)
         if paused:
             self.grouper = None  # their later displays print as text: the cell has ended
             labels = self.target.tools.table.labels
@@ -316,17 +318,30 @@ class CellRun:
             if self._strip is None and self.options.strip and now - start > STRIP_AFTER:
                 self.options.strip = False  # one try
                 self._strip = _make_strip(title)
+            paused = self._paused_ranks()
             if self._strip is not None:
-                self._strip.update(self.states, now - start)
+                self._strip.update(self._shown_states(paused), now - start)
             if until is not None and now > until:
                 return
             if until is None and debugger_hook is not None:
-                paused = debugger_hook.paused(self.target.tools.table.mesh_id)
                 running = self.running()
                 if running and all(r in paused for r in running):
                     raise _Paused({r: paused[r] for r in running})
             if deadline is not None and until is None and now > deadline:
                 raise _Deadline
+
+    def _paused_ranks(self) -> Mapping[int, str]:
+        """The ranks of this cell's mesh paused in the debugger (none without it)."""
+        if debugger_hook is None:
+            return {}
+        return debugger_hook.paused(self.target.tools.table.mesh_id)
+
+    def _shown_states(self, paused: Mapping[int, str]) -> dict[int, str]:
+        """The strip's states: a rank paused in the debugger says so, not "running" (as the
+        sidebar and the debugger's widget do)."""
+        return {
+            r: "paused" if r in paused and s == "running" else s for r, s in self.states.items()
+        }
 
     def _stop_ranks(self, grouper: OutputGrouper, timeout: float | None) -> None:
         running = self.running()

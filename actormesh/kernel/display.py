@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import cell_names
 from ..errors import (
     ActorError,
     MeshError,
@@ -316,7 +317,7 @@ class MeshCellError(ActorError):
         out = []
         for ranks, f in self.groups_by_rank():
             out.append(f"\x1b[31m{prefix(ranks)} {f.headline()}\x1b[0m")
-            out.extend(f.traceback.rstrip().splitlines())
+            out.extend(cell_names.in_text(f.traceback.rstrip()).splitlines())
         return out
 
 

@@ -29,6 +29,7 @@ the ranks' half never imports the controller's.
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
+``controller/lifetime.py``      what a user is told when a mesh's values are gone
 ``controller/fetch.py``         sync points: values back to the controller
 ``controller/distribute.py``    global MeshTensors from controller tensors, random factories
 ``controller/activate.py``      per-rank MeshTensors (Monarch's ``activate``), ``rank``

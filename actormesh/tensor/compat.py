@@ -8,6 +8,7 @@ helpers below them are the few places where the public API is not enough, each s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
@@ -51,9 +52,12 @@ __all__ = [
     "local_actor",
     "mailboxes",
     "mesh_id",
+    "mesh_name",
     "message_readers",
+    "on_failure",
     "on_unsent",
     "point_label",
+    "proc_state",
     "report_unhandled",
     "then",
     "value_mesh",
@@ -68,6 +72,27 @@ def completed(value: T) -> Future[T]:
 
 def failed(exc: BaseException) -> Future[Any]:
     return Future._failed(exc)
+
+
+def on_failure(future: Future[T], translate: Callable[[BaseException], BaseException]) -> Future[T]:
+    """``future``, failing with ``translate(its exception)`` instead where it fails."""
+    out: Future[T] = Future(lambda: "the tensor engines' reply")
+
+    def settle(done: Future[T]) -> None:
+        exc = done.exception()
+        if exc is None:
+            out._set_result(done.get())
+            return
+        try:
+            error = translate(exc)
+        except BaseException as err:  # a bug in translate: still fail the future
+            error = err
+        if error is not exc and error.__cause__ is None:
+            error.__cause__ = exc
+        out._set_exception(error)
+
+    future.add_done_callback(settle)
+    return out
 
 
 def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
@@ -85,6 +110,17 @@ def mailboxes(mesh: Any) -> list[bytes]:
     """The mailbox of each process of ``mesh``, in row-major order (a process group's ranks)."""
     table = proc_table(mesh)
     return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
+
+
+def mesh_name(mesh: Any) -> str:
+    """What messages call the proc mesh under ``mesh`` (``procs``, ``procs-2``)."""
+    return str(proc_table(mesh).name)
+
+
+def proc_state(mesh: Any) -> Any:
+    """An object whose ``closed`` turns True when the processes under ``mesh`` are stopped
+    (the op stream reads it on every recorded op: an attribute costs less than a call)."""
+    return proc_table(mesh)
 
 
 def is_stopped(mesh: Any) -> bool:

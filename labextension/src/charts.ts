@@ -21,7 +21,7 @@
 import uPlot from 'uplot';
 
 import { el } from './dom';
-import { formatBytes } from './format';
+import { byteTicks, formatBytes } from './format';
 import {
   alignToWidth,
   bandsToWidth,
@@ -29,6 +29,7 @@ import {
   MeshSeries,
   Resource,
   resourceStraying,
+  sameLines,
   straying
 } from './series';
 
@@ -228,10 +229,13 @@ export class LineChart {
       labels = lines.map(l => `rank ${l.rank}`);
     }
     const deadShown = lines.filter(l => dead.has(l.rank)).map(l => l.rank);
-    const key = `${banded}|${labels.join(',')}|${stray}|${deadShown}`;
+    // Lines that coincide (a learning rate every rank shares): one legend entry for them all.
+    const same = banded ? [] : sameLines(lines.map(l => l.line)).filter(g => g.length > 1);
+    const sameKey = same.map(g => g.join('=')).join(',');
+    const key = `${banded}|${labels.join(',')}|${stray}|${deadShown}|${sameKey}`;
     if (key !== this._key || !this._u) {
       this._key = key;
-      this._build(data, lines, banded, stray, dead);
+      this._build(data, lines, banded, stray, dead, same);
     } else {
       this._u.setData(data);
     }
@@ -284,7 +288,8 @@ export class LineChart {
     lines: ILabeled[],
     banded: boolean,
     stray: number | null,
-    dead: ReadonlySet<number>
+    dead: ReadonlySet<number>,
+    same: number[][] = []
   ): void {
     this._u?.destroy();
     const text = themeColor('--jp-ui-font-color2', '#666');
@@ -316,13 +321,22 @@ export class LineChart {
     const font = `10px ${themeColor('--jp-ui-font-family', 'sans-serif')}`;
     const axis = { stroke: text, font, grid: { stroke: grid, width: 1 }, ticks: { show: false } };
     const format = this.format;
+    // A memory axis by power-of-two MiB steps (byteTicks): uPlot's decimal steps on bytes left
+    // one tick, or ticks that fall between the lines.
+    const bytes = format === formats.rss || format === formats.gpu_mem;
+    const yScale: uPlot.Scale = bytes
+      ? { range: (_u, min, max) => (min === null || max === null ? [0, 2 ** 20] : byteTicks(min, max).range) }
+      : {};
+    const byteSplits = bytes
+      ? { splits: (u: uPlot) => byteTicks(u.scales.y.min ?? 0, u.scales.y.max ?? 0).ticks }
+      : {};
     const opts: uPlot.Options = {
       width: this._width() || 240,
       height: 110,
       legend: { show: false },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
       select: { show: false, left: 0, top: 0, width: 0, height: 0 },
-      scales: { x: { time: this.time } },
+      scales: { x: { time: this.time }, y: yScale },
       series,
       bands: banded ? [{ series: [1, 3], fill: 'rgba(47,116,192,0.15)' }] : [],
       axes: [
@@ -332,21 +346,40 @@ export class LineChart {
           // Wide enough for the longest label (10px font: about 6px a character).
           size: (_u: uPlot, values: string[]) =>
             values ? Math.max(30, 10 + 6 * Math.max(...values.map(v => v.length))) : 30,
-          values: (_u: uPlot, splits: number[]) => axisLabels(splits, format)
+          values: (_u: uPlot, splits: number[]) => axisLabels(splits, format),
+          ...byteSplits
         }
       ],
       hooks: { setCursor: [u => this._hover(u)] }
     };
     this._u = new uPlot(opts, data, this._plot);
-    // Which colour is which rank (the hover says it too, for one point at a time).
+    // Which colour is which rank (the hover says it too, for one point at a time). Ranks whose
+    // lines coincide share one entry, "0=1=2", in the colour drawn last, the one that shows.
     this._legend.textContent = '';
-    for (const s of series.slice(1)) {
+    const drawn = series.slice(1);
+    const entries: number[][] = [];
+    for (let i = 0; i < drawn.length; i++) {
+      const group = same.find(g => g.includes(i));
+      if (!group) {
+        entries.push([i]);
+      } else if (group[0] === i) {
+        entries.push(group);
+      }
+    }
+    for (const entry of entries) {
+      const shown = drawn[entry[entry.length - 1]];
       const item = document.createElement('span');
       const swatch = document.createElement('i');
-      swatch.style.background = `${s.stroke}`;
+      swatch.style.borderTopColor = `${shown.stroke}`;
+      swatch.style.borderTopStyle = shown.dash ? 'dashed' : 'solid';
       item.appendChild(swatch);
-      const rank = `${s.label}`.replace('rank ', '');
-      item.appendChild(document.createTextNode(dead.has(Number(rank)) ? `${rank} (dead)` : rank));
+      const ranks = entry.map(i => `${drawn[i].label}`.replace('rank ', ''));
+      const gone = ranks.filter(r => dead.has(Number(r)));
+      const note = !gone.length ? '' : gone.length === ranks.length ? ' (dead)' : ` (${gone.join(',')} dead)`;
+      item.appendChild(document.createTextNode(ranks.join('=') + note));
+      if (entry.length > 1) {
+        item.title = `ranks ${ranks.join(', ')} draw the same line`;
+      }
       this._legend.appendChild(item);
     }
     this._tip = div('tooltip');
@@ -548,7 +581,7 @@ export class MeshCharts {
       return;
     }
     const lines = [...byRank.entries()].sort((a, b) => a[0] - b[0]).map(([rank, line]) => ({ rank, line }));
-    this._metric(name).update(lines, straying(byRank), this._dead);
+    this._metric(name).update(lines, straying(byRank, 0, true), this._dead);
   }
 
   private _scheduleResources(mesh: MeshSeries): void {

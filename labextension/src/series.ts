@@ -379,23 +379,20 @@ const RECENT = 5;
  * farther from the median of the ranks' levels than 3 robust standard deviations (1.4826 ×
  * the median absolute deviation), than 5 % of that median and than `floor`. Needs 3 ranks or
  * more.
+ *
+ * Levels are compared on data every rank has: metrics (`aligned`, x a step) on the last RECENT
+ * steps with a value on every rank; resources (x a time) on each rank's last RECENT values up
+ * to the latest time every rank has reached. A rank whose latest batch is late (its line ends
+ * earlier) is not compared with the others' later steps: a falling learning rate made such a
+ * rank look high.
  */
-export function straying(lines: Map<number, ILine>, floor = 0): number | null {
-  const levels: [number, number][] = [];
-  for (const [rank, line] of lines) {
-    let sum = 0;
-    let count = 0;
-    for (let i = line.y.length - 1; i >= 0 && count < RECENT; i--) {
-      const v = line.y[i];
-      if (v !== null) {
-        sum += v;
-        count += 1;
-      }
-    }
-    if (count) {
-      levels.push([rank, sum / count]);
-    }
+export function straying(lines: Map<number, ILine>, floor = 0, aligned = false): number | null {
+  const live = [...lines].filter(([, line]) => line.x.length > 0);
+  if (live.length < 3) {
+    return null;
   }
+  const cutoff = Math.min(...live.map(([, line]) => line.x[line.x.length - 1]));
+  const levels = aligned ? commonLevels(live, cutoff) : levelsUpTo(live, cutoff);
   if (levels.length < 3) {
     return null;
   }
@@ -405,6 +402,53 @@ export function straying(lines: Map<number, ILine>, floor = 0): number | null {
   const [rank, dev] = devs.reduce((a, b) => (b[1] > a[1] ? b : a));
   const threshold = Math.max(3 * 1.4826 * mad, 0.05 * Math.abs(m), floor, 1e-12);
   return dev > threshold ? rank : null;
+}
+
+/** Each rank's mean of its last RECENT values at x <= cutoff. */
+function levelsUpTo(live: [number, ILine][], cutoff: number): [number, number][] {
+  const levels: [number, number][] = [];
+  for (const [rank, line] of live) {
+    let sum = 0;
+    let count = 0;
+    for (let i = line.x.length - 1; i >= 0 && count < RECENT; i--) {
+      const v = line.y[i];
+      if (line.x[i] <= cutoff && v !== null && v !== undefined) {
+        sum += v;
+        count += 1;
+      }
+    }
+    if (count) {
+      levels.push([rank, sum / count]);
+    }
+  }
+  return levels;
+}
+
+/** Each rank's mean over the last RECENT steps (<= cutoff) that have a value on every rank;
+ * none if there are no such steps. */
+function commonLevels(live: [number, ILine][], cutoff: number): [number, number][] {
+  // Each rank's recent values by step (a window wider than RECENT: ranks log different steps).
+  const byRank = live.map(([rank, line]) => {
+    const values = new Map<number, number>();
+    for (let i = line.x.length - 1; i >= 0 && values.size < RECENT * 8; i--) {
+      const v = line.y[i];
+      if (line.x[i] <= cutoff && v !== null && v !== undefined) {
+        values.set(line.x[i], v);
+      }
+    }
+    return [rank, values] as [number, Map<number, number>];
+  });
+  const steps = [...byRank[0][1].keys()]
+    .filter(step => byRank.every(([, values]) => values.has(step)))
+    .sort((a, b) => b - a)
+    .slice(0, RECENT);
+  if (!steps.length) {
+    return [];
+  }
+  return byRank.map(([rank, values]) => [
+    rank,
+    steps.reduce((sum, step) => sum + values.get(step)!, 0) / steps.length
+  ]);
 }
 
 /**
@@ -436,4 +480,34 @@ export function resourceStraying(
     }
   }
   return straying(lines, RESOURCE_STRAY_FLOOR[resource]);
+}
+
+/**
+ * Indices of `lines` grouped where the lines are the same (same points): drawn on top of each
+ * other, only the last of a group shows, so the legend says which ranks it stands for. Groups
+ * in order of their first line.
+ */
+export function sameLines(lines: ILine[]): number[][] {
+  const groups: number[][] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const group = groups.find(g => equalLines(lines[g[0]], lines[i]));
+    if (group) {
+      group.push(i);
+    } else {
+      groups.push([i]);
+    }
+  }
+  return groups;
+}
+
+function equalLines(a: ILine, b: ILine): boolean {
+  if (a.x.length !== b.x.length) {
+    return false;
+  }
+  for (let i = 0; i < a.x.length; i++) {
+    if (a.x[i] !== b.x[i] || a.y[i] !== b.y[i]) {
+      return false;
+    }
+  }
+  return true;
 }

@@ -385,6 +385,10 @@ export class MeshSidebar extends Widget {
     // The second line: for how long, and where (the elapsed time no longer squeezes beside
     // the badge, where a narrow sidebar wrapped it).
     const info = el('span', 'info');
+    if (rank.pid !== null) {
+      // Shown only where the pid column is not (a narrow sidebar: base.css).
+      info.appendChild(el('span', 'pid-inline', `pid ${rank.pid}`));
+    }
     if (rank.since !== null && rank.state !== 'idle') {
       const elapsed = el('span', 'elapsed');
       elapsed.dataset.since = `${rank.since}`;

@@ -158,9 +158,25 @@ test('straying: a diverging rank, and none among noisy equals', () => {
   assert.strictEqual(series.straying(lines([0.9, 1.0, 1.1, 1.2])), null);
   assert.strictEqual(series.straying(lines([1, 1, 1, 1])), null);
   assert.strictEqual(series.straying(lines([1, 9])), null); // two ranks: which one strays?
-  const withNull = lines([1, 1, 1, 1]);
-  withNull.get(2).y.push(null, 40);
-  assert.strictEqual(series.straying(withNull), 2);
+  const withNull = new Map([0, 1, 2, 3].map(rank => [rank, { x: [0, 1, 2, 3], y: [1, 1, 1, 1] }]));
+  withNull.get(2).y = [1, 1, null, 40];
+  assert.strictEqual(series.straying(withNull, 0, true), 2);
+});
+
+test('straying compares levels on data every rank has (a late batch is no divergence)', () => {
+  // Equal learning rates on 4 ranks; rank 3's last 20 steps have not arrived yet.
+  const lr = step => 0.1 * 0.995 ** step;
+  const steps = n => Array.from({ length: n }, (_, i) => i);
+  const line = n => ({ x: steps(n), y: steps(n).map(lr) });
+  const late = new Map([[0, line(300)], [1, line(300)], [2, line(300)], [3, line(280)]]);
+  assert.strictEqual(series.straying(late, 0, true), null);
+  assert.strictEqual(series.straying(late), null); // the same cutoff when x is a time
+  // A rank that really strays is still seen, late or not.
+  const off = { x: steps(280), y: steps(280).map(s => lr(s) * 3) };
+  assert.strictEqual(series.straying(new Map([...late, [3, off]]), 0, true), 3);
+  // Steps no rank has in common yet: nothing to compare, no flag.
+  const apart = new Map([0, 1, 2].map(r => [r, { x: [r * 10 + 1], y: [r] }]));
+  assert.strictEqual(series.straying(apart, 0, true), null);
 });
 
 test('resourceStraying: a rank using much more memory or CPU, not a few percent more', () => {
@@ -192,4 +208,11 @@ test('resourceStraying: a rank using much more memory or CPU, not a few percent 
   assert.strictEqual(series.resourceStraying(odd, 'rss', new Set([2])), null);
   // Without a GPU there is nothing to say.
   assert.strictEqual(series.resourceStraying(odd, 'gpu_mem', none), null);
+});
+
+test('sameLines: ranks whose lines coincide are grouped, in order', () => {
+  const l = ys => ({ x: ys.map((_, i) => i), y: ys });
+  assert.deepStrictEqual(series.sameLines([l([1, 2]), l([1, 3]), l([1, 2]), l([1, 2, 3])]), [[0, 2], [1], [3]]);
+  assert.deepStrictEqual(series.sameLines([l([1, null]), l([1, null])]), [[0, 1]]);
+  assert.deepStrictEqual(series.sameLines([]), []);
 });

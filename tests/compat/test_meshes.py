@@ -43,6 +43,7 @@ def test_this_host_spawn_procs_with_bootstrap() -> None:
 def test_this_proc() -> None:
     env = this_proc().spawn("env_here", Env)
     assert env.pid.call_one().get() == os.getpid()
+    env.stop().get()  # an actor of this process: its thread ends with it
 
 
 class SpawnsHere(Actor):

@@ -42,12 +42,14 @@ def test_widget_appears_on_pause_and_steps_and_continues_ranks(dbg4: Kernel) -> 
         return [rank for rank, (state, _, _) in table().items() if state == "paused"]
 
     wait_until(lambda: paused() == [1, 3], 10, "the widget to show ranks 1 and 3 paused")
-    assert table() == {
-        0: ("running", "", ""),
+    # Ranks 0 and 2 finished the cell: idle, as the sidebar says (not "running").
+    expected = {
+        0: ("idle", "", ""),
         1: ("paused", f"In [{n}]:4", "<module>"),  # the sidebar's location form
-        2: ("running", "", ""),
+        2: ("idle", "", ""),
         3: ("paused", f"In [{n}]:4", "<module>"),
     }
+    wait_until(lambda: table() == expected, 10, f"the widget to show {expected}")
     dbg4.ok(f"w = {WIDGET}\nw.rank.value = (w.rank.value[0], 1)")
     stack = dbg4.ok("print(w.stack.value)").stream()
     assert f"<td class='code'>In [{n}]:4</td>" in stack, stack
@@ -69,3 +71,43 @@ def test_widget_appears_on_pause_and_steps_and_continues_ranks(dbg4: Kernel) -> 
     out = dbg4.ok("w.scope.value = 'all'\nw.buttons[0].click()\n_mesh.get(timeout=30)").stream()
     assert "[gpus=1] b is 202" in out and "[gpus=3] b is 206" in out, out
     wait_until(lambda: not paused(), 10, "every rank to run again")
+
+
+def test_a_cell_whose_rank_pauses_ends_its_strip_paused_and_the_others_idle(
+    dbg4: Kernel,
+) -> None:
+    """The cell's strip, the widget and the sidebar say the same of a rank paused in the
+    debugger (paused, not running) and of ranks that finished (idle in the widget)."""
+    r = dbg4.ok(
+        "%%mesh procs --ranks 2\n"
+        "import time\n"
+        "time.sleep(1.5)  # past the second after which the cell shows its strip\n"
+        "breakpoint()\n"
+        "x = 1\n"
+    )
+    states = [
+        m["content"]["data"]["state"].get("value", "")
+        for m in r.messages
+        if m["msg_type"] == "comm_msg" and "state" in m["content"]["data"]
+    ]
+    final = [s for s in states if "jp-actormesh-status-strip" in s][-1]
+    assert "data-rank='2' data-state='paused'" in final and "1 paused" in final, final
+    assert "running" not in final, final
+
+    def table() -> dict[int, tuple[str, str, str]]:
+        return rows(dbg4.ok(f"print({WIDGET}.table.value)").stream())
+
+    wait_until(
+        lambda: (
+            {rank: state for rank, (state, _, _) in table().items()}
+            == {0: "idle", 1: "idle", 2: "paused", 3: "idle"}
+        ),
+        10,
+        "the widget to show rank 2 paused and the others idle",
+    )
+    # A cell that starts later sends the debugger nothing: the widget still sees it.
+    dbg4.ok("%%mesh procs --ranks 0 --noblock\nimport time\ntime.sleep(6)")
+    wait_until(
+        lambda: table()[0][0] == "busy", 10, "the widget to show rank 0 busy in its new cell"
+    )
+    dbg4.ok("%mesh dbg continue -r 2")

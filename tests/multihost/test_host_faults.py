@@ -4,6 +4,7 @@ its own two agents (h1, h2); the deadline is the default heartbeat deadline."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -93,6 +94,29 @@ def test_cut_link_is_detected_by_heartbeats_and_the_host_cleans_up(
     finally:
         fake_net.restore_link(2)
     _lost_host(unhandled_failures, fake_net, 2)
+
+
+def test_a_host_silent_for_seconds_is_not_lost(
+    two_hosts: Any, fake_net: FakeNet, unhandled_failures: list[object]
+) -> None:
+    """A loaded machine can keep a live agent from sending heartbeats for seconds (3.3 s once,
+    at load ~20 on 2 cores): stopped for 4 s, every process of a host is still its host."""
+    sleepers = two_hosts.spawn("sleepers", Sleeper)
+    sleepers.ping.call().get(timeout=WAIT)
+    assert config.HOST_DEADLINE > 4 + 2  # the pause, and margin for this machine's own load
+    pids = fake_net.pids(2)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.0)  # the scenario: four seconds in which host 2 sends nothing
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert (
+        sleepers.ping.call().get(timeout=WAIT).values()
+        == [fake_net.ip(1)] * 2 + [fake_net.ip(2)] * 2
+    )
+    assert unhandled_failures == []
 
 
 class Keeper(am.Actor):

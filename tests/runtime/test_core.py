@@ -270,6 +270,7 @@ def test_this_proc_runs_actors_in_the_controller() -> None:
     w = am.this_proc().spawn("local", Where)
     result = w.rank.call_one().get(timeout=10)
     assert result["pid"] == os.getpid()
+    w.stop().get(timeout=10)  # its thread in this process ends
 
 
 class SpawnsThere(am.Actor):
@@ -281,7 +282,9 @@ class SpawnsThere(am.Actor):
     @am.endpoint
     def pid_of_an_actor_on(self, mesh: am.ProcMesh) -> int:
         here = mesh.spawn("spawned_there", Where)
-        return int(here.rank.call_one().get(timeout=10)["pid"])
+        pid = int(here.rank.call_one().get(timeout=10)["pid"])
+        here.stop().get(timeout=10)  # its thread in the controller ends
+        return pid
 
 
 def test_this_proc_passed_to_a_worker_still_names_the_controller(shared_procs) -> None:

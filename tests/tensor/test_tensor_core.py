@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import wait_until
 
 import actormesh as am
 from actormesh.tensor import MeshTensor, distribute, fetch, inspect, live
@@ -268,12 +269,14 @@ def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -
     from actormesh.tensor.controller import stream
     from actormesh.tensor.controller.mesh import tensor_mesh
 
-    monkeypatch.setattr(stream, "IDLE_FLUSH", 3600.0)  # so only the end of the cell sends
+    s = tensor_mesh(mesh).stream
+    # Only the end of the cell sends: no idle timer (an earlier one ends after a quiet second).
+    wait_until(lambda: s._timer is None, 10, "the stream's idle timer to end")
+    monkeypatch.setattr(stream.Stream, "_start_timer", lambda self: None)
     shell = InteractiveShell.instance()
     try:
         shell.user_ns.update(distribute=distribute, mesh=mesh, torch=torch)
         shell.run_cell("dt = distribute(torch.ones(4, 4), mesh)")  # the hook goes in on first use
-        s = tensor_mesh(mesh).stream
         s.flush()
         sent = s.batches
         result = shell.run_cell("r = dt * 3")
@@ -282,3 +285,4 @@ def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -
         assert torch.equal(inspect(shell.user_ns["r"]), torch.full((4, 4), 3.0))
     finally:
         InteractiveShell.clear_instance()
+        s.armed = False  # armed with no timer: the next op of a later test starts one

@@ -34,15 +34,22 @@ def test_rank_death_then_heal(
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: procs.health().values()[-1] != "alive", WAIT, "the runtime to see the death")
     start = time.monotonic()
-    with pytest.raises(am.SupervisionError):
+    with pytest.raises(am.SupervisionError) as first:
         inspect(dt * 2)
     assert time.monotonic() - start < 1.0
+    # Which process died and how, that heal helps; not the engine actor's endpoint.
+    assert f"pid {victim}" in str(first.value) and "heal" in str(first.value)
+    assert "_tensor_engine" not in str(first.value)
     unhandled_failures.clear()  # the death itself, reported while nothing waited on rank 3
-    with pytest.raises(am.MeshClosedError, match="lost a rank"):
+    with pytest.raises(am.MeshClosedError, match="lost a rank") as lost:
         dt + 1
+    assert "procs.heal()" in str(lost.value) and "distribute" in str(lost.value)
     procs.heal().get(timeout=WAIT)
-    with pytest.raises(am.MeshClosedError):
+    with pytest.raises(am.MeshClosedError) as healed:
         inspect(dt)
+    text = str(healed.value)  # healing again would not bring the values back
+    assert "healed since" in text and "distribute" in text and "procs.heal()" not in text
+    assert "_tensor_engine" not in text
     fresh = distribute(x, procs, sharding_spec=["dp", None])
     assert torch.equal(inspect(fresh @ fresh.T), x @ x.T)
 

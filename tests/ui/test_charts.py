@@ -99,6 +99,42 @@ def cut_off(page: Any) -> list[str]:
     )
 
 
+def layout_faults(page: Any) -> list[str]:
+    """What the issue-45 review found hard to read, checked at the sidebar's current width: a
+    rank's pid not shown (a column, or the second line when narrow), a toolbar row holding a
+    lone button while another holds several ("Stop mesh" wrapped alone), legend swatches too
+    small to tell colours apart."""
+    return list(
+        page.evaluate(
+            r"""() => {
+              const side = document.querySelector('#actormesh-sidebar');
+              const bad = [];
+              const shown = el => el && el.offsetParent !== null && el.getClientRects().length;
+              for (const row of side.querySelectorAll('.jp-actormesh-rank')) {
+                const pid = [...row.querySelectorAll('.jp-actormesh-pid, .jp-actormesh-pid-inline')]
+                  .find(el => shown(el) && /\d/.test(el.textContent));
+                if (!pid) bad.push(`rank ${row.dataset.rank}: no pid shown`);
+              }
+              for (const bar of side.querySelectorAll('.jp-actormesh-toolbar')) {
+                const rows = new Map();
+                for (const b of bar.querySelectorAll('button')) {
+                  const top = Math.round(b.getBoundingClientRect().top);
+                  rows.set(top, (rows.get(top) || 0) + 1);
+                }
+                const counts = [...rows.values()];
+                if (counts.length > 1 && counts.includes(1))
+                  bad.push(`toolbar rows of ${counts.join(', ')} buttons`);
+              }
+              for (const i of side.querySelectorAll('.jp-actormesh-chart-legend i')) {
+                const r = i.getBoundingClientRect();
+                if (r.width < 12 || r.height < 3) bad.push(`legend swatch ${r.width}x${r.height}`);
+              }
+              return bad;
+            }"""
+        )
+    )
+
+
 def set_sidebar_width(page: Any, width: int) -> None:
     """Drag the handle between the left panel and the notebook until the sidebar is ``width``."""
     side = page.locator(SIDEBAR)
@@ -235,9 +271,12 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     stacks.scroll_into_view_if_needed()
     stacks.screenshot(path=str(tmp_path / "charts-narrow-stacks.png"))
     assert (bad := cut_off(page)) == [], bad
+    assert (bad := layout_faults(page)) == [], bad
     page.locator(SIDEBAR).evaluate("el => el.scrollTo(0, 0)")
     save(page, tmp_path, "charts-narrow")
-    set_sidebar_width(page, 560)
+    for width in (400, 560):  # the toolbar in two rows of three, then in one
+        set_sidebar_width(page, width)
+        assert (bad := layout_faults(page)) == [], (width, bad)
     wait_attr(page, LOSS, "data-points", "true")
     page.wait_for_function(
         f"""() => document.querySelector("{LOSS} canvas").getBoundingClientRect().width > 450"""

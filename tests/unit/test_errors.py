@@ -39,3 +39,23 @@ def test_a_grouped_actor_error_lists_its_ranks_in_order_as_ranges() -> None:
     ]
     assert "[ranks gpus=0-3] counter.incr raised ValueError: boom\nRemote traceback:" in str(err)
     assert "[ranks gpus=0-3] counter.incr" in err._render_traceback_()[0]
+
+
+def test_an_actor_error_starts_with_its_heading_not_a_blank_line() -> None:
+    err = ActorError([_failure("{gpus=0}"), _failure("{gpus=1}", "x")])
+    text = str(err)
+    assert text.startswith("[rank gpus=0] counter.incr raised ValueError: boom\n"), text
+    assert "\n\n" not in text and err.report() == text
+
+
+def test_a_tensor_error_is_headed_by_its_op_not_the_engine() -> None:
+    from actormesh.tensor import RemoteTensorError
+
+    failure = RemoteFailure("{dp=1}", "tensor engine", "remote function clip", "ValueError",
+                            "boom", "Traceback ...\n")  # fmt: skip
+    err = RemoteTensorError([failure], "remote function clip", "train.py:12")
+    assert str(err).startswith("[rank dp=1] remote function clip raised ValueError: boom\n")
+    assert err._render_traceback_()[0].endswith(
+        "remote function clip raised ValueError: boom\x1b[0m"
+    )
+    assert "tensor engine" not in str(err) and "issued at train.py:12" in str(err)

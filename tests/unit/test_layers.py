@@ -15,6 +15,7 @@ PACKAGE = pathlib.Path(actormesh.__file__).parent
 # Bottom first. A module belongs to the longest prefix listed; it may import its own layer and
 # any layer before it.
 LAYERS = [
+    ("actormesh.cell_names",),  # imports nothing of actormesh: errors render with it
     ("actormesh.errors", "actormesh.config"),
     ("actormesh.runtime.extent", "actormesh.runtime.shape", "actormesh.runtime.mesh_shape"),
     ("actormesh.runtime.faults",),

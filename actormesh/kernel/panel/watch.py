@@ -291,6 +291,12 @@ def _mib(n: Any) -> int | None:
     return None if n is None else int(n) >> 20 << 20
 
 
+def activity(status: dict[str, Any]) -> str:
+    """``busy`` or ``idle``, as the sidebar says it, from a rank's status answer (the debugger's
+    widget says it the same way)."""
+    return "busy" if _busy(status)[0] is not None else "idle"
+
+
 def _busy(status: dict[str, Any] | None) -> tuple[dict[str, Any] | None, float]:
     """What a status answer says the rank is busy with, and for how long (s)."""
     if status is None:

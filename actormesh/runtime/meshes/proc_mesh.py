@@ -81,7 +81,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
 
     def __repr__(self) -> str:
         state = " (stopped)" if self._procs.closed else ""
-        return f"<ProcMesh {self._shape.extent}{state}>"
+        return f"<ProcMesh {self._procs.name!r} {self._shape.extent}{state}>"
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -134,7 +134,10 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 "derive your class from am.Actor and mark its methods with @am.endpoint"
             )
         if self._procs.closed:
-            raise MeshClosedError(f"cannot spawn on a stopped proc mesh; {spawn_hint('new procs')}")
+            raise MeshClosedError(
+                f"cannot spawn on proc mesh {self._procs.name!r}: it was stopped; "
+                f"{spawn_hint('new procs with this_host().spawn_procs(...)')}"
+            )
         endpoints = frozenset(endpoint_names(cls))
         _refuse_hidden_endpoints(cls, endpoints)
         shape = self._shape

@@ -25,8 +25,13 @@ class ProcTable:
         addresses: list[Address],
         labels: list[str],
         relays: list[Address | None] | None = None,
+        name: str = "",
     ) -> None:
         self.mesh_id = mesh_id
+        # What messages call the mesh: spawn_procs's name, numbered when that name was taken
+        # (``procs``, ``procs-2``), so that two meshes of one shape read differently. Only the
+        # controller's table has it; a copy elsewhere says its id.
+        self.name = name or mesh_id
         self.addresses = addresses
         self.labels = labels  # "gpus=1", for messages and output
         # Per rank, the host agent that fans casts out to it from other hosts (None: the

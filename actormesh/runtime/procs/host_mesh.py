@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,6 +24,20 @@ from ..messaging.logs import rank_label
 from ..shape import Shape
 from .controller import Controller, get_controller
 from .mesh_record import AgentHandle, MeshRecord, SpawnRequest
+
+_names_taken: set[str] = set()
+_names_lock = threading.Lock()
+
+
+def _unique_name(name: str) -> str:
+    """``name`` the first time, then ``name-2``, ``name-3``...: a mesh's name in messages."""
+    with _names_lock:
+        candidate, n = name, 1
+        while candidate in _names_taken:
+            n += 1
+            candidate = f"{name}-{n}"
+        _names_taken.add(candidate)
+        return candidate
 
 
 class HostMesh(MeshShape, metaclass=NoPublicConstructor):
@@ -117,6 +132,8 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         raises ``SupervisionError`` with the stderr of a process that failed to start. With GPUs
         on the host, a ``gpus`` dimension gives each process its own device
         (``CUDA_VISIBLE_DEVICES``). ``env`` is added to every process's environment.
+        ``name`` is what its repr and messages call the mesh; a name already taken in this
+        process gets a number (``procs``, ``procs-2``), so two meshes never read the same.
 
         ``bootstrap`` (Monarch's): a picklable callable, sync or async, that every process runs
         before any actor is built on it (to set environment variables before CUDA starts, say);
@@ -163,7 +180,9 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
             )
             labels.append(rank_label(shape.point(rank)))
             relays.append(agent.address if agent.run_dir is not None else None)
-        table = ProcTable(mesh_id, addresses, labels, relays if any(relays) else None)
+        table = ProcTable(
+            mesh_id, addresses, labels, relays if any(relays) else None, _unique_name(name)
+        )
         spawn_env = dict(env or {})
         hook = os.environ.get("PYTHONBREAKPOINT")
         if hook:  # breakpoint() on ranks of other hosts too (the debugger sets it)

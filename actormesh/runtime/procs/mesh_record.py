@@ -29,6 +29,7 @@ from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
 from ..messaging.metrics import MetricsLog
+from ..messaging.node import spawn_hint
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
@@ -259,7 +260,13 @@ class MeshRecord:
             return healed
         with self.lock:
             if self.stopping:
-                healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
+                healed._set_exception(
+                    MeshClosedError(
+                        f"cannot heal proc mesh {self.table.name!r}: it was stopped (stop() "
+                        "ends every process for good, heal() respawns ranks that died); "
+                        f"{spawn_hint('new procs with this_host().spawn_procs(...)')}"
+                    )
+                )
                 return healed
             dead = sorted(self.exited)
             if not dead:

@@ -76,7 +76,7 @@ def factory(tm: TensorMesh, name: str, func: Any, args: Any, kwargs: dict[str, A
 @contextlib.contextmanager
 def activate(mesh: Any) -> Iterator[TensorMesh]:
     """Make ``mesh`` the current mesh of this thread: torch factories give per-rank MeshTensors."""
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, "activate")
     stack = _stack()
     stack.append(tm)
     try:
@@ -115,7 +115,7 @@ no_mesh = _NoMesh()
 
 def rank(mesh: Any, dims: str | tuple[str, ...]) -> MeshTensor:
     """Each rank's coordinate along ``dims`` (row-major over several) as a per-rank int64 scalar."""
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, "rank")
     dims = tm.check_dims(dims, "rank")
     out = new_mesh_tensor(tm, (), torch.int64, per_rank=True)
     meta = (((), torch.int64, True),)

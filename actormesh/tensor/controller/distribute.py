@@ -46,7 +46,7 @@ def distribute(
             f"distribute() takes a torch.Tensor, got {type(tensor).__name__}; "
             "wrap data with torch.as_tensor(...) first"
         )
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, "distribute")
     places = tm.placements(tensor.dim(), sharding_spec, placements)
     data = tensor.detach().contiguous()
     out = new_mesh_tensor(
@@ -97,7 +97,7 @@ def _random(fn: str, size: tuple[Any, ...], mesh: Any, sharding_spec: Any, place
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
     if not all(isinstance(n, int) and n >= 0 for n in shape):
         raise compat.MeshUsageError(f"{fn}: sizes must be non-negative ints, got {shape!r}")
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, fn)
     dtype = dtype or torch.get_default_dtype()
     places = tm.placements(len(shape), sharding_spec, placements)
     # One seed from the controller's generator: torch.manual_seed on the controller makes it

@@ -102,8 +102,7 @@ def get(obj: Any, timeout: float | None, **coords: int) -> Any:
     try:
         vm = reply.get(timeout=timeout)
     except SupervisionError as exc:
-        tm.stream.lose(exc)  # as _watch does
-        raise
+        raise tm.stream.translate(exc) from exc  # as _watch does
     except MeshTimeoutError as exc:
         raise MeshTimeoutError(_late(tm, reply, exc)) from None
     return _put_back(leaves, spec, _assemble(tm, requests, vm))
@@ -148,15 +147,9 @@ def _put_back(leaves: list[Any], spec: Any, values: dict[int, Any]) -> Any:
 
 
 def _watch(tm: TensorMesh, reply: Any) -> Any:
-    """A rank death seen by a fetch closes the mesh's values (see Stream.lose)."""
-
-    def seen(done: Any) -> None:
-        exc = done.exception()
-        if isinstance(exc, SupervisionError):
-            tm.stream.lose(exc)
-
-    reply.add_done_callback(seen)
-    return reply
+    """A rank death seen by a fetch closes the mesh's values (see Stream.translate), and the
+    future fails saying so."""
+    return compat.on_failure(reply, tm.stream.translate)
 
 
 def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
@@ -231,6 +224,6 @@ def live(mesh: Any) -> compat.ValueMesh:
     """How many remote values each rank holds (after sending the buffered ops and drops)."""
     from .mesh import tensor_mesh
 
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, "live")
     tm.stream.flush()
     return tm.engine.live.call().get(timeout=60)

@@ -12,16 +12,19 @@ op reaches them (worker/views.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from . import lifetime
 from .stream import Stream, flush_all
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,27 @@ def engine_device(backend: str) -> str:
     return "cpu"
 
 
+@contextlib.contextmanager
+def _saying_so(mesh: str, processes: int) -> Iterator[None]:
+    """One line on stderr while a mesh's tensor engine starts (seconds, once per mesh: a
+    process group, then an engine on every process), so that the first tensor step of a
+    notebook or script does not wait in silence; it ends with how long it took."""
+    print(
+        f"actormesh: starting the tensor engine of {mesh}: a process group over its "
+        f"{processes} processes, once per mesh ...",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    start = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        print(" failed", file=sys.stderr, flush=True)
+        raise
+    print(f" ready in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+
+
 class TensorMesh:
     """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
 
@@ -64,16 +88,19 @@ class TensorMesh:
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
-        members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-        device = engine_device(members[0].backend)
-        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
-        seed = int(torch.randint(0, 2**62, ()).item())
-        self.engine = compat.helper_mesh_with_args(
-            procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed, device
-        )
-        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-        self.mailboxes = compat.mailboxes(procs)
-        self.stream = Stream(self.engine, self.mailboxes)
+        with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs))):
+            members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
+            device = engine_device(members[0].backend)
+            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
+            seed = int(torch.randint(0, 2**62, ()).item())
+            self.engine = compat.helper_mesh_with_args(
+                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+                device,
+            )  # fmt: skip
+            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        self.stream = Stream(self.engine, procs)
+        self.mailboxes = self.stream.mailboxes
+        self.name = self.stream.name
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
@@ -105,6 +132,11 @@ class TensorMesh:
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
         return "{" + dims + "}"
+
+    def describe(self) -> str:
+        """The mesh's name and dimensions, ``'procs-2' {dp: 2, tp: 2}``: two meshes of one shape
+        read differently."""
+        return f"{self.name!r} {self!r}"
 
     @property
     def ndim(self) -> int:
@@ -227,9 +259,12 @@ def _normalize(mesh: Any) -> compat.ProcMesh:
     return mesh
 
 
-def tensor_mesh(mesh: Any) -> TensorMesh:
-    """The engine of ``mesh``'s processes, started on first use (blocks while it starts)."""
+def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
+    """The engine of ``mesh``'s processes, started on first use (blocks while it starts);
+    ``what`` names the call in an error (``distribute``)."""
     procs = _normalize(mesh)
+    if compat.is_stopped(procs):
+        raise lifetime.stopped_mesh(compat.mesh_name(procs), what)
     ident = compat.mesh_id(procs)
     with _lock:
         for key, old in list(_meshes.items()):  # forget engines of stopped meshes
@@ -264,7 +299,7 @@ def view_of(tm: TensorMesh, mesh: Any) -> TensorMesh | None:
 def engine_mesh(mesh: Any, what: str) -> TensorMesh:
     """``tensor_mesh(mesh)`` for what works only on the shape the engine was started on (the
     worker's side of it uses the engine's own ``DeviceMesh``)."""
-    tm = tensor_mesh(mesh)
+    tm = tensor_mesh(mesh, what)
     if tm.view_id != 0:
         raise compat.MeshUsageError(
             f"{what} needs the mesh its processes' tensor engine was started on ({tm.base!r}); "

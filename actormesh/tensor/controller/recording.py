@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_unflatten
 from .. import compat
 from ..wire.ops import IN, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
+from . import lifetime
 from .fetch import get
 from .mesh import TensorMesh
 from .tensor import (
@@ -255,8 +256,9 @@ def _the_mesh(func: Any, found: list[Any]) -> tuple[TensorMesh, bool, bool]:
                 tm, per_rank = x.mesh, x.per_rank
             elif x.mesh is not tm:
                 raise compat.MeshUsageError(
-                    f"{func}: MeshTensors of two different meshes ({tm!r} and {x.mesh!r}) in one "
-                    "op; move one to the other's mesh first"
+                    f"{func}: MeshTensors of two different meshes ({tm.describe()} and "
+                    f"{x.mesh.describe()}) in one op; move one to the other's mesh first: "
+                    f"{lifetime.move_hint()}"
                 )
             elif x.per_rank != per_rank:
                 raise compat.MeshUsageError(

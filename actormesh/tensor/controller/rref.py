@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec
 from .. import compat
 from ..wire.ops import Ref, issue_site
 from ..worker.rref import ACTOR_WAIT
+from . import lifetime
 from .mesh import TensorMesh
 from .tensor import MeshTensor
 
@@ -39,8 +40,13 @@ def rref(key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             f"{name}.rref needs a MeshTensor argument or an active mesh "
             "(`with procs.activate():`) to know which tensor stream it is a step of"
         )
-    if any(x.mesh is not tm for x in meshes):
-        raise compat.MeshUsageError(f"{name}.rref: MeshTensors of two different meshes")
+    other = next((x.mesh for x in meshes if x.mesh is not tm), None)
+    if other is not None:
+        raise compat.MeshUsageError(
+            f"{name}.rref: MeshTensors of two different meshes ({tm.describe()} and "
+            f"{other.describe()}); move one to the other's mesh first: "
+            f"{lifetime.move_hint()}"
+        )
     ins = tuple(x.value_id for x in meshes)
     payload = (key, name, _refs(args), _refs(kwargs))
     site = issue_site(3)  # the user's line: above this and the runtime's Endpoint.rref

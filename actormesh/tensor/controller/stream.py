@@ -45,8 +45,10 @@ from typing import Any
 import torch
 
 from ...errors import MeshClosedError, MeshUsageError, SupervisionError
+from .. import compat
 from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
+from . import lifetime
 from .interrupts import held
 
 logger = logging.getLogger(__name__)
@@ -63,9 +65,15 @@ _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 class Stream:
     """One mesh's op buffer. Any thread may record or flush; batches keep their order."""
 
-    def __init__(self, engine: Any, mailboxes: list[bytes]) -> None:
+    def __init__(self, engine: Any, procs: compat.ProcMesh) -> None:
         self.engine = engine  # the ActorMesh of _TensorEngine
-        self.mailboxes = mailboxes  # by engine index: its process (the kernel names processes)
+        self.procs = procs
+        self.name = compat.mesh_name(procs)
+        # Its ``closed`` turns True when the processes are stopped: read on every recorded op,
+        # so an attribute rather than a call.
+        self.procs_state = compat.proc_state(procs)
+        # by engine index: its process (the kernel names processes; a healed one has a new one)
+        self.mailboxes = compat.mailboxes(procs)
         self.ops: list[Op] = []
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.lock = threading.Lock()
@@ -77,7 +85,7 @@ class Stream:
         self.closed = False
         # A rank died, or a batch did not reach every rank: every value of this mesh is gone.
         self.lost: BaseException | None = None
-        self.lost_why = ""  # what check() says about it
+        self.lost_why = ""  # what check() says about it, unless a rank died (lifetime's words)
         self.recorded = 0  # ops recorded so far (the idle timer compares it across a window)
         self.armed = False
         self.wake_event = threading.Event()
@@ -128,11 +136,18 @@ class Stream:
         return cid
 
     def check(self) -> None:
-        if self.lost is not None:
+        """Raise what makes this mesh's values unusable: stopped, or a rank lost (since healed
+        or not), each saying what to do."""
+        if self.procs_state.closed:
+            raise lifetime.stopped(self.name) from self.lost
+        if self.lost is not None and self.lost_why:
             raise MeshClosedError(f"{self.lost_why}: {self.lost}") from self.lost
+        if self.lost is not None:
+            healed = compat.mailboxes(self.procs) != self.mailboxes
+            raise lifetime.lost(self.name, self.lost, healed) from self.lost
 
     def record(self, op: Op) -> None:
-        if self.lost is not None:
+        if self.lost is not None or self.procs_state.closed:
             self.check()
         with self.lock:
             ops = self.ops
@@ -217,22 +232,26 @@ class Stream:
             try:
                 result = send()
             except SupervisionError as exc:
-                self.lose(exc)
-                raise
+                raise self.translate(exc) from exc
             error, self.error = self.error, None
             if error is not None:
-                if isinstance(error, SupervisionError):
-                    self.lose(error)
-                raise error
+                raise self.translate(error) from error
             return result
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """What a sync point raises for ``exc``: a rank's death (or the mesh's stop) loses the
+        stream, and is said in the user's words (the runtime's error names the engine's
+        endpoint, which the user never called)."""
+        if not isinstance(exc, SupervisionError):
+            return exc
+        self.lose(exc)
+        if self.procs_state.closed or isinstance(exc, MeshClosedError):
+            return lifetime.stopped(self.name)
+        return lifetime.rank_died(self.name, exc)
 
     def lose(self, error: BaseException) -> None:
         """A rank of the mesh died: its values (and the group's collectives) are gone."""
-        self._lose(
-            error,
-            "this MeshTensor's mesh lost a rank, and with it the tensor values of every rank; "
-            "after procs.heal(), distribute (or module_to_mesh) again",
-        )
+        self._lose(error, "")  # check() says it in lifetime's words
 
     def _lose(self, error: BaseException, why: str) -> None:
         if self.lost is None:
@@ -286,6 +305,16 @@ class Stream:
             )
             self._timer.start()
 
+    def timer_ends_if_idle(self) -> bool:
+        """Called by the idle timer after a second with nothing recorded: it ends (the next
+        recorded op starts another), so no thread outlives a mesh's use, in a test or a
+        notebook that stopped its mesh. Under the lock that ``record`` arms it under."""
+        with self.lock:
+            if self.wake_event.is_set() or self.ops:
+                return False
+            self._timer = None
+            return True
+
     def close(self) -> None:
         self.closed = True
         self.wake_event.set()
@@ -307,7 +336,7 @@ def _constant_gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None
 
 def _idle_loop(ref: weakref.ref[Stream]) -> None:
     """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
-    while it sleeps, so a dropped mesh's stream can go)."""
+    while it sleeps, so a dropped mesh's stream can go); end after a second of nothing."""
     while True:
         stream = ref()
         if stream is None or stream.closed:
@@ -319,7 +348,10 @@ def _idle_loop(ref: weakref.ref[Stream]) -> None:
         if stream is None or stream.closed:
             return
         if not wake.is_set() and not stream.ops:
-            continue  # (armed, but an interrupt came before the event was set: ops say it)
+            # (armed, but an interrupt came before the event was set: ops say it)
+            if stream.timer_ends_if_idle():
+                return
+            continue
         while True:
             seen = stream.recorded
             # A timer, not synchronisation: the count decides whether the window was quiet.

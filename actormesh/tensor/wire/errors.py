@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...errors import ActorError, RemoteFailure
+from ... import cell_names
+from ...errors import ActorError, RemoteFailure, format_ranks
 
 
 class RemoteTensorError(ActorError):
@@ -29,11 +30,17 @@ class RemoteTensorError(ActorError):
     def ranks(self) -> list[str]:
         return [f.rank for f in self.failures]
 
+    def _heading(self, ranks: list[str], failure: RemoteFailure) -> str:
+        # The op that failed (``aten.mm.default``, ``remote function clip``), not the engine.
+        return f"[{format_ranks(ranks)}] {failure.endpoint} raised {failure.headline()}"
+
     def _where(self) -> str:
-        # One file:line, or the whole controller stack (ACTORMESH_TENSOR_TRACEBACKS=1).
-        if "\n" in self.site:
-            return f"from (controller stack, most recent call last):\n{self.site}"
-        return f"at {self.site}"
+        # One file:line, or the whole controller stack (ACTORMESH_TENSOR_TRACEBACKS=1); a
+        # notebook cell's file as IPython names it ("Cell In[8], line 10").
+        site = cell_names.in_text(self.site)
+        if "\n" in site:
+            return f"from (controller stack, most recent call last):\n{site}"
+        return f"at {site}"
 
     def _summary(self) -> str:
         head = super()._summary()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Iterator
@@ -213,7 +214,7 @@ class _TensorEngine(Actor):
 
     def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
         self.serial += 1
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        text = "".join(traceback.format_exception(type(exc), exc, _past_the_engine(exc)))
         etype = type(exc)
         name = etype.__qualname__
         if etype.__module__ not in ("builtins", "__main__"):
@@ -388,3 +389,17 @@ def _describe_value(v: Any) -> tuple[Any, list[Any]]:
     ]
     # As text: unpickling a TreeSpec object warns (a deprecated isinstance check in torch).
     return treespec_dumps(spec), entries
+
+
+_TENSOR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _past_the_engine(exc: BaseException) -> Any:
+    """``exc``'s traceback from the first frame that is not this package's: the user's function
+    (or torch's op) is where the failure is; the engine's dispatch above it is not news."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_TENSOR_PACKAGE):
+            break
+        tb = tb.tb_next
+    return tb
