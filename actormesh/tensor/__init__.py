@@ -37,6 +37,7 @@ the ranks' half never imports the controller's.
 ``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
 ``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
 ``controller/module.py``        ``module_to_mesh``
+``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
