@@ -32,7 +32,7 @@ from ..runtime.messaging import curve
 from ..runtime.messaging.codec import Message
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
 from ..runtime.procs.controller import Controller, get_controller
-from ..runtime.procs.host_mesh import HostMesh
+from ..runtime.procs.host_mesh import HostMesh, new_host_mesh
 from ..runtime.procs.mesh_record import AgentHandle
 from ..runtime.shape import Shape
 from . import handshake
@@ -195,7 +195,7 @@ class HostListener:
                         f"{self.address} and the job key, and can reach this address"
                     )
                 self._changed.wait(min(left, 0.5))
-        return HostMesh._create(self.ctl, list(chosen), Shape.from_extent({"hosts": n}))
+        return new_host_mesh(self.ctl, list(chosen), Shape.from_extent({"hosts": n}))
 
     def take_spare(self) -> RemoteAgentHandle | None:
         """A started agent in no host mesh yet (for healing a lost host), now taken; or None."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
+from ..runtime.mesh_shape import with_shape
 from ..runtime.meshes.collect import Collector
 from ..runtime.meshes.proc_table import ProcTable
 from ..runtime.meshes.value_mesh import ValueMesh
@@ -223,7 +224,7 @@ class CellRun:
             args = (opts.filename, opts.source, port, self.target.actor_key, turn)
             for view in views:
                 collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
-                executor._new_with_shape(view).run.cast(view, args, {}, collector)
+                with_shape(executor, view).run.cast(view, args, {}, collector)
 
     def done(self) -> bool:
         return len(self.outcomes) == len(self.ranks)

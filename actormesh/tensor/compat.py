@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from ..errors import MeshUsageError, RemoteFailure
 from ..runtime.actors.actor import Actor, endpoint
 from ..runtime.actors.actor_host import actor_host
-from ..runtime.actors.future import Future, then, when_all
+from ..runtime.actors.future import Future, completed_future, failed_future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
@@ -22,7 +22,7 @@ from ..runtime.meshes.endpoint import message_readers, on_unsent
 from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.meshes.value_mesh import ValueMesh, new_value_mesh
 from ..runtime.messaging.codec import loads
 
 T = TypeVar("T")
@@ -62,16 +62,16 @@ __all__ = [
 
 def completed(value: T) -> Future[T]:
     """A future that is already done (the public API only hands out futures, never makes them)."""
-    return Future._completed(value)
+    return completed_future(value)
 
 
 def failed(exc: BaseException) -> Future[Any]:
-    return Future._failed(exc)
+    return failed_future(exc)
 
 
 def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
     """A ValueMesh over the shape of mesh ``like`` (``remote_fn.call`` builds its own)."""
-    return ValueMesh._create(view_shape(like), values)
+    return new_value_mesh(view_shape(like), values)
 
 
 def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:

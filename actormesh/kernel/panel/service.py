@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import MeshError
 from ...runtime.actors.future import Future, when_all
-from ...runtime.faults.stacks import _BUSY_FOR
+from ...runtime.faults.stacks import without_busy_time
 from ...runtime.procs.controller import controller_if_started
 from ...runtime.procs.mesh_record import MeshRecord
 from ..targets import MeshRegistry, MeshTools
@@ -140,7 +140,7 @@ class PanelService:
             for rank, fut in zip(ranks, futures, strict=True):
                 exc = fut.exception()
                 text = str(next(iter(fut.result().values()))) if exc is None else f"({exc})"
-                key = _BUSY_FOR.sub("", text)  # how long each rank was busy is not the stack
+                key = without_busy_time(text)  # how long each rank was busy is not the stack
                 group = groups.setdefault(key, {"ranks": [], "labels": [], "text": text})
                 group["ranks"].append(rank)
                 group["labels"].append(labels[rank])

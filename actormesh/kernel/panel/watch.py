@@ -21,6 +21,7 @@ from typing import Any
 
 from ...runtime.actors.future import Future
 from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
+from ...runtime.mesh_shape import with_shape
 from ...runtime.meshes.actor_mesh import ActorMesh
 from ...runtime.meshes.proc_mesh import ProcMesh, proc_table
 from ...runtime.procs.controller import controller_if_started
@@ -266,8 +267,8 @@ class MeshWatcher:
         with self._lock:
             rv.asking = True
         try:
-            fut: Future[dict[str, Any]] = actors._new_with_shape(
-                tools.rank_shape(rank)
+            fut: Future[dict[str, Any]] = with_shape(
+                actors, tools.rank_shape(rank)
             ).status.call_one()
         except Exception:
             rv.asking = False

@@ -80,13 +80,7 @@ class Future(Generic[T]):
         a call to a mesh (empty otherwise): what wait hooks (the debugger) look at."""
         return [] if self._pending_ranks is None else self._pending_ranks()
 
-    # -- completing (runtime side) ---------------------------------------------------------------
-
-    def _set_result(self, value: T) -> bool:
-        return self._complete(_DONE, value)
-
-    def _set_exception(self, exc: BaseException) -> bool:
-        return self._complete(_FAILED, exc)
+    # -- completing (runtime side: set_result, set_exception below) -------------------------------
 
     def _complete(self, state: int, value: Any) -> bool:
         with self._lock:
@@ -109,18 +103,6 @@ class Future(Generic[T]):
         for cb in callbacks:
             _run_callback(cb, self)
         return True
-
-    @classmethod
-    def _completed(cls, value: T) -> Future[T]:
-        f: Future[T] = cls()
-        f._state, f._value = _DONE, value
-        return f
-
-    @classmethod
-    def _failed(cls, exc: BaseException) -> Future[T]:
-        f: Future[T] = cls()
-        f._state, f._value = _FAILED, exc
-        return f
 
     # -- waiting (user side) ---------------------------------------------------------------------
 
@@ -276,6 +258,34 @@ class Future(Generic[T]):
         return f"<actormesh.Future {state}>"
 
 
+# -- completing (runtime side) -------------------------------------------------------------------
+# Functions of this module, not methods: a user who holds a future has no way to complete it.
+
+
+def set_result(future: Future[T], value: T) -> bool:
+    """Complete ``future`` with ``value``; ``False`` (and nothing changes) if it was done."""
+    return future._complete(_DONE, value)  # noqa: SLF001  this module's class
+
+
+def set_exception(future: Future[Any], exc: BaseException) -> bool:
+    """Fail ``future`` with ``exc``; ``False`` (and nothing changes) if it was done."""
+    return future._complete(_FAILED, exc)  # noqa: SLF001  this module's class
+
+
+def completed_future(value: T) -> Future[T]:
+    """A future already done with ``value``."""
+    future: Future[T] = Future()
+    set_result(future, value)
+    return future
+
+
+def failed_future(exc: BaseException) -> Future[Any]:
+    """A future already failed with ``exc``."""
+    future: Future[Any] = Future()
+    set_exception(future, exc)
+    return future
+
+
 _blocked: dict[int, Future[Any]] = {}
 
 
@@ -302,12 +312,12 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
     def on_first(done: Future[X]) -> None:
         exc = done.exception()
         if exc is not None:
-            out._set_exception(exc)
+            set_exception(out, exc)
             return
         try:
             nxt = step(done.get())
         except BaseException as err:
-            out._set_exception(err)
+            set_exception(out, err)
             return
         current.append(nxt)
         nxt.add_done_callback(lambda f: settle(f, out))
@@ -321,20 +331,20 @@ def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
     out: Future[list[Any]] = Future(lambda: f"{sum(not f.done() for f in futures)} more results")
     remaining = [len(futures)]
     if not futures:
-        out._set_result([])
+        set_result(out, [])
         return out
     lock = threading.Lock()
 
     def one(fut: Future[Any]) -> None:
         exc = fut.exception()
         if exc is not None:
-            out._set_exception(exc)
+            set_exception(out, exc)
             return
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
         if last:
-            out._set_result([f.get() for f in futures])
+            set_result(out, [f.get() for f in futures])
 
     for fut in futures:
         fut.add_done_callback(one)
@@ -349,9 +359,9 @@ def settle(src: Future[Any], dst: Future[Any], value: Any = _KEEP) -> None:
     when given, ``value`` instead."""
     exc = src.exception()
     if exc is not None:
-        dst._set_exception(exc)
+        set_exception(dst, exc)
     else:
-        dst._set_result(src.get() if value is _KEEP else value)
+        set_result(dst, src.get() if value is _KEEP else value)
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:

@@ -51,10 +51,10 @@ from typing import Any, TypeVar
 from ...errors import MeshError, MeshUsageError
 from ..actors.actor import Actor, endpoint
 from ..actors.context import context
-from ..actors.future import Future, then, when_all
+from ..actors.future import Future, completed_future, then, when_all
 from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, proc_table
+from ..meshes.proc_mesh import ProcMesh, new_proc_mesh, proc_table
 from ..meshes.proc_table import ProcTable
 from ..meshes.value_mesh import ValueMesh
 from ..procs.osutil import visible_gpus
@@ -112,7 +112,7 @@ def _parts(mesh: ActorMesh[Any] | ProcMesh) -> tuple[ProcTable, Shape]:
 def helper_mesh(mesh: ActorMesh[Any] | ProcMesh, name: str, cls: type[Actor]) -> ActorMesh[Any]:
     """Spawn ``cls`` on exactly the processes of ``mesh`` (not re-created by ``heal``)."""
     procs, shape = _parts(mesh)
-    return ProcMesh._create(procs, shape, None).spawn(name, cls)
+    return new_proc_mesh(procs, shape, None).spawn(name, cls)
 
 
 def rank0(mesh: ActorMesh[Any]) -> ActorMesh[Any]:
@@ -220,7 +220,7 @@ def release_on_failure(
 
 def both(a: Future[X], b: Future[Y]) -> Future[tuple[X, Y]]:
     """A future for the pair of results; fails with whichever fails first."""
-    return then(when_all([a, b]), lambda pair: Future._completed((pair[0], pair[1])))
+    return then(when_all([a, b]), lambda pair: completed_future((pair[0], pair[1])))
 
 
 # -- the worker's side -------------------------------------------------------------------------

@@ -45,11 +45,11 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future, then
+from ..actors.future import Future, completed_future, then
 from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.proc_mesh import ProcMesh
-from ..meshes.value_mesh import ValueMesh
+from ..meshes.value_mesh import ValueMesh, new_value_mesh
 from .distributed import (
     _DistSetup,
     helper_mesh,
@@ -154,8 +154,8 @@ def launch(
 
         def codes(values: ValueMesh[tuple[int, int]]) -> Future[ValueMesh[int]]:
             rank0(helpers).release_store.call_one(port)  # the script's group is gone
-            return Future._completed(
-                ValueMesh._create(view_shape(procs), [c for _, c in values.values()])
+            return completed_future(
+                new_value_mesh(view_shape(procs), [c for _, c in values.values()])
             )
 
         return then(done, codes)

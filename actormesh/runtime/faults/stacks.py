@@ -96,6 +96,12 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
     return "".join(out) or "(no user threads)\n"
 
 
+def without_busy_time(text: str) -> str:
+    """A stack dump without how long each actor has been busy, which differs from rank to
+    rank: what compares equal when two ranks are in the same place."""
+    return _BUSY_FOR.sub("", text)
+
+
 def raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
     """Schedule ``exc`` in thread ``ident`` (``None`` cancels a pending one)."""
     arg = ctypes.py_object(exc) if exc is not None else None  # None passes NULL: cancel
@@ -108,7 +114,7 @@ def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
     groups: dict[str, tuple[list[str], str]] = {}
     for point, text in stacks.items():
         label = ",".join(f"{k}={v}" for k, v in point.items() if point.extent[k] > 1) or "0"
-        key = _BUSY_FOR.sub("", text)  # how long each rank has been busy differs: not the stack
+        key = without_busy_time(text)
         groups.setdefault(key, ([], text))[0].append(label)
     return sorted(groups.values(), key=lambda g: -len(g[0]))
 

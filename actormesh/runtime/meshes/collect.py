@@ -18,7 +18,7 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future
+from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
 from ..messaging.codec import Message
 from ..messaging.node import Node, Port, current_node
 from ..messaging.protocol import FAILED, OK
@@ -188,7 +188,7 @@ class Gather(Collector[T]):
             self.values[index] = f"(dead: {value.describe()})\n"
             failed = False
         elif failed and isinstance(value, ProcDeath):
-            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
+            set_exception(self.future, SupervisionError([value], f"{self.what} cannot complete"))
             return
         if failed:
             self.failures.append(value)
@@ -198,9 +198,9 @@ class Gather(Collector[T]):
     def _complete(self) -> None:
         """Every rank answered: the future gets the failures, or ``finish`` of the values."""
         if self.failures:
-            self.future._set_exception(ActorError(self.failures))
+            set_exception(self.future, ActorError(self.failures))
         else:
-            self.future._set_result(self.finish(self.values))
+            set_result(self.future, self.finish(self.values))
 
 
 class GatherOne(Gather[T]):
@@ -219,7 +219,7 @@ class GatherOne(Gather[T]):
         port = self.port  # close(), inline
         if port is not None:
             self.node.close_port(port)
-        self.future._set_result(value)
+        set_result(self.future, value)
 
 
 def _only(values: list[Any]) -> Any:
@@ -240,11 +240,11 @@ class Stream(Collector[T], Generic[T]):
         if self.record(index, value) is None:
             return
         if isinstance(value, ProcDeath):
-            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
+            fut: Future[T] = failed_future(SupervisionError([value], f"{self.what} failed"))
         elif failed:
-            fut = Future._failed(ActorError([value]))
+            fut = failed_future(ActorError([value]))
         else:
-            fut = Future._completed(value)
+            fut = completed_future(value)
         self._arrived.put(fut)
 
     def __iter__(self) -> Iterator[Future[T]]:

@@ -33,7 +33,7 @@ from ..messaging.protocol import CALL, shape_state
 from ..messaging.reply_inbox import reply_inbox
 from . import relay
 from .tensor_seam import tensor_layer
-from .value_mesh import ValueMesh
+from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -205,9 +205,7 @@ class Endpoint(Generic[P, R]):
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
         shape = self._shape
-        gather = Gather(
-            self._what, self._procs, shape, partial(ValueMesh._create, shape), self._full
-        )
+        gather = Gather(self._what, self._procs, shape, partial(new_value_mesh, shape), self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 

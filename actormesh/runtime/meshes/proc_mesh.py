@@ -12,7 +12,7 @@ from ... import config
 from ...errors import MeshClosedError, MeshUsageError
 from ..actors import context as ctxmod
 from ..actors.actor import Actor, endpoint_names, plain_method_names
-from ..actors.future import Future
+from ..actors.future import Future, completed_future
 from ..actors.ownership import Owner
 from ..actors.runner import ActorRunner, current_runner
 from ..faults.stacks import STOPPED_HINT, stopped
@@ -21,15 +21,15 @@ from ..messaging.codec import payload_digest
 from ..messaging.metrics import in_worker, local_log
 from ..messaging.node import current_node, spawn_hint
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
-from ..shape import Shape
+from ..shape import Shape, unchecked_shape
 from . import relay
-from .actor_mesh import ActorMesh
+from .actor_mesh import ActorMesh, new_actor_mesh
 from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable, live_table
 from .rank_table import rank_table
 from .tensor_seam import tensor_layer
-from .value_mesh import ValueMesh
+from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
     from ..procs.host_mesh import HostMesh
@@ -102,7 +102,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         ``spawn_procs`` returns, so without a bootstrap it is complete at once."""
         record = self._record
         if record is None or record.initialized is None:
-            return Future._completed(True)
+            return completed_future(True)
         return record.initialized
 
     @property
@@ -142,7 +142,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
         methods = plain_method_names(cls) - endpoints
-        mesh: ActorMesh[A] = ActorMesh._create(
+        mesh: ActorMesh[A] = new_actor_mesh(
             self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future, None, methods
         )
         node = current_node()
@@ -201,7 +201,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 values.append(f"stopped: {STOPPED_HINT}")
             else:
                 values.append("alive")
-        return ValueMesh._create(self._shape, values)
+        return new_value_mesh(self._shape, values)
 
     def stacks(self, timeout: float = 1.0) -> Future[ValueMesh[str]]:
         """The Python stacks of every rank of this mesh (or slice), as text per rank.
@@ -213,7 +213,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         """
         shape = self._shape
         gather: Gather[ValueMesh[str]] = Gather(
-            "stacks", self._procs, shape, partial(ValueMesh._create, shape)
+            "stacks", self._procs, shape, partial(new_value_mesh, shape)
         )
         gather.deaths_as_values = True
         node = current_node()
@@ -329,7 +329,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             raise MeshUsageError("logging_option is set in the process that spawned the mesh")
         senders = [self._procs.addresses[r].mailbox for r in self._shape.ranks()]
         self._record.ctl.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
-        return Future._completed(None)
+        return completed_future(None)
 
     # -- lifetime --------------------------------------------------------------------------------
 
@@ -363,14 +363,20 @@ def _own_proc(runner: ActorRunner) -> ProcMesh:
     table = live_table(mesh_id) or ProcTable(
         mesh_id, [node.address] * (rank + 1), [node.mesh_id or "controller"] * (rank + 1)
     )
-    return ProcMesh._create(table, Shape._unchecked((), rank, (), ()), None)
+    return new_proc_mesh(table, unchecked_shape((), rank, (), ()), None)
 
 
 ctxmod.proc_factory[0] = _own_proc
 
 
+def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+    """A ``ProcMesh`` on the processes of ``procs``, the view ``shape``; ``record``: the
+    controller's record of the mesh when this process spawned it (it can stop and heal it)."""
+    return ProcMesh._create(procs, shape, record)  # noqa: SLF001  the factory of this module's class
+
+
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
-    return ProcMesh._create(procs, shape, None)
+    return new_proc_mesh(procs, shape, None)
 
 
 def proc_table(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:

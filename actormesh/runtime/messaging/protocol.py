@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from ..shape import Shape
+from ..shape import Shape, unchecked_shape
 
 CONTROLLER, WORKER, AGENT = "controller", "worker", "agent"
 EVERY_ROLE = (CONTROLLER, WORKER, AGENT)
@@ -279,5 +279,5 @@ def shape_from_state(state: tuple[Any, ...]) -> Shape:
     if shape is None:
         if len(_shapes) > 4096:
             _shapes.clear()
-        shape = _shapes[state] = Shape._unchecked(*state)
+        shape = _shapes[state] = unchecked_shape(*state)
     return shape

@@ -26,7 +26,7 @@ from ...errors import (
     SupervisionError,
 )
 from ..actors.actor_host import ActorHost
-from ..actors.future import Future
+from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
 from ..faults import supervision
 from ..messaging.address import Address
 from ..messaging.codec import Message, new_key
@@ -182,7 +182,7 @@ class Controller:
             return
         agent.dead = True
         if not agent.ready.done():
-            agent.ready._set_exception(SupervisionError([], "the host agent exited at start-up"))
+            set_exception(agent.ready, SupervisionError([], "the host agent exited at start-up"))
         if self._closed:
             return
         for record in list(self.meshes.values()):
@@ -210,7 +210,7 @@ class Controller:
         agent = self.agents[host_rank]
         agent.address = address
         agent.hostname = hostname
-        agent.ready._set_result(agent)
+        set_result(agent.ready, agent)
 
     # -- meshes ----------------------------------------------------------------------------------
 
@@ -403,8 +403,8 @@ def shutdown_context() -> Future[None]:
         try:
             ctl.shutdown()
         except Exception as exc:
-            return Future._failed(exc)
-    return Future._completed(None)
+            return failed_future(exc)
+    return completed_future(None)
 
 
 def controller_if_started() -> Controller | None:

@@ -15,7 +15,7 @@ from ..actors.future import Future, settle, when_all
 from ..extent import Extent
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
+from ..meshes.proc_mesh import ProcMesh, new_proc_mesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
@@ -163,7 +163,7 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
             raise
         record.host_mesh = self
         self._spawned.append(record)
-        procs = ProcMesh._create(table, shape, record)
+        procs = new_proc_mesh(table, shape, record)
         if bootstrap is not None:
             # The first actor of every process: the ones spawned after it wait for it there.
             boot: ActorMesh[Any] = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap)
@@ -174,6 +174,12 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         return procs
 
 
+def new_host_mesh(ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:
+    """A ``HostMesh`` of the hosts of ``agents`` (``shape``: their extent), whose proc meshes
+    ``ctl`` controls."""
+    return HostMesh._create(ctl, agents, shape)  # noqa: SLF001  the factory of this module's class
+
+
 def this_host() -> HostMesh:
     """The machine the controller runs on, as a host mesh of extent ``{hosts: 1}``.
 
@@ -181,7 +187,7 @@ def this_host() -> HostMesh:
     """
     ctl = get_controller()
     agent = ctl.local_agent()
-    return HostMesh._create(ctl, [agent], Shape.from_extent({"hosts": 1}))
+    return new_host_mesh(ctl, [agent], Shape.from_extent({"hosts": 1}))
 
 
 def this_proc() -> ProcMesh:
@@ -194,4 +200,4 @@ def this_proc() -> ProcMesh:
     ctl.raise_if_shut_down()
     address = ctl.node.address
     table = ProcTable(f"proc-{address.mailbox.hex()[:16]}", [address], ["controller"])
-    return ProcMesh._create(table, Shape.from_extent({}), None)
+    return new_proc_mesh(table, Shape.from_extent({}), None)

@@ -19,12 +19,12 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.future import Future, settle, when_all
+from ..actors.future import Future, set_exception, set_result, settle, when_all
 from ..actors.ownership import Owner, send_to_owner
 from ..actors.runner import ActorRunner, current_runner
 from ..extent import Extent
 from ..faults import supervision
-from ..meshes.proc_mesh import ActorSpawn, ProcMesh
+from ..meshes.proc_mesh import ActorSpawn, ProcMesh, new_proc_mesh
 from ..meshes.proc_table import ProcTable
 from ..messaging.address import Address
 from ..messaging.codec import new_id
@@ -149,7 +149,7 @@ class MeshRecord:
     def proc_mesh(self, shape: Shape | None = None) -> ProcMesh:
         """A ``ProcMesh`` on this record's processes (the view ``shape``, default the whole
         mesh): for tools that find a mesh by its id and did not keep the user's object."""
-        return ProcMesh._create(self.table, self.shape if shape is None else shape, self)
+        return new_proc_mesh(self.table, self.shape if shape is None else shape, self)
 
     def agent_of(self, rank: int) -> AgentHandle:
         return self.agents[rank // self.per_host]
@@ -163,7 +163,7 @@ class MeshRecord:
             self.started += 1
             done = self.started == self.n
         if done:
-            self.ready._set_result(None)
+            set_result(self.ready, None)
 
     def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
         """Record the exit of ``rank``; returns whether it is left unhandled (and, when
@@ -175,15 +175,16 @@ class MeshRecord:
             all_gone = len(self.exited) == self.n
         address = self.table.addresses[rank]
         if not self.ready.done():
-            self.ready._set_exception(
-                SupervisionError([death], "a process of the new proc mesh failed to start")
+            set_exception(
+                self.ready,
+                SupervisionError([death], "a process of the new proc mesh failed to start"),
             )
         observed = self.ctl.node.record_death(address.mailbox, death)
         self.ctl.node.transport.forget(address)
         if self.stopping:
             if all_gone:
                 self.ctl.meshes.pop(self.table.mesh_id, None)
-                self.stopped._set_result(None)
+                set_result(self.stopped, None)
             return False
         self.ctl.notify_death(self, address, death)
         unhandled = not observed and self.ready.done()
@@ -255,20 +256,20 @@ class MeshRecord:
         try:
             self._restart_local_agent()
         except MeshError as exc:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return healed
         with self.lock:
             if self.stopping:
-                healed._set_exception(MeshClosedError("cannot heal a stopped proc mesh"))
+                set_exception(healed, MeshClosedError("cannot heal a stopped proc mesh"))
                 return healed
             dead = sorted(self.exited)
             if not dead:
-                healed._set_result(None)
+                set_result(healed, None)
                 return healed
             try:
                 moved = rehost.move_lost_hosts(self, dead, spares)
             except SupervisionError as exc:
-                healed._set_exception(exc)
+                set_exception(healed, exc)
                 return healed
             for rank in dead:
                 self.exited.discard(rank)
@@ -314,7 +315,7 @@ class MeshRecord:
     ) -> None:
         exc = ready.exception()
         if exc is not None:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return
         rehost.announce(self, moved)
         node = self.ctl.node
@@ -360,7 +361,7 @@ class MeshRecord:
             alive = [r for r in range(self.n) if r not in self.exited]
         if not alive:
             self.ctl.meshes.pop(self.table.mesh_id, None)
-            self.stopped._set_result(None)
+            set_result(self.stopped, None)
             return self.stopped
         node = self.ctl.node
         for rank in alive:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from ...errors import ActorError, ProcDeath, SupervisionError
 from ..actors.actor import Actor
 from ..actors.failures import render_failure
-from ..actors.future import Future
+from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
 from ..meshes.actor_mesh import ActorMesh
 from ..meshes.endpoint import pickle_arguments
 from ..messaging.codec import Message, dumps
@@ -44,9 +44,9 @@ def get_or_spawn_controller(
     node = node_if_started()
     if node is None or _is_root(node):
         try:
-            return Future._completed(_get_or_spawn(name, cls, args, kwargs))
+            return completed_future(_get_or_spawn(name, cls, args, kwargs))
         except Exception as exc:
-            return Future._failed(exc)
+            return failed_future(exc)
     payload, buffers = pickle_arguments((cls, *args), kwargs, f"get_or_spawn_controller({name!r})")
     answer: _Answer[ActorMesh[A]] = _Answer(node, name)
     port = answer.port = node.open_port(answer)
@@ -108,17 +108,17 @@ class _Answer(Generic[T]):
         self.node.close_port(self.port)
         status, value = msg.envelope[3], msg.value()
         if status == OK:
-            self.future._set_result(value)
+            set_result(self.future, value)
         else:
-            self.future._set_exception(ActorError([value]))
+            set_exception(self.future, ActorError([value]))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None:
         controller = self.node.controller
         if controller is None or mailbox != controller.mailbox:
             return None
         self.node.close_port(self.port)
-        self.future._set_exception(
-            SupervisionError([death], "the controller died before it answered")
+        set_exception(
+            self.future, SupervisionError([death], "the controller died before it answered")
         )
         return True
 
