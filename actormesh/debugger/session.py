@@ -71,6 +71,10 @@ class Debugger:
 
         return remove
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the debugger's pool (a daemon thread per task)."""
+        return self.pool.submit(fn, *args)
+
     def changed(self) -> None:
         with self._lock:
             listeners = list(self._listeners)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import MeshError
+from ..kernel.magics import MeshMagics
+from .cell_files import CellFiles
 from .dap import DapError
+from .session import Debugger
+from .tensors import Comparison
 from .widget_html import MeshRows, RankRow, locals_table, note, rank_table, stack_table, wrap
-
-if TYPE_CHECKING:
-    from .magics import DebugMagics
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,26 @@ _ACTIONS = (("continue", "continue"), ("next", "step over"), ("step", "step in")
             ("out", "step out"), ("pause", "pause"))  # fmt: skip
 
 
+class WidgetSource(Protocol):
+    """The ``%mesh dbg`` magics (``magics.DebugMagics``) as the widget uses them: ``magics.py``
+    imports this module, so it is typed here rather than imported."""
+
+    @property
+    def debugger(self) -> Debugger: ...
+    @property
+    def files(self) -> CellFiles: ...
+    @property
+    def magics(self) -> MeshMagics: ...
+    @property
+    def shell(self) -> Any: ...
+
+    def compare(self, mesh_id: str, ranks: list[int], name: str, frame: int = 0) -> Comparison: ...
+
+
 class DebuggerWidget:
     """One per kernel (``%mesh dbg widget``); shown again it is the same live widget."""
 
-    def __init__(self, debug: DebugMagics) -> None:
+    def __init__(self, debug: WidgetSource) -> None:
         import ipywidgets as w
 
         self.debug = debug

@@ -31,9 +31,9 @@ from ..errors import MeshTimeoutError, MeshUsageError
 from ..runtime.messaging import curve
 from ..runtime.messaging.codec import Message
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
+from ..runtime.procs.agent_handle import AgentHandle
 from ..runtime.procs.controller import Controller, get_controller
 from ..runtime.procs.host_mesh import HostMesh, new_host_mesh
-from ..runtime.procs.mesh_record import AgentHandle
 from ..runtime.shape import Shape
 from . import handshake
 from .netif import is_wildcard, split_host_port

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
 from ..runtime.mesh_shape import with_shape
@@ -29,6 +29,7 @@ from ..runtime.messaging.codec import Message
 from ..runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
 from ..runtime.procs.controller import get_controller
 from ..runtime.shape import Shape
+from . import debugger_seam
 from .display import (
     CellInterrupted,
     CellTimeout,
@@ -49,33 +50,6 @@ STRIP_AFTER = 1.0  # a cell running longer than this shows the per-rank status s
 INTERRUPT_GRACE = 5.0  # how long an interrupted cell waits for its ranks to stop
 GROUP_WINDOW = 0.1  # how long a line waits for identical lines from other ranks
 GROUP_MAX_HOLD = 1.0  # ... and at most this long while its peer ranks are still silent
-
-
-class PauseHook(Protocol):
-    """What the debugger tells a blocking cell (the kernel does not import the debugger)."""
-
-    def paused(self, mesh_id: str) -> dict[int, str]:
-        """The ranks of ``mesh_id`` paused in the debugger: ``{rank: "paused at ..."}``."""
-        ...
-
-    def cell_paused(self) -> None:
-        """A cell ended because its remaining ranks are paused (show the debugger)."""
-        ...
-
-    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
-        """Raise (in the cell's thread) when all of ``ranks`` are paused: waiting on them
-        would block the notebook that has to continue them."""
-        ...
-
-
-debugger_hook: PauseHook | None = None  # set by the debugger when it is loaded
-
-
-def set_pause_hook(hook: PauseHook | None) -> None:
-    """The debugger's answer to "is this rank paused?" for blocking cells (set when it loads)."""
-    global debugger_hook
-    debugger_hook = hook
-
 
 # -- one cell --------------------------------------------------------------------------------------
 
@@ -252,8 +226,9 @@ class CellRun:
                 )
             self._wake.wait(left)
             self._wake.clear()
-            if debugger_hook is not None and not self.done():
-                debugger_hook.raise_if_paused(self.target.tools.table.mesh_id, self.running())
+            debugger = debugger_seam.installed()
+            if debugger is not None and not self.done():
+                debugger.raise_if_paused(self.target.tools.table.mesh_id, self.running())
 
     # -- blocking --------------------------------------------------------------------------------
 
@@ -296,8 +271,9 @@ class CellRun:
             labels = self.target.tools.table.labels
             for rank, where in sorted(paused.items()):
                 print(f"rank {rank} {{{labels[rank]}}} {where}")
-            if debugger_hook is not None:
-                debugger_hook.cell_paused()
+            debugger = debugger_seam.installed()
+            if debugger is not None:
+                debugger.cell_paused()
             return None
         return self.result()
 
@@ -321,8 +297,9 @@ class CellRun:
                 self._strip.update(self.states, now - start)
             if until is not None and now > until:
                 return
-            if until is None and debugger_hook is not None:
-                paused = debugger_hook.paused(self.target.tools.table.mesh_id)
+            debugger = debugger_seam.installed()
+            if until is None and debugger is not None:
+                paused = debugger.paused(self.target.tools.table.mesh_id)
                 running = self.running()
                 if running and all(r in paused for r in running):
                     raise _Paused({r: paused[r] for r in running})

@@ -22,11 +22,13 @@ from ...runtime.actors.future import Future, when_all
 from ...runtime.faults.stacks import without_busy_time
 from ...runtime.procs.controller import controller_if_started
 from ...runtime.procs.mesh_record import MeshRecord
+from .. import debugger_seam
+from ..debugger_seam import Debugger
 from ..targets import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
 from .series import SeriesFeed
-from .watch import MeshWatcher, debugger_state, paused_ranks
+from .watch import MeshWatcher, paused_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -237,8 +239,8 @@ class PanelService:
             self._thread.join(timeout=2)
 
 
-def _debugger() -> Any:
-    state = debugger_state()
+def _debugger() -> Debugger:
+    state = debugger_seam.installed()
     if state is None:
         raise PanelRequestError(
             "pause and continue need actormesh's debugger, which this installation lacks"

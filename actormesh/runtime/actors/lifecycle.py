@@ -18,10 +18,10 @@ from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, render_failure
 from .response_port import send_reply
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
     from ..messaging.codec import Message
-    from .runner import ActorRunner
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 class Lifecycle:
     """How one actor starts and ends; it runs on the actor's thread, between its calls."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._cleaned = False  # __cleanup__ runs once, however many ways the actor ends
 

@@ -23,11 +23,11 @@ from ..messaging.address import Address
 from ..messaging.codec import dumps
 from ..messaging.protocol import SUPERVISE, UNHANDLED
 from .failures import render_failure
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
     from .context import ActorInstance
-    from .runner import ActorRunner
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Owner(NamedTuple):
 
 
 # The actors of this process by key (ActorRunner registers itself): where a SUPERVISE goes.
-local: dict[str, ActorRunner] = {}
+local: dict[str, Runner] = {}
 
 
 def as_failure(failure: Any) -> MeshError:
@@ -55,7 +55,7 @@ def as_failure(failure: Any) -> MeshError:
 class Ownership:
     """One actor's place in the tree: its owner and the actor meshes it spawned."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.owner: Owner | None = None
         self.children: list[Any] = []  # ActorMesh handles (opaque at this layer)

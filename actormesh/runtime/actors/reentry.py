@@ -27,17 +27,17 @@ from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
 from . import context as ctxmod
 from .failures import ended, render_failure
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
     from ..messaging.node import Port
     from .response_port import ResponsePort
-    from .runner import ActorRunner
 
 logger = logging.getLogger(__name__)
 
 # The actor a concurrent call belongs to, as ``current_runner()`` sees it in that call's task
 # (the thread-local one is only set while the actor's thread handles a message).
-task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar(
+task_runner: contextvars.ContextVar[Runner | None] = contextvars.ContextVar(
     "actormesh_task_runner", default=None
 )
 
@@ -51,7 +51,7 @@ Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | N
 class Reentry:
     """One actor's concurrent calls and what it takes in at an await (see the module docs)."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -151,7 +151,7 @@ class Reentry:
         while True:
             item = await self._inbox_item()
             if item is not None and item[0] == SUPERVISE_ITEM:
-                self.runner._handle_supervise(item[1])  # noqa: SLF001  at this await
+                self.runner.handle_supervise(item[1])  # at this await
             else:
                 deferred.append(item)
 

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import RemoteFailure
 from ..faults.stacks import raise_in_thread
@@ -36,6 +36,7 @@ from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
 from .response_port import ResponsePort, send_reply
+from .runner_parts import Answer
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -141,7 +142,7 @@ class ActorRunner:
                 elif kind == TASK_ITEM:
                     self._run_task(msg)
                 elif kind == SUPERVISE_ITEM:
-                    self._handle_supervise(msg)
+                    self.handle_supervise(msg)
                 else:
                     reentry.handle_local(kind, msg)
                 # Not held while waiting for the next one: a call's buffers (a tensor argument's
@@ -202,7 +203,7 @@ class ActorRunner:
         )
         port = reply_port(reply)
         if port is not None and index is not None:
-            self._reply(port, index, FAILED, failure, _caller(reply))
+            self.reply(port, index, FAILED, failure, _caller(reply))
 
     def handle_call(self, msg: Message) -> None:
         _, _, endpoint_name, state, reply_state = msg.envelope  # (CALL, key, endpoint, ...)
@@ -269,7 +270,7 @@ class ActorRunner:
         reply: Port | None,
         index: int | None,
         caller: bytes | None,
-        answer: ResponsePort | None,
+        answer: Answer | None,
     ) -> bool:
         """Answer a call that ended (``fatal``: the ``BaseException`` that ends the actor);
         whether its failure went to the owner for want of a caller."""
@@ -279,11 +280,11 @@ class ActorRunner:
             self.lifecycle.end(fatal)
         if answer is not None:
             if status == FAILED and not answer.answer(status, value):
-                self._report_unhandled(value)  # it raised after answering: nobody waits
+                self.report_unhandled(value)  # it raised after answering: nobody waits
         elif reply is not None and index is not None:
-            self._reply(reply, index, status, value, caller)
+            self.reply(reply, index, status, value, caller)
         elif status == FAILED:
-            self._report_unhandled(value)
+            self.report_unhandled(value)
             fatal_reported = True
         if fatal is not None and not fatal_reported:
             self._escalate(ended(value))
@@ -314,12 +315,12 @@ class ActorRunner:
             if watcher is not None:
                 self.reentry.unwatch(watcher)
 
-    def _reply(
+    def reply(
         self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
     ) -> None:
         send_reply(self, port, index, status, value, caller)
 
-    def _report_unhandled(self, failure: RemoteFailure) -> None:
+    def report_unhandled(self, failure: RemoteFailure) -> None:
         flush_output()
         self._escalate(failure)
 
@@ -335,7 +336,7 @@ class ActorRunner:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
         self.inbox.put((SUPERVISE_ITEM, failure))
 
-    def _handle_supervise(self, failure: Any) -> None:
+    def handle_supervise(self, failure: Any) -> None:
         self.ownership.handle(failure)
 
     @contextlib.contextmanager
@@ -367,4 +368,5 @@ _PLAIN = SIMPLE_TYPES | {tuple, list, dict}
 
 def current_runner() -> ActorRunner | None:
     """The actor whose endpoint is running on this thread (or task), if any."""
-    return getattr(_tls, "runner", None) or task_runner.get()
+    runner = getattr(_tls, "runner", None) or task_runner.get()
+    return cast("ActorRunner | None", runner)  # the one Runner there is

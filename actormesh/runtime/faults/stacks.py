@@ -14,12 +14,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..actors.runner import ActorRunner
-    from ..meshes.value_mesh import ValueMesh
+from ..extent import Point
 
 # Actor names that start with this are reserved for tools built on the runtime (a notebook
 # kernel's executor, a debugger's agent): stack dumps leave them out, since they are not the
@@ -53,7 +51,27 @@ def stopped(pid: int) -> bool:
     return fields[0] in (b"T", b"t")
 
 
-def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> str:
+class BusyActor(Protocol):
+    """An actor's runner as a stack dump reads it (``actors/runner.py``'s ``ActorRunner``, a
+    higher layer): its thread, its name, its actor and what it is busy with since when."""
+
+    @property
+    def thread(self) -> threading.Thread: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def instance(self) -> Any: ...
+    @property
+    def busy(self) -> tuple[str, float] | None: ...
+
+
+class RankTexts(Protocol):
+    """Text per rank: a ``ValueMesh[str]`` (``meshes/value_mesh.py``, a higher layer)."""
+
+    def items(self) -> Iterator[tuple[Point, str]]: ...
+
+
+def format_stacks(runners: Iterable[BusyActor], skip: Iterable[int] = ()) -> str:
     """The Python stack of every thread of this process except the runtime's own, as text."""
     by_ident = {r.thread.ident: r for r in runners}
     skipped = set(skip)
@@ -108,7 +126,7 @@ def raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), arg)
 
 
-def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
+def group_stacks(stacks: RankTexts) -> list[tuple[list[str], str]]:
     """Ranks with identical stacks together: ``[(["gpus=0", "gpus=2"], text), ...]``,
     largest group first."""
     groups: dict[str, tuple[list[str], str]] = {}
@@ -119,7 +137,7 @@ def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
     return sorted(groups.values(), key=lambda g: -len(g[0]))
 
 
-def render_grouped(stacks: ValueMesh[Any]) -> str:
+def render_grouped(stacks: RankTexts) -> str:
     parts = []
     for ranks, text in group_stacks(stacks):
         parts.append(f"=== ranks {', '.join(ranks)} ===\n{text}")

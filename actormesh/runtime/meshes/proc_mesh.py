@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
@@ -18,7 +18,8 @@ from ..actors.runner import ActorRunner, current_runner
 from ..faults.stacks import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor, view_shape
 from ..messaging.codec import payload_digest
-from ..messaging.metrics import in_worker, local_log
+from ..messaging.logs import LogSink
+from ..messaging.metrics import MetricsLog, in_worker, local_log
 from ..messaging.node import current_node, spawn_hint
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import Shape, unchecked_shape
@@ -31,9 +32,8 @@ from .rank_table import rank_table
 from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the type users get from ProcMesh.host_mesh (see MeshOwner)
     from ..procs.host_mesh import HostMesh
-    from ..procs.mesh_record import MeshRecord
 
 A = TypeVar("A", bound=Actor)
 
@@ -51,6 +51,29 @@ class ActorSpawn(NamedTuple):
     owner: Owner | None = None
 
 
+class MeshOwner(Protocol):
+    """The controller's record of a proc mesh it spawned (``procs/mesh_record.py``'s
+    ``MeshRecord``, a higher layer), as the ``ProcMesh`` views of that mesh use it: views in
+    other processes, or of ``this_proc()``, have none."""
+
+    @property
+    def initialized(self) -> Future[bool] | None: ...
+    @property
+    def host_mesh(self) -> HostMesh | None: ...
+    @property
+    def actor_spawns(self) -> list[ActorSpawn]: ...
+    @property
+    def metrics(self) -> MetricsLog: ...
+    @property
+    def logs(self) -> LogSink: ...
+
+    def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None: ...
+
+    def heal(self, spares: Sequence[Any] | None = None) -> Future[None]: ...  # AgentHandles
+
+    def stop(self) -> Future[None]: ...
+
+
 class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     """Worker processes, one per rank, made by ``HostMesh.spawn_procs``. Not built by users.
 
@@ -60,12 +83,12 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     """
 
     _procs: ProcTable
-    _record: MeshRecord | None
+    _record: MeshOwner | None
 
     _not_constructed = "ProcMesh is not constructed directly; use this_host().spawn_procs(...)"
 
     @classmethod
-    def _create(cls, procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+    def _create(cls, procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:
         self = object.__new__(cls)
         self._procs = procs
         self._shape = shape
@@ -328,7 +351,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         if self._record is None:
             raise MeshUsageError("logging_option is set in the process that spawned the mesh")
         senders = [self._procs.addresses[r].mailbox for r in self._shape.ranks()]
-        self._record.ctl.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
+        self._record.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
         return completed_future(None)
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -369,7 +392,7 @@ def _own_proc(runner: ActorRunner) -> ProcMesh:
 ctxmod.proc_factory[0] = _own_proc
 
 
-def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:
     """A ``ProcMesh`` on the processes of ``procs``, the view ``shape``; ``record``: the
     controller's record of the mesh when this process spawned it (it can stop and heal it)."""
     return ProcMesh._create(procs, shape, record)  # noqa: SLF001  the factory of this module's class

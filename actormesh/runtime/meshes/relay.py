@@ -51,18 +51,15 @@ from ..messaging.address import Address
 from ..messaging.codec import Message, payload_digest
 from ..messaging.node import reply_port
 from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, shape_from_state
+from .proc_table import Plan, ProcTable
 
 if TYPE_CHECKING:
     from ...errors import ProcDeath
     from ..messaging.node import Node, Port
     from ..shape import Shape
     from .collect import Collector
-    from .proc_table import ProcTable
 
 logger = logging.getLogger(__name__)
-
-# (ranks sent to directly, relay agents to send one message each)
-Plan = tuple[tuple[int, ...], tuple[Address, ...]]
 
 # A gathered message stays well under what a receiver accepts (wire.Verifier: 1,024 buffers),
 # and large payloads go at once: batching them saves nothing.

@@ -48,7 +48,8 @@ from ..messaging.protocol import (
 )
 from ..messaging.run_dir import make_run_dir
 from ..messaging.transport import Transport
-from .mesh_record import AgentHandle, MeshRecord
+from .agent_handle import AgentHandle
+from .mesh_record import MeshRecord
 from .osutil import raise_fd_limit
 from .sampling import Sample
 from .tensorboard import TensorBoardExport

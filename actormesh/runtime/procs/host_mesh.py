@@ -21,8 +21,9 @@ from ..messaging.address import Address
 from ..messaging.codec import new_id
 from ..messaging.logs import rank_label
 from ..shape import Shape
+from .agent_handle import AgentHandle
 from .controller import Controller, get_controller
-from .mesh_record import AgentHandle, MeshRecord, SpawnRequest
+from .mesh_record import MeshRecord, SpawnRequest
 
 
 class HostMesh(MeshShape, metaclass=NoPublicConstructor):

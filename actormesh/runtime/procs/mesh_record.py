@@ -1,12 +1,10 @@
-"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop) and the
-controller's handle on one host agent (``AgentHandle``)."""
+"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,17 +24,17 @@ from ..extent import Extent
 from ..faults import supervision
 from ..meshes.proc_mesh import ActorSpawn, ProcMesh, new_proc_mesh
 from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
 from ..messaging.codec import new_id
+from ..messaging.logs import LogSink
 from ..messaging.metrics import MetricsLog
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
-from .osutil import GOODBYE
+from .agent_handle import AgentHandle
+from .record_parts import MeshController
 from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
-    from .controller import Controller
     from .host_mesh import HostMesh
 
 logger = logging.getLogger(__name__)
@@ -66,46 +64,12 @@ class SpawnRequest:
         }
 
 
-class AgentHandle:
-    """The controller's view of one host agent."""
-
-    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
-        self.host_rank = host_rank
-        self.proc = proc
-        self.lifeline = lifeline
-        self.address: Address | None = None
-        self.hostname = ""
-        self.dead = False
-        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
-        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
-        # live under the agent's own run directory, and errors name the host.
-        self.run_dir: str | None = None
-        self.name = "this host"
-
-    def close(self, timeout: float = 3.0) -> None:
-        if self.lifeline is not None:
-            # Closing the lifeline tells the agent to kill its workers and exit; the goodbye
-            # tells it that we clean up ourselves (it does when we die without one).
-            try:
-                os.write(self.lifeline, GOODBYE)
-            except OSError:
-                pass  # the agent is gone already
-            os.close(self.lifeline)
-            self.lifeline = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 class MeshRecord:
     """A proc mesh owned by this controller: start-up, exits and stop."""
 
     def __init__(
         self,
-        ctl: Controller,
+        ctl: MeshController,
         table: ProcTable,
         agents: list[AgentHandle],
         per_host: int,
@@ -140,6 +104,11 @@ class MeshRecord:
     def _describe_missing(self) -> str:
         missing = [self.table.labels[i] for i, ok in enumerate(self._is_ready) if not ok]
         return f"processes {', '.join(missing[:8])} to start"
+
+    @property
+    def logs(self) -> LogSink:
+        """Where the output of the controller's ranks goes (``ProcMesh.logging_option``)."""
+        return self.ctl.logs
 
     @property
     def shape(self) -> Shape:
@@ -249,7 +218,7 @@ class MeshRecord:
             request = self.request.wire()
             self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, request))
 
-    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+    def heal(self, spares: Sequence[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
         lost host on a spare host: see rehost.py), then re-create their actors."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")

@@ -18,16 +18,17 @@ from ...errors import SupervisionError
 from ..messaging.address import Address
 from ..messaging.codec import Message
 from ..messaging.protocol import MOVED
+from .agent_handle import AgentHandle
+from .record_parts import HealedMesh
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
-    from .mesh_record import AgentHandle, MeshRecord
 
 logger = logging.getLogger(__name__)
 
 
 def move_lost_hosts(
-    record: MeshRecord, dead: Sequence[int], spares: Sequence[AgentHandle] | None
+    record: HealedMesh, dead: Sequence[int], spares: Sequence[AgentHandle] | None
 ) -> list[int]:
     """Give each lost host among ``dead``'s a spare agent and new addresses for its ranks.
 
@@ -75,7 +76,7 @@ def move_lost_hosts(
     return moved
 
 
-def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
+def announce(record: HealedMesh, ranks: Sequence[int]) -> None:
     """Tell every live worker where moved ranks are now (after they started: their tcp://
     address is known only then)."""
     table = record.table
