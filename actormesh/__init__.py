@@ -40,11 +40,11 @@ from .hosts import wait_for_hosts as wait_for_hosts
 from .runtime.actors.actor import Actor as Actor
 from .runtime.actors.actor import concurrent_endpoint as concurrent_endpoint
 from .runtime.actors.actor import endpoint as endpoint
-from .runtime.actors.context import Context as Context
-from .runtime.actors.context import context as context
-from .runtime.actors.context import current_actor_name as current_actor_name
-from .runtime.actors.context import current_rank as current_rank
-from .runtime.actors.context import current_size as current_size
+from .runtime.actors.actor_context import Context as Context
+from .runtime.actors.actor_context import context as context
+from .runtime.actors.actor_context import current_actor_name as current_actor_name
+from .runtime.actors.actor_context import current_rank as current_rank
+from .runtime.actors.actor_context import current_size as current_size
 from .runtime.actors.future import Future as Future
 from .runtime.dataplane.buffers import TensorBuffer as TensorBuffer
 from .runtime.dataplane.distributed import destroy_process_group as destroy_process_group

@@ -279,7 +279,7 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
 
 
 def _proc_rank() -> int:
-    from ..runtime.actors.context import process_context
+    from ..runtime.actors.actor_context import process_context
 
     ctx = process_context()
     return 0 if ctx is None else int(ctx.actor_instance.rank.rank)

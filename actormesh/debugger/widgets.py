@@ -179,7 +179,7 @@ class DebuggerWidget:
         """The notebook variables holding each proc mesh (or an actor mesh on it), as the
         sidebar names meshes."""
         from ..runtime.meshes.actor_mesh import ActorMesh
-        from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
+        from ..runtime.meshes.proc_mesh import ProcMesh, proc_table_of
 
         names: dict[str, list[str]] = {}
         try:
@@ -188,7 +188,7 @@ class DebuggerWidget:
             return names
         for name, value in items:
             if not name.startswith("_") and isinstance(value, (ProcMesh, ActorMesh)):
-                names.setdefault(proc_table(value).mesh_id, []).append(name)
+                names.setdefault(proc_table_of(value).mesh_id, []).append(name)
         return names
 
     def _refresh_rank(self) -> None:

@@ -26,7 +26,7 @@ from ..runtime.meshes.collect import Collector
 from ..runtime.meshes.proc_table import ProcTable
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import Message
-from ..runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
+from ..runtime.messaging.reply_inbox import ReplyInbox, thread_reply_inbox
 from ..runtime.procs.controller import get_controller
 from ..runtime.shape import Shape
 from . import debugger_seam
@@ -250,7 +250,7 @@ class CellRun:
         previous = logs.writer
         logs.writer = grouper.writer
         paused: dict[int, str] = {}
-        self.inbox = reply_inbox(get_controller().node)
+        self.inbox = thread_reply_inbox(get_controller().node)
         try:
             self.start()
             self._wait(grouper)

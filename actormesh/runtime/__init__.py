@@ -32,7 +32,7 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``lifecycle`` (its construction, stop, ``__cleanup__`` and end),
                         ``failures`` (failures as text), ``response_port`` (explicit response
                         ports), ``actor_host`` (the actors of one process, a proc mesh's
-                        bootstrap), ``context``, ``future``.
+                        bootstrap), ``actor_context`` (``context()``), ``future``.
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``collect`` (gathering replies), ``waits``
                         (who waits on whom, for timeouts), ``endpoint`` (the adverbs),
@@ -119,7 +119,7 @@ Tools built on the runtime use these names, never its private fields (ruff's ``S
 ``Endpoint.cast(shape, ..., c)``    a cast on a view, its replies to a ``Collector`` ``c`` of the
                                     tool's own (``meshes/collect.py``)
 ``Future.pending_ranks()``          the ``(mesh_id, rank)`` a mesh call still waits for
-``actor_host()``                    the actors of this process (a worker's tools find theirs)
+``local_actor_host()``                    the actors of this process (a worker's tools find theirs)
 ``stacks.TOOL_ACTOR_PREFIX``        actor names reserved for tools: left out of stack dumps
 ==================================  =============================================================
 """

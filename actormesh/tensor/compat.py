@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
 from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.actors.actor_host import actor_host
+from ..runtime.actors.actor_host import local_actor_host
 from ..runtime.actors.future import Future, completed_future, failed_future, then, when_all
 from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.endpoint import message_readers, on_unsent
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table_of, unrecorded
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
 from ..runtime.meshes.value_mesh import ValueMesh, new_value_mesh
@@ -77,19 +77,19 @@ def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
 def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
-    return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
+    return proc_table_of(mesh).mesh_id, tuple(view_shape(mesh).ranks())
 
 
 def mailboxes(mesh: Any) -> list[bytes]:
     """The mailbox of each process of ``mesh``, in row-major order (a process group's ranks)."""
-    table = proc_table(mesh)
+    table = proc_table_of(mesh)
     return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
 
 
 def is_stopped(mesh: Any) -> bool:
     """Whether the processes under ``mesh`` were stopped (the public API says so only by
     raising MeshClosedError on the next call)."""
-    return bool(proc_table(mesh).closed)
+    return bool(proc_table_of(mesh).closed)
 
 
 def report_unhandled(error: Exception) -> None:
@@ -113,7 +113,7 @@ def local_actor(key: str, timeout: float) -> Any:
     """The runner of actor mesh ``key``'s actor in this process, waiting up to ``timeout`` s for
     its spawn (``None`` if none comes): ``rref`` runs an endpoint on its thread (``run_task``)
     with the engine's local values."""
-    host = actor_host()
+    host = local_actor_host()
     return None if host is None else host.wait_for_actor(key, timeout)
 
 
@@ -122,7 +122,7 @@ def cell_namespaces() -> list[dict[str, Any]]:
     executor says it runs user code (``runs_user_code``, which the runtime's stack view reads
     too) and keeps its names in ``ns``; looked up here, not imported: the kernel sits above the
     tensor layer."""
-    host = actor_host()
+    host = local_actor_host()
     found = []
     for runner in list(host.actors.values()) if host is not None else ():
         ns = getattr(runner.instance, "ns", None)

@@ -23,7 +23,7 @@ from ...runtime.actors.future import Future
 from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
 from ...runtime.mesh_shape import with_shape
 from ...runtime.meshes.actor_mesh import ActorMesh
-from ...runtime.meshes.proc_mesh import ProcMesh, proc_table
+from ...runtime.meshes.proc_mesh import ProcMesh, proc_table_of
 from ...runtime.procs.controller import controller_if_started
 from ...runtime.procs.mesh_record import MeshRecord
 from .. import debugger_seam
@@ -219,7 +219,7 @@ class MeshWatcher:
         for name, value in items:
             if name.startswith("_") or not isinstance(value, (ProcMesh, ActorMesh)):
                 continue
-            names.setdefault(proc_table(value).mesh_id, []).append(name)
+            names.setdefault(proc_table_of(value).mesh_id, []).append(name)
         return names
 
     # -- status questions --------------------------------------------------------------------------

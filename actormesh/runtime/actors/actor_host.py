@@ -138,7 +138,7 @@ class ActorHost:
 _process_host: ActorHost | None = None  # one per process: the worker's, or this_proc()'s
 
 
-def actor_host() -> ActorHost | None:
+def local_actor_host() -> ActorHost | None:
     """The actors living in this process (``None`` before its node hosts any): how tools on a
     worker (the kernel's executor, the debugger) find the actors next to them."""
     return _process_host

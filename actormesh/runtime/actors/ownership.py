@@ -27,7 +27,7 @@ from .runner_parts import Runner
 
 if TYPE_CHECKING:
     from ..messaging.node import Node
-    from .context import ActorInstance
+    from .actor_context import ActorInstance
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import RemoteFailure
 from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
-from . import context as ctxmod
+from . import actor_context as ctxmod
 from .failures import ended, render_failure
 from .runner_parts import Runner
 

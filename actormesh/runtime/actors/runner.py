@@ -30,7 +30,7 @@ from ..messaging.logs import flush_output
 from ..messaging.node import reply_port
 from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import FAILED, OK, shape_from_state
-from . import context as ctxmod
+from . import actor_context as ctxmod
 from .failures import ended, render_failure, stopped, unconstructed
 from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local

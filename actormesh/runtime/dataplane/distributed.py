@@ -50,11 +50,11 @@ from typing import Any, TypeVar
 
 from ...errors import MeshError, MeshUsageError
 from ..actors.actor import Actor, endpoint
-from ..actors.context import context
+from ..actors.actor_context import context
 from ..actors.future import Future, completed_future, then, when_all
 from ..mesh_shape import view_shape
 from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, new_proc_mesh, proc_table
+from ..meshes.proc_mesh import ProcMesh, new_proc_mesh, proc_table_of
 from ..meshes.proc_table import ProcTable
 from ..meshes.value_mesh import ValueMesh
 from ..procs.osutil import visible_gpus
@@ -106,7 +106,7 @@ def _parts(mesh: ActorMesh[Any] | ProcMesh) -> tuple[ProcTable, Shape]:
             f"expected an actor mesh or a proc mesh, got {type(mesh).__name__}; "
             "pass the mesh whose processes should form the group"
         )
-    return proc_table(mesh), view_shape(mesh)
+    return proc_table_of(mesh), view_shape(mesh)
 
 
 def helper_mesh(mesh: ActorMesh[Any] | ProcMesh, name: str, cls: type[Actor]) -> ActorMesh[Any]:

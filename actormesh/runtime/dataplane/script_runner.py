@@ -13,7 +13,7 @@ import sys
 from types import TracebackType
 
 from ..actors.actor import Actor, endpoint
-from ..actors.context import context
+from ..actors.actor_context import context
 
 logger = logging.getLogger(__name__)
 

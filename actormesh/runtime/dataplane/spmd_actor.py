@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ..actors.actor import Actor, endpoint
-from ..actors.context import current_rank
+from ..actors.actor_context import current_rank
 from ..meshes.proc_mesh import ProcMesh
 from ..shape import Shape
 from .rank_layout import monarch_layout

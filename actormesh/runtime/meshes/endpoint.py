@@ -30,7 +30,7 @@ from ..messaging.codec import dumps, payload_digest
 from ..messaging.node import Port, current_node, spawn_hint
 from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import CALL, shape_state
-from ..messaging.reply_inbox import reply_inbox
+from ..messaging.reply_inbox import thread_reply_inbox
 from . import relay
 from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
@@ -310,7 +310,7 @@ class Endpoint(Generic[P, R]):
         if collector is not None:
             inbox = None
             if collector.read_by_waiter and _all_on(procs.addresses, ranks, transport.host_id):
-                inbox = reply_inbox(node)  # replies read by this thread as it waits
+                inbox = thread_reply_inbox(node)  # replies read by this thread as it waits
             if inbox is None:
                 port = collector.port = node.open_port(collector)
                 reply = (tuple(port.address), port.port_id)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
-from ..actors import context as ctxmod
+from ..actors import actor_context as ctxmod
 from ..actors.actor import Actor, endpoint_names, plain_method_names
 from ..actors.future import Future, completed_future
 from ..actors.ownership import Owner
@@ -402,7 +402,7 @@ def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
     return new_proc_mesh(procs, shape, None)
 
 
-def proc_table(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
+def proc_table_of(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
     """The processes under a proc or actor mesh: for tools that group meshes by proc mesh (the
     kernel, the sidebar, process groups). A function, not an attribute: see ``actor_key``."""
     return mesh._procs  # noqa: SLF001  the one reader outside the mesh classes
@@ -412,4 +412,4 @@ def unrecorded(procs: ProcMesh) -> ProcMesh:
     """A view of ``procs`` whose spawns are not recorded for ``heal``: for a helper actor that
     a healed process cannot host (the tensor engine: a healed process never joined its process
     group, tensor/compat.py)."""
-    return _restore(proc_table(procs), view_shape(procs))
+    return _restore(proc_table_of(procs), view_shape(procs))

@@ -280,7 +280,7 @@ _numbers = itertools.count(1)
 _main_inbox: ReplyInbox | None = None  # only the process's main thread has one
 
 
-def reply_inbox(node: Node) -> ReplyInbox | None:
+def thread_reply_inbox(node: Node) -> ReplyInbox | None:
     """The calling thread's reply inbox, if it gets one: the process's main thread does (it is
     the one that makes calls and waits in scripts and notebooks); other threads use the
     process inbox."""

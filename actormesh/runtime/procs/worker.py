@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from ... import config
-from ..actors import context as ctxmod
+from ..actors import actor_context as ctxmod
 from ..actors.actor_host import ActorHost
 from ..actors.future import blocked_on
 from ..extent import Extent, Point
