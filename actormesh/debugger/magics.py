@@ -27,8 +27,8 @@ from ..kernel.debugger_seam import PausedRank
 from ..kernel.executor import Repr
 from ..kernel.magic_args import usage
 from ..kernel.selection import Selection, SelectionError, select, values_of
-from ..runtime.actors import future as future_mod
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.actors import wait_hooks
+from ..runtime.meshes import ValueMesh
 from ..runtime.shape import Shape
 from . import mesh_tensors
 from . import state as debugger_state
@@ -53,8 +53,8 @@ class DebugMagics:
         self.debugger.sources = self.files.cell_sources
         self.debugger.notices = self._notice
         self.widget: Any = None
-        if self._end_wait_on_pause not in future_mod.wait_hooks:
-            future_mod.wait_hooks.append(self._end_wait_on_pause)
+        if self._end_wait_on_pause not in wait_hooks:
+            wait_hooks.append(self._end_wait_on_pause)
 
     @property
     def shell(self) -> Any:

@@ -17,8 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..runtime.messaging.tunnel import open_tunnel
-from ..runtime.procs.controller import get_controller
+from ..runtime.messaging import open_tunnel
+from ..runtime.procs import get_controller
 from .dap import DEFAULT_TIMEOUT, DapClient, DapError, PendingRequest
 from .rank import access_token
 

@@ -26,12 +26,11 @@ from typing import Any
 
 from .. import config
 from ..errors import MeshError
-from ..runtime.actors.future import Future as MeshFuture
-from ..runtime.meshes.actor_mesh import ActorMesh
-from ..runtime.messaging.codec import Message
+from ..runtime.actors import Future as MeshFuture
+from ..runtime.meshes import ActorMesh
+from ..runtime.messaging import Message
 from ..runtime.messaging.protocol import DEBUGGER
-from ..runtime.procs.controller import controller_if_started, get_controller, on_controller
-from ..runtime.procs.mesh_record import MeshRecord
+from ..runtime.procs import MeshRecord, controller_if_started, get_controller, on_controller
 from .dap import DapError
 from .rank import ATTACH_TIMEOUT, DEBUG_AGENT_NAME, DebugAgent
 from .rank_debug import Key, RankDebug

@@ -3,9 +3,9 @@ hidden, paused ranks saying so (pure text work, plus the debugger's record of wh
 
 from __future__ import annotations
 
-from ..runtime.faults.stacks import without_busy_time
+from ..runtime.faults import without_busy_time
 from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.value_mesh import ValueMesh, new_value_mesh
+from ..runtime.meshes import ValueMesh, new_value_mesh
 from .session import get_debugger
 
 _PYDEVD = "/debugpy/"

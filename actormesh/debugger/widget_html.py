@@ -16,7 +16,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..runtime.meshes.display import value_cell
+from ..runtime.meshes import value_cell
 
 # The sidebar's state colours. The debugger knows no idle or busy: a rank it does not hold
 # is "running", drawn as busy.

@@ -178,8 +178,7 @@ class DebuggerWidget:
     def _mesh_names(self) -> dict[str, list[str]]:
         """The notebook variables holding each proc mesh (or an actor mesh on it), as the
         sidebar names meshes."""
-        from ..runtime.meshes.actor_mesh import ActorMesh
-        from ..runtime.meshes.proc_mesh import ProcMesh, proc_table_of
+        from ..runtime.meshes import ActorMesh, ProcMesh, proc_table_of
 
         names: dict[str, list[str]] = {}
         try:

@@ -24,14 +24,18 @@ from typing import Any
 
 import zmq
 
-from ..runtime.meshes.relay import Relayer
-from ..runtime.messaging.address import Address
-from ..runtime.messaging.codec import Message, read_key_file
-from ..runtime.messaging.curve import curve_keys
-from ..runtime.messaging.node import Node, set_node
+from ..runtime.meshes import Relayer
+from ..runtime.messaging import (
+    Address,
+    Message,
+    Node,
+    Transport,
+    curve_keys,
+    make_run_dir,
+    read_key_file,
+    set_node,
+)
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, AGENT_READY, HEARTBEAT
-from ..runtime.messaging.run_dir import make_run_dir
-from ..runtime.messaging.transport import Transport
 from ..runtime.procs.host_agent import Agent
 from . import handshake
 from .netif import interface_of, source_address, split_host_port

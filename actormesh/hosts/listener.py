@@ -28,12 +28,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
-from ..runtime.messaging import curve
-from ..runtime.messaging.codec import Message
+from ..runtime.messaging import Message, curve_keys
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
-from ..runtime.procs.agent_handle import AgentHandle
-from ..runtime.procs.controller import Controller, get_controller
-from ..runtime.procs.host_mesh import HostMesh, new_host_mesh
+from ..runtime.procs import AgentHandle, Controller, HostMesh, get_controller, new_host_mesh
 from ..runtime.shape import Shape
 from . import handshake
 from .netif import is_wildcard, split_host_port
@@ -93,7 +90,7 @@ class HostListener:
             advertise = config.ADVERTISE or (host if not is_wildcard(host) else _own_address())
         self.ctl = ctl
         self.encrypt = curve_wanted() if encrypt is None else encrypt
-        keys = curve.curve_keys(ctl.key) if self.encrypt else None
+        keys = curve_keys(ctl.key) if self.encrypt else None
         if ctl.node.address.tcp is None:
             ctl.node.listen_tcp(host if not is_wildcard(host) else "*", advertise, keys)
         # Workers spawned on this host from now on listen on tcp:// too (at the advertised

@@ -22,12 +22,9 @@ from typing import Any
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
 from ..runtime.mesh_shape import with_shape
-from ..runtime.meshes.collect import Collector
-from ..runtime.meshes.proc_table import ProcTable
-from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging.codec import Message
-from ..runtime.messaging.reply_inbox import ReplyInbox, thread_reply_inbox
-from ..runtime.procs.controller import get_controller
+from ..runtime.meshes import Collector, ProcTable, ValueMesh
+from ..runtime.messaging import Message, ReplyInbox, thread_reply_inbox
+from ..runtime.procs import get_controller
 from ..runtime.shape import Shape
 from . import debugger_seam
 from .display import (

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.meshes import ValueMesh
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,9 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.actors.actor_context import current_rank
-from ..runtime.actors.actor_host import local_actor_host
-from ..runtime.faults.stacks import TOOL_ACTOR_PREFIX
-from ..runtime.messaging.codec import dumps
-from ..runtime.messaging.node import Port
+from ..runtime.actors import Actor, current_rank, endpoint, local_actor_host
+from ..runtime.faults import TOOL_ACTOR_PREFIX
+from ..runtime.messaging import Port, dumps
 from .rank_display import cell_output, display, flush_figures, install_display_hook
 
 # The kernel's actors on every rank, under the runtime's reserved prefix for tools.

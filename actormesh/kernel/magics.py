@@ -13,9 +13,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..errors import MeshError
-from ..runtime.faults.stacks import render_grouped
-from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging.node import node_if_started
+from ..runtime.faults import render_grouped
+from ..runtime.meshes import ValueMesh
+from ..runtime.messaging import node_if_started
 from . import debugger_seam
 from .cells import CellOptions, CellRun, PendingCell
 from .display import CellInterrupted, CellSyntaxError

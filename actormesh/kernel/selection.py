@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.extent import Point
-from ..runtime.meshes.value_mesh import ValueMesh, new_value_mesh
+from ..runtime.meshes import ValueMesh, new_value_mesh
 from ..runtime.shape import Shape
 
 

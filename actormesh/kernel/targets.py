@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.actor_mesh import ActorMesh, actor_key
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table_of
-from ..runtime.meshes.proc_table import ProcTable
-from ..runtime.procs.controller import controller_if_started
-from ..runtime.procs.mesh_record import MeshRecord
+from ..runtime.meshes import ActorMesh, ProcMesh, ProcTable, actor_key, proc_table_of
+from ..runtime.procs import MeshRecord, controller_if_started
 from ..runtime.shape import Shape
 from .executor import EXECUTOR_NAME, STATUS_NAME, MeshExecutor, MeshStatus
 from .selection import SelectionError

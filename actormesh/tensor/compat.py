@@ -11,19 +11,32 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
-from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.actors.actor_host import local_actor_host
-from ..runtime.actors.future import Future, completed_future, failed_future, then, when_all
-from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
+from ..runtime.actors import (
+    Actor,
+    Future,
+    completed_future,
+    endpoint,
+    failed_future,
+    local_actor_host,
+    then,
+    when_all,
+)
+from ..runtime.dataplane import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point
-from ..runtime.faults.supervision import unhandled_fault_hook
-from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.endpoint import message_readers, on_unsent
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table_of, unrecorded
+from ..runtime.faults import unhandled_fault_hook
+from ..runtime.mesh_shape import view_shape, with_shape
+from ..runtime.meshes import (
+    ProcMesh,
+    ValueMesh,
+    message_readers,
+    new_value_mesh,
+    on_unsent,
+    proc_table_of,
+    unrecorded,
+)
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
-from ..runtime.meshes.value_mesh import ValueMesh, new_value_mesh
-from ..runtime.messaging.codec import loads
+from ..runtime.messaging import loads
 
 T = TypeVar("T")
 
@@ -106,7 +119,7 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
 def actor_mesh_as(actors: Any, procs: Any) -> Any:
     """The actors of ``actors`` addressed in the shape of ``procs``, another shape of the same
     processes in the same order (a tensor mesh view sends to its engine with its own labels)."""
-    return actors._new_with_shape(view_shape(procs))
+    return with_shape(actors, view_shape(procs))
 
 
 def local_actor(key: str, timeout: float) -> Any:

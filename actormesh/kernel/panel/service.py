@@ -18,10 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import MeshError
-from ...runtime.actors.future import Future, when_all
-from ...runtime.faults.stacks import without_busy_time
-from ...runtime.procs.controller import controller_if_started
-from ...runtime.procs.mesh_record import MeshRecord
+from ...runtime.actors import Future, when_all
+from ...runtime.faults import without_busy_time
+from ...runtime.procs import MeshRecord, controller_if_started
 from .. import debugger_seam
 from ..debugger_seam import Debugger
 from ..targets import MeshRegistry, MeshTools

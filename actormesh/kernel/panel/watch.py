@@ -19,13 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.actors.future import Future
-from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
+from ...runtime.actors import Future
+from ...runtime.faults import TOOL_ACTOR_PREFIX
 from ...runtime.mesh_shape import with_shape
-from ...runtime.meshes.actor_mesh import ActorMesh
-from ...runtime.meshes.proc_mesh import ProcMesh, proc_table_of
-from ...runtime.procs.controller import controller_if_started
-from ...runtime.procs.mesh_record import MeshRecord
+from ...runtime.meshes import ActorMesh, ProcMesh, proc_table_of
+from ...runtime.procs import MeshRecord, controller_if_started
 from .. import debugger_seam
 from ..debugger_seam import PausedRank
 from ..targets import MeshRegistry, MeshTools

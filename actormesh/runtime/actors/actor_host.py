@@ -16,9 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from ..faults.stacks import TOOL_ACTOR_PREFIX
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, reply_port
+from ..faults import TOOL_ACTOR_PREFIX
+from ..messaging import Message, Node, dumps, reply_port
 from ..messaging.protocol import (
     CALL,
     OK,

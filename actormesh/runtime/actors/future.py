@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar
 
 from ... import config
 from ...errors import MeshTimeoutError
-from ..faults import supervision
-from ..messaging.reply_inbox import ReplyInbox, hand_back_replies, waiting_inbox
+from ..faults import add_main_waiter, raise_pending, remove_main_waiter
+from ..messaging import ReplyInbox, hand_back_replies, waiting_inbox
 
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -139,7 +139,7 @@ class Future(Generic[T]):
         try:
             if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
                 timeout = config.DEFAULT_GET_TIMEOUT
-            supervision.raise_pending()
+            raise_pending()
             inbox = waiting_inbox()
             if inbox is not None:
                 # Wait by reading the thread's reply inbox (see reply_inbox.py); inline, as
@@ -171,7 +171,7 @@ class Future(Generic[T]):
                 self._event = threading.Event()
             event = self._event
         # In a script's main thread, an unhandled failure elsewhere wakes this wait (fail fast).
-        watched = supervision.add_main_waiter(event)
+        watched = add_main_waiter(event)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._state == _PENDING:
@@ -188,13 +188,13 @@ class Future(Generic[T]):
                             event.clear()
         finally:
             if watched:
-                supervision.remove_main_waiter(event)
+                remove_main_waiter(event)
         if self._state == _PENDING:
             self._timed_out(timeout)
 
     def _on_wake(self) -> None:
         # Every slice of a wait, and when another thread wakes it: failures, wait hooks.
-        supervision.raise_pending()
+        raise_pending()
         for hook in list(wait_hooks):
             hook(self)
 

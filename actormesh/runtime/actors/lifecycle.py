@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from ... import config
 from ...errors import RemoteFailure
-from ..messaging.logs import flush_output
-from ..messaging.node import reply_port
+from ..messaging import flush_output, reply_port
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, render_failure
@@ -21,7 +20,7 @@ from .response_port import send_reply
 from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.codec import Message
+    from ..messaging import Message
 
 logger = logging.getLogger(__name__)
 

@@ -18,15 +18,14 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import ActorError, MeshError
-from ..faults import supervision
-from ..messaging.address import Address
-from ..messaging.codec import dumps
+from ..faults import failure_of_broadcast, unhandled_fault_hook
+from ..messaging import Address, dumps
 from ..messaging.protocol import SUPERVISE, UNHANDLED
 from .failures import render_failure
 from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
+    from ..messaging import Node
     from .actor_context import ActorInstance
 
 logger = logging.getLogger(__name__)
@@ -46,7 +45,7 @@ local: dict[str, Runner] = {}
 
 def as_failure(failure: Any) -> MeshError:
     """What ``__supervise__`` receives: a ``MeshFailure`` naming the actor mesh that failed."""
-    error = supervision.failure_of_broadcast(failure)
+    error = failure_of_broadcast(failure)
     if isinstance(error, ActorError) and getattr(error, "mesh_name", None) is None:
         error.mesh_name = error.failures[0].actor
     return error
@@ -140,7 +139,7 @@ def to_controller(node: Node, failure: Any) -> None:
     """To whoever spawned this process's proc mesh (the fault hook in the root)."""
     controller = node.controller
     if controller is None or controller == node.address:
-        supervision.unhandled_fault_hook(supervision.failure_of_broadcast(failure))
+        unhandled_fault_hook(failure_of_broadcast(failure))
         return
     payload, buffers = dumps(failure)
     node.send(controller, (UNHANDLED, node.mesh_id), payload, buffers)

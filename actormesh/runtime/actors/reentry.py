@@ -23,14 +23,14 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RemoteFailure
-from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
+from ..messaging import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
 from . import actor_context as ctxmod
 from .failures import ended, render_failure
 from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.node import Port
+    from ..messaging import Port
     from .response_port import ResponsePort
 
 logger = logging.getLogger(__name__)

@@ -8,14 +8,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshUsageError, RemoteFailure
-from ..messaging.codec import dumps
-from ..messaging.logs import flush_output
+from ..messaging import dumps, flush_output
 from ..messaging.protocol import FAILED, OK, REPLY
 from .failures import render_failure
 from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.node import Port
+    from ..messaging import Port
 
 logger = logging.getLogger(__name__)
 

@@ -15,20 +15,20 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import RemoteFailure
-from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import (
+from ..faults import raise_in_thread
+from ..messaging import (
     CALL_ITEM,
+    SIMPLE_TYPES,
     SPAWN_ITEM,
     STOP_ITEM,
     SUPERVISE_ITEM,
     TASK_ITEM,
     ActorInbox,
+    Message,
+    actor_address,
+    flush_output,
+    reply_port,
 )
-from ..messaging.address import actor_address
-from ..messaging.codec import Message
-from ..messaging.logs import flush_output
-from ..messaging.node import reply_port
-from ..messaging.plain_pickle import SIMPLE_TYPES
 from ..messaging.protocol import FAILED, OK, shape_from_state
 from . import actor_context as ctxmod
 from .failures import ended, render_failure, stopped, unconstructed
@@ -40,7 +40,7 @@ from .runner_parts import Answer
 
 if TYPE_CHECKING:
     from ..extent import Point
-    from ..messaging.node import Node, Port
+    from ..messaging import Node, Port
     from ..shape import Shape
 
 logger = logging.getLogger(__name__)

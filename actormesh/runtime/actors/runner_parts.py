@@ -16,9 +16,7 @@ from typing import Any, Protocol
 
 from ...errors import RemoteFailure
 from ..extent import Point
-from ..messaging.actor_inbox import ActorInbox
-from ..messaging.codec import Message
-from ..messaging.node import Node, Port
+from ..messaging import ActorInbox, Message, Node, Port
 
 
 class LifecycleSteps(Protocol):

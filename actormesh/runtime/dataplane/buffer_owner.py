@@ -12,11 +12,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..messaging.address import Address
-from ..messaging.codec import Message
-from ..messaging.node import current_node
+from ..messaging import SHM_DIR, Address, Message, NoRoom, current_node, map_reserved
 from ..messaging.protocol import BUF_DONE
-from ..messaging.shm_lane import SHM_DIR, NoRoom, map_reserved
 from . import cuda_buffers
 from .shm import NoSpace, no_space
 

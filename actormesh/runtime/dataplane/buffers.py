@@ -32,10 +32,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshError, MeshUsageError, SupervisionError
-from ..actors.future import Future, completed_future, set_exception, set_result
-from ..messaging.address import Address
-from ..messaging.codec import Message
-from ..messaging.node import current_node
+from ..actors import Future, completed_future, set_exception, set_result
+from ..messaging import Address, Message, current_node
 from ..messaging.protocol import BUF_CUDA, BUF_READ, BUF_WRITE
 from . import cuda_buffers, shm
 from .buffer_owner import (

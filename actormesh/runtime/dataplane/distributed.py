@@ -49,15 +49,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ...errors import MeshError, MeshUsageError
-from ..actors.actor import Actor, endpoint
-from ..actors.actor_context import context
-from ..actors.future import Future, completed_future, then, when_all
+from ..actors import Actor, Future, completed_future, context, endpoint, then, when_all
 from ..mesh_shape import view_shape
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, new_proc_mesh, proc_table_of
-from ..meshes.proc_table import ProcTable
-from ..meshes.value_mesh import ValueMesh
-from ..procs.osutil import visible_gpus
+from ..meshes import ActorMesh, ProcMesh, ProcTable, ValueMesh, new_proc_mesh, proc_table_of
+from ..procs import visible_gpus
 from ..shape import Shape
 from .rank_layout import RankLayout, choose_backend, gpu_of, layout
 

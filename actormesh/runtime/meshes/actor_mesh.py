@@ -8,9 +8,9 @@ import weakref
 from typing import Any, Generic, TypeVar
 
 from ...errors import UnknownEndpointError
-from ..actors.future import Future, completed_future
+from ..actors import Future, completed_future
 from ..mesh_shape import MeshShape, NoPublicConstructor
-from ..messaging.node import current_node, node_if_started
+from ..messaging import current_node, node_if_started
 from ..messaging.protocol import STOP_ACTOR, shape_state
 from ..shape import Shape
 from . import relay

@@ -18,9 +18,8 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
-from ..messaging.codec import Message
-from ..messaging.node import Node, Port, current_node
+from ..actors import Future, completed_future, failed_future, set_exception, set_result
+from ..messaging import Message, Node, Port, current_node
 from ..messaging.protocol import FAILED, OK
 
 if TYPE_CHECKING:

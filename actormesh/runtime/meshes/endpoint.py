@@ -24,13 +24,18 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future
-from ..faults import supervision
-from ..messaging.codec import dumps, payload_digest
-from ..messaging.node import Port, current_node, spawn_hint
-from ..messaging.plain_pickle import SIMPLE_TYPES
+from ..actors import Future
+from ..faults import raise_pending
+from ..messaging import (
+    SIMPLE_TYPES,
+    Port,
+    current_node,
+    dumps,
+    payload_digest,
+    spawn_hint,
+    thread_reply_inbox,
+)
 from ..messaging.protocol import CALL, shape_state
-from ..messaging.reply_inbox import thread_reply_inbox
 from . import relay
 from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
@@ -293,7 +298,7 @@ class Endpoint(Generic[P, R]):
         """Send ``endpoint(*args, **kwargs)`` to the ranks of ``shape`` (a view of this mesh),
         their replies to ``collector`` (a :class:`Collector`; ``None``: no reply). The adverbs
         are made of it; tools use it with a collector of their own (the kernel's cells)."""
-        supervision.raise_pending()
+        raise_pending()
         procs = self._procs
         if procs.closed:
             raise MeshClosedError(

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ...errors import ActorError, MeshUsageError, ProcDeath, RemoteFailure
-from ..actors.future import Future, set_exception, set_result
+from ..actors import Future, set_exception, set_result
 from ..mesh_shape import NoPublicConstructor
-from ..messaging.codec import Message
-from ..messaging.node import FAILED_VALUE, OK_VALUE, Port, current_node
+from ..messaging import FAILED_VALUE, OK_VALUE, Message, Port, current_node
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
 

@@ -10,17 +10,28 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
-from ..actors import actor_context as ctxmod
-from ..actors.actor import Actor, endpoint_names, plain_method_names
-from ..actors.future import Future, completed_future
-from ..actors.ownership import Owner
-from ..actors.runner import ActorRunner, current_runner
-from ..faults.stacks import STOPPED_HINT, stopped
+from ..actors import (
+    Actor,
+    ActorRunner,
+    Future,
+    Owner,
+    completed_future,
+    current_runner,
+    endpoint_names,
+    plain_method_names,
+    proc_factory,
+)
+from ..faults import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor, view_shape
-from ..messaging.codec import payload_digest
-from ..messaging.logs import LogSink
-from ..messaging.metrics import MetricsLog, in_worker, local_log
-from ..messaging.node import current_node, spawn_hint
+from ..messaging import (
+    LogSink,
+    MetricsLog,
+    current_node,
+    in_worker,
+    local_log,
+    payload_digest,
+    spawn_hint,
+)
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
 from ..shape import Shape, unchecked_shape
 from . import relay
@@ -33,7 +44,7 @@ from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:  # the type users get from ProcMesh.host_mesh (see MeshOwner)
-    from ..procs.host_mesh import HostMesh
+    from ..procs import HostMesh
 
 A = TypeVar("A", bound=Actor)
 
@@ -389,7 +400,7 @@ def _own_proc(runner: ActorRunner) -> ProcMesh:
     return new_proc_mesh(table, unchecked_shape((), rank, (), ()), None)
 
 
-ctxmod.proc_factory[0] = _own_proc
+proc_factory[0] = _own_proc
 
 
 def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:

@@ -6,7 +6,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..messaging.address import Address
+from ..messaging import Address
 
 # How a cast reaches a mesh's ranks (relay.py's plan, cached here per view): the ranks it sends
 # to directly, and the relay agents it sends one message each.

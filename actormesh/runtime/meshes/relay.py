@@ -47,15 +47,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.address import Address
-from ..messaging.codec import Message, payload_digest
-from ..messaging.node import reply_port
+from ..messaging import Address, Message, payload_digest, reply_port
 from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, shape_from_state
 from .proc_table import Plan, ProcTable
 
 if TYPE_CHECKING:
     from ...errors import ProcDeath
-    from ..messaging.node import Node, Port
+    from ..messaging import Node, Port
     from ..shape import Shape
     from .collect import Collector
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import config
-from ..faults import supervision
+from ..faults import add_main_waiter, remove_main_waiter
 from .address import MAX_IPC_PATH, reply_inbox_address
 from .codec import Message, Verifier, new_id
 from .datagrams import DatagramInbox, DatagramSender, path_of
@@ -312,8 +312,8 @@ def thread_reply_inbox(node: Node) -> ReplyInbox | None:
         # In a script, an unhandled failure elsewhere wakes the wait (fail fast). Registered
         # for good rather than for each wait: a wake-up with nobody waiting is read, and acted
         # on, by the next wait.
-        if supervision.add_main_waiter(inbox):
-            node.on_close(lambda: supervision.remove_main_waiter(inbox))
+        if add_main_waiter(inbox):
+            node.on_close(lambda: remove_main_waiter(inbox))
     return inbox
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..actors.future import Future
-from ..messaging.address import Address
+from ..actors import Future
+from ..messaging import Address
 from .osutil import GOODBYE
 
 

@@ -25,14 +25,21 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.actor_host import ActorHost
-from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
-from ..faults import supervision
-from ..messaging.address import Address
-from ..messaging.codec import Message, new_key
-from ..messaging.logs import LogSink
-from ..messaging.metrics import call_records
-from ..messaging.node import SHUT_DOWN, Node, node_if_started, set_node_factory
+from ..actors import ActorHost, Future, completed_future, failed_future, set_exception, set_result
+from ..faults import failure_of_broadcast, unhandled_fault_hook
+from ..messaging import (
+    SHUT_DOWN,
+    Address,
+    LogSink,
+    Message,
+    Node,
+    Transport,
+    call_records,
+    make_run_dir,
+    new_key,
+    node_if_started,
+    set_node_factory,
+)
 from ..messaging.protocol import (
     ACTOR_STOPPED,
     AGENT_READY,
@@ -46,8 +53,6 @@ from ..messaging.protocol import (
     RESOURCES,
     UNHANDLED,
 )
-from ..messaging.run_dir import make_run_dir
-from ..messaging.transport import Transport
 from .agent_handle import AgentHandle
 from .mesh_record import MeshRecord
 from .osutil import raise_fd_limit
@@ -316,7 +321,7 @@ class Controller:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""
         _, mesh_id = msg.envelope
         try:
-            failure = supervision.failure_of_broadcast(msg.value())
+            failure = failure_of_broadcast(msg.value())
         except Exception:
             logger.exception("an unhandled failure report could not be read")
             return
@@ -328,7 +333,7 @@ class Controller:
         elif record is not None:
             record.report_unhandled(failure)
         else:
-            supervision.unhandled_fault_hook(failure)
+            unhandled_fault_hook(failure)
 
     # -- shutdown --------------------------------------------------------------------------------
 
@@ -365,7 +370,7 @@ def job_key() -> bytes:
     path = os.environ.get("ACTORMESH_KEY_FILE")
     if not path:
         return new_key()
-    from ..messaging.codec import read_key_file
+    from ..messaging import read_key_file
 
     return read_key_file(path)
 

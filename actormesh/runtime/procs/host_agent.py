@@ -25,10 +25,8 @@ import sys
 import threading
 from typing import Any
 
-from ..faults.stacks import STOPPED_HINT, stopped
-from ..messaging.address import Address
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, set_node
+from ..faults import STOPPED_HINT, stopped
+from ..messaging import Address, Message, Node, Transport, TunnelEnds, dumps, set_node
 from ..messaging.protocol import (
     AGENT_READY,
     DUMP,
@@ -39,8 +37,6 @@ from ..messaging.protocol import (
     SIGNAL,
     SPAWN_PROCS,
 )
-from ..messaging.transport import Transport
-from ..messaging.tunnel import TunnelEnds
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
 from .sampling import ResourceSampler
 from .worker_output import Worker, WorkerOutput

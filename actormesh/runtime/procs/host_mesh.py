@@ -10,16 +10,11 @@ from typing import Any
 
 from ... import config
 from ...errors import MeshTypeError, MeshUsageError, SupervisionError
-from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap
-from ..actors.future import Future, settle, when_all
+from ..actors import BOOTSTRAP_NAME, Bootstrap, Future, settle, when_all
 from ..extent import Extent
 from ..mesh_shape import MeshShape, NoPublicConstructor
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, new_proc_mesh
-from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
-from ..messaging.codec import new_id
-from ..messaging.logs import rank_label
+from ..meshes import ActorMesh, ProcMesh, ProcTable, new_proc_mesh
+from ..messaging import Address, new_id, rank_label
 from ..shape import Shape
 from .agent_handle import AgentHandle
 from .controller import Controller, get_controller

@@ -17,16 +17,21 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.future import Future, set_exception, set_result, settle, when_all
-from ..actors.ownership import Owner, send_to_owner
-from ..actors.runner import ActorRunner, current_runner
+from ..actors import (
+    ActorRunner,
+    Future,
+    Owner,
+    current_runner,
+    send_to_owner,
+    set_exception,
+    set_result,
+    settle,
+    when_all,
+)
 from ..extent import Extent
-from ..faults import supervision
-from ..meshes.proc_mesh import ActorSpawn, ProcMesh, new_proc_mesh
-from ..meshes.proc_table import ProcTable
-from ..messaging.codec import new_id
-from ..messaging.logs import LogSink
-from ..messaging.metrics import MetricsLog
+from ..faults import unhandled_fault_hook
+from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
+from ..messaging import LogSink, MetricsLog, new_id
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
@@ -193,7 +198,7 @@ class MeshRecord:
         if self.owner is not None:
             self.owner.supervise(failure)
         else:
-            supervision.unhandled_fault_hook(failure)
+            unhandled_fault_hook(failure)
 
     def proc_request(self, rank: int) -> dict[str, Any]:
         address = self.table.addresses[rank]
@@ -296,8 +301,7 @@ class MeshRecord:
             mine = [r for r in ranks if shape.local_index(r) is not None and r not in stopped]
             if not mine:
                 continue
-            from ..meshes.collect import Gather
-            from ..meshes.endpoint import no_values
+            from ..meshes import Gather, no_values
 
             gather: Gather[None] = Gather(f"{spawn.name}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.

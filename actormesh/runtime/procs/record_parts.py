@@ -13,10 +13,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...errors import ProcDeath
-from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
-from ..messaging.logs import LogSink
-from ..messaging.node import Node
+from ..meshes import ProcTable
+from ..messaging import Address, LogSink, Node
 from .agent_handle import AgentHandle
 
 

@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.address import Address
-from ..messaging.codec import Message
+from ..messaging import Address, Message
 from ..messaging.protocol import MOVED
 from .agent_handle import AgentHandle
 from .record_parts import HealedMesh
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
+    from ..messaging import Node
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def announce(record: HealedMesh, ranks: Sequence[int]) -> None:
 
 def on_moved(node: Node, msg: Message) -> None:
     """A worker's handler of ``moved``: update this process's copy of the proc table."""
-    from ..meshes.proc_table import live_table
+    from ..meshes import live_table
 
     _, mesh_id, rank, address, relay = msg.envelope
     table = live_table(mesh_id)

@@ -18,13 +18,17 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ...errors import ActorError, ProcDeath, SupervisionError
-from ..actors.actor import Actor
-from ..actors.failures import render_failure
-from ..actors.future import Future, completed_future, failed_future, set_exception, set_result
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.endpoint import pickle_arguments
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, current_node, node_if_started, reply_port
+from ..actors import (
+    Actor,
+    Future,
+    completed_future,
+    failed_future,
+    render_failure,
+    set_exception,
+    set_result,
+)
+from ..meshes import ActorMesh, pickle_arguments
+from ..messaging import Message, Node, current_node, dumps, node_if_started, reply_port
 from ..messaging.protocol import FAILED, OK, REPLY, SINGLETON
 from .controller import Controller, on_controller
 from .host_mesh import this_proc
