@@ -4,15 +4,10 @@ reaches into its modules; the rest of the sub-package is its own business."""
 
 from __future__ import annotations
 
-import ast
 import importlib
-import pathlib
-from collections.abc import Iterator
-from typing import NamedTuple
 
-import actormesh
+from import_scan import PACKAGE, Import, imports_in, package_sources
 
-PACKAGE = pathlib.Path(actormesh.__file__).parent
 FACES = tuple(
     f"actormesh.runtime.{name}"
     for name in ("faults", "messaging", "actors", "meshes", "procs", "dataplane")
@@ -24,41 +19,6 @@ PUBLIC_MODULES = {
     "sends or handles a message names its kind",
     "actormesh.runtime.meshes.tensor_seam": "the seam the tensor layer above fills, as a whole",
 }
-
-
-class Import(NamedTuple):
-    module: str  # the module the import statement is in
-    line: int
-    target: str  # the package or module imported from (absolute)
-    name: str | None  # the name imported from it (``from target import name``), or None
-
-
-def module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imports_in(source: str, module: str, is_package: bool) -> Iterator[Import]:
-    """Every import of an actormesh module in ``source``, of every form (function-level and
-    ``TYPE_CHECKING`` ones included)."""
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "actormesh":
-                    yield Import(module, node.lineno, alias.name, None)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.split(".")[0] == "actormesh":
-                for alias in node.names:
-                    yield Import(module, node.lineno, target, alias.name)
 
 
 def runs_as_main(module: str) -> bool:
@@ -100,11 +60,8 @@ def violations(imports: list[Import]) -> list[str]:
 
 def all_imports() -> list[Import]:
     found: list[Import] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if "labextension" in path.parts:
-            continue
-        name = module_name(path)
-        found += imports_in(path.read_text(), name, path.name == "__init__.py")
+    for name, source, is_package in package_sources():
+        found += imports_in(source, name, is_package)
     return found
 
 

@@ -5,14 +5,11 @@ knows the other (and a cycle of them is a knot a reader has to untie)."""
 
 from __future__ import annotations
 
-import ast
 import pathlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import actormesh
-
-PACKAGE = pathlib.Path(actormesh.__file__).parent
+from import_scan import PACKAGE, imports_in, package_sources
 
 # Bottom first. A module belongs to the longest prefix listed; it may import its own layer and
 # any layer before it.
@@ -73,29 +70,10 @@ def layer_of(module: str) -> int:
     return best
 
 
-def module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def is_module(name: str) -> bool:
     rel = pathlib.Path(*name.split("."))
     base = PACKAGE.parent / rel
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
-            if name == "TYPE_CHECKING":
-                for child in node.body:
-                    skip.update(id(n) for n in ast.walk(child))
-    return skip
 
 
 class Edge(NamedTuple):
@@ -106,26 +84,10 @@ class Edge(NamedTuple):
 
 def imports_of(source: str, module: str, is_package: bool) -> Iterator[Edge]:
     """An ``Edge`` for every import of an actormesh module in ``source``."""
-    tree = ast.parse(source)
-    type_only = _type_checking_nodes(tree)
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "actormesh":
-                    yield Edge(alias.name, node.lineno, id(node) in type_only)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.split(".")[0] != "actormesh":
-                continue
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                yield Edge(sub if is_module(sub) else target, node.lineno, id(node) in type_only)
+    for imp in imports_in(source, module, is_package):
+        sub = f"{imp.target}.{imp.name}"
+        target = sub if imp.name is not None and is_module(sub) else imp.target
+        yield Edge(target, imp.line, imp.type_only)
 
 
 Graph = dict[str, list[Edge]]
@@ -133,11 +95,8 @@ Graph = dict[str, list[Edge]]
 
 def import_graph(root: pathlib.Path = PACKAGE) -> Graph:
     graph: Graph = {}
-    for path in sorted(root.rglob("*.py")):
-        if "labextension" in path.parts:
-            continue
-        name = module_name(path)
-        edges = imports_of(path.read_text(), name, path.name == "__init__.py")
+    for name, source, is_package in package_sources(root):
+        edges = imports_of(source, name, is_package)
         graph[name] = [e for e in edges if not (e.type_only and _not_counted(name))]
     return graph
 
