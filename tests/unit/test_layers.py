@@ -52,6 +52,9 @@ ALLOWED_TYPE_ONLY = {
     ("actormesh.runtime.procs.mesh_record", "actormesh.runtime.procs.host_mesh"): (
         "the HostMesh a record keeps for ProcMesh.host_mesh, and never calls"
     ),
+    ("actormesh.runtime.meshes.tensor_seam", "actormesh.runtime.meshes.proc_mesh"): (
+        "the tensor layer's TensorLayer methods take the ProcMesh that calls them"
+    ),
 }
 
 # Packages whose ``TYPE_CHECKING`` imports are not counted yet: the ranks' half of the tensor
