@@ -29,6 +29,7 @@ from ..errors import MeshError
 from ..runtime.actors import Future as MeshFuture
 from ..runtime.meshes import ActorMesh
 from ..runtime.messaging import Message
+from ..runtime.messaging.envelopes import DebuggerEnvelope
 from ..runtime.messaging.protocol import DEBUGGER
 from ..runtime.procs import MeshRecord, controller_if_started, get_controller, on_controller
 from .dap import DapError
@@ -140,7 +141,8 @@ class Debugger:
     # -- the rank's report (I/O thread: hand off at once) ----------------------------------------
 
     def on_message(self, msg: Message) -> None:
-        _, event, mesh_id, rank, where = msg.envelope
+        report = DebuggerEnvelope.of(msg)
+        event, mesh_id, rank, where = report.event, report.mesh_id, report.rank, report.where
         if event != "paused":
             logger.warning("unknown debugger event %r from rank %s", event, rank)
             return

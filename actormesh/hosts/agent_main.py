@@ -35,6 +35,7 @@ from ..runtime.messaging import (
     read_key_file,
     set_node,
 )
+from ..runtime.messaging.envelopes import SpawnProcsEnvelope
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, AGENT_READY, HEARTBEAT
 from ..runtime.procs.host_agent import Agent
 from . import handshake
@@ -62,8 +63,9 @@ class RemoteAgent(Agent):
 
     def _on_spawn(self, msg: Message) -> None:
         # Remember where this host's workers listen, to fan casts out to them (relay.py).
-        _, mesh_id, procs, _request = msg.envelope
-        for p in procs:
+        spawn = SpawnProcsEnvelope.of(msg)
+        mesh_id = spawn.mesh_id
+        for p in spawn.procs:
             address = Address(self.node.address.host, p["ipc"], None, bytes.fromhex(p["mailbox"]))
             self.relayer.add(mesh_id, p["rank"], address)
         super()._on_spawn(msg)

@@ -29,6 +29,7 @@ from zmq.utils.monitor import recv_monitor_message
 from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
 from ..runtime.messaging import Message, curve_keys
+from ..runtime.messaging.envelopes import AgentHeartbeatEnvelope
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
 from ..runtime.procs import AgentHandle, Controller, HostMesh, get_controller, new_host_mesh
 from ..runtime.shape import Shape
@@ -276,7 +277,7 @@ class HostListener:
     # -- heartbeats (controller's I/O thread) ----------------------------------------------------
 
     def _on_agent_hb(self, msg: Message) -> None:
-        _, host_rank = msg.envelope
+        host_rank = AgentHeartbeatEnvelope.of(msg).host_rank
         agents = self.ctl.agents
         if 0 <= host_rank < len(agents):
             agent = agents[host_rank]

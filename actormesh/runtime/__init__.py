@@ -23,7 +23,8 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``plain_pickle`` (the C pickler's fast path: builtins and
                         tensors as zero-copy buffers, rebuilt on arrival), ``shm_lane``
                         (those buffers through shared memory between processes of a host),
-                        ``protocol`` (every message kind and its fields), ``curve``,
+                        ``protocol`` (every message kind and its fields), ``envelopes``
+                        (each kind's envelope by field name, generated from it), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
                         ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
                         calls and timers), ``wake_pipe`` (waking a thread asleep in
@@ -89,7 +90,8 @@ Worker:
    until it comes. Messages that came through the process inbox
    instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
    ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
-4. ``ActorRunner.handle_call`` runs the endpoint, flushes its output and sends ``(REPLY,
+4. ``ActorRunner.handle_call`` reads the call by field name (``CallEnvelope.of``,
+   ``messaging/envelopes.py``), runs the endpoint, flushes its output and sends ``(REPLY,
    port_id, index, status[, after])`` with the value or the rendered failure
    (``send_reply`` in ``actors/response_port.py``).
 

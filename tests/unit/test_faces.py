@@ -17,6 +17,8 @@ FACES = tuple(
 PUBLIC_MODULES = {
     "actormesh.runtime.messaging.protocol": "the table of message kinds: every layer that "
     "sends or handles a message names its kind",
+    "actormesh.runtime.messaging.envelopes": "each kind's envelope by field name, generated from "
+    "the protocol table: read wherever a kind is handled",
     "actormesh.runtime.meshes.tensor_seam": "the seam the tensor layer above fills, as a whole",
 }
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ... import config
 from ...errors import RemoteFailure
 from ..messaging import flush_output, reply_port
+from ..messaging.envelopes import SpawnActorEnvelope, StopActorEnvelope
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, render_failure
@@ -40,7 +41,8 @@ class Lifecycle:
 
     def _build(self, msg: Message) -> None:
         runner = self.runner
-        shape, reply = msg.envelope[3:5]
+        spawn = SpawnActorEnvelope.of(msg)
+        shape, reply = spawn.shape, spawn.reply
         if runner.after is not None:
             runner.after.constructed.wait()
             failed = runner.after.init_failure
@@ -83,7 +85,7 @@ class Lifecycle:
     def stop(self, msg: Message) -> None:
         """ActorMesh.stop: handle the calls sent before the stop, clean up, then refuse calls."""
         runner = self.runner
-        _, _key, state, reply = msg.envelope
+        stop = StopActorEnvelope.of(msg)
         if not runner.stopped:
             for _kind, call in runner.inbox.pending_calls():
                 runner.handle_call(call)
@@ -96,8 +98,8 @@ class Lifecycle:
                 )
         failure = self.cleanup(None)
         runner.instance = None  # what the actor held is released; its thread stays to refuse calls
-        index = shape_from_state(state).local_index(runner.proc_rank)
-        port = reply_port(reply)
+        index = shape_from_state(stop.shape).local_index(runner.proc_rank)
+        port = reply_port(stop.reply)
         if port is not None and index is not None:
             send_reply(runner, port, index, FAILED if failure else OK, failure)
 

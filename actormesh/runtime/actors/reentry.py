@@ -20,18 +20,14 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import RemoteFailure
 from ..messaging import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
 from . import actor_context as ctxmod
 from .failures import ended, render_failure
-from .runner_parts import Runner
-
-if TYPE_CHECKING:
-    from ..messaging import Port
-    from .response_port import ResponsePort
+from .runner_parts import Caller, Runner
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +41,6 @@ task_runner: contextvars.ContextVar[Runner | None] = contextvars.ContextVar(
 # __supervise__ failed it while its loop ran, where __cleanup__ cannot run to its end).
 END_ITEM = "end"
 
-Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | None"]
-
 
 class Reentry:
     """One actor's concurrent calls and what it takes in at an await (see the module docs)."""
@@ -57,17 +51,16 @@ class Reentry:
 
     # -- concurrent calls ------------------------------------------------------------------------
 
-    def start(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
+    def start(self, coro: Awaitable[Any], ctx: ctxmod.Context, caller: Caller) -> None:
         """Start a concurrent call (actor's thread, outside its loop). It runs up to its first
         await now, so calls start in the order they arrived."""
         loop = self.runner.loop
-        task = loop.create_task(self._run_call(coro, ctx, call))
+        task = loop.create_task(self._run_call(coro, ctx, caller))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         loop.run_until_complete(asyncio.sleep(0))
 
-    async def _run_call(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
-        endpoint_name, reply, index, caller, answer = call
+    async def _run_call(self, coro: Awaitable[Any], ctx: ctxmod.Context, caller: Caller) -> None:
         runner = self.runner
         ctxmod.set_task_context(ctx)  # this task's own: others on the loop keep theirs
         task_runner.set(runner)
@@ -76,11 +69,12 @@ class Reentry:
             value = await coro
         except BaseException as exc:
             # CancelledError too (a stop or an interrupt): its caller learns so.
-            status, value = FAILED, render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
+            failure = render_failure(exc, runner.rank, runner.name, caller.endpoint, 1)
+            status, value = FAILED, failure
             if not isinstance(exc, (Exception, KeyboardInterrupt, asyncio.CancelledError)):
                 fatal = exc  # SystemExit, a bare BaseException: the actor ends (below)
                 runner.stopped = True
-        reported = runner.finish(endpoint_name, status, value, None, reply, index, caller, answer)
+        reported = runner.finish(caller, status, value, None)
         if fatal is not None:
             self.end_later(fatal, None if reported else ended(value))
 

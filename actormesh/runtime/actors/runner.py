@@ -29,14 +29,15 @@ from ..messaging import (
     flush_output,
     reply_port,
 )
-from ..messaging.protocol import FAILED, OK, shape_from_state
+from ..messaging.envelopes import CallEnvelope
+from ..messaging.protocol import FAILED, OK, ReplyTo, shape_from_state
 from . import actor_context as ctxmod
 from .failures import ended, render_failure, stopped, unconstructed
 from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
 from .response_port import ResponsePort, send_reply
-from .runner_parts import Answer
+from .runner_parts import Caller
 
 if TYPE_CHECKING:
     from ..extent import Point
@@ -190,8 +191,9 @@ class ActorRunner:
 
     def _cancel(self, msg: Message) -> None:
         """A call that an interrupt caught before it started: it fails without running."""
-        _, _, endpoint_name, state, reply = msg.envelope
-        shape = shape_from_state(state)
+        call = CallEnvelope.of(msg)
+        endpoint_name, reply = call.endpoint, call.reply
+        shape = shape_from_state(call.shape)
         index = shape.local_index(self.proc_rank)
         failure = RemoteFailure(
             str(self.rank),
@@ -206,7 +208,8 @@ class ActorRunner:
             self.reply(port, index, FAILED, failure, _caller(reply))
 
     def handle_call(self, msg: Message) -> None:
-        _, _, endpoint_name, state, reply_state = msg.envelope  # (CALL, key, endpoint, ...)
+        call = CallEnvelope.of(msg)
+        endpoint_name, state, reply_state = call.endpoint, call.shape, call.reply
         view = self._views.get(state)
         if view is None:
             if len(self._views) > 256:
@@ -240,8 +243,8 @@ class ActorRunner:
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
                     if type(value) not in _PLAIN and inspect.isawaitable(value):
                         if endpoint_name in self.concurrent:
-                            call = (endpoint_name, reply, index, caller, answer)
-                            self.reentry.start(value, context, call)
+                            waiting = Caller(endpoint_name, reply, index, caller, answer)
+                            self.reentry.start(value, context, waiting)
                             return  # it answers when it ends (Reentry.run_call)
                         value = self.run_coroutine(value, watch=True)
                 finally:
@@ -259,30 +262,21 @@ class ActorRunner:
         if fatal is None and answer is None and reply is not None and index is not None:
             send_reply(self, reply, index, status, value, caller)  # what finish does, here
         else:
-            self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
+            self.finish(Caller(endpoint_name, reply, index, caller, answer), status, value, fatal)
 
-    def finish(
-        self,
-        endpoint_name: str,
-        status: int,
-        value: Any,
-        fatal: BaseException | None,
-        reply: Port | None,
-        index: int | None,
-        caller: bytes | None,
-        answer: Answer | None,
-    ) -> bool:
+    def finish(self, caller: Caller, status: int, value: Any, fatal: BaseException | None) -> bool:
         """Answer a call that ended (``fatal``: the ``BaseException`` that ends the actor);
         whether its failure went to the owner for want of a caller."""
         fatal_reported = False
         if fatal is not None:
             # Before the reply: whoever hears of the failure sees it ended.
             self.lifecycle.end(fatal)
+        reply, index, answer = caller.reply, caller.position, caller.answer
         if answer is not None:
             if status == FAILED and not answer.answer(status, value):
                 self.report_unhandled(value)  # it raised after answering: nobody waits
         elif reply is not None and index is not None:
-            self.reply(reply, index, status, value, caller)
+            self.reply(reply, index, status, value, caller.after)
         elif status == FAILED:
             self.report_unhandled(value)
             fatal_reported = True
@@ -358,7 +352,7 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
     """The caller's process mailbox when a reply travels by another route than what this process
     sends that process directly (to a thread's own reply inbox, or through a host agent that
     gathers replies): the reply then says where to wait up to (Node.in_order)."""
-    return reply[2] if reply is not None and len(reply) > 2 else None
+    return None if reply is None else ReplyTo.read(reply).after
 
 
 _tls = threading.local()

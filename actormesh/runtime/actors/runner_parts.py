@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ...errors import RemoteFailure
 from ..extent import Point
@@ -45,6 +45,17 @@ class Answer(Protocol):
     """An explicit response port (``response_port.ResponsePort``), as the runner answers it."""
 
     def answer(self, status: int, value: Any) -> bool: ...
+
+
+class Caller(NamedTuple):
+    """Who waits for a call's answer and where it goes, kept while the call runs (a concurrent
+    call's for as long as it awaits): ``ActorRunner.finish`` answers it."""
+
+    endpoint: str  # the endpoint called
+    reply: Port | None  # where the answer goes; None for a broadcast, or when ``answer`` does
+    position: int | None  # this rank's index in the call's view
+    after: bytes | None  # the reply field's ``after`` (protocol.ReplyTo)
+    answer: Answer | None  # the explicit response port, for such an endpoint
 
 
 class Runner(Protocol):
@@ -96,15 +107,7 @@ class Runner(Protocol):
     def failure_of(self, exc: BaseException, endpoint: str) -> RemoteFailure: ...
 
     def finish(
-        self,
-        endpoint_name: str,
-        status: int,
-        value: Any,
-        fatal: BaseException | None,
-        reply: Port | None,
-        index: int | None,
-        caller: bytes | None,
-        answer: Answer | None,
+        self, caller: Caller, status: int, value: Any, fatal: BaseException | None
     ) -> bool: ...
 
     def reply(

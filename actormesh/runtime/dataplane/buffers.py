@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import MeshError, MeshUsageError, SupervisionError
 from ..actors import Future, completed_future, set_exception, set_result
 from ..messaging import Address, Message, current_node
+from ..messaging.envelopes import BufDoneEnvelope
 from ..messaging.protocol import BUF_CUDA, BUF_READ, BUF_WRITE
 from . import cuda_buffers, shm
 from .buffer_owner import (
@@ -264,9 +265,9 @@ class _OwnerAnswer:
 
     def on_message(self, msg: Message) -> None:
         self.close()
-        _, _, ok, text = msg.envelope
-        if not ok:
-            set_exception(self.done, MeshError(text))
+        done = BufDoneEnvelope.of(msg)
+        if not done.ok:
+            set_exception(self.done, MeshError(done.error))
             return
         self.answered(msg)
 

@@ -20,6 +20,7 @@ from ...errors import (
 )
 from ..actors import Future, completed_future, failed_future, set_exception, set_result
 from ..messaging import Message, Node, Port, current_node
+from ..messaging.envelopes import ReplyEnvelope
 from ..messaging.protocol import FAILED, OK
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class Collector(Generic[T]):
         ]
 
     def on_message(self, msg: Message) -> None:
-        _, _, index, status = msg.envelope[:4]  # (REPLY, port id, index, status[, after])
+        reply = ReplyEnvelope.of(msg)
+        index, status = reply.index, reply.status
         try:
             value = msg.value()
         except Exception as exc:
@@ -163,7 +165,8 @@ class Gather(Collector[T]):
         # A rank that answered (the common case: every reply of a call_one, a choose or a call
         # that succeeds, read by the caller's thread as it waits) is recorded here, without the
         # general path's value -> deliver chain.
-        _, _, index, status = msg.envelope[:4]
+        reply = ReplyEnvelope.of(msg)
+        index, status = reply.index, reply.status
         if status != OK:
             super().on_message(msg)
             return

@@ -11,6 +11,7 @@ from ...errors import ActorError, MeshUsageError, ProcDeath, RemoteFailure
 from ..actors import Future, set_exception, set_result
 from ..mesh_shape import NoPublicConstructor
 from ..messaging import FAILED_VALUE, OK_VALUE, Message, Port, current_node
+from ..messaging.envelopes import PortEnvelope
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
 
@@ -49,12 +50,11 @@ class PortReceiver(Generic[T], metaclass=NoPublicConstructor):
 
     # PortHandler protocol (I/O thread)
     def on_message(self, msg: Message) -> None:
-        env = msg.envelope
-        rank = env[2] if len(env) > 2 else None
-        status = env[3] if len(env) > 3 else OK_VALUE
+        sent = PortEnvelope.of(msg)
+        status = OK_VALUE if sent.status is None else sent.status
         if self._once:
             self.close()  # a once port takes one value; later ones are dropped
-        self._deliver((rank, status, msg.value()))
+        self._deliver((sent.rank, status, msg.value()))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         return False  # a port does not know its senders; a dead sender simply sends no more

@@ -1,9 +1,11 @@
 """Messages between processes: signed frames over ZeroMQ, each process's node and inboxes.
 
 The face of ``runtime/messaging``: other layers import these names from here, never from its
-modules, with one exception: ``protocol``, the table of every message kind and its fields, is
-public as a module (``from ..messaging.protocol import CALL``), since every layer that sends
-or handles a message names its kind (``tests/unit/test_faces.py``).
+modules, with two exceptions, public as modules since every layer that sends or handles a
+message names its kind and reads its fields (``tests/unit/test_faces.py``): ``protocol``, the
+table of every message kind and its fields (``from ..messaging.protocol import CALL``), and
+``envelopes``, each kind's envelope by field name (``CallEnvelope.of(msg).endpoint``),
+generated from that table.
 
 - Messages: ``Message`` (a received envelope and its payload), ``dumps``/``loads`` (the one
   pickle boundary, ``codec``), ``Address`` (where a process or actor listens).

@@ -40,6 +40,7 @@ from ..faults import add_main_waiter, remove_main_waiter
 from .address import MAX_IPC_PATH, reply_inbox_address
 from .codec import Message, Verifier, new_id
 from .datagrams import DatagramInbox, DatagramSender, path_of
+from .envelopes import port_id_of
 from .protocol import REPLY
 from .receive import decode
 
@@ -146,19 +147,19 @@ class ReplyInbox:
             msg = decode(verifier, [data])  # None: dropped, and said so
             if msg is None:
                 continue
-            env = msg.envelope
-            if env[0] != REPLY:
+            if msg.kind != REPLY:
                 self._handle(node, msg)
             elif in_order(msg):
                 # _handle, inline for a reply (what a waiting call reads): to its port's handler.
-                handler = ports.get(env[1])
+                port_id = port_id_of(msg)
+                handler = ports.get(port_id)
                 if handler is not None:
                     try:
                         handler.on_message(msg)
                     except Exception:
                         logger.exception("error handling a reply")
                 else:
-                    logger.debug("reply for closed port %s dropped", env[1])
+                    logger.debug("reply for closed port %s dropped", port_id)
             if done():
                 return
 
@@ -195,12 +196,12 @@ class ReplyInbox:
             return  # handed to the I/O thread, after what its sender sent before it
         try:
             # Replies are what this socket is for: straight to their port.
-            if msg.envelope[0] == REPLY:
+            if msg.kind == REPLY:
                 node.to_port(msg)
             else:
                 node.dispatch(msg)
         except Exception:
-            logger.exception("error handling a %r message", msg.envelope[0])
+            logger.exception("error handling a %r message", msg.kind)
 
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure

@@ -60,9 +60,7 @@ def _all_here(dests: Sequence[Address], host: str) -> bool:
 
 
 def _unattached(msg: Message) -> None:
-    logger.warning(
-        "dropped a %r message: no node handles this transport's messages", msg.envelope[0]
-    )
+    logger.warning("dropped a %r message: no node handles this transport's messages", msg.kind)
 
 
 class Transport(IoLoop):
@@ -514,7 +512,7 @@ class Transport(IoLoop):
             try:
                 self.on_message(msg)
             except Exception:
-                logger.exception("error handling a %r message", msg.envelope[0])
+                logger.exception("error handling a %r message", msg.kind)
             if self.on_handled is not None:
                 self.on_handled(msg)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
 from ..messaging import Address, Message
+from ..messaging.envelopes import MovedEnvelope
 from ..messaging.protocol import MOVED
 from .agent_handle import AgentHandle
 from .record_parts import HealedMesh
@@ -89,12 +90,13 @@ def on_moved(node: Node, msg: Message) -> None:
     """A worker's handler of ``moved``: update this process's copy of the proc table."""
     from ..meshes import live_table
 
-    _, mesh_id, rank, address, relay = msg.envelope
-    table = live_table(mesh_id)
+    moved = MovedEnvelope.of(msg)
+    rank, relay = moved.rank, moved.relay
+    table = live_table(moved.mesh_id)
     if table is None:
         return
     old: Any = table.addresses[rank]
-    table.addresses[rank] = address
+    table.addresses[rank] = moved.address
     if relay is not None and table.relays is None:
         table.relays = [None] * len(table.addresses)
     if table.relays is not None:

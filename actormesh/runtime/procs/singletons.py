@@ -29,6 +29,7 @@ from ..actors import (
 )
 from ..meshes import ActorMesh, pickle_arguments
 from ..messaging import Message, Node, current_node, dumps, node_if_started, reply_port
+from ..messaging.envelopes import ReplyEnvelope, SingletonEnvelope
 from ..messaging.protocol import FAILED, OK, REPLY, SINGLETON
 from .controller import Controller, on_controller
 from .host_mesh import this_proc
@@ -82,7 +83,8 @@ def _install(ctl: Controller) -> None:
 
 def on_singleton(node: Node, msg: Message) -> None:
     """A ``SINGLETON`` question (I/O thread): pass it on towards the root, or answer it."""
-    _, name, reply = msg.envelope
+    asked = SingletonEnvelope.of(msg)
+    name = asked.name
     if not _is_root(node):
         assert node.controller is not None
         node.send(node.controller, msg.envelope, msg.payload, msg.buffers)
@@ -93,7 +95,7 @@ def on_singleton(node: Node, msg: Message) -> None:
         status, value = OK, _get_or_spawn(name, cls, tuple(args), kwargs)
     except Exception as exc:
         status, value = FAILED, render_failure(exc, "controller", name, "get_or_spawn_controller")
-    port = reply_port(reply)
+    port = reply_port(asked.reply)
     current_node().send(port.address, (REPLY, port.port_id, 0, status), *dumps(value))
 
 
@@ -110,7 +112,7 @@ class _Answer(Generic[T]):
 
     def on_message(self, msg: Message) -> None:
         self.node.close_port(self.port)
-        status, value = msg.envelope[3], msg.value()
+        status, value = ReplyEnvelope.of(msg).status, msg.value()
         if status == OK:
             set_result(self.future, value)
         else:

@@ -34,6 +34,7 @@ from ..messaging import (
     set_node,
     start_outbox,
 )
+from ..messaging.envelopes import StacksEnvelope, WaitsEnvelope
 from ..messaging.protocol import (
     INTERRUPT,
     MOVED,
@@ -100,14 +101,14 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         stop.set()
 
     def on_stacks(msg: Message) -> None:
-        _, state, reply = msg.envelope
-        index = shape_from_state(state).local_index(spec["rank"])
+        asked = StacksEnvelope.of(msg)
+        index = shape_from_state(asked.shape).local_index(spec["rank"])
         text = format_stacks(host.actors.values(), skip=[main_thread])
-        port = reply_port(reply)
+        port = reply_port(asked.reply)
         node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
 
     def on_waits(msg: Message) -> None:
-        _, reply = msg.envelope
+        reply = WaitsEnvelope.of(msg).reply
         waits = []
         for runner in list(host.actors.values()):
             on = blocked_on(runner.thread.ident)
