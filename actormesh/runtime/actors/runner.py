@@ -27,6 +27,7 @@ from ..messaging import (
     Message,
     actor_address,
     flush_output,
+    port_of,
     reply_port,
 )
 from ..messaging.envelopes import CallEnvelope
@@ -220,8 +221,9 @@ class ActorRunner:
             context = ctxmod.Context(self.actor_instance, None, shape, index)
             view = self._views[state] = (shape, index, context)
         shape, index, context = view
-        reply: Port | None = reply_port(reply_state)
-        caller = _caller(reply_state)
+        to = None if reply_state is None else ReplyTo.read(reply_state)
+        reply: Port | None = None if to is None else port_of(to)
+        caller = None if to is None else to.after
         ctxmod.set_current(context)
         _tls.runner = self
         status, value = OK, None

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .codec import Message
 
 _new = tuple.__new__
+_PADS = ((), (None,), (None, None), (None, None, None))  # for missing optional fields
 
 
 class ReplyEnvelope(NamedTuple):
@@ -31,14 +32,14 @@ class ReplyEnvelope(NamedTuple):
     def of(cls, msg: Message) -> ReplyEnvelope:
         env = msg.envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> ReplyEnvelope:
         env = envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
 
@@ -72,14 +73,14 @@ class PortEnvelope(NamedTuple):
     def of(cls, msg: Message) -> PortEnvelope:
         env = msg.envelope
         if len(env) < 4:
-            env += (None,) * (4 - len(env))
+            env += _PADS[4 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> PortEnvelope:
         env = envelope
         if len(env) < 4:
-            env += (None,) * (4 - len(env))
+            env += _PADS[4 - len(env)]
         return _new(cls, env)
 
 
@@ -164,14 +165,14 @@ class SpawnActorEnvelope(NamedTuple):
     def of(cls, msg: Message) -> SpawnActorEnvelope:
         env = msg.envelope
         if len(env) < 6:
-            env += (None,) * (6 - len(env))
+            env += _PADS[6 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> SpawnActorEnvelope:
         env = envelope
         if len(env) < 6:
-            env += (None,) * (6 - len(env))
+            env += _PADS[6 - len(env)]
         return _new(cls, env)
 
 
@@ -458,14 +459,14 @@ class TunnelEnvelope(NamedTuple):
     def of(cls, msg: Message) -> TunnelEnvelope:
         env = msg.envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> TunnelEnvelope:
         env = envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
 
@@ -533,14 +534,14 @@ class ReadyEnvelope(NamedTuple):
     def of(cls, msg: Message) -> ReadyEnvelope:
         env = msg.envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> ReadyEnvelope:
         env = envelope
         if len(env) < 5:
-            env += (None,) * (5 - len(env))
+            env += _PADS[5 - len(env)]
         return _new(cls, env)
 
 
@@ -561,14 +562,14 @@ class ExitEnvelope(NamedTuple):
     def of(cls, msg: Message) -> ExitEnvelope:
         env = msg.envelope
         if len(env) < 8:
-            env += (None,) * (8 - len(env))
+            env += _PADS[8 - len(env)]
         return _new(cls, env)
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> ExitEnvelope:
         env = envelope
         if len(env) < 8:
-            env += (None,) * (8 - len(env))
+            env += _PADS[8 - len(env)]
         return _new(cls, env)
 
 

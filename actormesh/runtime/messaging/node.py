@@ -105,9 +105,11 @@ def reply_port(reply: tuple[Any, ...]) -> Port: ...
 def reply_port(reply: tuple[Any, ...] | None) -> Port | None:
     """The Port of a reply, from the plain tuple an envelope carries (every call carries one:
     its Address is built once per caller)."""
-    if reply is None:
-        return None
-    to = ReplyTo.read(reply)
+    return None if reply is None else port_of(ReplyTo.read(reply))
+
+
+def port_of(to: ReplyTo) -> Port:
+    """The Port of a reply field read by name (``reply_port`` for one that is not)."""
     address = _addresses.get(to.address)
     if address is None:
         if len(_addresses) > 4096:

@@ -300,6 +300,7 @@ def envelopes_source() -> str:
         "    from .codec import Message",
         "",
         "_new = tuple.__new__",
+        "_PADS = ((), (None,), (None, None), (None, None, None))  # for missing optional fields",
     ]
     for kind in _TABLE:
         name = class_name(kind)
@@ -320,7 +321,7 @@ def envelopes_source() -> str:
                 out += [
                     f"        env = {env}",
                     f"        if len(env) < {size}:",
-                    f"            env += (None,) * ({size} - len(env))",
+                    f"            env += _PADS[{size} - len(env)]",
                     "        return _new(cls, env)",
                 ]
             else:
