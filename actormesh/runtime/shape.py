@@ -32,7 +32,7 @@ from .extent import (
     row_major_strides,
 )
 
-__all__ = ["Shape"]
+__all__ = ["Shape", "unchecked_shape"]
 
 
 class Shape:
@@ -434,7 +434,15 @@ class Shape:
         return render_extent(self._labels, self._sizes)
 
 
+def unchecked_shape(
+    labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
+) -> Shape:
+    """A ``Shape`` of fields that came from a valid one (a shape sent as plain tuples, a view of
+    a mesh's own): no checks, as it is made on every message that carries one."""
+    return Shape._unchecked(labels, offset, sizes, strides)  # noqa: SLF001  this module's class
+
+
 def _restore_shape(
     labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
 ) -> Shape:
-    return Shape._unchecked(labels, offset, sizes, strides)
+    return unchecked_shape(labels, offset, sizes, strides)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import actormesh as am
+from actormesh.runtime.actors.future import failed_future
 from actormesh.runtime.dataplane import spmd
 from actormesh.runtime.dataplane.rank_layout import RankLayout
 
@@ -257,7 +258,7 @@ def test_a_mesh_stopped_under_the_script_is_not_a_success(
             return self
 
         def next(self, timeout: float | None = None) -> Future[Any]:
-            return Future._failed(am.MeshClosedError("cannot call spmd.run: it was stopped"))
+            return failed_future(am.MeshClosedError("cannot call spmd.run: it was stopped"))
 
     real = spmd.helper_mesh
     monkeypatch.setattr(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import actormesh as am
 from actormesh.runtime.extent import Extent, Point, point_label
 from actormesh.runtime.mesh_shape import MeshShape
-from actormesh.runtime.meshes.value_mesh import ValueMesh
+from actormesh.runtime.meshes.value_mesh import new_value_mesh
 from actormesh.runtime.shape import Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
@@ -467,7 +467,7 @@ def test_random_chained_slices(data: st.DataObject) -> None:
 def test_a_bad_slice_of_a_mesh_is_a_mesh_error_and_still_its_builtin(
     selectors: dict[str, Any], builtin: type[Exception]
 ) -> None:
-    mesh = ValueMesh._create(BIG, list(range(len(BIG))))
+    mesh = new_value_mesh(BIG, list(range(len(BIG))))
     try:
         mesh.slice(**selectors)
     except am.MeshError as exc:

@@ -45,11 +45,9 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future, then
+from ..actors import Future, completed_future, then
 from ..mesh_shape import view_shape
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
-from ..meshes.value_mesh import ValueMesh
+from ..meshes import ActorMesh, ProcMesh, ValueMesh, new_value_mesh
 from .distributed import (
     _DistSetup,
     helper_mesh,
@@ -154,8 +152,8 @@ def launch(
 
         def codes(values: ValueMesh[tuple[int, int]]) -> Future[ValueMesh[int]]:
             rank0(helpers).release_store.call_one(port)  # the script's group is gone
-            return Future._completed(
-                ValueMesh._create(view_shape(procs), [c for _, c in values.values()])
+            return completed_future(
+                new_value_mesh(view_shape(procs), [c for _, c in values.values()])
             )
 
         return then(done, codes)
@@ -192,7 +190,7 @@ def run(
     ``FAILURE_GRACE`` seconds to report, then every process is stopped (as torchrun does); the
     processes are always stopped before this returns. Blocks the calling thread (any thread).
     """
-    from ..procs.host_mesh import this_host
+    from ..procs import this_host
 
     if nproc_per_host < 1:
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
