@@ -76,7 +76,12 @@ def failed(exc: BaseException) -> Future[Any]:
 
 def on_failure(future: Future[T], translate: Callable[[BaseException], BaseException]) -> Future[T]:
     """``future``, failing with ``translate(its exception)`` instead where it fails."""
-    out: Future[T] = Future(lambda: "the tensor engines' reply")
+
+    def describe() -> str:  # a timed-out wait names the ranks the reply still waits for
+        inner = future._describe_pending  # noqa: SLF001
+        return inner() if inner is not None else "the tensor engines' reply"
+
+    out: Future[T] = Future(describe, future.pending_ranks)
 
     def settle(done: Future[T]) -> None:
         exc = done.exception()
