@@ -52,12 +52,21 @@ class DebugMagics:
         self.debugger.label = self.files.label
         self.debugger.sources = self.files.cell_sources
         self.debugger.notices = self._notice
+        self.debugger.before_attach = self._start_status_actors
         self.widget: Any = None
         cells.set_pause_hook(self)
         mesh_magics.annotate_stacks = annotate_stacks
         set_debugger_state(debugger_state)
         if self._end_wait_on_pause not in future_mod.wait_hooks:
             future_mod.wait_hooks.append(self._end_wait_on_pause)
+
+    def _start_status_actors(self, mesh_id: str, rank: int) -> None:
+        """The kernel's status actors of the mesh (which the widget asks what each rank runs),
+        started and answering on ``rank`` before the debugger attaches to it."""
+        for tools in self.magics.registry.live():
+            if tools.table.mesh_id == mesh_id:
+                actors = tools.status_actors()
+                actors._new_with_shape(tools.rank_shape(rank)).status.call_one().get(timeout=30)
 
     @property
     def shell(self) -> Any:
