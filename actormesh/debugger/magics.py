@@ -28,6 +28,7 @@ from ..kernel.executor import Repr
 from ..kernel.magic_args import usage
 from ..kernel.selection import Selection, SelectionError, select, values_of
 from ..runtime.actors import wait_hooks
+from ..runtime.mesh_shape import with_shape
 from ..runtime.meshes import ValueMesh
 from ..runtime.shape import Shape
 from . import mesh_tensors
@@ -52,9 +53,18 @@ class DebugMagics:
         self.debugger.label = self.files.label
         self.debugger.sources = self.files.cell_sources
         self.debugger.notices = self._notice
+        self.debugger.before_attach = self._start_status_actors
         self.widget: Any = None
         if self._end_wait_on_pause not in wait_hooks:
             wait_hooks.append(self._end_wait_on_pause)
+
+    def _start_status_actors(self, mesh_id: str, rank: int) -> None:
+        """The kernel's status actors of the mesh (which the widget asks what each rank runs),
+        started and answering on ``rank`` before the debugger attaches to it."""
+        for tools in self.magics.registry.live():
+            if tools.table.mesh_id == mesh_id:
+                actors = tools.status_actors()
+                with_shape(actors, tools.rank_shape(rank)).status.call_one().get(timeout=30)
 
     @property
     def shell(self) -> Any:

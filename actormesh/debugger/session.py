@@ -57,6 +57,10 @@ class Debugger:
         # Notebook cells' source, put into each rank's linecache when it is attached.
         self.sources: Callable[[], dict[str, str]] = dict
         self.notices: Callable[[str], None] = lambda text: None
+        # Runs before a paused rank is attached, while it waits for us: the kernel starts the
+        # actors its widget asks there (a thread started later, as the rank stops, would make
+        # pydevd print "thread._ident is None in _get_related_thread!" into the cell).
+        self.before_attach: Callable[[str, int], None] = lambda mesh_id, rank: None
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -167,6 +171,10 @@ class Debugger:
                 self.agent(rd.mesh_id, rd.rank).listen.call_one().get(timeout=ATTACH_TIMEOUT)
             except MeshError as exc:
                 logger.debug("rank %s: its debug agent did not answer: %s", rd.rank, exc)
+            try:
+                self.before_attach(rd.mesh_id, rd.rank)
+            except Exception as exc:  # the attach matters more than what the widget shows
+                logger.debug("rank %s: before_attach failed: %s", rd.rank, exc)
         try:
             rd.attach(int(where["port"]))
         except Exception as exc:

@@ -201,9 +201,18 @@ class DebuggerWidget:
         key = (tools.table.mesh_id, rank)
         if key in self._asking:
             return
+        actors = tools.status_actors_if_spawned()
+        if actors is None and self._holds_a_rank_of(key[0]):
+            # Spawning them starts a thread on every rank, and one that starts as a rank stops
+            # in the debugger makes pydevd print "thread._ident is None in
+            # _get_related_thread!" into the cell: the debugger starts them before it attaches
+            # (DebugMagics._start_status_actors), and the widget asks once they run.
+            return
         self._asking.add(key)
         try:
-            future = with_shape(tools.status_actors(), tools.rank_shape(rank)).status.call_one()
+            if actors is None:
+                actors = tools.status_actors()
+            future = with_shape(actors, tools.rank_shape(rank)).status.call_one()
         except Exception:  # a stopped mesh, a dead rank: the debugger's own words stay
             self._asking.discard(key)
             return
@@ -222,6 +231,12 @@ class DebuggerWidget:
                 self._again.start()
 
         future.add_done_callback(answered)
+
+    def _holds_a_rank_of(self, mesh_id: str) -> bool:
+        return any(
+            rd.mesh_id == mesh_id and rd.status != "dead"
+            for rd in list(self.debugger.ranks.values())
+        )
 
     def _ask_again(self) -> None:
         self._again = None

@@ -49,6 +49,10 @@ class MeshTools:
             self._status = self.procs.spawn(STATUS_NAME, MeshStatus)
         return self._status
 
+    def status_actors_if_spawned(self) -> ActorMesh[MeshStatus] | None:
+        """The status actors if they run already (asking them then starts no thread)."""
+        return self._status
+
     def proc(self, rank: int) -> ProcMesh:
         return self.procs.rank_view(rank)
 

@@ -22,6 +22,7 @@ from ..runtime.actors import (
     set_exception,
     set_result,
     then,
+    waiting_for,
     when_all,
 )
 from ..runtime.dataplane import destroy_process_group, init_process_group
@@ -91,7 +92,11 @@ def failed(exc: BaseException) -> Future[Any]:
 
 def on_failure(future: Future[T], translate: Callable[[BaseException], BaseException]) -> Future[T]:
     """``future``, failing with ``translate(its exception)`` instead where it fails."""
-    out: Future[T] = Future(lambda: "the tensor engines' reply")
+
+    def describe() -> str:  # a timed-out wait names the ranks the reply still waits for
+        return waiting_for(future) or "the tensor engines' reply"
+
+    out: Future[T] = Future(describe, future.pending_ranks)
 
     def settle(done: Future[T]) -> None:
         exc = done.exception()

@@ -21,6 +21,7 @@ from actormesh.runtime.actors.future import (
     set_result,
     settle,
     then,
+    waiting_for,
     when_all,
 )
 
@@ -219,6 +220,17 @@ def test_then_propagates_failures_of_either_step() -> None:
         then(completed_future(1), raising_step).get()
     with pytest.raises(Boom, match="second"):
         then(completed_future(1), lambda _: failed_future(Boom("second"))).get()
+
+
+def test_waiting_for_says_what_a_pending_future_waits_for() -> None:
+    """The runtime's hook for a future that stands in for another (the tensor layer's
+    translated replies): the same words a timed-out wait would use, nothing once done."""
+    described: Future[int] = Future(lambda: "rank {dp=1} of the call")
+    assert waiting_for(described) == "rank {dp=1} of the call"
+    assert waiting_for(Future()) is None  # it says nothing of itself
+    assert waiting_for(then(described, completed_future)) == "rank {dp=1} of the call"
+    set_result(described, 1)
+    assert waiting_for(described) is None
 
 
 def test_when_all_keeps_order_and_fails_with_the_first_failure() -> None:

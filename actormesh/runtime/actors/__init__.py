@@ -10,7 +10,8 @@ modules (``tests/unit/test_faces.py``).
 - ``context()``, ``current_rank()``...: which actor, rank and process code runs as
   (``actor_context``).
 - ``Future`` and its completion by the runtime (``set_result``, ``set_exception``,
-  ``completed_future``...), ``then``, ``when_all`` (``future``).
+  ``completed_future``...), what a pending one waits for (``waiting_for``), ``then``,
+  ``when_all`` (``future``).
 """
 
 from .actor import Actor, concurrent_endpoint, endpoint, endpoint_names, plain_method_names
@@ -37,6 +38,7 @@ from .future import (
     settle,
     then,
     wait_hooks,
+    waiting_for,
     when_all,
 )
 from .ownership import Owner, send_to_owner
@@ -75,5 +77,6 @@ __all__ = [
     "settle",
     "then",
     "wait_hooks",
+    "waiting_for",
     "when_all",
 ]

@@ -300,6 +300,14 @@ def set_exception(future: Future[Any], exc: BaseException) -> bool:
     return future._complete(_FAILED, exc)  # noqa: SLF001  this module's class
 
 
+def waiting_for(future: Future[Any]) -> str | None:
+    """What a pending ``future`` waits for, in the words a wait that times out uses (the ranks
+    of a call still out), or ``None`` when it says nothing (or is done): for a future that
+    stands in for another (``then``, ``when_all``, the tensor layer's translated replies)."""
+    describe = future._describe_pending  # noqa: SLF001  this module's class
+    return None if describe is None else describe()
+
+
 def completed_future(value: T) -> Future[T]:
     """A future already done with ``value``."""
     future: Future[T] = Future()
@@ -332,8 +340,7 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
     current: list[Future[Any]] = [first]
 
     def describe() -> str:
-        pending = current[-1]._describe_pending  # noqa: SLF001  same module
-        return pending() if pending is not None else "the next step"
+        return waiting_for(current[-1]) or "the next step"
 
     out: Future[Y] = Future(describe)
 
@@ -359,7 +366,7 @@ def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
 
     def describe() -> str:  # what the futures still pending wait for (the ranks they name)
         pending = [f for f in futures if not f.done()]
-        said = [d() for f in pending if (d := f._describe_pending) is not None]  # noqa: SLF001  same module
+        said = [d for f in pending if (d := waiting_for(f)) is not None]
         return "; ".join(said) if said else f"{len(pending)} more results"
 
     out: Future[list[Any]] = Future(describe)
