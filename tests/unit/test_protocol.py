@@ -171,8 +171,9 @@ def test_an_envelope_reads_by_name_with_optional_fields_as_none() -> None:
 
 
 def positional_reads(modules: Iterator[tuple[str, ast.Module]]) -> list[str]:
-    """Envelopes read by position: ``msg.envelope[i]`` and ``a, b = msg.envelope``. Only the
-    modules that make messages and the envelope classes read them so."""
+    """Envelopes read by position: ``msg.envelope[i]``, ``a, b = msg.envelope``, and the same
+    of an envelope held as ``envelope`` (one a relay passes on). Only the modules that make
+    messages and the envelope classes read them so."""
     found = []
     for module, tree in modules:
         if module.rpartition(".")[2] in ("codec", "protocol", "envelopes"):
@@ -182,7 +183,8 @@ def positional_reads(modules: Iterator[tuple[str, ast.Module]]) -> list[str]:
             unpack = isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
             if unpack or isinstance(node, ast.Subscript):
                 value = node.value  # type: ignore[attr-defined]
-            if isinstance(value, ast.Attribute) and value.attr == "envelope":
+            named = isinstance(value, ast.Name) and value.id == "envelope"
+            if named or (isinstance(value, ast.Attribute) and value.attr == "envelope"):
                 found.append(f"{module}:{node.lineno}")
     return found
 
@@ -197,8 +199,11 @@ def test_the_envelope_checks_catch_a_deliberate_violation() -> None:
         "    _, key, endpoint, shape, reply = msg.envelope\n"
         "    index = msg.envelope[3]\n"
         "    call = CallEnvelope.of(msg)\n"
+        "def on_relay(envelope):\n"
+        "    kind = envelope[0]\n"
+        "    key = CallEnvelope.read(envelope).key\n"
     )
-    assert positional_reads(iter([("bad", bad)])) == ["bad:2", "bad:3"]
+    assert positional_reads(iter([("bad", bad)])) == ["bad:2", "bad:3", "bad:6"]
     table = list(protocol._TABLE)
     try:  # a field added to the table, and envelopes.py not written again
         protocol._TABLE[0] = protocol._TABLE[0]._replace(fields=("port_id", "index", "new"))

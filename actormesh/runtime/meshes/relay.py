@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
 from ..messaging import Address, Message, payload_digest, reply_port
-from ..messaging.envelopes import CallEnvelope, RelayEnvelope, ReplyEnvelope, StopActorEnvelope
+from ..messaging.envelopes import (
+    CallEnvelope,
+    RelayEnvelope,
+    ReplyEnvelope,
+    StopActorEnvelope,
+    kind_of,
+)
 from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, ReplyTo, shape_from_state
 from .proc_table import Plan, ProcTable
 
@@ -125,7 +131,7 @@ def send(
     if buffers and digest is None:
         digest = payload_digest(payload)
     actor = None
-    kind = envelope[0]  # every envelope's first field
+    kind = kind_of(envelope)
     if kind == CALL:
         actor = CallEnvelope.read(envelope).key
     elif kind == STOP_ACTOR:  # the route of that actor's calls: it comes after them
@@ -208,7 +214,7 @@ class Relayer:
     def on_relay(self, msg: Message) -> None:
         relayed = RelayEnvelope.of(msg)
         mesh_id, state, envelope = relayed.mesh_id, relayed.shape, relayed.envelope
-        kind = envelope[0]  # every envelope's first field
+        kind = kind_of(envelope)
         targets = self.targets(mesh_id, state)
         if not targets:
             logger.debug("relayed %r for %s reached no worker here", kind, mesh_id)
@@ -378,7 +384,7 @@ def cast(
     window: float = 0.0,
 ) -> None:
     """An endpoint's cast (``Endpoint.cast``): a broadcast when there is no collector."""
-    _, _, _, state, _ = envelope  # (CALL, key, endpoint, shape state, reply)
+    state = CallEnvelope.read(envelope).shape
     one_way = collector is None
     args = (node, procs, shape, state, envelope, payload, buffers, digest, collector, one_way)
     send(*args, what=what, window=window)

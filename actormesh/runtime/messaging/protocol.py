@@ -334,6 +334,12 @@ def envelopes_source() -> str:
     out += [
         "",
         "",
+        "def kind_of(envelope: tuple[Any, ...]) -> str:",
+        '    """The kind of an envelope that is not (yet) a message (one a relay passes on): its',
+        '    first field, in every kind (a message has it as ``Message.kind``)."""',
+        "    return envelope[0]  # type: ignore[no-any-return]",
+        "",
+        "",
         "def port_id_of(msg: Message) -> Any:",
         '    """The port a message goes to (Node.to_port): the first field of '
         + ", ".join(to_port)
