@@ -108,8 +108,9 @@ _TABLE = [
     Kind(REPLY, ("port_id", "index", "status", "after?", "datagrams?"), EVERY_ROLE, EVERY_ROLE,
          _NODE,
          "The answer of one rank to a call, spawn, stack dump or interrupt; the payload is the "
-         "value (status OK) or the rendered failure (FAILED). ``after``: the caller's process "
-         "mailbox when the reply did not come straight from the rank (see Node.in_order). "
+         "value (status OK) or the rendered failure (FAILED). ``after``: when the reply took "
+         "another route than the rank's earlier messages to the caller's process, the sequence "
+         "number of the last of them, handled first (see Node.in_order). "
          "``datagrams``: on a reply to a reply inbox that went through the process inbox "
          "instead, the sequence number of its sender's last datagram to that inbox, which is "
          "handled first (Node._on_reply)."),
