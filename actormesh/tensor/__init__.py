@@ -34,6 +34,7 @@ the ranks' half never imports the controller's.
 ``controller/reduce.py``        ``MeshTensor.reduce``, ``reduce_``: Monarch's collectives
 ``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
 ``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
+``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
 ``controller/module.py``        ``module_to_mesh``
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
@@ -47,6 +48,8 @@ the ranks' half never imports the controller's.
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
 ``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
+``worker/groups.py``            process groups of an engine on part of its group's processes
+``worker/transfer.py``          ``to_mesh`` on the ranks: the inbox, sending, assembling
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
@@ -138,6 +141,7 @@ from .controller.remote import remote as remote
 from .controller.seams import install as _install_seams
 from .controller.stream import flush_all as flush_all
 from .controller.tensor import MeshTensor as MeshTensor
+from .controller.transfer import to_mesh_tree as to_mesh
 from .wire.errors import RemoteTensorError as RemoteTensorError
 
 # MeshTensor's methods that live in the modules built on it, and what the runtime calls up here.
@@ -168,4 +172,5 @@ __all__ = [
     "reduce_",
     "remote",
     "show",
+    "to_mesh",
 ]

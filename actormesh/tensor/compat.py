@@ -24,6 +24,7 @@ from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
+from ..runtime.messaging.node import current_node
 
 T = TypeVar("T")
 
@@ -44,6 +45,7 @@ __all__ = [
     "endpoint",
     "failed",
     "helper_mesh_with_args",
+    "in_this_process",
     "init_process_group",
     "install_tensor_layer",
     "is_stopped",
@@ -53,6 +55,8 @@ __all__ = [
     "mesh_id",
     "message_readers",
     "on_unsent",
+    "open_port",
+    "places",
     "report_unhandled",
     "then",
     "value_mesh",
@@ -84,6 +88,29 @@ def mailboxes(mesh: Any) -> list[bytes]:
     """The mailbox of each process of ``mesh``, in row-major order (a process group's ranks)."""
     table = proc_table(mesh)
     return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
+
+
+def open_port(handler: Any) -> Any:
+    """A port of this process whose messages go to ``handler`` on the I/O thread (its
+    ``on_message``; ``on_death`` hears of every process death): an engine's inbox, where other
+    engines send it the values they move (``to_mesh``). ``Channel.open`` would queue them for
+    one reader; an inbox files them by transfer, for whichever op wants each."""
+    return current_node().open_port(handler)
+
+
+def in_this_process(address: Any) -> bool:
+    return bool(address.mailbox == current_node().address.mailbox)
+
+
+def places(mesh: Any) -> tuple[str, ...] | None:
+    """Where each process of ``mesh`` sits in its whole proc mesh (``{pp=1, dp=0}``), row-major;
+    None when ``mesh`` covers the whole proc mesh in order (its own coordinates say it then).
+    A failure on a slice's engine names the rank so: which stage, not just which dp rank."""
+    table = proc_table(mesh)
+    ranks = list(view_shape(mesh).ranks())
+    if ranks == list(range(len(table.addresses))):
+        return None
+    return tuple("{" + table.labels[r].replace(",", ", ") + "}" for r in ranks)
 
 
 def is_stopped(mesh: Any) -> bool:

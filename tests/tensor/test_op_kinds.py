@@ -132,6 +132,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     loss = model(x).sum()  # module_forward
     loss.backward()  # module_backward
     model.eval()  # module_mode
+    across = dt.to_mesh(mesh.slice(tp=1), [None, "dp"])  # link, send, recv
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -147,6 +148,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert torch.equal(inspect(adopted * 2), torch.zeros(2))  # rank 0's value
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)
     assert inspect(loss).shape == ()
+    assert torch.equal(inspect(across), x)
     recorded = Counter(kinds.seen) - before
     missing = set(KINDS) - set(recorded)
     assert not missing, f"kinds no program here recorded: {missing}"

@@ -31,6 +31,7 @@ from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
 from .side_effects import written
 from .stand_ins import StoodIn, stand_in
+from .transfer import Inbox, Inherited
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +47,24 @@ class _TensorEngine(Actor):
     """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
 
     def __init__(
-        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int, device: str
+        self,
+        key: str,
+        labels: tuple[str, ...],
+        sizes: tuple[int, ...],
+        seed: int,
+        device: str,
+        ranks: tuple[int, ...] | None = None,
+        places: tuple[str, ...] | None = None,
     ) -> None:
+        """``ranks``: this engine's processes as ranks of their process group, row-major (None:
+        the whole group, in its order); ``places``: per engine index, where that rank sits in
+        its proc mesh (``{pp=1, dp=0}`` for a slice), what failures name (None: its coordinates
+        here)."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
+        from .groups import sub_device_mesh
         from .views import MeshView
 
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
@@ -61,14 +74,22 @@ class _TensorEngine(Actor):
         self.labels = tuple(labels)
         self.sizes = tuple(sizes)
         self.device = device  # "cuda" or "cpu", as the controller chose (mesh.engine_device)
-        self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
-        self.index = dist.get_rank()
+        self.ranks = ranks  # None: the engine runs over its whole process group
+        if ranks is None:
+            self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
+            self.index = dist.get_rank()
+        else:  # a part of its group's processes: groups of its own (groups.py)
+            self.mesh = sub_device_mesh(self.device, key, ranks, self.sizes, self.labels)
+            self.index = ranks.index(dist.get_rank())
         point = Point(self.index, Extent(list(self.labels), list(self.sizes)))
         self.coords: dict[str, int] = dict(point)
         # Every process starts torch's generator from the same default seed (and forked ones
-        # from the same state): per-rank factories under activate() must draw differently.
-        torch.manual_seed(seed + self.index)
-        self.rank_str = str(point)
+        # from the same state): per-rank factories under activate() must draw differently. They
+        # draw from the engine's own generator: a process may run several engines (slices).
+        self.generator = torch.Generator(device).manual_seed(seed + self.index)
+        if ranks is None:  # and code beside it (remote functions) from the process's one
+            torch.manual_seed(seed + self.index)
+        self.rank_str = places[self.index] if places else str(point)
         # Shapes of these processes by the controller's number (views.py); 0 is the one above.
         self.views: dict[int, MeshView] = {
             0: MeshView(self.mesh, self.labels, self.sizes, self.index)
@@ -91,6 +112,9 @@ class _TensorEngine(Actor):
         # thread, dropped by the engine's thread between batches.
         self.read_pins: list[int] = []
         self.threads_set = False
+        # to_mesh (transfer.py): where other engines' sends arrive, and where ours go.
+        self.inbox = Inbox()
+        self.peers: dict[str, tuple[Any, ...]] = {}
         REGISTRY[key] = self
 
     # -- the stream --------------------------------------------------------------------------
@@ -179,6 +203,8 @@ class _TensorEngine(Actor):
             computed = None
             if isinstance(exc, StoodIn):  # the handler made its own stand-ins
                 computed, exc = exc.values, exc.cause
+            elif isinstance(exc, Inherited):  # failed on the mesh it came from (to_mesh)
+                computed, root = exc.values or None, exc.root
             if root is None:
                 root = self._new_failure(op, exc)
             else:
@@ -210,6 +236,12 @@ class _TensorEngine(Actor):
         for i in written(op, self.siblings):
             if i in self.env:
                 self._set_poison(i, root)
+
+    def new_failure(self, exc: BaseException) -> FailureInfo:
+        """A failure of the op running now, for a handler that reports it beyond its outputs
+        (a ``send`` tells its receivers)."""
+        assert self.current is not None
+        return self._new_failure(self.current, exc)
 
     def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
         self.serial += 1
@@ -348,6 +380,11 @@ class _TensorEngine(Actor):
     def adopt(self, id: int, name: str) -> Adopted:
         """Take ``name`` from this process's ``%%mesh`` namespace as value ``id`` (adopt.py)."""
         return adopt_value(self, id, name)
+
+    @endpoint
+    def inbox_port(self) -> Any:
+        """Where other engines send this rank the values they move here (transfer.py)."""
+        return self.inbox.port
 
     @endpoint
     def live(self) -> int:

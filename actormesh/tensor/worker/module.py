@@ -153,7 +153,9 @@ def _collectives(engine: _TensorEngine) -> dict[int, tuple[Any, int]]:
     """id(group) -> (group, collectives issued so far) for the mesh's process groups."""
     import torch.distributed as dist
 
-    groups: list[Any] = [dist.group.WORLD, *(engine.mesh.get_group(d) for d in engine.labels)]
+    groups: list[Any] = [engine.mesh.get_group(d) for d in engine.labels]
+    if engine.ranks is None:  # WORLD is this engine's (an engine on a slice has its own groups)
+        groups.append(dist.group.WORLD)
     return {id(g): (g, g._get_sequence_number_for_group()) for g in groups}  # noqa: SLF001
 
 
