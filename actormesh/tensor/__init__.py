@@ -35,6 +35,7 @@ the ranks' half never imports the controller's.
 ``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
 ``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
 ``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
+``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
@@ -134,6 +135,10 @@ from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
+from .controller.pipeline import bubble_fraction as bubble_fraction
+from .controller.pipeline import gpipe as gpipe
+from .controller.pipeline import one_f_one_b as one_f_one_b
+from .controller.pipeline import pipeline_step as pipeline_step
 from .controller.reduce import reduce_tree as reduce
 from .controller.reduce import reduce_tree_ as reduce_
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
@@ -154,17 +159,21 @@ __all__ = [
     "Stream",
     "activate",
     "adopt",
+    "bubble_fraction",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",
     "fetch",
     "flush_all",
     "get_active_stream",
+    "gpipe",
     "grad_generator",
     "inspect",
     "live",
     "module_to_mesh",
     "no_mesh",
+    "one_f_one_b",
+    "pipeline_step",
     "rand",
     "randn",
     "rank",

@@ -65,6 +65,22 @@ def test_slices_run_their_own_ops_at_the_same_time(stages: Any, tmp_path: Path) 
     assert torch.allclose(fetch(total, dp=1).get(timeout=WAIT), rs[0] + rs[1], rtol=1e-12)
 
 
+def test_one_fetch_of_values_on_several_meshes(stages: Any) -> None:
+    """Ids are per stream: two meshes' values may share one, and a fetch of both must not mix
+    them up (it gave the first mesh's value for both)."""
+    s0, s1 = stages.slice(pp=0), stages.slice(pp=1)
+    n0, n1 = device_mesh(s0).stream.new_id(), device_mesh(s1).stream.new_id()
+    behind = device_mesh(s0 if n0 < n1 else s1).stream
+    for _ in range(abs(n0 - n1)):  # the two streams' next ids meet
+        behind.new_id()
+    a = distribute(torch.zeros(3, dtype=torch.float64), s0)
+    b = distribute(torch.ones(3, dtype=torch.float64), s1)
+    assert a.value_id == b.value_id
+    got = inspect({"a": a, "b": [b, 5]})
+    assert torch.equal(got["a"], torch.zeros(3)) and torch.equal(got["b"][0], torch.ones(3))
+    assert got["b"][1] == 5
+
+
 def test_a_module_on_each_slice(stages: Any) -> None:
     torch.manual_seed(0)
     nets = [nn.Linear(4, 3).double() for _ in range(2)]

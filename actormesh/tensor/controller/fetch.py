@@ -50,7 +50,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
         reply = _watch(tm, tm.stream.fetch_after_batch(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
-    def combine(results: list[dict[int, Any]]) -> Any:
+    def combine(results: list[dict[tuple[int, int], Any]]) -> Any:
         values = {}
         for r in results:
             values.update(r)
@@ -98,7 +98,7 @@ def get(obj: Any, timeout: float | None, **coords: int) -> Any:
     except SupervisionError as exc:
         tm.stream.lose(exc)  # as _watch does
         raise
-    return _put_back(leaves, spec, _assemble(tm, requests, vm))
+    return _put_back(leaves, spec, _by_stream(tm, _assemble(tm, requests, vm)))
 
 
 def _requests(
@@ -115,11 +115,18 @@ def _requests(
     return by_mesh
 
 
-def _put_back(leaves: list[Any], spec: Any, values: dict[int, Any]) -> Any:
+def _by_stream(tm: TensorMesh, values: dict[int, Any]) -> dict[tuple[int, int], Any]:
+    """``values`` keyed by (stream, id): ids are per stream, and a tree may hold the values of
+    several meshes (the parameters of a pipeline's stages) under the same ids."""
+    stream = id(tm.stream)
+    return {(stream, i): v for i, v in values.items()}
+
+
+def _put_back(leaves: list[Any], spec: Any, values: dict[tuple[int, int], Any]) -> Any:
     out = list(leaves)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, (MeshTensor, OpaqueRef)):
-            out[i] = values[leaf.value_id]
+            out[i] = values[id(leaf.mesh.stream), leaf.value_id]
     return tree_unflatten(out, spec)
 
 
@@ -136,7 +143,7 @@ def _watch(tm: TensorMesh, reply: Any) -> Any:
 
 
 def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
-    return compat.completed(_assemble(tm, requests, vm))
+    return compat.completed(_by_stream(tm, _assemble(tm, requests, vm)))
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:

@@ -141,22 +141,50 @@ def move(
     t: MeshTensor, dst: TensorMesh, placed: tuple[Any, ...] | None, plan: Plan | None
 ) -> MeshTensor:
     """Record the ``send`` on ``t``'s stream and the ``recv`` on ``dst``'s (no autograd)."""
-    src = t.mesh
-    _link(src, dst)  # where the source's ranks send
-    _link(dst, src)  # whose death the destination's ranks watch for while they wait
-    out = new_mesh_tensor(dst, t.shape, t.dtype, per_rank=t.per_rank)
-    key = out.value_id  # unique among what dst's engine receives
-    site = issue_site()
-    targets = None if plan is None else plan[0]
-    count = _numel(src.sizes) if plan is None else plan[1]
-    send = (Ref(t.value_id), dst.base.key, key, placed, dst.labels, dst.sizes, targets)
-    src.stream.record(("send", (), (t.value_id,), (), send, site))
-    recv = (key, src.base.key, count, dst.view_id, tuple(t.shape), t.dtype, RECV_TIMEOUT)
-    meta = ((tuple(t.shape), t.dtype, t.per_rank),)
-    dst.stream.record(("recv", (out.value_id,), (), meta, recv, site))
-    if dst.stream is not src.stream:
-        dst.stream.wait_for(src.stream)
-    return out
+    return Sent(t, dst, placed, plan).receive()
+
+
+class Sent:
+    """A move whose ``send`` is recorded on the source's stream and whose ``recv`` is recorded
+    on the destination's by ``receive()``, maybe later: a pipeline sends an activation right
+    after the stage that made it, and receives it right before the stage that needs it, so
+    that neither stream waits in between for what it does not need yet. (A plain loop that
+    calls ``to_mesh`` just before the next stage gets that order by itself.)"""
+
+    def __init__(
+        self, t: MeshTensor, dst: TensorMesh, placed: tuple[Any, ...] | None, plan: Plan | None
+    ) -> None:
+        src = t.mesh
+        _link(src, dst)  # where the source's ranks send
+        _link(dst, src)  # whose death the destination's ranks watch for while they wait
+        self.src, self.dst = src, dst
+        self.out: MeshTensor | None = new_mesh_tensor(dst, t.shape, t.dtype, per_rank=t.per_rank)
+        self.key = self.out.value_id  # unique among what dst's engine receives
+        targets = None if plan is None else plan[0]
+        self.count = _numel(src.sizes) if plan is None else plan[1]
+        send = (Ref(t.value_id), dst.base.key, self.key, placed, dst.labels, dst.sizes, targets)
+        src.stream.record(("send", (), (t.value_id,), (), send, issue_site()))
+
+    def receive(self) -> MeshTensor:
+        """The moved tensor on the destination (its ``recv`` recorded now); once."""
+        out, self.out = self.out, None
+        if out is None:
+            raise compat.MeshUsageError("this move was received already")
+        src, dst = self.src, self.dst
+        recv = (self.key, src.base.key, self.count, dst.view_id, tuple(out.shape), out.dtype,
+                RECV_TIMEOUT)  # fmt: skip
+        meta = ((tuple(out.shape), out.dtype, out.per_rank),)
+        dst.stream.record(("recv", (out.value_id,), (), meta, recv, issue_site()))
+        if dst.stream is not src.stream:
+            dst.stream.wait_for(src.stream)
+        return out
+
+
+def send(t: MeshTensor, mesh: Any) -> Sent:
+    """Record ``t``'s move to ``mesh`` (by default placements), to ``receive()`` later."""
+    dst = tensor_mesh(mesh)
+    plan = per_rank_plan(t.mesh, dst) if t.per_rank else None
+    return Sent(t, dst, None, plan)
 
 
 def _link(src: TensorMesh, dst: TensorMesh) -> None:

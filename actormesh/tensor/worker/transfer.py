@@ -308,6 +308,9 @@ def _assemble(
 
 def _local_copy(engine: _TensorEngine, failure: FailureInfo) -> FailureInfo:
     """The source rank's failure under a serial of this engine's (serials are per engine: the
-    count of values holding a failure is kept by it)."""
+    count of values holding a failure is kept by it). Counted as reported already: a fetch
+    here raises it, but its values going unread here is not news; the source engine reports
+    the failure once, if nothing read it there."""
     engine.serial += 1
+    engine.surfaced.add(engine.serial)
     return replace(failure, serial=engine.serial)
