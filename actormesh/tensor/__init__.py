@@ -127,9 +127,11 @@ from .controller.borrows import get_active_stream as get_active_stream
 from .controller.distribute import distribute as distribute
 from .controller.distribute import rand as rand
 from .controller.distribute import randn as randn
+from .controller.fetch import busy_spans as busy_spans
 from .controller.fetch import fetch as fetch
 from .controller.fetch import inspect as inspect
 from .controller.fetch import live as live
+from .controller.fetch import overlap as overlap
 from .controller.fetch import show as show
 from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
@@ -160,6 +162,7 @@ __all__ = [
     "activate",
     "adopt",
     "bubble_fraction",
+    "busy_spans",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",
@@ -173,6 +176,7 @@ __all__ = [
     "module_to_mesh",
     "no_mesh",
     "one_f_one_b",
+    "overlap",
     "pipeline_step",
     "rand",
     "randn",

@@ -11,6 +11,7 @@ import copy
 import itertools
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +203,57 @@ def test_a_failure_in_stage_one_names_its_rank_and_stage_zero_goes_on(
         inspect(dict(s0.named_parameters())["0.weight"].grad)
     assert torch.equal(inspect(dict(s0.named_parameters())["0.weight"]), first[0].weight)  # no step
     assert time.monotonic() - start < WAIT / 2
+
+
+class _Peek(am.Actor):
+    """Reads what the sidebar reads about the tensor engines of its process."""
+
+    @am.endpoint
+    def engines(self) -> list[str]:
+        from actormesh.runtime.actors.actor_host import actor_host
+        from actormesh.tensor.tools import activity
+
+        host = actor_host()
+        assert host is not None
+        found = [activity(r.instance) for r in list(host.actors.values())]
+        return sorted(f for f in found if f is not None)
+
+
+@am.remote(propagate=lambda x, path: x)
+def _hold(x: Any, path: str) -> Any:
+    deadline = time.monotonic() + 30
+    while not Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll of the test's gate, bounded
+    return x * 1
+
+
+def test_the_sidebar_says_which_mesh_and_stage_a_rank_serves(procs: Any, tmp_path: Path) -> None:
+    meshes = [procs.slice(pp=s) for s in range(2)]
+    gate = str(tmp_path / "go")
+    x = am.distribute(torch.ones(2, 2, dtype=torch.float64), meshes[0]).requires_grad_()
+    held = [lambda h: h * 2, lambda h: _HeldThrough.apply(h, gate)]
+    loss = pipeline_step(held, meshes, x, x, lambda out, t: out.sum(), microbatches=1)
+    peek = meshes[1].spawn("peek", _Peek)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:  # the ranks of stage 1 run _hold until the gate opens
+            seen = peek.engines.call().get(timeout=WAIT).values()
+            if all(any("remote function _hold" in e for e in mine) for mine in seen):
+                break
+            assert time.monotonic() < deadline, seen
+        for mine in seen:
+            busy = [e for e in mine if "_hold" in e]
+            assert busy[0].startswith("tensor engine (pp=1, stage 1 of 2): op "), mine
+    finally:
+        Path(gate).touch()
+    assert loss.item() == 8.0
+
+
+class _HeldThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, path: str) -> Any:
+        return _hold(x, path)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        return g, None

@@ -24,7 +24,7 @@ from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import FailureInfo
 from .activate import no_mesh
-from .mesh import TensorMesh
+from .mesh import TensorMesh, tensor_mesh
 from .tensor import MeshTensor, OpaqueRef
 
 
@@ -208,6 +208,44 @@ def _error(infos: list[FailureInfo]) -> RemoteTensorError:
         for i in sorted(infos, key=lambda i: i.rank)
     ]
     return RemoteTensorError(failures, infos[0].op, infos[0].site)
+
+
+def busy_spans(mesh: Any, timeout: float | None = None) -> list[list[tuple[float, float]]]:
+    """When the ranks of ``mesh``'s tensor engine ran ops: per rank (row-major), its recent
+    ``(start, end)`` wall-clock times (``time.time()``), not counting waits for what other
+    meshes send it (``to_mesh``). Blocks until the engine ran what was sent to it (a sync
+    point). For seeing whether two meshes (a pipeline's stages, a generator and a trainer)
+    were busy at the same time; the clocks of one host agree, other hosts' may not."""
+    tm = tensor_mesh(mesh)
+    tm.stream.flush()
+    spans: list[list[tuple[float, float]]] = (
+        tm.engine.busy_spans.call().get(timeout=timeout).values()
+    )
+    return spans
+
+
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Seconds during which both sets of spans were busy (each set's spans merged first)."""
+    xs, ys = _merged(a), _merged(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def live(mesh: Any) -> compat.ValueMesh:

@@ -112,6 +112,7 @@ class TensorMesh:
         self.inbox_ports = tuple(ports.values())
         group.engines.append(self)
         self.stream = Stream(self.engine, self.mailboxes)
+        self.role = ""  # what the ranks were told this mesh is for (pipeline: "stage 1 of 2")
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)

@@ -119,6 +119,11 @@ def pipeline_step(
     _check_schedule(plan, len(stages), microbatches)
     run = _Run(stages, meshes, _split(inputs, microbatches, "inputs"),
                _split(targets, microbatches, "targets"), loss_fn)  # fmt: skip
+    for s, tm in enumerate(run.meshes):  # what the sidebar says each stage's ranks are
+        role = f"stage {s} of {len(run.meshes)}"
+        if tm.base.role != role:
+            tm.base.role = role
+            tm.engine.set_role.broadcast(role)
     pending = [deque(steps) for steps in plan]
     while any(pending):
         progressed = False

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 _MISSING: Any = object()
 
+
+SPANS_KEPT = 4096  # busy spans an engine remembers (busy_spans)
 
 # What a message of the stream carries about the %%mesh cells launched since the stream's last
 # message: engine index -> (the newest such cell running in that rank's process, its name).
@@ -90,6 +94,12 @@ class _TensorEngine(Actor):
         if ranks is None:  # and code beside it (remote functions) from the process's one
             torch.manual_seed(seed + self.index)
         self.rank_str = places[self.index] if places else str(point)
+        # What the sidebar says this engine is: where its mesh sits in its proc mesh (a
+        # slice's fixed coordinates, "pp=1"), and what the controller said it is for ("stage
+        # 1 of 2"; set_role).
+        fixed = self.rank_str.strip("{}").split(", ") if places else []
+        self.where = ", ".join(c for c in fixed if c.partition("=")[0] not in self.labels)
+        self.role = ""
         # Shapes of these processes by the controller's number (views.py); 0 is the one above.
         self.views: dict[int, MeshView] = {
             0: MeshView(self.mesh, self.labels, self.sizes, self.index)
@@ -115,6 +125,10 @@ class _TensorEngine(Actor):
         # to_mesh (transfer.py): where other engines' sends arrive, and where ours go.
         self.inbox = Inbox()
         self.peers: dict[str, tuple[Any, ...]] = {}
+        # When this engine ran ops (wall clock, seconds since the epoch), not counting its
+        # waits for what other meshes send it (transfer.py closes a span while it waits).
+        self.spans: deque[tuple[float, float]] = deque(maxlen=SPANS_KEPT)
+        self.opened: float | None = None
         REGISTRY[key] = self
 
     # -- the stream --------------------------------------------------------------------------
@@ -157,6 +171,7 @@ class _TensorEngine(Actor):
         import torch
 
         self.counts["run"] += 1
+        self.span_open()
         if not self.threads_set:
             self.threads_set = True
             _intra_op_threads()
@@ -172,6 +187,7 @@ class _TensorEngine(Actor):
             self._drop_read_pins()
         finally:
             self.current = None
+            self.span_close()
             with self.cond:
                 self.done += 1
                 self.cond.notify_all()
@@ -253,6 +269,15 @@ class _TensorEngine(Actor):
         info = FailureInfo(self.rank_str, op_name(op), op[5], name, str(exc), text, self.serial)
         logger.debug("op %s failed on %s: %s", info.op, self.rank_str, info.message)
         return info
+
+    @endpoint
+    def set_role(self, role: str) -> None:
+        """What this engine's mesh is for, as the sidebar shows it ("stage 1 of 2")."""
+        self.role = role
+
+    def serves(self) -> str:
+        """ "pp=1, stage 1 of 2": where this engine's mesh sits and what it is for (may be "")."""
+        return ", ".join(p for p in (self.where, self.role) if p)
 
     def doing(self) -> str | None:
         """What this engine runs now, for a status poll from another thread: "op 12 aten.mm"."""
@@ -396,6 +421,20 @@ class _TensorEngine(Actor):
     def stats(self) -> dict[str, int]:
         """Messages this engine handled, by endpoint (tests count them)."""
         return {**self.counts, "done": self.done}
+
+    def span_open(self) -> None:
+        self.opened = time.time()
+
+    def span_close(self) -> None:
+        if self.opened is not None:
+            self.spans.append((self.opened, time.time()))
+            self.opened = None
+
+    @endpoint
+    def busy_spans(self) -> list[tuple[float, float]]:
+        """When this engine ran ops: ``(start, end)`` wall-clock times, the last
+        ``SPANS_KEPT`` (answered between batches, so it waits for the running one)."""
+        return list(self.spans)
 
 
 def _intra_op_threads() -> None:

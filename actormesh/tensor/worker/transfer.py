@@ -257,8 +257,12 @@ def _coords(index: int, sizes: Sequence[int]) -> list[int]:
 def run_recv(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     key, sender, count, view_id, shape, dtype, timeout = payload
     mailboxes = {port.address.mailbox for port in engine.peers[sender]}
-    # In the senders' order, so that a sum of several is the same on every run.
-    messages = sorted(engine.inbox.take(key, count, mailboxes, timeout), key=lambda m: m[1])
+    engine.span_close()  # waiting is not being busy
+    try:
+        messages = engine.inbox.take(key, count, mailboxes, timeout)
+    finally:
+        engine.span_open()
+    messages.sort(key=lambda m: m[1])  # in the senders' order: a sum is the same every run
     failure = next((m[4] for m in messages if m[4] is not None), None)
     if failure is not None and all(m[2] is None and not m[3] for m in messages):
         # Nothing to assemble (the senders failed before they had a value): no stand-in here.
