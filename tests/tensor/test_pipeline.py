@@ -101,6 +101,46 @@ def test_four_stages_equal_one_process(procs: Any, schedule: str) -> None:
     _train_and_compare(_layers([6, 8, 8, 8, 3]), meshes, schedule)
 
 
+class Centred(nn.Module):
+    """A stage of the user's own class whose forward mixes the rows of its microbatch (centres
+    them) and takes a keyword argument: its forward runs on the controller, recorded op by op
+    (module_to_mesh), so with the microbatch split over dp the mean is still the whole
+    microbatch's, as in one process."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(a, b)
+
+    def forward(self, x: Any, *, scale: float = 1.0) -> Any:
+        h = torch.tanh(self.fc(x)) * scale
+        return h - h.mean(0, keepdim=True)
+
+
+def test_stages_are_the_users_classes_and_mix_rows_as_one_process(procs: Any) -> None:
+    meshes = [procs.slice(pp=s) for s in range(2)]  # {dp: 2} each: a microbatch splits over dp
+    torch.manual_seed(0)
+    local = [Centred(6, 8).double(), nn.Linear(8, 3).double()]
+    meshed = [
+        am.module_to_mesh(copy.deepcopy(m), mesh) for m, mesh in zip(local, meshes, strict=True)
+    ]
+    assert isinstance(meshed[0], Centred) and isinstance(meshed[1], nn.Linear)
+    stages = [lambda h: meshed[0](h, scale=2.0), meshed[1]]
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
+    loss = pipeline_step(stages, meshes, x, y, nn.functional.mse_loss, microbatches=4)
+    # One process, the same microbatches: each one's loss over 4, its gradients accumulated.
+    want = torch.zeros((), dtype=torch.float64)
+    for xm, ym in zip(x.chunk(4), y.chunk(4), strict=True):
+        part = nn.functional.mse_loss(local[1](local[0](xm, scale=2.0)), ym) / 4
+        part.backward()
+        want += part.detach()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12, abs=1e-12)
+    got = inspect([p.grad for m in meshed for p in m.parameters()])
+    for a, b in zip(got, [p.grad for m in local for p in m.parameters()], strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert type(meshed[0].fetch_module()) is Centred
+
+
 # -- the bubble ------------------------------------------------------------------------------------
 #
 # Stages whose forward and backward take a set time on the ranks (a sleep: no CPU, so the 2

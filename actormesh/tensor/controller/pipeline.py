@@ -98,7 +98,11 @@ def pipeline_step(
 
     Args:
         stages: one callable per stage (a ``module_to_mesh`` model on its mesh, or any function
-            of MeshTensors on it); stage ``s`` takes stage ``s - 1``'s output.
+            of MeshTensors on it); stage ``s`` takes stage ``s - 1``'s output. A model is the
+            user's own class, its forward recorded on the controller: stage ``s > 0`` gets a
+            MeshTensor on its mesh (placed as on the previous stage, by dimension name), stage
+            0 a controller tensor it splits over its data dimension, and a forward that mixes
+            rows (a batch statistic) sees the whole microbatch, as in one process.
         meshes: the mesh of each stage (``procs.slice(pp=s)``, or a proc mesh of its own).
         inputs, targets: the batch (controller tensors or MeshTensors), split along dim 0 into
             ``microbatches`` equal parts; ``targets`` only meets the last stage's output.
