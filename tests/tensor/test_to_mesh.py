@@ -86,6 +86,28 @@ def test_every_placement_pair(meshes: tuple[Any, Any], between: str) -> None:
     assert isinstance(_source("partial", src).placements().get(timeout=WAIT)[0], Partial)
 
 
+@pytest.mark.parametrize("between", ["slices", "proc meshes", "one process"])
+def test_a_moved_tensor_is_the_destinations_own(
+    meshes: tuple[Any, Any], mesh: Any, between: str
+) -> None:
+    """Rows to rows: each destination rank's block arrives as one piece, which it keeps as its
+    value without a copy; changing either side in place leaves the other alone (also where a
+    rank of the destination is the source's process: the package's {dp: 2, tp: 2} to its
+    slice tp=1, whose rank dp=1 gets its block from its own process)."""
+    stages, other = meshes
+    src, dst = {
+        "slices": (stages.slice(pp=0), stages.slice(pp=1)),
+        "proc meshes": (stages.slice(pp=0), other),
+        "one process": (mesh, mesh.slice(tp=1)),
+    }[between]
+    t = distribute(X, src, sharding_spec=["dp", None])
+    moved = t.to_mesh(dst)
+    moved.add_(1)
+    t.mul_(2)
+    assert torch.equal(inspect(moved), X + 1) and torch.equal(inspect(t), X * 2)
+    assert torch.equal(fetch(moved, dp=1).get(timeout=WAIT), X.chunk(2)[1] + 1)
+
+
 def test_a_two_dimensional_mesh_and_its_slice(mesh: Any) -> None:
     """The package's {dp: 2, tp: 2} and its slice tp=1 share processes: what stays in a process
     is copied there, the rest sent."""

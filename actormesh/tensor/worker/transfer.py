@@ -290,20 +290,32 @@ def _assemble(
     view = engine.view(view_id)
     mesh = view.mesh
     mine = box(shape, view.sizes, placements, [view.coords[d] for d in view.labels])
-    local = torch.empty([b - a for a, b in mine], dtype=dtype, device=engine.device)
-    filled = 0
-    for _, _, _, pieces, _ in messages:
+    block = [b - a for a, b in mine]
+    pieces = [piece for m in messages for piece in m[3]]
+    whole = pieces[0][1] if len(pieces) == 1 else None
+    if (
+        whole is not None
+        and list(whole.shape) == block
+        and whole.is_contiguous()
+        and whole.device.type == engine.device
+    ):
+        # One piece is the whole block (a slice sent to the same placements, or one rank to
+        # one rank): it is this rank's own (unpickled, or copied in this process), so no copy.
+        local = whole if whole.dtype == dtype else whole.to(dtype)
+    else:
+        local = torch.empty(block, dtype=dtype, device=engine.device)
+        filled = 0
         for offset, piece in pieces:
             target = local
             for d, start in enumerate(offset):
                 target = target.narrow(d, start - mine[d][0], piece.shape[d])
             target.copy_(piece)
             filled += piece.numel()
-    if filled != local.numel():
-        raise RuntimeError(
-            f"to_mesh assembled {filled} of the {local.numel()} elements of this rank's block "
-            "(the sending ranks disagree on what they hold); this is a bug"
-        )
+        if filled != local.numel():
+            raise RuntimeError(
+                f"to_mesh assembled {filled} of the {local.numel()} elements of this rank's "
+                "block (the sending ranks disagree on what they hold); this is a bug"
+            )
     from ..wire.shapes import contiguous_strides
 
     size = torch.Size(shape)
