@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import Replicate
 
 import actormesh as am
 from actormesh.tensor import (
@@ -28,6 +29,7 @@ from actormesh.tensor import (
     one_f_one_b,
     pipeline_step,
 )
+from actormesh.tensor.wire import kinds
 
 WAIT = 60
 
@@ -139,6 +141,29 @@ def test_stages_are_the_users_classes_and_mix_rows_as_one_process(procs: Any) ->
     for a, b in zip(got, [p.grad for m in local for p in m.parameters()], strict=True):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
     assert type(meshed[0].fetch_module()) is Centred
+
+
+def test_a_stage_sums_its_gradients_over_dp_once_per_step(procs: Any) -> None:
+    """Gradient accumulation over the microbatches stays local (partial sums on each dp rank):
+    one ``grad_sync`` per stage at the end of the step, as DDP's ``no_sync`` gives, not one per
+    microbatch. The gradients come out replicated, and equal one process (float64)."""
+    meshes = [procs.slice(pp=s) for s in range(2)]
+    local = _layers([6, 8, 3])
+    meshed = [
+        am.module_to_mesh(copy.deepcopy(m), mesh) for m, mesh in zip(local, meshes, strict=True)
+    ]
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
+    before = kinds.seen["grad_sync"]
+    loss = pipeline_step(meshed, meshes, x, y, nn.functional.mse_loss, microbatches=4)
+    assert kinds.seen["grad_sync"] - before == 2  # one per stage
+    want = nn.functional.mse_loss(nn.Sequential(*local)(x), y)
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12, abs=1e-12)
+    grads = [p.grad for m in meshed for p in m.parameters()]
+    assert all(g.placements().get(timeout=WAIT) == (Replicate(),) for g in grads)
+    for a, b in zip(inspect(grads), [p.grad for m in local for p in m.parameters()], strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 # -- the bubble ------------------------------------------------------------------------------------

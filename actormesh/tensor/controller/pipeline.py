@@ -36,6 +36,7 @@ import torch
 
 from .. import compat
 from .mesh import tensor_mesh
+from .module import grad_syncs_put_off
 from .tensor import MeshTensor
 from .transfer import Sent, send
 
@@ -129,19 +130,21 @@ def pipeline_step(
             tm.base.role = role
             tm.engine.set_role.broadcast(role)
     pending = [deque(steps) for steps in plan]
-    while any(pending):
-        progressed = False
-        for s, steps in enumerate(pending):
-            while steps and run.ready(s, *steps[0]):
-                run.do(s, *steps.popleft())
-                progressed = True
-        if not progressed:
-            stuck = {s: steps[0] for s, steps in enumerate(pending) if steps}
-            raise compat.MeshUsageError(
-                f"this schedule cannot go on: each stage's next step waits for one that comes "
-                f"after it ({stuck}); a stage's backward of a microbatch needs the next "
-                "stage's, its forward the previous stage's"
-            )
+    # A stage's gradients are summed over its data dimension once, after its last backward.
+    with grad_syncs_put_off():
+        while any(pending):
+            progressed = False
+            for s, steps in enumerate(pending):
+                while steps and run.ready(s, *steps[0]):
+                    run.do(s, *steps.popleft())
+                    progressed = True
+            if not progressed:
+                stuck = {s: steps[0] for s, steps in enumerate(pending) if steps}
+                raise compat.MeshUsageError(
+                    f"this schedule cannot go on: each stage's next step waits for one that "
+                    f"comes after it ({stuck}); a stage's backward of a microbatch needs the "
+                    "next stage's, its forward the previous stage's"
+                )
     for mesh in run.meshes:  # every stage starts now, not at its idle flush
         mesh.stream.flush()
     return run.total()
