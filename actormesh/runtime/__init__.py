@@ -64,9 +64,10 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``buffer_owner`` (the tensors a process lends, its answers to
                         holders), ``shm`` (its /dev/shm room and reader mappings),
                         ``rank_layout`` (a group's ranks and backend; pure), ``distributed``
-                        (process groups over meshes), ``spmd`` (``python -m actormesh run``),
-                        ``spmd_actor`` (Monarch's ``SPMDActor``), ``script_runner`` (a script
-                        as ``__main__`` on each rank).
+                        (process groups over meshes), ``elastic_env`` (torchrun's variables
+                        on each rank), ``spmd`` (``python -m actormesh run``), ``spmd_actor``
+                        (Monarch's ``SPMDActor``), ``script_runner`` (a script as ``__main__``
+                        on each rank).
 ====  ================  ==========================================================================
 
 The life of a call: ``mesh.step.call(x).get()``

@@ -7,11 +7,13 @@ it out and ``actormesh run`` imports it by name.
 
 - ``TensorBuffer`` (``buffers``; the tensors a process lends: ``buffer_owner``, ``shm``).
 - ``init_process_group``, ``destroy_process_group`` (``distributed``).
-- ``SPMDActor``, ``setup_torch_elastic_env_async`` (``spmd_actor``).
+- ``SPMDActor``, ``setup_torch_elastic_env_async`` (``spmd_actor``), ``setup_torch_elastic_env``
+  (``elastic_env``: torchrun's variables in every process of a mesh).
 """
 
 from .buffers import TensorBuffer
 from .distributed import destroy_process_group, init_process_group
+from .elastic_env import setup_torch_elastic_env
 from .spmd_actor import SPMDActor, setup_torch_elastic_env_async
 
 __all__ = [
@@ -19,5 +21,6 @@ __all__ = [
     "TensorBuffer",
     "destroy_process_group",
     "init_process_group",
+    "setup_torch_elastic_env",
     "setup_torch_elastic_env_async",
 ]
