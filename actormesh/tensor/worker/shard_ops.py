@@ -239,13 +239,25 @@ def _without_partial(spec: Any) -> Any:
 _blocks: dict[int, tuple[Any, Any]] = {}
 
 
+def _local_layout(spec: Any) -> Any:
+    """This rank's local shape and global offset of a value laid out as ``spec`` (cached)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    found = _blocks.get(id(spec))
+    if found is None or found[0] is not spec:
+        if len(_blocks) > 4096:
+            _blocks.clear()
+        found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
+            spec.shape, spec.mesh, spec.placements))  # fmt: skip
+    return found[1]
+
+
 def _block(target: Any, spec: Any) -> Any:
     """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
     local tensor when its spec matches, its slice when it is replicated or a plain tensor (a
     controller constant: every rank holds all of it); else ``None``."""
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if type(target) is DTensor:
         if target.shape != spec.shape:
@@ -262,13 +274,7 @@ def _block(target: Any, spec: Any) -> Any:
         block = target
     else:
         return None
-    found = _blocks.get(id(spec))
-    if found is None or found[0] is not spec:
-        if len(_blocks) > 4096:
-            _blocks.clear()
-        found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
-            spec.shape, spec.mesh, spec.placements))  # fmt: skip
-    shape, offset = found[1]
+    shape, offset = _local_layout(spec)
     for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
         if size != block.shape[dim]:  # (a dim not split over the mesh needs no narrow)
             block = block.narrow(dim, start, size)
@@ -692,7 +698,7 @@ def _convolution_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
         if not all(whole_rows):
             return None
         x_rows = x._local_tensor.shape[0]  # noqa: SLF001
-        g_out = g_out.narrow(0, _row_offset(spec), x_rows)
+        g_out = g_out.narrow(0, int(_local_layout(spec)[1][0]), x_rows)
     g_in, g_w, g_b = func(
         g_out, x._local_tensor, whole[0], bias_sizes, stride, padding,  # noqa: SLF001
         dilation, transposed, out_pad, groups, mask,
@@ -703,13 +709,6 @@ def _convolution_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
         None if g_w is None else as_dtensor(g_w, mesh, param_grad),
         None if g_b is None else as_dtensor(g_b, mesh, param_grad),
     )
-
-
-def _row_offset(spec: Any) -> int:
-    """Where this rank's rows start in dim 0 of a value laid out as ``spec``."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    return int(compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)[1][0])
 
 
 # -- torch's fused encoder layer (nn.TransformerEncoderLayer in eval) ------------------------------
