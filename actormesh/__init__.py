@@ -107,6 +107,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "call_on_shard_and_fetch",
+    "checkpoint",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -178,6 +179,8 @@ _load_tensor_layer_with(_load_tensor_layer)
 
 
 def __getattr__(name: str) -> object:
+    if name == "checkpoint":  # a module of its own (am.checkpoint.save, like dcp.save)
+        return _importlib.import_module(".checkpoint", __name__)
     if name in _TENSOR_NAMES:
         from . import tensor
 

@@ -98,7 +98,7 @@ def test_an_op_unlike_its_kind_is_refused_saying_what_differs() -> None:
 
 
 def test_programs_of_every_kind_record_only_ops_of_the_table(
-    mesh: Any, monkeypatch: pytest.MonkeyPatch
+    mesh: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     assert kinds.CHECK, "tests/conftest.py sets ACTORMESH_CHECK_PROTOCOL=1 before the import"
     before = Counter(kinds.seen)
@@ -132,6 +132,8 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     loss = model(x).sum()  # module_forward
     loss.backward()  # module_backward
     model.eval()  # module_mode
+    am.checkpoint.save({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_save
+    am.checkpoint.load({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_load
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)

@@ -10,18 +10,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-from training import MLP, train
+from training import MLP, MODES, train
 
 from actormesh.tensor import MeshModule, MeshTensor, inspect, module_to_mesh
-
-TP = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-MODES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "fsdp": {"fsdp": True},
-    "tp_plan": {"tp_plan": TP},
-    "fsdp+tp_plan": {"fsdp": True, "tp_plan": TP},
-}
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -39,6 +39,7 @@ _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
+_CKPT = "controller.checkpoint"
 
 
 class Kind(NamedTuple):
@@ -136,6 +137,16 @@ _TABLE = [
          "the input's)."),
     Kind("module_mode", ("state: Ref", "training: bool"), 0, (_MOD,), "worker.module:run_mode",
          True, "``train()``/``eval()`` on the ranks' module."),
+    # -- checkpoints (checkpoint.py): torch.distributed.checkpoint run by every rank -----------
+    Kind("checkpoint_save", ("spec: any", "path: str", "token: str", "background: bool"), 1,
+         (_CKPT,), "worker.checkpoint:run_save", False,
+         "``dcp.save`` (``background``: ``dcp.async_save``) of ``spec``, the state in DCP's "
+         "layout with ``Ref``s for MeshTensors, written beside ``path`` and put in its place "
+         "when complete; out names rank 0's DCP metadata (``background``: the save's token)."),
+    Kind("checkpoint_load", ("spec: any", "path: str"), 1, (_CKPT,),
+         "worker.checkpoint:run_load", False,
+         "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
+         "names what rank 0 read for the spec's other leaves."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, local, module, reduce, remote, rref, views
+from . import activate, aten, checkpoint, distribute, local, module, reduce, remote, rref, views
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -33,4 +33,6 @@ HANDLERS: dict[str, Handler] = {
     "module_forward": module.run_forward,
     "module_backward": module.run_backward,
     "module_mode": module.run_mode,
+    "checkpoint_save": checkpoint.run_save,
+    "checkpoint_load": checkpoint.run_load,
 }
