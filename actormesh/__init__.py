@@ -75,8 +75,9 @@ __version__ = "0.1.0"
 # The tensor layer imports torch (a second or more), which most actor programs never need: its
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
-    {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
-     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show"}
+    {"FaultTolerant", "MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch",
+     "get_active_stream", "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote",
+     "show"}
 )  # fmt: skip
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "Extent",
+    "FaultTolerant",
     "Future",
     "HostMesh",
     "MeshClosedError",

@@ -19,7 +19,7 @@ PUBLIC = [
     "no_mesh", "remote", "grad_generator", "show",
     "Stream", "get_active_stream",
     "concurrent_endpoint", "get_or_spawn_controller", "as_endpoint", "shutdown_context",
-    "checkpoint",
+    "checkpoint", "FaultTolerant",
 ]  # fmt: skip
 
 

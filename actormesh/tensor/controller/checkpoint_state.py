@@ -82,7 +82,7 @@ def _parameter_names(state: dict[str, Any]) -> dict[int, str]:
 
 def _state_dict_of(value: Any, names: dict[int, str], key: str) -> Any:
     if isinstance(value, nn.Module):
-        return dict(value.state_dict())
+        return dict(value.state_dict(keep_vars=True))  # the tensors themselves: no detach op
     if isinstance(value, torch.optim.Optimizer):
         return optimizer_state(value, names, key)
     if _is_stateful(value):
@@ -181,7 +181,7 @@ def write_back(state: dict[str, Any], loaded: dict[str, Any]) -> None:
     for key, value in list(state.items()):
         got = loaded[key]
         if isinstance(value, nn.Module):
-            _into(dict(value.state_dict()), got)
+            _into(dict(value.state_dict(keep_vars=True)), got)
         elif isinstance(value, torch.optim.Optimizer):
             _into_optimizer(value, got)
         elif _is_stateful(value):

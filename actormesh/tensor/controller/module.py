@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from ..wire.ops import Ref, issue_site
+from ..wire.ops import Op, Ref, issue_site
 from .mesh import TensorMesh, engine_mesh
 from .tensor import MeshTensor, new_mesh_tensor
 
@@ -32,6 +32,7 @@ class _Owned:
 
     def __init__(self, tm: TensorMesh, id: int) -> None:
         self.id = id
+        self.build: Op | None = None  # the op that built it (recovery builds it again)
         weakref.finalize(self, tm.stream.died, id)
 
 
@@ -237,9 +238,9 @@ def module_to_mesh(
     state = _Owned(tm, tm.stream.new_id())
     seed = int(torch.randint(0, 2**62, ()).item())
     payload = (module_or_factory, is_factory, seed, data_dim, fsdp, dict(tp_plan or {}), tp_dim)
-    tm.stream.record(
-        ("module_build", (*out_ids, state.id), (), (*out_meta, None), payload, issue_site())
-    )
+    state.build = ("module_build", (*out_ids, state.id), (), (*out_meta, None), payload,
+                   issue_site())  # fmt: skip
+    tm.stream.record(state.build)
     mirror = copy.deepcopy(meta)
     originals = {id(p): p for p in [*meta.parameters(), *meta.buffers()]}
     # MeshTensors marked _is_param pass register_parameter's isinstance check; typed as Any.

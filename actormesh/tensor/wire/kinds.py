@@ -39,7 +39,7 @@ _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
-_CKPT = "controller.checkpoint"
+_CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
 
 
 class Kind(NamedTuple):
@@ -122,7 +122,8 @@ _TABLE = [
          "``endpoint.rref(...)``: the actor's endpoint run on its own thread; its result kept."),
     # -- module_to_mesh (module.py) -------------------------------------------------------------
     Kind("module_build", ("source: any", "is_factory: bool", "seed: int", "data_dim: str|None",
-                          "fsdp: bool", "tp_plan: dict", "tp_dim: str|None"), None, (_MOD,),
+                          "fsdp: bool", "tp_plan: dict", "tp_dim: str|None"), None,
+         (_MOD, _RECOVERY),
          "worker.module:run_build", False,
          "A module (or a factory run under ``seed``) built and parallelised on every rank: out "
          "names its parameters, buffers, then its state."),
@@ -147,6 +148,16 @@ _TABLE = [
          "worker.checkpoint:run_load", False,
          "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
          "names what rank 0 read for the spec's other leaves."),
+    # -- live recovery (recovery.py) -------------------------------------------------------
+    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple"), 0, (_RECOVERY,),
+         "worker.recovery:run_snapshot", True,
+         "A committed step: each rank copies its shards of the training state's values (``ids``) "
+         "as generation ``gen`` of ``lineage``, replacing the previous copy whole."),
+    Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
+         (_RECOVERY,), "worker.recovery:run_restore", False,
+         "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
+         "from its own copy or, a respawned one, from a replica (``transfers``: id, dst, src); "
+         "the last output is a receipt the controller fetches."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, checkpoint, distribute, local, module, reduce, remote, rref, views
+from . import activate, aten, checkpoint, distribute, local, module, recovery, reduce, remote
+from . import rref, views
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -35,4 +36,6 @@ HANDLERS: dict[str, Handler] = {
     "module_mode": module.run_mode,
     "checkpoint_save": checkpoint.run_save,
     "checkpoint_load": checkpoint.run_load,
+    "snapshot": recovery.run_snapshot,
+    "restore": recovery.run_restore,
 }
