@@ -22,6 +22,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from ..worker.recovery import _SocketBaseline
 from .stream import Stream, flush_all
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,10 @@ class TensorMesh:
         import torch
 
         self.key = uuid.uuid4().hex
+        # Which sockets each process had before the group (recovery shuts down the group's).
+        compat.helper_mesh_with_args(
+            self.procs, f"_socket_baseline_{self.key}", _SocketBaseline
+        ).initialized.get(timeout=SETUP_TIMEOUT)
         members = compat.init_process_group(self.procs).get(timeout=SETUP_TIMEOUT).values()
         device = engine_device(members[0].backend)
         # From the controller's generator: torch.manual_seed here makes the ranks reproducible.

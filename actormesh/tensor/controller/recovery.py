@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -249,7 +250,10 @@ class FaultTolerant:
         self.step = commit.step
 
     def _from_checkpoint(self, timeout: float) -> None:
-        if self.checkpointed is None:
+        # What is at checkpoint_id is complete (a save is put there only once written): a save
+        # whose end the controller did not hear of (a rank died meanwhile) may be there.
+        path = self.checkpoint_id
+        if path is None or not os.path.exists(os.path.join(os.fspath(path), ".metadata")):
             raise RuntimeError(
                 "recovery needs the values of a rank that no surviving rank holds (FSDP shards "
                 "have no replica), and no checkpoint was written yet: pass checkpoint_id= and "

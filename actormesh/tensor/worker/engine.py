@@ -29,7 +29,6 @@ from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
 from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
-from .recovery import tcp_sockets
 from .side_effects import OVERWRITES_INPUTS, written
 from .stand_ins import StoodIn, stand_in
 
@@ -55,9 +54,6 @@ class _TensorEngine(Actor):
 
         from .views import MeshView
 
-        # The process's TCP sockets before this engine's groups exist: the ones opened later
-        # are what recovery shuts down to free a collective stuck on a dead peer (recovery.py).
-        self.sockets_before = tcp_sockets()
         self.abandoned = False  # recovery replaced this engine: skip what is still queued
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.

@@ -8,10 +8,11 @@ respawned rank its values from a surviving replica.
   a value that failed is never snapshotted (the op refuses and keeps the previous copy).
 - **Unblock** (``_RecoveryAgent.unblock``, on the agent's own thread): a survivor's engine
   thread may wait in a gloo collective on a peer that died, or on a survivor that already gave
-  up. Gloo has no abort that wakes such a wait, so the agent shuts down the engine's TCP
-  sockets (those the process opened after the engine started, which are its process groups'):
-  every pending collective then fails at once. The engine is marked abandoned first, so it
-  skips the rest of what it was sent.
+  up. Gloo has no abort that wakes such a wait (``abort()`` and ``shutdown()`` return and the
+  wait goes on), so the agent shuts down the process groups' connected TCP sockets, those the
+  process opened since ``_SocketBaseline`` looked, just before the group formed (the runtime's
+  own are older, or unix sockets): every pending collective then fails at once. The engine is
+  marked abandoned first, so it skips the rest of what it was sent.
 - **Restore** (op ``restore``, on the new engine): survivors copy their snapshot back; a rank
   that has none (respawned) receives each value from a survivor holding the same shard (equal
   coordinates along the value's sharded mesh dimensions), point to point over the new group.
@@ -173,6 +174,19 @@ def _shut_down(fds: set[int]) -> int:
     return done
 
 
+# This process's connected TCP sockets just before its process group formed (None: not known).
+BASELINE: set[int] | None = None
+
+
+class _SocketBaseline(Actor):
+    """Spawned just before a tensor mesh forms its process group: remembers which sockets the
+    process had, so that recovery touches only the group's."""
+
+    def __init__(self) -> None:
+        global BASELINE
+        BASELINE = tcp_sockets()
+
+
 class _RecoveryAgent(Actor):
     """One per process while a mesh recovers (its own thread: the engine's may be stuck)."""
 
@@ -183,7 +197,8 @@ class _RecoveryAgent(Actor):
         engine = REGISTRY.get(engine_key)
         if engine is not None:
             engine.abandoned = True
-            _shut_down(tcp_sockets() - engine.sockets_before)
+            if BASELINE is not None:
+                _shut_down(tcp_sockets() - BASELINE)
             if not engine.lock.acquire(timeout=timeout):
                 raise TimeoutError(
                     f"the tensor engine on {engine.rank_str} did not stop within {timeout:g} s "
