@@ -38,7 +38,7 @@ the ranks' half never imports the controller's.
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
-``controller/checkpoint.py``    ``am.checkpoint``: DCP save/load/async_save as stream ops
+``controller/checkpoint.py``    checkpoints: DCP save, load, async_save as ops of the stream
 ``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
 ``controller/recovery.py``      ``FaultTolerant``: commit a step, recover from a lost rank
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
