@@ -136,9 +136,9 @@ from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
+from .controller.recovery import FaultTolerant as FaultTolerant
 from .controller.reduce import reduce_tree as reduce
 from .controller.reduce import reduce_tree_ as reduce_
-from .controller.recovery import FaultTolerant as FaultTolerant
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
 from .controller.remote import remote as remote
 from .controller.seams import install as _install_seams

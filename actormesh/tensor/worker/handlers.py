@@ -7,8 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, checkpoint, distribute, local, module, recovery, reduce, remote
-from . import rref, views
+from . import (
+    activate,
+    aten,
+    checkpoint,
+    distribute,
+    local,
+    module,
+    recovery,
+    reduce,
+    remote,
+    rref,
+    views,
+)
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
