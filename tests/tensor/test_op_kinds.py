@@ -134,6 +134,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     model.eval()  # module_mode
     am.checkpoint.save({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_save
     am.checkpoint.load({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_load
+    am.FaultTolerant({"model": model}).commit()  # snapshot
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -150,5 +151,6 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)
     assert inspect(loss).shape == ()
     recorded = Counter(kinds.seen) - before
-    missing = set(KINDS) - set(recorded)
+    # restore runs only on an engine restarted by recovery: test_recovery.py records it.
+    missing = set(KINDS) - set(recorded) - {"restore"}
     assert not missing, f"kinds no program here recorded: {missing}"
