@@ -37,8 +37,8 @@ from torch import nn
 import actormesh as am
 
 ROUNDS = 1 if C.QUICK else 3
-WIDTH, DEPTH = (256, 4) if C.QUICK else (1024, 4)  # recovery: 4.2 M parameters
-CK_WIDTH, CK_DEPTH = (512, 4) if C.QUICK else (2048, 8)  # checkpoint: 33.6 M (+ AdamW: 403 MB)
+WIDTH, DEPTH = (256, 4) if C.QUICK else (1024, 4)  # recovery: 4.2 M parameters, float64
+CK_WIDTH, CK_DEPTH = (512, 4) if C.QUICK else (2048, 6)  # checkpoint: 25 M (+ AdamW: 604 MB)
 KILL_AT, EVERY = 6, 4
 REPS = 1 if C.QUICK else 2
 SPMD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recovery_spmd.py")
@@ -59,7 +59,7 @@ def actormesh_recovery(tmp: str) -> float:
         while first == 0.0:
             try:
                 if ft.step == KILL_AT and not killed:
-                    victim = am.call_on_shard_and_fetch(pid, net[0].weight, dp=3).get(timeout=60)
+                    victim = am.call_on_shard_and_fetch(pid, next(net.parameters()), dp=3).get(timeout=60)
                     killed = time.time()
                     os.kill(victim, signal.SIGKILL)
                 x, y = batch(ft.step, WIDTH)
@@ -109,7 +109,7 @@ def actormesh_checkpoint(tmp: str) -> dict[str, Any]:
         saves, loads = [], []
         for i in range(REPS):
             path = os.path.join(tmp, f"am-{i}")
-            am.inspect(net[0].bias)  # nothing left in flight
+            am.inspect(next(net.parameters()))  # nothing left in flight
             t = time.perf_counter()
             am.checkpoint.save(state, checkpoint_id=path, timeout=C_LIMIT)
             saves.append(time.perf_counter() - t)
@@ -139,7 +139,7 @@ def fresh(fn: Any) -> Any:
 
 def main() -> None:
     started = time.time()
-    state_bytes = sum(p.numel() for p in model(CK_WIDTH, CK_DEPTH).parameters()) * 4 * 3
+    state_bytes = sum(p.numel() for p in model(CK_WIDTH, CK_DEPTH).parameters()) * 8 * 3
     result: dict[str, Any] = {
         "machine": C.machine_info(),
         "quick": C.QUICK,

@@ -28,19 +28,34 @@ def model(width: int, depth: int) -> nn.Module:
     layers: list[nn.Module] = []
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+    # float64: module_to_mesh(fsdp=True) in float32 asks gloo for PREMUL_SUM, which it lacks
+    return nn.Sequential(*layers[:-1]).double()
 
 
 def batch(step: int, width: int, rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
-    return torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
+    x = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    return x, torch.randn(rows, width, generator=g, dtype=torch.float64)
+
+
+def join() -> None:
+    """The group of this attempt: torchrun's store, under a prefix per restart (a restarted
+    worker read the previous attempt's gloo addresses from the bare store here)."""
+    from datetime import timedelta
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=120))  # fmt: skip
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store),
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))  # fmt: skip
 
 
 def elastic(out: str, ckpt: str, width: int, depth: int, kill_at: int, every: int) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo")
+    join()
     rank, world = dist.get_rank(), dist.get_world_size()
     net = DistributedDataParallel(model(width, depth))
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
