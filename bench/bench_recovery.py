@@ -59,7 +59,8 @@ def actormesh_recovery(tmp: str) -> float:
         while first == 0.0:
             try:
                 if ft.step == KILL_AT and not killed:
-                    victim = am.call_on_shard_and_fetch(pid, next(net.parameters()), dp=3).get(timeout=60)
+                    first_param = next(net.parameters())
+                    victim = am.call_on_shard_and_fetch(pid, first_param, dp=3).get(timeout=60)
                     killed = time.time()
                     os.kill(victim, signal.SIGKILL)
                 x, y = batch(ft.step, WIDTH)
