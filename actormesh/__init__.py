@@ -76,8 +76,9 @@ __version__ = "0.1.0"
 # The tensor layer imports torch (a second or more), which most actor programs never need: its
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
-    {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
-     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show"}
+    {"FaultTolerant", "MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch",
+     "get_active_stream", "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote",
+     "show"}
 )  # fmt: skip
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "Extent",
+    "FaultTolerant",
     "Future",
     "HostMesh",
     "MeshClosedError",
@@ -109,6 +111,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "call_on_shard_and_fetch",
+    "checkpoint",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -180,6 +183,8 @@ _load_tensor_layer_with(_load_tensor_layer)
 
 
 def __getattr__(name: str) -> object:
+    if name == "checkpoint":  # a module of its own (am.checkpoint.save, like dcp.save)
+        return _importlib.import_module(".checkpoint", __name__)
     if name in _TENSOR_NAMES:
         from . import tensor
 

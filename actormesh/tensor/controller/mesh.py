@@ -24,6 +24,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from ..worker.recovery import _SocketBaseline
 from . import lifetime
 from .stream import Stream, flush_all
 
@@ -83,21 +84,12 @@ class TensorMesh:
         self.procs = procs
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
-        self.key = uuid.uuid4().hex
         self.base = self
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
         with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs))):
-            members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-            device = engine_device(members[0].backend)
-            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
-            seed = int(torch.randint(0, 2**62, ()).item())
-            self.engine = compat.helper_mesh_with_args(
-                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
-                device,
-            )  # fmt: skip
-            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+            device = self._start()
         self.stream = Stream(self.engine, procs)
         self.mailboxes = self.stream.mailboxes
         self.name = self.stream.name
@@ -128,6 +120,36 @@ class TensorMesh:
                 ("mesh_view", (), (), (), (view.view_id, view.labels, view.sizes), issue_site())
             )
         return view
+
+    def _start(self) -> str:
+        """Form the process group and spawn the engine (a new key each time); the device."""
+        import torch
+
+        self.key = uuid.uuid4().hex
+        # Which sockets each process had before the group (recovery shuts down the group's).
+        compat.helper_mesh_with_args(
+            self.procs, f"_socket_baseline_{self.key}", _SocketBaseline
+        ).initialized.get(timeout=SETUP_TIMEOUT)
+        members = compat.init_process_group(self.procs).get(timeout=SETUP_TIMEOUT).values()
+        device = engine_device(members[0].backend)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
+        self.engine = compat.helper_mesh_with_args(
+            self.procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+            device,
+        )  # fmt: skip
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        return device
+
+    def restart(self) -> None:
+        """A new process group and engine over the same processes (a rank was respawned),
+        keeping this handle, its stream and its ids: recovery (recovery.py) then puts the
+        values it restores back under their ids; every other value of the mesh is gone."""
+        compat.destroy_process_group(self.procs).get(timeout=SETUP_TIMEOUT)
+        self._start()
+        self.views = {}  # views of the old engine (renames, flattens) are gone with it
+        self.stream.restart(self.engine)
+        self.mailboxes = self.stream.mailboxes
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))

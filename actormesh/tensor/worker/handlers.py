@@ -7,7 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, local, module, reduce, remote, rref, views
+from . import (
+    activate,
+    aten,
+    checkpoint,
+    distribute,
+    local,
+    module,
+    recovery,
+    reduce,
+    remote,
+    rref,
+    views,
+)
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -32,4 +44,9 @@ HANDLERS: dict[str, Handler] = {
     "module_build": module.run_build,
     "grad_sync": module.run_grad_sync,
     "relayout": module.run_relayout,
+    "checkpoint_save": checkpoint.run_save,
+    "checkpoint_load": checkpoint.run_load,
+    "snapshot": recovery.run_snapshot,
+    "restore": recovery.run_restore,
+    "allocate": recovery.run_allocate,
 }
