@@ -28,6 +28,16 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def mlp_batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` float64 (input, target) batches for MLP, 7 rows each (uneven over 2 or 4 ranks)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(7, 8, generator=g, dtype=torch.float64),
+         torch.randn(7, 4, generator=g, dtype=torch.float64))
+        for _ in range(n)
+    ]  # fmt: skip
+
+
 def train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
     """AdamW steps over ``batches``; the losses (``loss.item()``: one sync point a step)."""
     return steps(model, torch.optim.AdamW(model.parameters(), lr=1e-2), batches)

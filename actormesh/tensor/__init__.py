@@ -43,7 +43,8 @@ the ranks' half never imports the controller's.
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
 ``controller/checkpoint.py``    checkpoints: DCP save, load, async_save as ops of the stream
 ``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
-``controller/recovery.py``      ``FaultTolerant``: commit a step, recover from a lost rank
+``controller/recovery.py``      ``FaultTolerant``: commit a step, recover, shrink, grow
+``controller/recovery_plan.py`` which rank gives which value to which, from the ranks' reports
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
 ``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
 ``worker/handlers.py``          which function runs each kind of op

@@ -20,7 +20,7 @@ from ..runtime.extent import Extent, Point, point_label
 from ..runtime.faults.supervision import unhandled_fault_hook
 from ..runtime.mesh_shape import view_shape
 from ..runtime.meshes.endpoint import message_readers, on_unsent
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
+from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, subset, unrecorded
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
 from ..runtime.meshes.value_mesh import ValueMesh
@@ -59,6 +59,7 @@ __all__ = [
     "point_label",
     "proc_state",
     "report_unhandled",
+    "subset_mesh",
     "then",
     "value_mesh",
     "when_all",
@@ -143,6 +144,13 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
     return unrecorded(procs).spawn(name, cls, *args)
+
+
+def subset_mesh(procs: Any, indices: list[int], sizes: dict[str, int]) -> Any:
+    """The processes of ``procs`` at ``indices`` (row-major) as a mesh of shape ``sizes``: a
+    tensor mesh that shrank (recovery.py) runs on some processes of its mesh, which a slice,
+    a strided view, cannot name when the one left out is an inner rank."""
+    return subset(procs, indices, sizes)
 
 
 def actor_mesh_as(actors: Any, procs: Any) -> Any:

@@ -63,7 +63,7 @@ def cell_launched(cell: int, name: str, processes: set[bytes]) -> dict[str, int]
 
     sent = {}
     for tm in meshes():
-        if tm.stream.lost is not None or compat.is_stopped(tm.procs):
+        if tm.stream.lost is not None or compat.is_stopped(tm.origin):
             continue  # its values are gone: no cell can touch them
         try:
             # Not flush(): a background send's error stays for the next sync point, which

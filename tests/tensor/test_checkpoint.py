@@ -16,20 +16,12 @@ import pytest
 import torch
 from torch import nn
 from training import MLP, MODES, steps
+from training import mlp_batches as batches
 
 import actormesh as am
 from actormesh.tensor import RemoteTensorError, distribute, inspect, module_to_mesh
 
 WAIT = 120
-
-
-def batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(7, 8, generator=g, dtype=torch.float64),
-         torch.randn(7, 4, generator=g, dtype=torch.float64))
-        for _ in range(n)
-    ]  # fmt: skip
 
 
 def values(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -215,11 +207,12 @@ def test_async_save_writes_the_state_of_its_point_in_the_stream(mesh: Any, tmp_p
 
 
 def test_a_rank_lost_during_a_background_save_fails_it_and_keeps_the_previous_checkpoint(
-    mesh: Any, tmp_path: Any, unhandled_failures: list[Any]
+    spawn_procs: Callable[..., Any], tmp_path: Any, unhandled_failures: list[Any]
 ) -> None:
     """The victim is held in a remote function before the save's op reaches it (the other
-    ranks wait for it inside DCP) and killed there: the save cannot have completed."""
-    model, opt = meshed(mesh, "default")
+    ranks wait for it inside DCP) and killed there: the save cannot have completed. (A mesh
+    of its own: the package's must stay whole.)"""
+    model, opt = meshed(spawn_procs(per_host={"dp": 2, "tp": 2}), "default")
     steps(model, opt, batches(1))
     path = tmp_path / "ckpt"
     am.checkpoint.save({"model": model, "optim": opt}, checkpoint_id=path, timeout=WAIT)

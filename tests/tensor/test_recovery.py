@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from training import MLP, MODES
+from training import MLP, MODES, mlp_batches
 
 import actormesh as am
 from actormesh.tensor import module_to_mesh
@@ -96,15 +96,6 @@ def pid(t: torch.Tensor) -> int:
     return os.getpid()
 
 
-def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(7, 8, generator=g, dtype=torch.float64),
-         torch.randn(7, 4, generator=g, dtype=torch.float64))
-        for _ in range(STEPS)
-    ]  # fmt: skip
-
-
 class Run:
     """A training run under FaultTolerant, with a kill point for one step."""
 
@@ -144,7 +135,7 @@ class Run:
             raise
 
     def train(self, point: str | None, during_recovery: Callable[[], None] | None = None) -> None:
-        data = batches()
+        data = mlp_batches(STEPS)
         victim_pid = -1
         while self.ft.step < STEPS:
             step = self.ft.step
@@ -171,7 +162,7 @@ class Run:
         )
         if point == "controller":  # a SIGKILL from outside, between two ops of the step
             self.opt.zero_grad()
-            self.model(batches()[0][0])
+            self.model(mlp_batches(STEPS)[0][0])
             am.tensor.flush_all()
             os.kill(victim_pid, signal.SIGKILL)
         else:
@@ -211,7 +202,7 @@ def test_a_rank_killed_mid_step_is_recovered_and_training_goes_on_identically(
     assert "dp=1,tp=1" in str(error) and "SIGKILL" in str(error)
     assert seconds < 1.0, f"the sync point took {seconds:.2f} s to report the death"
     (report,) = run.ft.recoveries
-    assert report.lost == ["{dp=1, tp=1}"]
+    assert report.ranks == ["{dp=1, tp=1}"] and report.kind == "recover"
     # FSDP with tensor parallelism keeps no replica of a shard: the last checkpoint instead.
     assert report.source == ("checkpoint" if mode == "fsdp+tp_plan" else "replicas")
     assert report.step == KILL_AT if report.source == "replicas" else report.step in (2, 4)
@@ -231,16 +222,16 @@ def test_a_second_failure_during_recovery(
     tm = run.ft.mesh
     restart = tm.restart
 
-    def second_death() -> None:  # rank 2 (dp=1, tp=0) dies as the new group forms
+    def second_death(*args: Any) -> None:  # rank 2 (dp=1, tp=0) dies as the new group forms
         os.kill(pids[2], signal.SIGKILL)
-        restart()
+        restart(*args)
 
     def arm_second_death() -> None:
         tm.restart = second_death  # type: ignore[method-assign]
 
     run.train("forward", during_recovery=arm_second_death)
     tm.restart = restart  # type: ignore[method-assign]
-    assert [r.lost for r in run.ft.recoveries] == [["{dp=1, tp=0}"]]
+    assert [r.ranks for r in run.ft.recoveries] == [["{dp=1, tp=0}"]]
     unhandled_failures.clear()
     assert run.losses == reference(procs, "tp_plan", tmp_path)
 

@@ -92,7 +92,7 @@ class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
         if self._shape is base:
             return list(values)
         ranks = self._shape.ranks()
-        stride = base._uniform_stride()  # noqa: SLF001  Shape's spacing test, for the fast path
+        stride = base._rank_stride()  # noqa: SLF001  Shape's spacing test, for the fast path
         if stride is not None:  # the base's ranks are evenly spaced: index arithmetically
             offset = base.offset
             return [values[(g - offset) // stride] for g in ranks]

@@ -279,7 +279,10 @@ def reply_after_datagrams(envelope: tuple[Any, ...], seq: int) -> tuple[Any, ...
 
 def shape_state(shape: Shape) -> tuple[Any, ...]:
     """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
-    return (shape.labels, shape.offset, shape.sizes, shape.strides)
+    mapping = shape.mapping
+    if mapping is None:
+        return (shape.labels, shape.offset, shape.sizes, shape.strides)
+    return (shape.labels, shape.offset, shape.sizes, shape.strides, mapping)
 
 
 _shapes: dict[tuple[Any, ...], Shape] = {}

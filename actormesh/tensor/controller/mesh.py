@@ -81,7 +81,8 @@ class TensorMesh:
     view_id = 0  # which shape of the engine's processes this is (0: the engine's own)
 
     def __init__(self, procs: compat.ProcMesh) -> None:
-        self.procs = procs
+        self.origin = procs  # the user's mesh (stopped and healed as a whole)
+        self.procs = procs  # the engine's processes: the origin's, or some after a shrink
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
         self.base = self
@@ -141,15 +142,33 @@ class TensorMesh:
         self.engine.initialized.get(timeout=SETUP_TIMEOUT)
         return device
 
-    def restart(self) -> None:
-        """A new process group and engine over the same processes (a rank was respawned),
-        keeping this handle, its stream and its ids: recovery (recovery.py) then puts the
-        values it restores back under their ids; every other value of the mesh is gone."""
-        compat.destroy_process_group(self.procs).get(timeout=SETUP_TIMEOUT)
+    def restart(
+        self, procs: compat.ProcMesh | None = None, leaving: compat.ProcMesh | None = None
+    ) -> None:
+        """A new process group and engine, keeping this handle, its stream and its ids:
+        recovery (recovery.py) then puts the values it restores back under their ids; every
+        other value of the mesh is gone. Over ``procs`` (default: the same processes; after a
+        shrink or grow another set, the same dimensions in other sizes), once the processes
+        of ``leaving`` (default: the engine's; a respawned one has no group to leave) left the
+        old group."""
+        compat.destroy_process_group(leaving or self.procs).get(timeout=SETUP_TIMEOUT)
+        if procs is not None:
+            if tuple(procs.sizes) != self.labels:
+                raise compat.MeshUsageError(
+                    f"a tensor mesh restarts with its dimensions {self.labels}, not "
+                    f"{tuple(procs.sizes)}"
+                )
+            self.procs = procs
+            self.sizes = tuple(procs.sizes.values())
         self._start()
         self.views = {}  # views of the old engine (renames, flattens) are gone with it
-        self.stream.restart(self.engine)
+        self.stream.restart(self.engine, compat.mailboxes(self.procs))
         self.mailboxes = self.stream.mailboxes
+
+    @property
+    def resized(self) -> bool:
+        """Whether the engine runs on other processes than its mesh's (after a shrink)."""
+        return self.procs is not self.origin
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
@@ -290,7 +309,7 @@ def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
     ident = compat.mesh_id(procs)
     with _lock:
         for key, old in list(_meshes.items()):  # forget engines of stopped meshes
-            if compat.is_stopped(old.procs):
+            if compat.is_stopped(old.origin):
                 old.stream.close()
                 del _meshes[key]
         tm = _meshes.get(ident)
@@ -306,7 +325,21 @@ def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
             tm = TensorMesh(procs)
             _meshes[ident] = tm
     TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
+    if tm.resized:
+        return _resized(tm, procs, what)
     return tm.view(procs)
+
+
+def _resized(tm: TensorMesh, procs: compat.ProcMesh, what: str) -> TensorMesh:
+    """The engine of a mesh that shrank runs on some of its processes: the whole mesh stands
+    for it (tensors go where the training runs); no slice or other shape of it does."""
+    if procs.sizes == tm.origin.sizes:
+        return tm
+    raise compat.MeshUsageError(
+        f"{what}: the tensor engine of these processes runs on {tm!r}, some of them, since a "
+        f"rank was lost (FaultTolerant.shrink); pass the whole mesh, or grow it back first "
+        "(FaultTolerant.grow)"
+    )
 
 
 def view_of(tm: TensorMesh, mesh: Any) -> TensorMesh | None:

@@ -33,11 +33,22 @@ controller must rebuild the mesh around it.
   from any collective stuck on the dead peer (worker/recovery.py) and reports its snapshot;
   a new process group and engine start (``TensorMesh.restart``); a ``restore`` op puts every
   value of the committed step back under its id (a meshed model is only its MeshTensors: the
-  ranks keep no module, so nothing else is built again), survivors
-  from their own copy, respawned ranks from a survivor holding the same shard. A value whose
-  every holder died (an FSDP shard with no replica) comes from the last checkpoint instead,
-  and then the whole state does, so the model never mixes two steps. Every other MeshTensor of
-  the mesh is gone (using one raises ``MeshClosedError`` at the user's line).
+  ranks keep no module, so nothing else is built again), survivors from their own copy,
+  respawned ranks from a survivor holding the same shard. A value whose every holder died (an
+  FSDP shard with no replica) comes from the last checkpoint instead, and then the whole state
+  does, so the model never mixes two steps. Every other MeshTensor of the mesh is gone (using
+  one raises ``MeshClosedError`` at the user's line).
+- ``shrink()`` (no spare process): the engine restarts on the survivors, leaving out each
+  slice along the data-parallel dimension that lost a rank; values replicated along it come
+  from the survivors' own copies (no transfer), values split along it (FSDP) from the last
+  checkpoint, which DCP reshards. The batch a model is given is split over the ranks left
+  (the numbers stay those of one process), and ``on_resize`` (the user's rule, e.g. for the
+  learning rate) is called with the new size. ``grow()`` respawns the lost ranks (or takes a
+  spare host, ``hosts=``) and brings the mesh back whole: the survivors first copy each value
+  whole along the data dimension (one collective), so every rank then takes its own slice.
+  ``recover()`` on a shrunk mesh also brings it back whole.
+
+Which rank sends which value to which is decided from the ranks' reports in recovery_plan.py.
 """
 
 from __future__ import annotations
@@ -47,7 +58,8 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,16 +67,18 @@ import torch
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.recovery import _RecoveryAgent
-from . import checkpoint, checkpoint_state
+from . import checkpoint, checkpoint_state, recovery_plan
 from .fetch import fetch_value
 from .mesh import SETUP_TIMEOUT
-from .module import MeshModule, forget_engine_values
+from .module import MeshModule, forget_engine_values, placement
 from .tensor import OpaqueRef
 
 logger = logging.getLogger(__name__)
 
 _agents = itertools.count(1)
 KEEP_GENERATIONS = 4  # the controller's parts of the last commits (ranks keep one each)
+UNBLOCK_TIMEOUT = 30.0  # seconds for an engine to stop once its group's sockets are shut
+NO_SNAPSHOT: recovery_plan.Report = (-1, {}, {}, {})
 
 
 @dataclass
@@ -76,12 +90,29 @@ class Commit:
 
 @dataclass
 class RecoveryReport:
-    """What one ``recover()`` did (``ft.recoveries`` keeps them; the sidebar shows them)."""
+    """What one ``recover()``, ``shrink()`` or ``grow()`` did (``ft.recoveries`` keeps them;
+    the sidebar shows them)."""
 
-    lost: list[str]  # the ranks that were respawned
+    kind: str  # "recover", "shrink" or "grow"
+    ranks: list[str]  # the ranks lost (recover: respawned; shrink: left out), or that rejoined
     step: int  # the step training resumes from
-    source: str  # "replicas" or "checkpoint"
+    source: str  # "replicas" (the ranks' copies of the last commit) or "checkpoint"
+    sizes: dict[str, int]  # the mesh's sizes after it
     seconds: float
+    started: float = field(default=0.0, repr=False)  # time.time() when it began
+
+
+@dataclass
+class _Change:
+    """One recover, shrink or grow: the ranks it is about, the processes the new engine runs
+    on, those that leave the old one (``stuck``: it may wait on a dead peer), when it began."""
+
+    kind: str
+    ranks: list[str]
+    procs: Any
+    leaving: Any
+    stuck: bool
+    started: float
 
 
 class FaultTolerant:
@@ -90,8 +121,9 @@ class FaultTolerant:
     ``state`` is a checkpoint's state dict (``{"model": model, "optim": optimizer, ...}``, as
     ``am.checkpoint.save`` takes). ``checkpoint_id`` and ``checkpoint_every``: a background
     checkpoint every that many committed steps, what recovery falls back to when no replica
-    holds a lost shard. ``step`` counts the committed steps. Methods are for the controller's
-    thread.
+    holds a lost shard. ``on_resize(size, previous)``: called after the data-parallel dimension
+    changed size (``shrink``, ``grow``), for the user's rule (the learning rate, the batch).
+    ``step`` counts the committed steps. Methods are for the controller's thread.
     """
 
     def __init__(
@@ -100,13 +132,21 @@ class FaultTolerant:
         *,
         checkpoint_id: Any = None,
         checkpoint_every: int | None = None,
+        on_resize: Callable[[int, int], None] | None = None,
     ) -> None:
         spec = checkpoint_state.build(state, "FaultTolerant")
         assert spec.mesh is not None
         if checkpoint_every is not None and checkpoint_id is None:
             raise compat.MeshUsageError("checkpoint_every needs checkpoint_id= (where to write)")
+        if on_resize is not None and not callable(on_resize):
+            raise compat.MeshUsageError(
+                f"on_resize takes a function (size, previous), got {type(on_resize).__name__}"
+            )
         self.state = state
         self.mesh = spec.mesh
+        self.procs = self.mesh.origin  # what is healed; the engine may run on fewer
+        self.data_dim = _data_dim(state)
+        self.on_resize = on_resize
         self.lineage = uuid.uuid4().hex
         self.step = 0
         self.checkpoint_id = checkpoint_id
@@ -117,25 +157,39 @@ class FaultTolerant:
         self._gens = itertools.count(1)
         self._commits: dict[int, Commit] = {}
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The mesh's sizes now (smaller than its proc mesh's after ``shrink``)."""
+        return dict(zip(self.mesh.labels, self.mesh.sizes, strict=True))
+
     # -- commit ------------------------------------------------------------------------------
 
     def commit(self) -> None:
         """The step completed (call it after the step's sync point): recovery comes back to
         the state as it is now. Records one op, sends nothing; ``step`` grows by one."""
+        self.step += 1
+        self._snapshot(None)
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            self._checkpoint()
+
+    def _snapshot(self, gather: str | None) -> OpaqueRef | None:
+        """Record a snapshot of the state as generation of ``step``; with ``gather``, each
+        value copied whole along that dimension, and a receipt to wait on."""
         spec = checkpoint_state.build(self.state, "FaultTolerant.commit")
         if spec.mesh is not self.mesh:
             raise compat.MeshUsageError("FaultTolerant: the state moved to another mesh")
         gen = next(self._gens)
-        self.step += 1
         self._commits[gen] = Commit(gen, self.step, spec)
         for old in [g for g in self._commits if g <= gen - KEEP_GENERATIONS]:
             del self._commits[old]
-        self.mesh.stream.record(
-            ("snapshot", (), tuple(spec.ids), (), (self.lineage, gen, tuple(spec.ids)),
-             issue_site())
-        )  # fmt: skip
-        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
-            self._checkpoint()
+        tm = self.mesh
+        receipt = None if gather is None else OpaqueRef(tm, tm.stream.new_id(), per_rank=True)
+        out = () if receipt is None else (receipt.value_id,)
+        payload = (self.lineage, gen, tuple(spec.ids), gather)
+        tm.stream.record(
+            ("snapshot", out, tuple(spec.ids), (None,) * len(out), payload, issue_site())
+        )
+        return receipt
 
     def _checkpoint(self) -> None:
         if self.saving is not None and not self.saving[1].done():
@@ -154,86 +208,137 @@ class FaultTolerant:
         else:
             logger.error("the checkpoint of step %d failed: %s", step, exc)
 
-    # -- recover -----------------------------------------------------------------------------
+    # -- recover, shrink, grow -------------------------------------------------------------
 
     def recover(self, timeout: float = SETUP_TIMEOUT) -> int:
         """Heal the mesh and restore the state of the last committed step; returns ``step``.
+        A mesh that shrank comes back whole.
 
         Blocks. Raises ``SupervisionError`` if a rank dies meanwhile (call it again), and
         ``RuntimeError`` when neither the replicas nor a checkpoint hold the lost values.
         """
-        start = time.monotonic()
-        tm = self.mesh
-        procs = tm.procs
-        lost = [p for p, h in procs.health().items() if h != "alive"]
-        procs.heal().get(timeout=timeout)
-        agent = compat.helper_mesh_with_args(
-            procs, f"_recovery_agent_{next(_agents)}", _RecoveryAgent
+        started = time.time()
+        lost = self._dead()
+        self.procs.heal().get(timeout=timeout)
+        return self._resume(
+            _Change("recover", lost, self.procs, self.procs, True, started), timeout
         )
-        reports = agent.unblock.call(tm.key, self.lineage, 30.0).get(timeout=timeout).values()
-        tm.restart()
+
+    def shrink(self, timeout: float = SETUP_TIMEOUT) -> int:
+        """Go on without the dead ranks (no spare process): the data-parallel dimension loses
+        each slice that lost a rank, and the state of the last committed step is restored on
+        the ranks left; returns ``step``. ``on_resize`` is called with the new size. Blocks;
+        raises as ``recover`` does, and ``MeshUsageError`` when nothing can shrink."""
+        started = time.time()
+        tm = self.mesh
+        if self.data_dim is None:
+            raise compat.MeshUsageError(
+                "shrink needs a data-parallel dimension to go on without: the state holds no "
+                "model from module_to_mesh (its data_dim is the one that shrinks)"
+            )
+        alive = self._alive()
+        dead = {i for i, mailbox in enumerate(tm.mailboxes) if mailbox not in alive}
+        if not dead:
+            raise compat.MeshUsageError(
+                "no rank of the mesh is dead, so there is nothing to shrink; shrink() is for "
+                "the except clause of a lost rank's SupervisionError"
+            )
+        lost = [tm.coords_of(i) for i in sorted(dead)]
+        kept, sizes = recovery_plan.shrunk(tm.labels, tm.sizes, dead, self.data_dim)
+        origin = {m: i for i, m in enumerate(compat.mailboxes(self.procs))}
+        shape = dict(zip(tm.labels, sizes, strict=True))
+        new = compat.subset_mesh(self.procs, [origin[tm.mailboxes[i]] for i in kept], shape)
+        living = [origin[m] for m in tm.mailboxes if m in alive]
+        leaving = compat.subset_mesh(self.procs, living, {"ranks": len(living)})
+        return self._resume(_Change("shrink", lost, new, leaving, True, started), timeout)
+
+    def grow(self, hosts: Any = None, timeout: float = SETUP_TIMEOUT) -> int:
+        """Bring a mesh that shrank back to all its processes: the dead ones respawned (on a
+        spare host from ``hosts``, e.g. ``listener.wait_for_hosts(1)``, when theirs was lost),
+        the state as it is now spread over them; returns ``step``. Call it between steps, after
+        ``commit()``. ``on_resize`` is called with the new size. Blocks."""
+        started = time.time()
+        tm = self.mesh
+        if not tm.resized:
+            raise compat.MeshUsageError(
+                "the mesh did not shrink, so there is nothing to grow (recover() heals a mesh "
+                "that lost a rank)"
+            )
+        if self.saving is not None:
+            self.saving[1].exception(timeout=timeout)  # a background checkpoint ends first
+        rejoin = self._left_out()
+        self.procs.heal(hosts).get(timeout=timeout)
+        receipt = self._snapshot(self.data_dim)
+        assert receipt is not None
+        fetch_value(receipt, tm, 0).get(timeout=timeout)
+        return self._resume(
+            _Change("grow", rejoin, self.procs, self.procs, False, started), timeout
+        )
+
+    def _resume(self, change: _Change, timeout: float) -> int:
+        """Free the old engine on ``leaving``'s processes, start one on ``procs``'s and put the
+        last committed state back on it (see the module docs)."""
+        before = self.sizes.get(self.data_dim or "")
+        self._restart_and_restore(change, timeout)
+        after = self.sizes.get(self.data_dim or "")
+        if self.on_resize is not None and after != before and after is not None:
+            self.on_resize(after, before or 0)
+        return self.step
+
+    def _restart_and_restore(self, change: _Change, timeout: float) -> None:
+        tm = self.mesh
+        leaving = change.leaving
+        agent = compat.helper_mesh_with_args(
+            leaving, f"_recovery_agent_{next(_agents)}", _RecoveryAgent
+        )
+        answers = agent.unblock.call(tm.key, self.lineage, change.stuck, UNBLOCK_TIMEOUT)
+        replies = answers.get(timeout=timeout).values()
+        by_process = dict(zip(compat.mailboxes(leaving), replies, strict=True))
+        tm.restart(change.procs, leaving)
+        reports = [by_process.get(m, NO_SNAPSHOT) for m in tm.mailboxes]
         for module in self._modules():
             forget_engine_values(module)
-        plan = self._plan(reports)
-        if plan is not None:
-            commit, metas, transfers = plan
-            self._restore(commit, metas, transfers, timeout)
+        plan = recovery_plan.restore_plan(reports, list(self._commits), tm.labels, tm.sizes)
+        if plan is not None and not set(self._commits[plan.gen].spec.ids) - plan.metas.keys():
+            self._restore(plan, timeout)
             source = "replicas"
         else:
-            self._from_checkpoint(_every_meta(reports), timeout)
+            self._from_checkpoint(recovery_plan.every_meta(reports), timeout)
             source = "checkpoint"
-        report = RecoveryReport([compat.point_label(p) for p in lost], self.step, source,
-                                time.monotonic() - start)  # fmt: skip
+        seconds = time.time() - change.started
+        report = RecoveryReport(change.kind, change.ranks, self.step, source, self.sizes,
+                                seconds, change.started)  # fmt: skip
         self.recoveries.append(report)
-        logger.info("recovered: %s", report)
-        return self.step
+        logger.info("%s: %s", change.kind, report)
+
+    def _dead(self) -> list[str]:
+        return [compat.point_label(p) for p, h in self.procs.health().items() if h != "alive"]
+
+    def _alive(self) -> set[bytes]:
+        health = self.procs.health().values()
+        mailboxes = compat.mailboxes(self.procs)
+        return {m for m, h in zip(mailboxes, health, strict=True) if h == "alive"}
+
+    def _left_out(self) -> list[str]:
+        """The ranks of the proc mesh the engine does not run on (after a shrink)."""
+        mine = set(self.mesh.mailboxes)
+        points = [p for p, _ in self.procs.health().items()]
+        mailboxes = compat.mailboxes(self.procs)
+        return [
+            compat.point_label(p) for p, m in zip(points, mailboxes, strict=True) if m not in mine
+        ]
 
     def _modules(self) -> list[Any]:
         return [v for v in self.state.values() if isinstance(v, MeshModule)]
 
-    def _plan(self, reports: list[tuple[int, list[Any]]]) -> Any:
-        """The newest commit every survivor holds, and for each value of it a survivor per
-        respawned rank; ``None`` when some value has no surviving holder."""
-        gens = {gen for gen, _ in reports if gen >= 0}
-        if len(gens) != 1:
-            logger.warning("survivors hold snapshots %s: recovering from the checkpoint", gens)
-            return None
-        (gen,) = gens
-        commit = self._commits.get(gen)
-        if commit is None:
-            return None
-        metas: dict[int, Any] = {}
-        for g, entries in reports:
-            if g == gen:
-                for id, dims, placements, shape, stride, dtype in entries:
-                    metas[id] = (dims, placements, shape, stride, dtype)
-        holders = [i for i, (g, _) in enumerate(reports) if g == gen]
-        respawned = [i for i, (g, _) in enumerate(reports) if g != gen]
-        transfers = []
-        for id, (dims, placements, *_rest) in metas.items():
-            sharded = [d for d, p in zip(dims, placements, strict=True) if not p.is_replicate()]
-            for dst in respawned:
-                src = next((h for h in holders if self._same(h, dst, sharded)), None)
-                if src is None:
-                    logger.warning("no replica of value %d: recovering from the checkpoint", id)
-                    return None
-                transfers.append((id, dst, src))
-        return commit, metas, tuple(transfers)
-
-    def _same(self, a: int, b: int, dims: list[str]) -> bool:
+    def _restore(self, plan: recovery_plan.Plan, timeout: float) -> None:
         tm = self.mesh
-        pa = compat.Point(a, compat.Extent(list(tm.labels), list(tm.sizes)))
-        pb = compat.Point(b, compat.Extent(list(tm.labels), list(tm.sizes)))
-        return all(pa[d] == pb[d] for d in dims)
-
-    def _restore(
-        self, commit: Commit, metas: dict[int, Any], transfers: Any, timeout: float
-    ) -> None:
-        tm = self.mesh
-        ids = [i for i in commit.spec.ids if i in metas]
+        commit = self._commits[plan.gen]
+        ids = list(commit.spec.ids)
         receipt = OpaqueRef(tm, tm.stream.new_id(), per_rank=True)
-        meta = (*((tuple(metas[i][2]), metas[i][4], False) for i in ids), None)
-        payload = (self.lineage, commit.gen, {i: metas[i] for i in ids}, transfers)
+        metas = {i: plan.metas[i] for i in ids}
+        meta = (*((tuple(metas[i].shape), metas[i].dtype, False) for i in ids), None)
+        payload = (self.lineage, commit.gen, metas, plan.transfers)
         tm.stream.keep(ids)
         tm.stream.record(
             ("restore", (*ids, receipt.value_id), tuple(ids), meta, payload, issue_site())
@@ -250,7 +355,8 @@ class FaultTolerant:
         if path is None or not os.path.exists(os.path.join(os.fspath(path), ".metadata")):
             raise RuntimeError(
                 "recovery needs the values of a rank that no surviving rank holds (FSDP shards "
-                "have no replica), and no checkpoint was written yet: pass checkpoint_id= and "
+                "have no replica, or the mesh changed size along the dimension that splits "
+                "them), and no checkpoint was written yet: pass checkpoint_id= and "
                 "checkpoint_every= to FaultTolerant"
             )
         for value in self.state.values():
@@ -266,7 +372,7 @@ class FaultTolerant:
                 "rank snapshotted them (was a step committed since they were made?)"
             )
         tm = self.mesh
-        meta = tuple((tuple(metas[i][2]), metas[i][4], False) for i in ids)
+        meta = tuple((tuple(metas[i].shape), metas[i].dtype, False) for i in ids)
         tm.stream.keep(ids)
         tm.stream.record(
             ("allocate", tuple(ids), (), meta, ({i: metas[i] for i in ids},), issue_site())
@@ -276,15 +382,12 @@ class FaultTolerant:
         self.step = int(state["fault_tolerant_step"])
 
 
-def _every_meta(reports: list[tuple[int, list[Any]]]) -> dict[int, Any]:
-    """Each value's metadata (mesh dimensions, placements, shape, stride, dtype) as any
-    survivor's snapshot gives it (they agree: a value's placements are the same on every
-    rank)."""
-    metas: dict[int, Any] = {}
-    for _gen, entries in reports:
-        for id, dims, placements, shape, stride, dtype in entries:
-            metas.setdefault(id, (dims, placements, shape, stride, dtype))
-    return metas
+def _data_dim(state: dict[str, Any]) -> str | None:
+    """The data-parallel dimension of the state's first meshed model (what shrinks)."""
+    for value in state.values():
+        if isinstance(value, MeshModule):
+            return placement(value).data_dim
+    return None
 
 
 def _prune_optimizers(state: dict[str, Any], tree: dict[str, Any]) -> None:

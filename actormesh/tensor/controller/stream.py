@@ -98,12 +98,13 @@ class Stream:
         self.kept: frozenset[int] = frozenset()
         _streams.add(self)
 
-    def restart(self, engine: Any) -> None:
-        """The engine was replaced (recovery): nothing buffered or uploaded survives, and the
-        ids allocated so far are gone until ``keep`` names those restored."""
+    def restart(self, engine: Any, mailboxes: list[bytes]) -> None:
+        """The engine was replaced (recovery), on the processes with ``mailboxes`` (a healed
+        rank is a new process; a shrunk mesh has fewer): nothing buffered or uploaded
+        survives, and the ids allocated so far are gone until ``keep`` names those restored."""
         with self.lock:
             self.engine = engine
-            self.mailboxes = compat.mailboxes(self.procs)  # a healed rank is a new process
+            self.mailboxes = mailboxes
             self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
             self.lost = self.error = None
             self.lost_why = ""

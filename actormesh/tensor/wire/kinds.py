@@ -147,18 +147,20 @@ _TABLE = [
          "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
          "names what rank 0 read for the spec's other leaves."),
     # -- live recovery (recovery.py) -------------------------------------------------------
-    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple"), 0, (_RECOVERY,),
-         "worker.recovery:run_snapshot", True,
+    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple", "gather: str|None"), None,
+         (_RECOVERY,), "worker.recovery:run_snapshot", True,
          "A committed step: each rank copies its shards of the training state's values (``ids``) "
-         "as generation ``gen`` of ``lineage``, replacing the previous copy whole."),
+         "as generation ``gen`` of ``lineage``, replacing the previous copy whole; ``gather``: "
+         "each copied whole along that mesh dimension (before it changes size), and out names "
+         "a receipt."),
     Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
          (_RECOVERY,), "worker.recovery:run_restore", False,
          "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
-         "from its own copy or, a respawned one, from a replica (``transfers``: id, dst, src); "
-         "the last output is a receipt the controller fetches."),
+         "from its own copy or from a rank holding its shard (``transfers``: id, dst, src); the "
+         "last output is a receipt the controller fetches."),
     Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
-         "On a restarted engine: zeros under the ids of ``out`` with the placements, shapes and "
-         "dtypes of ``metas`` (the survivors' snapshots), for a checkpoint load to fill."),
+         "On a restarted engine: zeros under the ids of ``out`` placed as ``metas`` says (the "
+         "survivors' snapshots), for a checkpoint load to fill."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -24,7 +24,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..compat import Actor, endpoint
 from .local import REGISTRY
@@ -33,40 +33,58 @@ if TYPE_CHECKING:
     from .engine import _TensorEngine
 
 
-@dataclass
-class Snap:
-    """One value's local shard at a committed step, and where it lives on the mesh."""
+class ValueMeta(NamedTuple):
+    """Where a snapshotted value lives: its DeviceMesh's dimensions, the placements of the
+    local copy kept (``placements``) and of the value itself (``target``: they differ for a
+    copy gathered along a dimension that changes size), its global shape, stride and dtype."""
 
-    local: Any
-    dims: tuple[str, ...]  # the mesh dimensions of the value's DeviceMesh
+    dims: tuple[str, ...]
     placements: tuple[Any, ...]
-    shape: tuple[int, ...]  # global
+    target: tuple[Any, ...]
+    shape: tuple[int, ...]
     stride: tuple[int, ...]
+    dtype: Any
 
 
 @dataclass
 class Generation:
+    """This rank's copy of the training state at one committed step: each value's local
+    shard, and where this rank was when it copied them (its coordinates, the mesh's sizes)."""
+
     gen: int
-    values: dict[int, Snap]
+    coords: dict[str, int]
+    sizes: dict[str, int]
+    values: dict[int, tuple[Any, ValueMeta]]
 
 
 # lineage (one per controller TensorMesh, kept across engine restarts) -> this rank's snapshot
 SNAPSHOTS: dict[str, Generation] = {}
 
 
-def _snap(engine: _TensorEngine, v: Any) -> Snap:
-    from torch.distributed.tensor import DTensor
+def _snap(engine: _TensorEngine, v: Any, gather: str | None) -> tuple[Any, ValueMeta]:
+    from torch.distributed.tensor import DTensor, Replicate
 
     if not isinstance(v, DTensor):
         raise RuntimeError(f"a training state value on {engine.rank_str} is not global")
     mesh = v.device_mesh
     dims = tuple(mesh.mesh_dim_names or engine.labels)
-    return Snap(v.to_local().detach().clone(), dims, tuple(v.placements), tuple(v.shape),
-                tuple(v.stride()))  # fmt: skip
+    target = tuple(v.placements)
+    if gather is not None and gather in dims:
+        # The whole along ``gather`` (a collective over it: every rank of the engine runs it),
+        # so that a mesh with another size along it can take its own slice.
+        placements = list(target)
+        placements[dims.index(gather)] = Replicate()
+        v = v.redistribute(mesh, placements)
+    meta = ValueMeta(dims, tuple(v.placements), target, tuple(v.shape), tuple(v.stride()),
+                     v.dtype)  # fmt: skip
+    return v.to_local().detach().clone(), meta
 
 
 def run_snapshot(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    lineage, gen, ids = payload
+    """``payload``: (lineage, gen, ids, gather): ``gather`` names a mesh dimension whose size
+    changes next (``FaultTolerant.grow``), along which each value is copied whole. ``out``: a
+    receipt, when the controller waits for the copy."""
+    lineage, gen, ids, gather = payload
     bad = [i for i in ids if i in engine.poison]
     if bad:
         root = engine.poison[bad[0]]
@@ -75,9 +93,13 @@ def run_snapshot(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
             f"{engine.rank_str} ({root.exc_type}: {root.message}, op {root.op} issued at "
             f"{root.site}); recovery keeps the state of the last committed step"
         )
-    fresh = Generation(gen, {i: _snap(engine, engine.value(i)) for i in ids})
-    SNAPSHOTS[lineage] = fresh  # whole, after every copy was made
-    return []
+    values = {i: _snap(engine, engine.value(i), gather) for i in ids}
+    SNAPSHOTS[lineage] = Generation(gen, dict(engine.coords), _sizes(engine), values)  # whole
+    return [True] * len(out)
+
+
+def _sizes(engine: _TensorEngine) -> dict[str, int]:
+    return dict(zip(engine.labels, engine.sizes, strict=True))
 
 
 def _mesh_for(engine: _TensorEngine, dims: tuple[str, ...]) -> Any:
@@ -85,9 +107,10 @@ def _mesh_for(engine: _TensorEngine, dims: tuple[str, ...]) -> Any:
 
 
 def run_restore(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    """``payload``: (lineage, gen, metas, transfers). ``metas[id]`` = (dims, placements, shape,
-    stride, dtype); ``transfers``: ``(id, dst, src)`` engine indices, the same list on every
-    rank. Answers the restored values, in ``out``'s order."""
+    """``payload``: (lineage, gen, metas, transfers). ``metas[id]``: a ``ValueMeta``;
+    ``transfers``: ``(id, dst, src)`` engine indices, the same list on every rank (a rank that
+    is no ``dst`` of a value has it in its own snapshot). Answers the restored values, in
+    ``out``'s order, then a receipt."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -101,33 +124,37 @@ def run_restore(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     requests = []
     for id, dst, src in transfers:
         if src == engine.index:
-            requests.append(dist.P2POp(dist.isend, have[id].local.contiguous(), dst))
+            requests.append(dist.P2POp(dist.isend, have[id][0].contiguous(), dst))
         elif dst == engine.index:
-            dims, placements, shape, _stride, dtype = metas[id]
+            meta = metas[id]
             local_shape, _ = compute_local_shape_and_global_offset(
-                shape, _mesh_for(engine, dims), placements
+                meta.shape, _mesh_for(engine, meta.dims), meta.placements
             )
-            received[id] = torch.empty(local_shape, dtype=dtype, device=engine.device)
+            received[id] = torch.empty(local_shape, dtype=meta.dtype, device=engine.device)
             requests.append(dist.P2POp(dist.irecv, received[id], src))
     if requests:
         for work in dist.batch_isend_irecv(requests):
             work.wait()
     values = []
-    fresh: dict[int, Snap] = {}
+    fresh: dict[int, tuple[Any, ValueMeta]] = {}
     for id in out[:-1]:
-        dims, placements, shape, stride, _dtype = metas[id]
-        data = received[id] if id in received else have[id].local
-        value = as_dtensor(data.clone(), _mesh_for(engine, dims), placements, shape, stride)
-        fresh[id] = Snap(value.to_local().detach().clone(), dims, placements, shape, stride)
+        meta = metas[id]
+        data = received[id] if id in received else have[id][0]
+        mesh = _mesh_for(engine, meta.dims)
+        value = as_dtensor(data.clone(), mesh, meta.placements, meta.shape, meta.stride)
+        if meta.target != meta.placements:
+            value = value.redistribute(mesh, meta.target)  # its slice of a whole: no collective
+        kept = ValueMeta(meta.dims, meta.target, meta.target, meta.shape, meta.stride, meta.dtype)
+        fresh[id] = (value.to_local().detach().clone(), kept)
         values.append(value)
-    SNAPSHOTS[lineage] = Generation(gen, fresh)  # the respawned rank is a replica again
+    # Every rank is a replica again, at its place in this engine's mesh.
+    SNAPSHOTS[lineage] = Generation(gen, dict(engine.coords), _sizes(engine), fresh)
     return [*values, True]
 
 
 def run_allocate(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    """On a restarted engine: a value under each id of ``out`` with the metadata the survivors'
-    snapshots gave (``metas[id]``: dims, placements, shape, stride, dtype), its numbers still
-    to come (a checkpoint load writes into it next)."""
+    """On a restarted engine: a value under each id of ``out`` placed as ``metas[id]`` (a
+    ``ValueMeta``; its ``target``) says, holding zeros: a checkpoint load writes into it next."""
     import torch
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -136,11 +163,11 @@ def run_allocate(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
     (metas,) = payload
     values = []
     for id in out:
-        dims, placements, shape, stride, dtype = metas[id]
-        mesh = _mesh_for(engine, dims)
-        local_shape, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
-        local = torch.zeros(local_shape, dtype=dtype, device=engine.device)
-        values.append(as_dtensor(local, mesh, placements, shape, stride))
+        meta = metas[id]
+        mesh = _mesh_for(engine, meta.dims)
+        local_shape, _ = compute_local_shape_and_global_offset(meta.shape, mesh, meta.target)
+        local = torch.zeros(local_shape, dtype=meta.dtype, device=engine.device)
+        values.append(as_dtensor(local, mesh, meta.target, meta.shape, meta.stride))
     return values
 
 
@@ -206,13 +233,16 @@ class _RecoveryAgent(Actor):
     """One per process while a mesh recovers (its own thread: the engine's may be stuck)."""
 
     @endpoint
-    def unblock(self, engine_key: str, lineage: str, timeout: float) -> tuple[int, list[Any]]:
-        """Free the old engine (see the module docs); answer this rank's snapshot: its
-        generation (-1: none) and each value's metadata."""
+    def unblock(
+        self, engine_key: str, lineage: str, stuck: bool, timeout: float
+    ) -> tuple[int, dict[str, int], dict[str, int], dict[int, ValueMeta]]:
+        """Free the old engine (see the module docs; ``stuck``: it may wait in a collective on
+        a dead peer, so the group's sockets are shut down first) and answer this rank's
+        snapshot: its generation (-1: none), where the rank was, and each value's metadata."""
         engine = REGISTRY.get(engine_key)
         if engine is not None:
             engine.abandoned = True
-            if BASELINE is not None:
+            if stuck and BASELINE is not None:
                 _shut_down(tcp_sockets() - BASELINE)
             if not engine.lock.acquire(timeout=timeout):
                 raise TimeoutError(
@@ -223,7 +253,5 @@ class _RecoveryAgent(Actor):
             REGISTRY.pop(engine_key, None)
         mine = SNAPSHOTS.get(lineage)
         if mine is None:
-            return -1, []
-        metas = [(i, s.dims, s.placements, s.shape, s.stride, s.local.dtype)
-                 for i, s in mine.values.items()]  # fmt: skip
-        return mine.gen, metas
+            return -1, {}, {}, {}
+        return mine.gen, mine.coords, mine.sizes, {i: m for i, (_, m) in mine.values.items()}
