@@ -265,3 +265,59 @@ def test_fault_tolerant_refuses_a_state_it_cannot_recover(mesh: Any) -> None:
         am.FaultTolerant({"step": 1})
     with pytest.raises(am.MeshUsageError, match="checkpoint_every needs checkpoint_id"):
         am.FaultTolerant({"model": model}, checkpoint_every=10)
+
+
+@am.remote(propagate=lambda t: t)
+def two_collectives(t: torch.Tensor) -> torch.Tensor:
+    """An all_reduce over tp, then one over dp; {dp=1, tp=1} dies as it starts."""
+    import torch.distributed as dist
+
+    if am.current_rank() == {"dp": 1, "tp": 1}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(4), group=t.device_mesh.get_group("tp"))
+    dist.all_reduce(torch.ones(4), group=t.device_mesh.get_group("dp"))
+    return t
+
+
+@am.remote(propagate=lambda t: t)
+def another_collective(t: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(16), group=t.device_mesh.get_group("dp"))
+    return t
+
+
+def test_a_rank_that_lost_a_peer_in_a_collective_runs_no_later_collective(
+    spawn_procs: Callable[..., Any], unhandled_failures: list[Any], tmp_path: Any
+) -> None:
+    """{dp=1, tp=0} fails in the tp all_reduce (its peer died); {dp=0, tp=0} has finished its
+    own and waits for it in the dp one. Had {dp=1, tp=0} gone on to the next op's dp
+    all_reduce, gloo would see two collectives of different sizes on one pair and abort that
+    survivor (SIGABRT): a second death in the middle of recovering from the first."""
+    procs = spawn_procs(per_host={"dp": 2, "tp": 2})
+    engines = procs.spawn("engines", EngineBusy).slice(dp=1, tp=0)
+    run = Run(procs, "default", str(tmp_path), None)
+    weight = run.model.fc1.weight
+    run.ft.commit()
+    another_collective(two_collectives(weight))
+    with pytest.raises(am.SupervisionError, match="dp=1,tp=1"):
+        am.inspect(weight)
+    # Once {dp=1, tp=0} is done with the batch, the abort would have happened (its way out
+    # of the next op's all_reduce was {dp=0, tp=0} aborting).
+    deadline = time.monotonic() + WAIT
+    while engines.busy.call_one().get(timeout=WAIT):
+        assert time.monotonic() < deadline, "{dp=1, tp=0} is still in an op"
+        time.sleep(0.01)  # a poll with a deadline
+    run.ft.recover()
+    unhandled_failures.clear()
+    assert [r.ranks for r in run.ft.recoveries] == [["{dp=1, tp=1}"]]
+    assert am.inspect(weight).shape == (16, 8)
+
+
+class EngineBusy(am.Actor):
+    @am.endpoint
+    def busy(self) -> bool:
+        """Whether this process's tensor engine is running a batch."""
+        from actormesh.tensor.worker.local import REGISTRY
+
+        return any(engine.lock.locked() for engine in list(REGISTRY.values()))

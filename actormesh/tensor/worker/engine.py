@@ -56,6 +56,9 @@ class _TensorEngine(Actor):
         from .views import MeshView
 
         self.abandoned = False  # recovery replaced this engine: skip what is still queued
+        # The process group failed under an op (a peer died in a collective): no later op runs,
+        # each fails as that one did (see _execute).
+        self.broken: FailureInfo | None = None
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -173,6 +176,9 @@ class _TensorEngine(Actor):
                     break
         self.current = op
         try:
+            if self.broken is not None:
+                root = self.broken
+                raise RuntimeError("not run: this rank's process group failed")
             values = HANDLERS[kind](self, payload, out)
             if len(values) != len(out):
                 raise RuntimeError(
@@ -185,6 +191,11 @@ class _TensorEngine(Actor):
                 computed, exc = exc.values, exc.cause
             if root is None:
                 root = self._new_failure(op, exc)
+                if _group_failed(exc):
+                    # Its collectives cannot run any more, and the other ranks may be in any
+                    # of them: one that went on to the next op's collective would meet a
+                    # peer still in this one (gloo aborts the process on the mismatch).
+                    self.broken = root
             else:
                 logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
             for k, o in enumerate(out):
@@ -404,6 +415,15 @@ def _describe_value(v: Any) -> tuple[Any, list[Any]]:
 
 
 _TENSOR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _group_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the process group's own failure (a peer's connection lost), not the
+    op's: torch's DistBackendError, or gloo's transport error (a RuntimeError naming it)."""
+    import torch.distributed as dist
+
+    backend_error = getattr(dist, "DistBackendError", ())
+    return isinstance(exc, backend_error) or "gloo/transport/" in str(exc)
 
 
 def _past_the_engine(exc: BaseException) -> Any:
