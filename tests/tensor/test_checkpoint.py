@@ -78,6 +78,21 @@ def test_fresh_model_and_optimizer_resume_exactly(mesh: Any, tmp_path: Any) -> N
     assert steps(model2, opt2, data[2:]) == expected
 
 
+def test_an_optimizer_saved_before_its_first_step_loads_as_it_was(mesh: Any, tmp_path: Any) -> None:
+    model, opt = meshed(mesh, "default")
+    saved = values(model, opt)
+    am.checkpoint.save({"model": model, "optim": opt}, checkpoint_id=tmp_path / "c", timeout=WAIT)
+    after = steps(model, opt, batches(2))
+    am.checkpoint.load({"model": model, "optim": opt}, checkpoint_id=tmp_path / "c", timeout=WAIT)
+    assert not opt.state  # no step yet, as when saved
+    assert_identical(values(model, opt), saved)
+    assert steps(model, opt, batches(2)) == after
+    fresh_model, fresh_opt = meshed(mesh, "default", seed=5)  # a fresh optimizer, too
+    am.checkpoint.load({"model": fresh_model, "optim": fresh_opt}, checkpoint_id=tmp_path / "c")
+    assert not fresh_opt.state
+    assert_identical(values(fresh_model, fresh_opt), saved)
+
+
 def test_reshards_across_modes_on_one_mesh(mesh: Any, tmp_path: Any) -> None:
     """fsdp -> tp_plan -> default -> fsdp+tp_plan: each load gives the same numbers."""
     model, opt = meshed(mesh, "fsdp")

@@ -131,8 +131,9 @@ def load(state: dict[str, Any], *, checkpoint_id: Any, timeout: float | None = N
     shape and parallelism wrote it), controller tensors are copied into, and plain values
     replace the state's entries (objects with ``load_state_dict`` get it called). Blocks.
 
-    A fresh optimizer gets its state first (one step with zero gradients at learning rate 0).
-    A load that fails before writing anything (no checkpoint there, a key the checkpoint lacks)
+    A fresh optimizer gets its state first (one step with zero gradients at learning rate 0);
+    one saved before its first step has none after the load, as when it was saved. A load
+    that fails before writing anything (no checkpoint there, a key the checkpoint lacks)
     raises ``RuntimeError`` and changes nothing; one that fails while reading poisons the values
     it was writing (the next sync point on them raises).
     """
@@ -140,9 +141,14 @@ def load(state: dict[str, Any], *, checkpoint_id: Any, timeout: float | None = N
     if not os.path.exists(os.path.join(path, ".metadata")):
         raise FileNotFoundError(f"checkpoint.load: no DCP checkpoint at {path} (no .metadata)")
     if isinstance(state, dict):
-        for value in state.values():
-            if isinstance(value, torch.optim.Optimizer):
+        saved = _saved_keys(path)
+        for key, value in state.items():
+            if not isinstance(value, torch.optim.Optimizer):
+                continue
+            if any(k.startswith(f"{key}.state.") for k in saved):
                 checkpoint_state.init_optimizer_state(value)
+            else:
+                value.state.clear()  # saved before its first step: it had no state then
     spec = checkpoint_state.build(state, "checkpoint.load")
     tm = spec.mesh
     assert tm is not None
@@ -154,6 +160,13 @@ def load(state: dict[str, Any], *, checkpoint_id: Any, timeout: float | None = N
     if isinstance(loaded, _NotLoaded):
         raise RuntimeError(f"checkpoint.load from {path} failed, nothing was changed: {loaded}")
     checkpoint_state.write_back(state, loaded)
+
+
+def _saved_keys(path: str) -> list[str]:
+    """The (flattened) keys a DCP checkpoint holds, from its metadata file."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return list(FileSystemReader(path).read_metadata().state_dict_metadata)
 
 
 # -- progress in a notebook ----------------------------------------------------------------------
