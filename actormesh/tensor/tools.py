@@ -155,3 +155,12 @@ def _module_summary(
 # One remote function each (defined once per engine, not once per inspect).
 _TENSOR_SUMMARY = RemoteFunction(_tensor_summary, "inspect")
 _MODULE_SUMMARY = RemoteFunction(_module_summary, "inspect")
+
+
+def recovery_of(mesh_id: str) -> dict[str, Any] | None:
+    """The last recovery of a training run on proc mesh ``mesh_id`` (``FaultTolerant``), as the
+    sidebar shows it (kernel/panel/protocol.py's ``recovery``); None if it had none."""
+    from .controller.recovery import RECOVERIES
+
+    shown = RECOVERIES.get(mesh_id)
+    return None if shown is None else dict(shown)

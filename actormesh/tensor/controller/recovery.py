@@ -76,6 +76,9 @@ from .tensor import OpaqueRef
 logger = logging.getLogger(__name__)
 
 _agents = itertools.count(1)
+# proc mesh id -> its training run's last recovery as the sidebar shows it (kernel/panel reads
+# it through tools.recovery_of: the phase, what was lost, the step; see _announce)
+RECOVERIES: dict[str, dict[str, Any]] = {}
 KEEP_GENERATIONS = 4  # the controller's parts of the last commits (ranks keep one each)
 UNBLOCK_TIMEOUT = 30.0  # seconds for an engine to stop once its group's sockets are shut
 NO_SNAPSHOT: recovery_plan.Report = (-1, {}, {}, {})
@@ -169,6 +172,9 @@ class FaultTolerant:
         the state as it is now. Records one op, sends nothing; ``step`` grows by one."""
         self.step += 1
         self._snapshot(None)
+        shown = RECOVERIES.get(self._mesh_id)
+        if shown is not None and shown["phase"] == "restored":
+            self._announce({**shown, "phase": "resumed", "step": self.step})
         if self.checkpoint_every and self.step % self.checkpoint_every == 0:
             self._checkpoint()
 
@@ -277,9 +283,18 @@ class FaultTolerant:
 
     def _resume(self, change: _Change, timeout: float) -> int:
         """Free the old engine on ``leaving``'s processes, start one on ``procs``'s and put the
-        last committed state back on it (see the module docs)."""
+        last committed state back on it (see the module docs), saying so to the sidebar."""
         before = self.sizes.get(self.data_dim or "")
-        self._restart_and_restore(change, timeout)
+        shown = {"phase": "restoring", "kind": change.kind, "ranks": change.ranks,
+                 "step": self.step, "source": None, "extent": self.sizes, "seconds": None,
+                 "time": change.started, "error": None}  # fmt: skip
+        self._announce(shown)
+        try:
+            self._restart_and_restore(change, timeout)
+        except BaseException as exc:
+            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._announce({**shown, "phase": "failed", "error": error})
+            raise
         after = self.sizes.get(self.data_dim or "")
         if self.on_resize is not None and after != before and after is not None:
             self.on_resize(after, before or 0)
@@ -309,7 +324,18 @@ class FaultTolerant:
         report = RecoveryReport(change.kind, change.ranks, self.step, source, self.sizes,
                                 seconds, change.started)  # fmt: skip
         self.recoveries.append(report)
+        self._announce({"phase": "restored", "kind": change.kind, "ranks": change.ranks,
+                        "step": self.step, "source": source, "extent": self.sizes,
+                        "seconds": seconds, "time": change.started, "error": None})  # fmt: skip
         logger.info("%s: %s", change.kind, report)
+
+    @property
+    def _mesh_id(self) -> str:
+        return compat.mesh_id(self.procs)[0]
+
+    def _announce(self, shown: dict[str, Any]) -> None:
+        """What the sidebar shows of this run's last recovery (the panel polls it)."""
+        RECOVERIES[self._mesh_id] = shown
 
     def _dead(self) -> list[str]:
         return [compat.point_label(p) for p, h in self.procs.health().items() if h != "alive"]
