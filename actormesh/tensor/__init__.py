@@ -40,6 +40,7 @@ the ranks' half never imports the controller's.
 ``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
+``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
@@ -51,6 +52,7 @@ the ranks' half never imports the controller's.
 ``worker/handlers.py``          which function runs each kind of op
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
+``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
