@@ -36,7 +36,7 @@ from .extent import (
     row_major_strides,
 )
 
-__all__ = ["Shape"]
+__all__ = ["Shape", "unchecked_shape"]
 
 
 class Shape:
@@ -344,7 +344,7 @@ class Shape:
                 sliced), so no single stride describes them.
         """
         check_label(name)
-        stride = self._uniform_stride()
+        stride = self._spacing()
         if stride is None:
             big = [
                 (lbl, sz, st)
@@ -360,7 +360,7 @@ class Shape:
                         f"{inner_size} x {inner_stride} = {inner_size * inner_stride}); "
                         f"flatten before slicing, or slice only the outermost dimension"
                     )
-            raise AssertionError("unreachable: _uniform_stride found a gap")  # pragma: no cover
+            raise AssertionError("unreachable: _spacing found a gap")  # pragma: no cover
         return self._view((name,), self._offset, (len(self),), (stride,))
 
     def rank_view(self, index: int) -> Shape:
@@ -373,12 +373,12 @@ class Shape:
         """
         return self.flatten("rank").slice(rank=builtins.slice(index, index + 1))
 
-    def _rank_stride(self) -> int | None:
+    def uniform_stride(self) -> int | None:
         """The common difference of ``ranks()`` (1 for a single rank), or None if uneven (or
-        mapped: then the ranks are a table's)."""
-        return None if self._map is not None else self._uniform_stride()
+        mapped: then the ranks are a table's, ``of_ranks``)."""
+        return None if self._map is not None else self._spacing()
 
-    def _uniform_stride(self) -> int | None:
+    def _spacing(self) -> int | None:
         """The common difference of the ranks the strides address (for a mapped shape, before
         the mapping), or None if uneven."""
         stride = None
@@ -492,6 +492,18 @@ class Shape:
         return render_extent(self._labels, self._sizes)
 
 
+def unchecked_shape(
+    labels: tuple[str, ...],
+    offset: int,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    mapping: tuple[int, ...] | None = None,
+) -> Shape:
+    """A ``Shape`` of fields that came from a valid one (a shape sent as plain tuples, a view of
+    a mesh's own): no checks, as it is made on every message that carries one."""
+    return Shape._unchecked(labels, offset, sizes, strides, mapping)  # noqa: SLF001  its class
+
+
 def _restore_shape(
     labels: tuple[str, ...],
     offset: int,
@@ -499,4 +511,4 @@ def _restore_shape(
     strides: tuple[int, ...],
     mapping: tuple[int, ...] | None = None,
 ) -> Shape:
-    return Shape._unchecked(labels, offset, sizes, strides, mapping)
+    return unchecked_shape(labels, offset, sizes, strides, mapping)

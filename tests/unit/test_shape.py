@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import actormesh as am
 from actormesh.runtime.extent import Extent, Point, point_label
 from actormesh.runtime.mesh_shape import MeshShape
-from actormesh.runtime.meshes.value_mesh import ValueMesh
+from actormesh.runtime.meshes.value_mesh import new_value_mesh
 from actormesh.runtime.shape import Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
@@ -251,7 +251,7 @@ def test_a_shape_of_chosen_ranks_maps_every_view_through_them() -> None:
     for copy in (pickle.loads(pickle.dumps(three)), shape_from_state(shape_state(three))):
         assert copy == three and copy.ranks() == (0, 2, 3)
     assert three != Shape.from_extent({"dp": 3})  # the same extent, other processes
-    values = ValueMesh._create(three, ["a", "b", "c"])
+    values = new_value_mesh(three, ["a", "b", "c"])
     assert values.slice(dp=slice(1, 3)).values() == ["b", "c"]
     with pytest.raises(am.MeshUsageError, match="needs 3 distinct ranks"):
         Shape.of_ranks({"dp": 3}, [0, 2, 2])
@@ -279,6 +279,14 @@ def test_slice_slices() -> None:
     assert BIG.slice(gpus=slice(-2, None)).ranks() == (2, 3, 6, 7)
     assert BIG.slice(gpus=slice(1, 100)).sizes == (2, 3)  # clamped, like Python
     assert BIG.slice(hosts=slice(1, 2)).extent == {"hosts": 1, "gpus": 4}
+
+
+def test_uniform_stride_is_the_common_difference_of_the_ranks() -> None:
+    assert BIG.uniform_stride() == 1  # 0..7
+    assert BIG.slice(gpus=slice(None, None, 2)).uniform_stride() == 2  # 0 2 4 6
+    assert BIG.slice(hosts=1).uniform_stride() == 1  # 4 5 6 7
+    assert BIG.slice(gpus=slice(0, 2)).uniform_stride() is None  # 0 1 4 5: uneven
+    assert BIG.slice(hosts=0, gpus=3).uniform_stride() == 1  # one rank
 
 
 def test_chained_slices() -> None:
@@ -490,7 +498,7 @@ def test_random_chained_slices(data: st.DataObject) -> None:
 def test_a_bad_slice_of_a_mesh_is_a_mesh_error_and_still_its_builtin(
     selectors: dict[str, Any], builtin: type[Exception]
 ) -> None:
-    mesh = ValueMesh._create(BIG, list(range(len(BIG))))
+    mesh = new_value_mesh(BIG, list(range(len(BIG))))
     try:
         mesh.slice(**selectors)
     except am.MeshError as exc:

@@ -18,6 +18,7 @@ from . import (
     reduce,
     remote,
     rref,
+    transfer,
     views,
 )
 
@@ -44,6 +45,9 @@ HANDLERS: dict[str, Handler] = {
     "module_build": module.run_build,
     "grad_sync": module.run_grad_sync,
     "relayout": module.run_relayout,
+    "link": transfer.run_link,
+    "send": transfer.run_send,
+    "recv": transfer.run_recv,
     "checkpoint_save": checkpoint.run_save,
     "checkpoint_load": checkpoint.run_load,
     "snapshot": recovery.run_snapshot,
