@@ -78,8 +78,9 @@ __version__ = "0.1.0"
 # The tensor layer imports torch (a second or more), which most actor programs never need: its
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
-    {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
-     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show", "to_mesh"}
+    {"FaultTolerant", "MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch",
+     "get_active_stream", "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote",
+     "show", "to_mesh"}
 )  # fmt: skip
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "Extent",
+    "FaultTolerant",
     "Future",
     "HostMesh",
     "MeshClosedError",
@@ -111,6 +113,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "call_on_shard_and_fetch",
+    "checkpoint",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -183,6 +186,8 @@ _load_tensor_layer_with(_load_tensor_layer)
 
 
 def __getattr__(name: str) -> object:
+    if name == "checkpoint":  # a module of its own (am.checkpoint.save, like dcp.save)
+        return _importlib.import_module(".checkpoint", __name__)
     if name in _TENSOR_NAMES:
         from . import tensor
 

@@ -7,6 +7,10 @@ they may be shared freely between threads.
 A ``Shape`` is a strided view of a *global* rank space (the ranks of the mesh that was spawned):
 ``offset + sum(coord[i] * strides[i])`` is the global rank of the point with coordinates
 ``coord`` in the view. Slicing a mesh changes only its ``Shape``; no message is sent.
+
+A shape may also *map* the ranks its strides address to other global ranks (``of_ranks``): a
+mesh of some processes of another in any order, which no strided view can name (a tensor mesh
+that goes on without an inner rank it lost). Its views map through the same table.
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ class Shape:
     Equality ignores the strides of size-1 dimensions, which select nothing.
     """
 
-    __slots__ = ("_extent", "_labels", "_offset", "_ranks", "_sizes", "_strides")
+    __slots__ = ("_extent", "_inverse", "_labels", "_map", "_offset", "_ranks", "_sizes",
+                 "_strides")  # fmt: skip
     _labels: tuple[str, ...]
     _offset: int
     _sizes: tuple[int, ...]
     _strides: tuple[int, ...]
     _extent: Extent | None
     _ranks: tuple[int, ...] | None
+    # of_ranks: the global rank of each rank the strides address (None: the strides' own)
+    _map: tuple[int, ...] | None
+    _inverse: dict[int, int] | None
 
     def __init__(
         self,
@@ -100,6 +108,7 @@ class Shape:
         sizes: tuple[int, ...],
         strides: tuple[int, ...],
         extent: Extent | None,
+        mapping: tuple[int, ...] | None = None,
     ) -> None:
         object.__setattr__(self, "_labels", labels)
         object.__setattr__(self, "_offset", offset)
@@ -107,6 +116,8 @@ class Shape:
         object.__setattr__(self, "_strides", strides)
         object.__setattr__(self, "_extent", extent)
         object.__setattr__(self, "_ranks", None)
+        object.__setattr__(self, "_map", mapping)
+        object.__setattr__(self, "_inverse", None)
 
     @classmethod
     def _unchecked(
@@ -115,11 +126,35 @@ class Shape:
         offset: int,
         sizes: tuple[int, ...],
         strides: tuple[int, ...],
+        mapping: tuple[int, ...] | None = None,
     ) -> Shape:
         # For views derived from a valid Shape: the invariants hold by construction.
         shape = cls.__new__(cls)
-        shape._init(labels, offset, sizes, strides, None)  # noqa: SLF001  a new Shape: its own
+        shape._init(labels, offset, sizes, strides, None, mapping)  # noqa: SLF001  its own
         return shape
+
+    def _view(
+        self,
+        labels: tuple[str, ...],
+        offset: int,
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+    ) -> Shape:
+        """A view of this one (its strides over the same ranks, mapped as this one is)."""
+        return Shape._unchecked(labels, offset, sizes, strides, self._map)
+
+    @classmethod
+    def of_ranks(cls, extent: Extent | Mapping[str, int], ranks: Sequence[int]) -> Shape:
+        """The shape of ``extent`` whose points, in row-major order, are global ``ranks``
+        (distinct; any order): some processes of a mesh, which a strided view cannot name."""
+        dense = cls.from_extent(extent)
+        chosen = tuple(as_int(r, "rank") for r in ranks)
+        if len(chosen) != len(dense) or len(set(chosen)) != len(chosen) or min(chosen) < 0:
+            raise MeshUsageError(
+                f"a shape of extent {dense} needs {len(dense)} distinct ranks >= 0, got "
+                f"{list(chosen)}"
+            )
+        return cls._unchecked(dense.labels, 0, dense.sizes, dense.strides, chosen)
 
     @classmethod
     def from_extent(cls, extent: Extent | Mapping[str, int]) -> Shape:
@@ -155,6 +190,12 @@ class Shape:
         return self._offset
 
     @property
+    def mapping(self) -> tuple[int, ...] | None:
+        """``of_ranks``'s table: the global rank of each rank the strides address (None: the
+        strides address global ranks themselves)."""
+        return self._map
+
+    @property
     def ndim(self) -> int:
         return len(self._labels)
 
@@ -169,7 +210,8 @@ class Shape:
             for size, stride in zip(self._sizes, self._strides, strict=True):
                 steps = [i * stride for i in range(size)]
                 acc = [base + step for base in acc for step in steps]
-            ranks = tuple(acc)
+            mapping = self._map
+            ranks = tuple(acc) if mapping is None else tuple(mapping[r] for r in acc)
             # Two threads may race here; both compute the same tuple, so either write is fine.
             object.__setattr__(self, "_ranks", ranks)
         return ranks
@@ -186,10 +228,19 @@ class Shape:
         for size, stride in zip(reversed(self._sizes), reversed(self._strides), strict=True):
             index, c = divmod(index, size)
             rank += c * stride
-        return rank
+        return rank if self._map is None else self._map[rank]
 
     def local_index(self, global_rank: int) -> int | None:
         """Row-major index of ``global_rank`` in this view, or ``None`` if it is not in it."""
+        if self._map is not None:
+            inverse = self._inverse
+            if inverse is None:
+                inverse = {g: i for i, g in enumerate(self._map)}
+                object.__setattr__(self, "_inverse", inverse)
+            found = inverse.get(global_rank)
+            if found is None:
+                return None
+            global_rank = found
         rest = global_rank - self._offset
         if rest < 0:
             return None
@@ -264,7 +315,7 @@ class Shape:
                 )
             else:
                 offset += normalize_index(sel, label, size, self._labels, self._sizes) * stride
-        return Shape._unchecked(tuple(labels), offset, tuple(sizes), tuple(strides))
+        return self._view(tuple(labels), offset, tuple(sizes), tuple(strides))
 
     def _resolve_slice(self, label: str, size: int, sel: builtins.slice) -> tuple[int, int, int]:
         try:
@@ -293,7 +344,7 @@ class Shape:
                 sliced), so no single stride describes them.
         """
         check_label(name)
-        stride = self.uniform_stride()
+        stride = self._spacing()
         if stride is None:
             big = [
                 (lbl, sz, st)
@@ -309,8 +360,8 @@ class Shape:
                         f"{inner_size} x {inner_stride} = {inner_size * inner_stride}); "
                         f"flatten before slicing, or slice only the outermost dimension"
                     )
-            raise AssertionError("unreachable: uniform_stride found a gap")  # pragma: no cover
-        return Shape._unchecked((name,), self._offset, (len(self),), (stride,))
+            raise AssertionError("unreachable: _spacing found a gap")  # pragma: no cover
+        return self._view((name,), self._offset, (len(self),), (stride,))
 
     def rank_view(self, index: int) -> Shape:
         """The one-rank view of this view's ``index``-th rank, as dimension ``rank`` of size 1
@@ -323,7 +374,13 @@ class Shape:
         return self.flatten("rank").slice(rank=builtins.slice(index, index + 1))
 
     def uniform_stride(self) -> int | None:
-        """The common difference of ``ranks()`` (1 for a single rank), or None if uneven."""
+        """The common difference of ``ranks()`` (1 for a single rank), or None if uneven (or
+        mapped: then the ranks are a table's, ``of_ranks``)."""
+        return None if self._map is not None else self._spacing()
+
+    def _spacing(self) -> int | None:
+        """The common difference of the ranks the strides address (for a mapped shape, before
+        the mapping), or None if uneven."""
         stride = None
         span = 0  # the span that the next outer dimension's stride must equal
         for size, st in zip(reversed(self._sizes), reversed(self._strides), strict=True):
@@ -350,7 +407,7 @@ class Shape:
                 f"renaming {old_to_new} in extent {self} gives duplicate dimension "
                 f"name{'s' if len(dups) > 1 else ''} {', '.join(map(repr, dups))}"
             )
-        return Shape._unchecked(labels, self._offset, self._sizes, self._strides)
+        return self._view(labels, self._offset, self._sizes, self._strides)
 
     def split(self, **spec: Sequence[str] | int) -> Shape:
         """Dimensions split into several, as Monarch's ``split``: ``split(hosts=("dp", "pp"),
@@ -394,7 +451,7 @@ class Shape:
         if given:
             raise MeshUsageError(f"split: sizes given for no split dimension: {sorted(given)}")
         check_labels(labels)
-        return Shape._unchecked(tuple(labels), self._offset, tuple(sizes), tuple(strides))
+        return self._view(tuple(labels), self._offset, tuple(sizes), tuple(strides))
 
     # -- value semantics -------------------------------------------------------------------------
 
@@ -402,7 +459,7 @@ class Shape:
         strides = tuple(
             st if sz > 1 else 0 for sz, st in zip(self._sizes, self._strides, strict=True)
         )
-        return (self._labels, self._offset, self._sizes, strides)
+        return (self._labels, self._offset, self._sizes, strides, self._map)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Shape):
@@ -422,12 +479,13 @@ class Shape:
         # Only the four defining tuples travel; the caches are rebuilt on demand. Unpickling
         # skips validation: every Shape was validated where it was made, and pickles come
         # only from our own, authenticated peers (see wire.py).
-        return (_restore_shape, (self._labels, self._offset, self._sizes, self._strides))
+        return (_restore_shape, (self._labels, self._offset, self._sizes, self._strides, self._map))
 
     def __repr__(self) -> str:
+        mapped = "" if self._map is None else f", ranks={self._map!r}"
         return (
             f"Shape(labels={self._labels!r}, offset={self._offset}, sizes={self._sizes!r}, "
-            f"strides={self._strides!r})"
+            f"strides={self._strides!r}{mapped})"
         )
 
     def __str__(self) -> str:
@@ -435,14 +493,22 @@ class Shape:
 
 
 def unchecked_shape(
-    labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
+    labels: tuple[str, ...],
+    offset: int,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    mapping: tuple[int, ...] | None = None,
 ) -> Shape:
     """A ``Shape`` of fields that came from a valid one (a shape sent as plain tuples, a view of
     a mesh's own): no checks, as it is made on every message that carries one."""
-    return Shape._unchecked(labels, offset, sizes, strides)  # noqa: SLF001  this module's class
+    return Shape._unchecked(labels, offset, sizes, strides, mapping)  # noqa: SLF001  its class
 
 
 def _restore_shape(
-    labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
+    labels: tuple[str, ...],
+    offset: int,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    mapping: tuple[int, ...] | None = None,
 ) -> Shape:
-    return unchecked_shape(labels, offset, sizes, strides)
+    return unchecked_shape(labels, offset, sizes, strides, mapping)

@@ -36,6 +36,7 @@ from ..runtime.meshes import (
     new_value_mesh,
     on_unsent,
     proc_table_of,
+    subset,
     unrecorded,
 )
 from ..runtime.meshes.tensor_seam import TensorLayer
@@ -78,6 +79,7 @@ __all__ = [
     "point_label",
     "proc_state",
     "report_unhandled",
+    "subset_mesh",
     "then",
     "value_mesh",
     "when_all",
@@ -184,6 +186,13 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
     """Spawn ``cls(*args)`` on exactly ``procs``'s processes without recording it for ``heal``
     (a healed process has no process group, so re-creating the engine there cannot work)."""
     return unrecorded(procs).spawn(name, cls, *args)
+
+
+def subset_mesh(procs: Any, indices: list[int], sizes: dict[str, int]) -> Any:
+    """The processes of ``procs`` at ``indices`` (row-major) as a mesh of shape ``sizes``: a
+    tensor mesh that shrank (recovery.py) runs on some processes of its mesh, which a slice,
+    a strided view, cannot name when the one left out is an inner rank."""
+    return subset(procs, indices, sizes)
 
 
 def actor_mesh_as(actors: Any, procs: Any) -> Any:

@@ -64,7 +64,7 @@ def cell_launched(cell: int, name: str, processes: set[bytes]) -> dict[str, int]
 
     sent = {}
     for tm in meshes():
-        if tm.stream.lost is not None or compat.is_stopped(tm.procs):
+        if tm.stream.lost is not None or compat.is_stopped(tm.origin):
             continue  # its values are gone: no cell can touch them
         try:
             # Not flush(): a background send's error stays for the next sync point, which
@@ -160,3 +160,12 @@ def _module_summary(
 # One remote function each (defined once per engine, not once per inspect).
 _TENSOR_SUMMARY = RemoteFunction(_tensor_summary, "inspect")
 _MODULE_SUMMARY = RemoteFunction(_module_summary, "inspect")
+
+
+def recovery_of(mesh_id: str) -> dict[str, Any] | None:
+    """The last recovery of a training run on proc mesh ``mesh_id`` (``FaultTolerant``), as the
+    sidebar shows it (kernel/panel/protocol.py's ``recovery``); None if it had none."""
+    from .controller.recovery import RECOVERIES
+
+    shown = RECOVERIES.get(mesh_id)
+    return None if shown is None else dict(shown)

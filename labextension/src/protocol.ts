@@ -1,5 +1,5 @@
 /**
- * The messages between the actormesh kernel and this panel, protocol version 2.
+ * The messages between the actormesh kernel and this panel, protocol version 3.
  *
  * Written down once in docs/panel-protocol.md; every message has a JSON fixture under
  * tests/fixtures/panel/ that both the Python and the TypeScript tests check. This module is
@@ -12,8 +12,11 @@
  * over iopub.
  */
 
-/** 2 added `series`: a version-1 panel would refuse it as an unknown type. */
-export const PROTOCOL_VERSION = 2;
+/**
+ * 2 added `series`: a version-1 panel would refuse it as an unknown type. 3 added a mesh's
+ * `recovery` (a training run that lost a rank), a field a version-2 panel would not show.
+ */
+export const PROTOCOL_VERSION = 3;
 export const COMM_TARGET = 'actormesh.panel';
 export const REQUEST_TYPE = 'actormesh_panel_request';
 export const REPLY_TYPE = 'actormesh_panel_reply';
@@ -97,6 +100,28 @@ export interface IHost {
   ranks: IRank[];
 }
 
+export type RecoveryPhase = 'restoring' | 'restored' | 'resumed' | 'failed';
+export type RecoveryKind = 'recover' | 'shrink' | 'grow';
+
+/** The last recovery of a training run on a mesh (am.FaultTolerant), as it goes. */
+export interface IRecovery {
+  phase: RecoveryPhase;
+  /** recover: the lost ranks respawned; shrink: training goes on without them; grow: they rejoin. */
+  kind: RecoveryKind;
+  /** The ranks lost (recover, shrink) or rejoining (grow), as "{dp=1}". */
+  ranks: string[];
+  /** The step being restored, then restored, then (resumed) the first completed after it. */
+  step: number;
+  /** Where the state came from: "replicas" or "checkpoint" (null while restoring). */
+  source: string | null;
+  /** The tensor mesh's sizes then. */
+  extent: Record<string, number>;
+  seconds: number | null;
+  /** Unix time it began (kernel clock). */
+  time: number;
+  error: string | null;
+}
+
 export interface IMesh {
   mesh_id: string;
   /** Names of the notebook variables holding this mesh (or its actor meshes). */
@@ -104,6 +129,7 @@ export interface IMesh {
   extent: Record<string, number>;
   actors: string[];
   hosts: IHost[];
+  recovery: IRecovery | null;
 }
 
 export interface IHello {
@@ -401,13 +427,55 @@ function parseRank(v: unknown, where: string): IRank {
   };
 }
 
+function parseExtent(v: unknown, where: string): Record<string, number> {
+  const o = obj(v, where);
+  const extent: Record<string, number> = {};
+  for (const key of Object.keys(o)) {
+    extent[key] = num(o, key, where);
+  }
+  return extent;
+}
+
+const PHASES: readonly RecoveryPhase[] = ['restoring', 'restored', 'resumed', 'failed'];
+const KINDS: readonly RecoveryKind[] = ['recover', 'shrink', 'grow'];
+
+function oneOf<T extends string>(o: Json, key: string, where: string, options: readonly T[]): T {
+  const v = str(o, key, where);
+  if (!(options as readonly string[]).includes(v)) {
+    throw new ProtocolError(`${where}.${key}: unknown ${key} ${JSON.stringify(v)}`);
+  }
+  return v as T;
+}
+
+function optStr(o: Json, key: string, where: string): string | null {
+  return o[key] === null || o[key] === undefined ? null : str(o, key, where);
+}
+
+function parseRecovery(v: unknown, where: string): IRecovery | null {
+  if (v === null || v === undefined) {
+    return null;
+  }
+  const o = obj(v, where);
+  const step = num(o, 'step', where);
+  if (!Number.isInteger(step)) {
+    throw new ProtocolError(`${where}.step: expected an integer`);
+  }
+  return {
+    phase: oneOf(o, 'phase', where, PHASES),
+    kind: oneOf(o, 'kind', where, KINDS),
+    ranks: strings(o, 'ranks', where),
+    step,
+    source: optStr(o, 'source', where),
+    extent: parseExtent(o.extent, `${where}.extent`),
+    seconds: optNum(o, 'seconds', where),
+    time: num(o, 'time', where),
+    error: optStr(o, 'error', where)
+  };
+}
+
 function parseMesh(v: unknown, where: string): IMesh {
   const o = obj(v, where);
-  const extentObj = obj(o.extent, `${where}.extent`);
-  const extent: Record<string, number> = {};
-  for (const key of Object.keys(extentObj)) {
-    extent[key] = num(extentObj, key, `${where}.extent`);
-  }
+  const extent = parseExtent(o.extent, `${where}.extent`);
   return {
     mesh_id: str(o, 'mesh_id', where),
     names: strings(o, 'names', where),
@@ -421,7 +489,8 @@ function parseMesh(v: unknown, where: string): IMesh {
         hostname: str(ho, 'hostname', hw),
         ranks: arr(ho, 'ranks', hw).map((r, j) => parseRank(r, `${hw}.ranks[${j}]`))
       };
-    })
+    }),
+    recovery: parseRecovery(o.recovery, `${where}.recovery`)
   };
 }
 

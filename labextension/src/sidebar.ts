@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { MeshCharts, FrameBatch } from './charts';
 import { el, PREFIX } from './dom';
-import { formatBytes } from './format';
+import { formatBytes, recoveryText } from './format';
 import { MeshModel } from './model';
 import { IMesh, IRank, IStacks, Op, rankRanges, RankState } from './protocol';
 
@@ -289,6 +289,14 @@ export class MeshSidebar extends Widget {
       summary.appendChild(el('span', 'actors', `actors: ${mesh.actors.join(', ')}`));
     }
     section.appendChild(summary);
+
+    // A training run on this mesh that lost a rank: where its recovery is (am.FaultTolerant).
+    if (mesh.recovery) {
+      const line = el('div', `recovery recovery-${mesh.recovery.phase}`, recoveryText(mesh.recovery));
+      line.dataset.phase = mesh.recovery.phase;
+      line.dataset.step = String(mesh.recovery.step);
+      section.appendChild(line);
+    }
 
     // Controls act on the selected ranks, or on the whole mesh when none is selected.
     const targets = selected.size ? ranks.filter(r => selected.has(r.rank)) : ranks;

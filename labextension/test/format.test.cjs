@@ -29,3 +29,37 @@ test('byteTicks: two to four ticks at round MiB, around every value', () => {
     ['160 MiB', '192 MiB', '224 MiB', '256 MiB']
   );
 });
+
+test('recoveryText: a rank lost, restored, resumed, with the step', () => {
+  const base = {
+    kind: 'recover', ranks: ['{dp=1}'], step: 40, source: null, extent: { dp: 4 },
+    seconds: null, time: 1763770999.5, error: null
+  };
+  assert.strictEqual(
+    format.recoveryText({ ...base, phase: 'restoring' }),
+    'rank {dp=1} lost: restoring step 40…'
+  );
+  assert.strictEqual(
+    format.recoveryText({ ...base, phase: 'restored', source: 'replicas', seconds: 1.84 }),
+    'rank {dp=1} lost: step 40 restored from the replicas in 1.8 s'
+  );
+  assert.strictEqual(
+    format.recoveryText({ ...base, phase: 'resumed', step: 41, source: 'replicas' }),
+    'rank {dp=1} lost: training resumed, step 41 done'
+  );
+  const shrink = { ...base, kind: 'shrink', extent: { dp: 3 } };
+  assert.strictEqual(
+    format.recoveryText({ ...shrink, phase: 'restoring' }),
+    'rank {dp=1} lost: going on without it from step 40…'
+  );
+  assert.strictEqual(
+    format.recoveryText({ ...shrink, phase: 'restored', source: 'checkpoint', seconds: 3 }),
+    'rank {dp=1} lost: step 40 restored from the last checkpoint in 3.0 s on dp 3'
+  );
+  const grow = { ...base, kind: 'grow', ranks: ['{dp=1}', '{dp=3}'], phase: 'restoring' };
+  assert.strictEqual(format.recoveryText(grow), 'ranks {dp=1} and {dp=3} rejoining (dp 4): restoring step 40…');
+  assert.strictEqual(
+    format.recoveryText({ ...base, phase: 'failed', error: 'no checkpoint' }),
+    'rank {dp=1} lost: recovery failed: no checkpoint'
+  );
+});

@@ -34,9 +34,21 @@ test('the snapshot fixture carries every rank state', () => {
   assert.strictEqual(snap.meshes[0].hosts[0].ranks[3].dead.signal, 'SIGKILL');
 });
 
+test('the snapshot fixture carries a recovery, and a mesh without one has null', () => {
+  const snap = protocol.parseKernelMessage(fixture('snapshot'));
+  const r = snap.meshes[0].recovery;
+  assert.deepStrictEqual([r.phase, r.kind, r.ranks, r.step, r.source], ['restored', 'shrink', ['{gpus=3}'], 40, 'replicas']);
+  const bad = fixture('snapshot');
+  bad.meshes[0].recovery.phase = 'sleeping';
+  assert.throws(() => protocol.parseKernelMessage(bad), /recovery\.phase: unknown phase "sleeping"/);
+  const none = fixture('snapshot');
+  none.meshes[0].recovery = null;
+  assert.strictEqual(protocol.parseKernelMessage(none).meshes[0].recovery, null);
+});
+
 test('another protocol version is refused with a hint', () => {
-  const data = { ...fixture('snapshot_empty'), protocol: 1 };
-  assert.throws(() => protocol.parseKernelMessage(data), /protocol 1.*install the same actormesh/);
+  const data = { ...fixture('snapshot_empty'), protocol: 2 };
+  assert.throws(() => protocol.parseKernelMessage(data), /protocol 2.*install the same actormesh/);
 });
 
 test('bad messages say what is wrong', () => {

@@ -168,3 +168,61 @@ def test_series_carry_metrics_and_samples_once(panel_kernel: tuple[Kernel, Panel
     again = panel.wait("a reset", lambda m: m["type"] == "series" and m["reset"])
     (loss,) = again["meshes"][0]["metrics"]
     assert {p["rank"]: p["step"] for p in loss["ranks"]} == {0: list(range(5)), 1: list(range(5))}
+
+
+TRAINING = """
+import os, signal, torch
+import actormesh as am
+
+procs = am.this_host().spawn_procs(per_host={"dp": 4})
+model = am.module_to_mesh(torch.nn.Linear(4, 1), procs)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ft = am.FaultTolerant({"model": model, "optim": opt})
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+def step():
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+def pid(t):
+    return os.getpid()
+
+for _ in range(3):
+    step()
+    ft.commit()
+"""
+
+
+def recovery(phase: str) -> Callable[[dict[str, Any]], bool]:
+    def pred(m: dict[str, Any]) -> bool:
+        shown = m["type"] == "snapshot" and m["meshes"] and m["meshes"][0]["recovery"]
+        return bool(shown) and shown["phase"] == phase
+
+    return pred
+
+
+def test_a_training_recovery_shows_the_rank_lost_restored_and_resumed(
+    panel_kernel: tuple[Kernel, Panel],
+) -> None:
+    kernel, panel = panel_kernel
+    kernel.ok(TRAINING)
+    panel.ok("subscribe", client=panel.client)
+    snap = panel.snapshot("4 ranks", lambda rs: len(rs) == 4)
+    assert snap["meshes"][0]["recovery"] is None  # none yet
+    kernel.ok(
+        "os.kill(am.call_on_shard_and_fetch(pid, model.weight, dp=1).get(), signal.SIGKILL)\n"
+        "try:\n    step()\nexcept am.SupervisionError:\n    ft.recover()"
+    )
+    restored = panel.wait("the state restored", recovery("restored"))["meshes"][0]["recovery"]
+    assert {k: restored[k] for k in ("kind", "ranks", "step", "source", "extent")} == {
+        "kind": "recover", "ranks": ["{dp=1}"], "step": 3, "source": "replicas",
+        "extent": {"dp": 4},
+    }  # fmt: skip
+    assert restored["seconds"] > 0 and restored["error"] is None
+    panel.forget()
+    kernel.ok("step()\nft.commit()")
+    resumed = panel.wait("training resumed", recovery("resumed"))["meshes"][0]["recovery"]
+    assert resumed["step"] == 4 and resumed["ranks"] == ["{dp=1}"]

@@ -299,7 +299,7 @@ FEED_64 = """async ([seconds, history]) => {
     .find(w => w.id === 'actormesh-sidebar');
   const model = side.model;
   const comm = { isDisposed: false, close() {} };
-  const N = 64, METRICS = 10, P = 2, MiB = 2 ** 20;
+  const N = 64, METRICS = 10, P = 3, MiB = 2 ** 20;
   const ranks = Array.from({ length: N }, (_, r) => ({
     rank: r, label: `gpus=${r}`, state: 'busy', since: Date.now() / 1000, pid: 1000 + r,
     rss: 512 << 20, gpu_mem: null, busy: { kind: 'cell', what: 'In [3]', line: 4 },
@@ -309,7 +309,7 @@ FEED_64 = """async ([seconds, history]) => {
   model.connection = 'live';
   model._onMessage(comm, message('snapshot', { time: Date.now() / 1000, debugger: false,
     meshes: [{ mesh_id: 'mesh-64', names: ['procs'], extent: { hosts: 8, gpus: 8 },
-      actors: [], hosts: [{ host_rank: 0, hostname: 'h', ranks }] }] }));
+      actors: [], hosts: [{ host_rank: 0, hostname: 'h', ranks }], recovery: null }] }));
   let step = 0, t = Date.now() / 1000 - history;
   const series = (steps, samples, reset) => {
     const stepList = Array.from({ length: steps }, (_, i) => step + i);
@@ -382,7 +382,7 @@ FEED_GPU = """async () => {
     .find(w => w.id === 'actormesh-sidebar');
   const model = side.model;
   const comm = { isDisposed: false, close() {} };
-  const N = 4, P = 2, GiB = 2 ** 30;
+  const N = 4, P = 3, GiB = 2 ** 30;
   const ranks = Array.from({ length: N }, (_, r) => ({
     rank: r, label: `gpus=${r}`, state: 'idle', since: Date.now() / 1000, pid: 1000 + r,
     rss: GiB, gpu_mem: (r === 2 ? 40 : 10) * GiB, busy: null, paused: null, dead: null }));
@@ -391,7 +391,7 @@ FEED_GPU = """async () => {
   model.connection = 'live';
   model._onMessage(comm, message('snapshot', { time: Date.now() / 1000, debugger: false,
     meshes: [{ mesh_id: 'mesh-gpu', names: ['procs'], extent: { hosts: 1, gpus: N },
-      actors: [], hosts: [{ host_rank: 0, hostname: 'h', ranks }] }] }));
+      actors: [], hosts: [{ host_rank: 0, hostname: 'h', ranks }], recovery: null }] }));
   const t = Date.now() / 1000 - 60;
   const times = Array.from({ length: 60 }, (_, i) => t + i);
   model._onMessage(comm, message('series', { time: t + 60, reset: true, meshes: [{

@@ -229,3 +229,46 @@ def test_breakpoint_shows_paused_and_continue_resumes(page: Any, lab: Lab) -> No
     page.locator(f"{ROWS}[data-rank='1'] input[type='checkbox']").check()
     click_op(page, "resume")
     expect(page.locator(f"{ROWS}[data-rank='1']")).not_to_have_attribute("data-state", "paused")
+
+
+TRAINING = """import os, signal, torch
+import actormesh as am
+procs = am.this_host().spawn_procs(per_host={"dp": 4})
+model = am.module_to_mesh(torch.nn.Linear(4, 1), procs)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ft = am.FaultTolerant({"model": model, "optim": opt})
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+def step():
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    return model.weight.sum().item()
+for _ in range(3):
+    step()
+    ft.commit()"""
+LOSE_A_RANK = """def pid(t):
+    return os.getpid()
+os.kill(am.call_on_shard_and_fetch(pid, model.weight, dp=1).get(), signal.SIGKILL)
+try:
+    step()
+except am.SupervisionError:
+    ft.shrink()"""
+
+
+def test_a_training_run_that_loses_a_rank_shows_its_recovery(page: Any, lab: Lab) -> None:
+    name = lab.notebook("recovery.ipynb", [TRAINING, LOSE_A_RANK, "step()\nft.commit()"])
+    open_notebook(page, lab, name, "recovery")
+    expect_live(page)
+    wait_done(run_cell(page, 0))
+    line = page.locator(f"{SIDEBAR} .jp-actormesh-recovery")
+    expect(line).to_have_count(0)  # no recovery yet
+    wait_done(run_cell(page, 1))
+    expect(line).to_have_attribute("data-phase", "restored")
+    expect(line).to_have_text(
+        re.compile(r"^rank \{dp=1\} lost: step 3 restored from the replicas in [\d.]+ s on dp 3$")
+    )
+    shot(page, "08-recovery-restored")
+    wait_done(run_cell(page, 2))
+    expect(line).to_have_attribute("data-phase", "resumed")
+    expect(line).to_have_text("rank {dp=1} lost: training resumed, step 4 done")
+    expect(page.locator(f"{ROWS}[data-rank='1']")).to_have_attribute("data-state", "dead")

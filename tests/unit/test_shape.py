@@ -234,6 +234,29 @@ def test_shape_immutable() -> None:
 # -- Shape.slice ------------------------------------------------------------------------------
 
 
+def test_a_shape_of_chosen_ranks_maps_every_view_through_them() -> None:
+    """Some processes of a mesh, an inner one left out (a tensor mesh after a lost rank)."""
+    from actormesh.runtime.messaging.protocol import shape_from_state, shape_state
+
+    three = Shape.of_ranks({"dp": 3}, [0, 2, 3])
+    assert three.ranks() == (0, 2, 3) and len(three) == 3
+    assert [three.local_index(g) for g in range(4)] == [0, None, 1, 2]
+    assert three.global_rank(1) == 2 and three.point_of_global(3) == Point(2, three.extent)
+    assert three.slice(dp=slice(1, 3)).ranks() == (2, 3)
+    assert three.slice(dp=2).ranks() == (3,) and three.rank_view(1).ranks() == (2,)
+    assert three.rename(dp="data").ranks() == (0, 2, 3)
+    grid = Shape.of_ranks({"dp": 2, "tp": 2}, [5, 1, 7, 3])
+    assert grid.slice(tp=1).ranks() == (1, 3) and grid.flatten("r").ranks() == (5, 1, 7, 3)
+    assert grid.split(dp=("a", "b"), b=1).ranks() == (5, 1, 7, 3)
+    for copy in (pickle.loads(pickle.dumps(three)), shape_from_state(shape_state(three))):
+        assert copy == three and copy.ranks() == (0, 2, 3)
+    assert three != Shape.from_extent({"dp": 3})  # the same extent, other processes
+    values = new_value_mesh(three, ["a", "b", "c"])
+    assert values.slice(dp=slice(1, 3)).values() == ["b", "c"]
+    with pytest.raises(am.MeshUsageError, match="needs 3 distinct ranks"):
+        Shape.of_ranks({"dp": 3}, [0, 2, 2])
+
+
 def test_slice_int_drops_dim() -> None:
     s = BIG.slice(gpus=2)
     assert s.labels == ("hosts",)

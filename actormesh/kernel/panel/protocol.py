@@ -1,4 +1,4 @@
-"""The messages between the kernel and the JupyterLab panel (protocol version 2).
+"""The messages between the kernel and the JupyterLab panel (protocol version 3).
 
 Written down in ``docs/panel-protocol.md``; every message has a JSON fixture under
 ``tests/fixtures/panel/`` that the Python and the TypeScript tests both check.
@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 # 2: the ``series`` message (per-rank resource and metric series for the charts); a version-1
-# panel would refuse it as an unknown type.
-PROTOCOL_VERSION = 2
+# panel would refuse it as an unknown type. 3: a mesh's ``recovery`` (a training run's lost
+# rank, restored, resumed), a field a version-2 panel would refuse.
+PROTOCOL_VERSION = 3
 COMM_TARGET = "actormesh.panel"
 REQUEST_TYPE = "actormesh_panel_request"
 REPLY_TYPE = "actormesh_panel_reply"
 OPS = ("subscribe", "interrupt", "stacks", "pause", "resume", "respawn", "stop")
 RANK_STATES = ("starting", "idle", "busy", "paused", "dead")
+RECOVERY_PHASES = ("restoring", "restored", "resumed", "failed")
+RECOVERY_KINDS = ("recover", "shrink", "grow")
 
 
 class PanelRequestError(ValueError):
@@ -147,12 +150,27 @@ _RANK = {
     "paused": ({"file": str, "line": int, "function": str}, _NONE),
     "dead": ({"exitcode": (int, _NONE), "signal": (str, _NONE), "reason": str}, _NONE),
 }
+# The last recovery of a training run on the mesh (am.FaultTolerant), as it goes: ``ranks``
+# lost (recover, shrink) or rejoining (grow); ``step``: the step being restored, then restored,
+# then the first completed after it; ``extent``: the tensor mesh's sizes then.
+_RECOVERY = {
+    "phase": RECOVERY_PHASES,
+    "kind": RECOVERY_KINDS,
+    "ranks": [str],
+    "step": int,
+    "source": (str, _NONE),
+    "extent": dict,
+    "seconds": (*_NUM, _NONE),
+    "time": _NUM,
+    "error": (str, _NONE),
+}
 _MESH = {
     "mesh_id": str,
     "names": [str],
     "extent": dict,
     "actors": [str],
     "hosts": [{"host_rank": int, "hostname": str, "ranks": [_RANK]}],
+    "recovery": (_RECOVERY, _NONE),
 }
 _OPT_NUM = (*_NUM, _NONE)
 # Columns of one rank's new resource samples: equal lengths; GPU columns null without NVML.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -138,6 +139,7 @@ class MeshWatcher:
             "extent": dict(record.shape.extent),
             "actors": actors,
             "hosts": [hosts[k] for k in sorted(hosts)],
+            "recovery": _recovery(table.mesh_id),
         }
 
     def _rank(
@@ -271,6 +273,16 @@ class MeshWatcher:
                 self.changed.set()
 
         fut.add_done_callback(answered)
+
+
+def _recovery(mesh_id: str) -> dict[str, Any] | None:
+    """A training run's last recovery on this mesh (``am.FaultTolerant``), when the tensor layer
+    is loaded (a kernel that never used it does not import torch for the panel)."""
+    if "actormesh.tensor.controller.recovery" not in sys.modules:
+        return None
+    from ...tensor.tools import recovery_of
+
+    return recovery_of(mesh_id)
 
 
 def _mib(n: Any) -> int | None:

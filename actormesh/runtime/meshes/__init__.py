@@ -5,7 +5,8 @@ modules (``tests/unit/test_faces.py``).
 
 - ``ProcMesh`` (processes, one per rank; ``new_proc_mesh``), ``ActorMesh`` (an actor per rank;
   ``new_actor_mesh``), ``ValueMesh`` (a value per rank; ``new_value_mesh``); for tools:
-  ``proc_table_of(mesh)``, ``actor_key(mesh)``, ``ProcTable`` (where the ranks live).
+  ``proc_table_of(mesh)``, ``actor_key(mesh)``, ``ProcTable`` (where the ranks live);
+  ``subset`` (some processes of a mesh, in a shape of their own).
 - ``Endpoint`` and its adverbs, ``send``, ``as_endpoint``; ``Collector``, ``Gather`` (how
   replies are gathered, ``collect``); ``Relayer`` (fan-out through a host agent, ``relay``).
 - ``Channel``, ``Port``, ``PortReceiver``, ``Accumulator`` (``ports``).
@@ -33,6 +34,7 @@ from .proc_mesh import (
     new_proc_mesh,
     one_proc_mesh,
     proc_table_of,
+    subset,
     unrecorded,
 )
 from .proc_table import ProcTable, live_table
@@ -67,6 +69,7 @@ __all__ = [
     "pickle_arguments",
     "proc_table_of",
     "send",
+    "subset",
     "unrecorded",
     "value_cell",
 ]

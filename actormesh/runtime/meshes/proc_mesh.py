@@ -436,3 +436,15 @@ def unrecorded(procs: ProcMesh) -> ProcMesh:
     a healed process cannot host (the tensor engine: a healed process never joined its process
     group, tensor/compat.py)."""
     return _restore(proc_table_of(procs), view_shape(procs))
+
+
+def subset(procs: ProcMesh, indices: list[int], sizes: dict[str, int]) -> ProcMesh:
+    """The processes of ``procs`` at ``indices`` (row-major), as a mesh of shape ``sizes``.
+
+    For a tensor mesh that goes on without some of its processes (``FaultTolerant.shrink``):
+    a slice is a strided view, which cannot leave out an inner rank, so its shape maps each
+    point to its process (``Shape.of_ranks``). Not recorded for ``heal`` (``procs`` is healed)."""
+    ranks = view_shape(procs).ranks()
+    return new_proc_mesh(
+        proc_table_of(procs), Shape.of_ranks(sizes, [ranks[i] for i in indices]), None
+    )

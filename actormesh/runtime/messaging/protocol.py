@@ -381,7 +381,10 @@ _new = tuple.__new__
 
 def shape_state(shape: Shape) -> tuple[Any, ...]:
     """A Shape as plain tuples (cheap to pickle); :func:`shape_from_state` undoes it."""
-    return (shape.labels, shape.offset, shape.sizes, shape.strides)
+    mapping = shape.mapping
+    if mapping is None:
+        return (shape.labels, shape.offset, shape.sizes, shape.strides)
+    return (shape.labels, shape.offset, shape.sizes, shape.strides, mapping)
 
 
 _shapes: dict[tuple[Any, ...], Shape] = {}

@@ -34,6 +34,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from ..worker.recovery import _SocketBaseline
 from . import lifetime
 from .stream import Stream, flush_all
 
@@ -112,35 +113,19 @@ class TensorMesh:
     def __init__(self, procs: compat.ProcMesh, group: ProcessGroup | None = None) -> None:
         """An engine on ``procs``: in ``group`` (some of its processes), else in a group
         formed now over exactly ``procs``."""
-        self.procs = procs
+        self.origin = procs  # the user's mesh (stopped and healed as a whole)
+        self.procs = procs  # the engine's processes: the origin's, or some after a shrink
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
-        self.key = uuid.uuid4().hex
         self.base = self
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
-        ranks: tuple[int, ...] | None = None
-        mailboxes = compat.mailboxes(procs)
-        with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(mailboxes), group is not None):
-            if group is None:
-                members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-                group = ProcessGroup(procs, members[0].backend)
-            else:
-                ranks = tuple(group.mailboxes.index(m) for m in mailboxes)
-            device = engine_device(group.backend)
-            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
-            seed = int(torch.randint(0, 2**62, ()).item())
-            self.engine = compat.helper_mesh_with_args(
-                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
-                device, ranks, compat.places(procs),
-            )  # fmt: skip
-            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-            # Where other engines send this one what moves to it (to_mesh), by engine index.
-            ports = self.engine.inbox_port.call().get(timeout=SETUP_TIMEOUT)
-            self.inbox_ports = tuple(ports.values())
-        self.group = group
-        group.engines.append(self)
+        joins = group is not None
+        with _saying_so(
+            f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs)), joins
+        ):
+            device = self._start(group)
         self.stream = Stream(self.engine, procs)
         self.mailboxes = self.stream.mailboxes
         self.name = self.stream.name
@@ -172,6 +157,73 @@ class TensorMesh:
                 ("mesh_view", (), (), (), (view.view_id, view.labels, view.sizes), issue_site())
             )
         return view
+
+    def _start(self, group: ProcessGroup | None) -> str:
+        """Spawn the engine (a new key each time) in ``group`` (some of its processes), else in
+        a process group formed now over exactly these processes; the device."""
+        import torch
+
+        self.key = uuid.uuid4().hex
+        # Which sockets each process had before the group (recovery shuts down the group's).
+        compat.helper_mesh_with_args(
+            self.procs, f"_socket_baseline_{self.key}", _SocketBaseline
+        ).initialized.get(timeout=SETUP_TIMEOUT)
+        ranks: tuple[int, ...] | None = None
+        if group is None:
+            members = compat.init_process_group(self.procs).get(timeout=SETUP_TIMEOUT).values()
+            group = ProcessGroup(self.procs, members[0].backend)
+        else:
+            ranks = tuple(group.mailboxes.index(m) for m in compat.mailboxes(self.procs))
+        device = engine_device(group.backend)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
+        self.engine = compat.helper_mesh_with_args(
+            self.procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+            device, ranks, compat.places(self.procs),
+        )  # fmt: skip
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        # Where other engines send this one what moves to it (to_mesh), by engine index.
+        ports = self.engine.inbox_port.call().get(timeout=SETUP_TIMEOUT)
+        self.inbox_ports = tuple(ports.values())
+        self.group = group
+        group.engines.append(self)
+        return device
+
+    def restart(
+        self, procs: compat.ProcMesh | None = None, leaving: compat.ProcMesh | None = None
+    ) -> None:
+        """A new process group and engine, keeping this handle, its stream and its ids:
+        recovery (recovery.py) then puts the values it restores back under their ids; every
+        other value of the mesh is gone. Over ``procs`` (default: the same processes; after a
+        shrink or grow another set, the same dimensions in other sizes), once the processes
+        of ``leaving`` (default: the engine's; a respawned one has no group to leave) left the
+        old group."""
+        if self.group.procs is not self.procs:
+            raise compat.MeshUsageError(
+                "recovery restarts an engine over its own process group; this mesh's engine "
+                "runs in the group of a larger mesh (a slice): recover that mesh instead"
+            )
+        compat.destroy_process_group(leaving or self.procs).get(timeout=SETUP_TIMEOUT)
+        if procs is not None:
+            if tuple(procs.sizes) != self.labels:
+                raise compat.MeshUsageError(
+                    f"a tensor mesh restarts with its dimensions {self.labels}, not "
+                    f"{tuple(procs.sizes)}"
+                )
+            self.procs = procs
+            self.sizes = tuple(procs.sizes.values())
+        old = self.group
+        self._start(None)
+        with _lock:  # slices of the mesh find the group it runs in now
+            _groups[:] = [self.group if g is old else g for g in _groups]
+        self.views = {}  # views of the old engine (renames, flattens) are gone with it
+        self.stream.restart(self.engine, compat.mailboxes(self.procs))
+        self.mailboxes = self.stream.mailboxes
+
+    @property
+    def resized(self) -> bool:
+        """Whether the engine runs on other processes than its mesh's (after a shrink)."""
+        return self.procs is not self.origin
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
@@ -316,7 +368,7 @@ def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
     ident = compat.mesh_id(procs)
     with _lock:
         for key, old in list(_meshes.items()):  # forget engines of stopped meshes
-            if compat.is_stopped(old.procs):
+            if compat.is_stopped(old.origin):
                 old.stream.close()
                 del _meshes[key]
         _groups[:] = [g for g in _groups if not compat.is_stopped(g.procs)]
@@ -330,7 +382,21 @@ def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
                 _groups.append(tm.group)
             _meshes[ident] = tm
     TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
+    if tm.resized:
+        return _resized(tm, procs, what)
     return tm.view(procs)
+
+
+def _resized(tm: TensorMesh, procs: compat.ProcMesh, what: str) -> TensorMesh:
+    """The engine of a mesh that shrank runs on some of its processes: the whole mesh stands
+    for it (tensors go where the training runs); no slice or other shape of it does."""
+    if procs.sizes == tm.origin.sizes:
+        return tm
+    raise compat.MeshUsageError(
+        f"{what}: the tensor engine of these processes runs on {tm!r}, some of them, since a "
+        f"rank was lost (FaultTolerant.shrink); pass the whole mesh, or grow it back first "
+        "(FaultTolerant.grow)"
+    )
 
 
 def view_of(tm: TensorMesh, mesh: Any) -> TensorMesh | None:

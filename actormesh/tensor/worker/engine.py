@@ -32,7 +32,7 @@ from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
 from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
-from .side_effects import written
+from .side_effects import OVERWRITES_INPUTS, written
 from .stand_ins import StoodIn, stand_in
 from .transfer import Inbox, Inherited
 
@@ -72,6 +72,10 @@ class _TensorEngine(Actor):
         from .groups import sub_device_mesh
         from .views import MeshView
 
+        self.abandoned = False  # recovery replaced this engine: skip what is still queued
+        # The process group failed under an op (a peer died in a collective): no later op runs,
+        # each fails as that one did (see _execute).
+        self.broken: FailureInfo | None = None
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -182,6 +186,8 @@ class _TensorEngine(Actor):
         try:
             with torch.no_grad():
                 for op in batch:
+                    if self.abandoned:
+                        return
                     self._execute(op)
             for i in drops:
                 self._drop(i)
@@ -203,13 +209,16 @@ class _TensorEngine(Actor):
     def _execute(self, op: Op) -> None:
         kind, out, ins, meta, payload, _site = op
         root = None
-        if self.poison:
+        if self.poison and kind not in OVERWRITES_INPUTS:
             for i in ins:
                 root = self.poison.get(i)
                 if root is not None:
                     break
         self.current = op
         try:
+            if self.broken is not None:
+                root = self.broken
+                raise RuntimeError("not run: this rank's process group failed")
             values = HANDLERS[kind](self, payload, out)
             if len(values) != len(out):
                 raise RuntimeError(
@@ -224,6 +233,11 @@ class _TensorEngine(Actor):
                 computed, root = exc.values or None, exc.root
             if root is None:
                 root = self._new_failure(op, exc)
+                if _group_failed(exc):
+                    # Its collectives cannot run any more, and the other ranks may be in any
+                    # of them: one that went on to the next op's collective would meet a
+                    # peer still in this one (gloo aborts the process on the mismatch).
+                    self.broken = root
             else:
                 logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
             for k, o in enumerate(out):
@@ -239,6 +253,9 @@ class _TensorEngine(Actor):
         env = self.env
         for o, v in zip(out, values, strict=True):
             env[o] = v
+        if kind in OVERWRITES_INPUTS:
+            for i in ins:
+                self._cleanse(i)
         if len(out) > 1:
             for o in out:
                 self.siblings[o] = out
@@ -344,6 +361,12 @@ class _TensorEngine(Actor):
             read, self.read_pins = self.read_pins, []
             for i in read:
                 self._drop(i)
+
+    def _cleanse(self, id: int) -> None:
+        """Value ``id`` was overwritten whole (a checkpoint loaded into it): not poisoned now."""
+        root = self.poison.pop(id, None)
+        if root is not None:
+            self._hold(root, -1)
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
@@ -468,6 +491,15 @@ def _describe_value(v: Any) -> tuple[Any, list[Any]]:
 
 
 _TENSOR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _group_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the process group's own failure (a peer's connection lost), not the
+    op's: torch's DistBackendError, or gloo's transport error (a RuntimeError naming it)."""
+    import torch.distributed as dist
+
+    backend_error = getattr(dist, "DistBackendError", ())
+    return isinstance(exc, backend_error) or "gloo/transport/" in str(exc)
 
 
 def _past_the_engine(exc: BaseException) -> Any:
