@@ -27,7 +27,6 @@ from .protocol import (
     PORT,
     REPLIES,
     REPLY,
-    REVIVED,
     ProtocolError,
 )
 from .transport import Transport
@@ -131,7 +130,6 @@ class Node:
         self.register(REPLIES, self._on_replies)
         self.register(PORT, self.to_port)
         self.register(DIED, self._on_died)
-        self.register(REVIVED, self._on_revived)
         self.register(BATCH, self._on_batch)
         self.register(BUF_DONE, self.to_port)
         # port id -> its handler; read directly on the reply paths (one call less per reply).
@@ -299,17 +297,9 @@ class Node:
                 logger.exception("port handler failed on a death notice")
         return observed
 
-    def forget_death(self, mailbox: bytes) -> None:
-        with self._lock:
-            self.dead.pop(mailbox, None)
-
     def _on_died(self, msg: Message) -> None:
         _, mailbox, death = msg.envelope
         self.record_death(mailbox, death)
-
-    def _on_revived(self, msg: Message) -> None:
-        _, mailbox = msg.envelope
-        self.forget_death(mailbox)
 
     # -- dispatch (I/O thread) -------------------------------------------------------------------
 

@@ -86,18 +86,15 @@ def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
 
 
 def on_moved(node: Node, msg: Message) -> None:
-    """A worker's handler of ``moved``: update this process's copy of the proc table."""
-    from ..meshes.proc_table import live_table
+    """A worker's handler of ``moved``: update this process's copy of the proc table, and those
+    it unpickles later."""
+    from ..meshes.proc_table import live_table, note_move
 
     _, mesh_id, rank, address, relay = msg.envelope
+    note_move(mesh_id, rank, address, relay)
     table = live_table(mesh_id)
     if table is None:
         return
-    old: Any = table.addresses[rank]
-    table.addresses[rank] = address
-    if relay is not None and table.relays is None:
-        table.relays = [None] * len(table.addresses)
-    if table.relays is not None:
-        table.relays[rank] = relay
-    table.routes.clear()
-    node.transport.forget(old)
+    old: Any = table.move(rank, address, relay)
+    if old != address:
+        node.transport.forget(old)

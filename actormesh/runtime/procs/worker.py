@@ -121,7 +121,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.register(STACKS, on_stacks)
     node.register(INTERRUPT, on_interrupt)
     node.register(WAITS, on_waits)
-    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank on another host
+    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank's new address
     ctxmod.set_process_context(
         ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
     )
