@@ -77,7 +77,7 @@ __version__ = "0.1.0"
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
     {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
-     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show"}
+     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show", "to_mesh"}
 )  # fmt: skip
 
 __all__ = [
@@ -133,6 +133,7 @@ __all__ = [
     "shutdown_context",
     "this_host",
     "this_proc",
+    "to_mesh",
     "unhandled_fault_hook",
     "wait_for_hosts",
 ]

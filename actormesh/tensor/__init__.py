@@ -36,6 +36,8 @@ the ranks' half never imports the controller's.
 ``controller/reduce.py``        ``MeshTensor.reduce``, ``reduce_``: Monarch's collectives
 ``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
 ``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
+``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
+``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/remote.py``        remote functions
@@ -50,6 +52,8 @@ the ranks' half never imports the controller's.
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
 ``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
+``worker/groups.py``            process groups of an engine on part of its group's processes
+``worker/transfer.py``          ``to_mesh`` on the ranks: the inbox, sending, assembling
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
@@ -127,14 +131,20 @@ from .controller.borrows import get_active_stream as get_active_stream
 from .controller.distribute import distribute as distribute
 from .controller.distribute import rand as rand
 from .controller.distribute import randn as randn
+from .controller.fetch import busy_spans as busy_spans
 from .controller.fetch import fetch as fetch
 from .controller.fetch import inspect as inspect
 from .controller.fetch import live as live
+from .controller.fetch import overlap as overlap
 from .controller.fetch import show as show
 from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
+from .controller.pipeline import bubble_fraction as bubble_fraction
+from .controller.pipeline import gpipe as gpipe
+from .controller.pipeline import one_f_one_b as one_f_one_b
+from .controller.pipeline import pipeline_step as pipeline_step
 from .controller.reduce import reduce_tree as reduce
 from .controller.reduce import reduce_tree_ as reduce_
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
@@ -142,6 +152,7 @@ from .controller.remote import remote as remote
 from .controller.seams import install as _install_seams
 from .controller.stream import flush_all as flush_all
 from .controller.tensor import MeshTensor as MeshTensor
+from .controller.transfer import to_mesh_tree as to_mesh
 from .wire.errors import RemoteTensorError as RemoteTensorError
 
 # MeshTensor's methods that live in the modules built on it, and what the runtime calls up here.
@@ -154,17 +165,23 @@ __all__ = [
     "Stream",
     "activate",
     "adopt",
+    "bubble_fraction",
+    "busy_spans",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",
     "fetch",
     "flush_all",
     "get_active_stream",
+    "gpipe",
     "grad_generator",
     "inspect",
     "live",
     "module_to_mesh",
     "no_mesh",
+    "one_f_one_b",
+    "overlap",
+    "pipeline_step",
     "rand",
     "randn",
     "rank",
@@ -172,4 +189,5 @@ __all__ = [
     "reduce_",
     "remote",
     "show",
+    "to_mesh",
 ]

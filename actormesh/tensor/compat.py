@@ -25,6 +25,7 @@ from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
 from ..runtime.meshes.value_mesh import ValueMesh
 from ..runtime.messaging.codec import loads
+from ..runtime.messaging.node import current_node
 
 T = TypeVar("T")
 
@@ -45,6 +46,7 @@ __all__ = [
     "endpoint",
     "failed",
     "helper_mesh_with_args",
+    "in_this_process",
     "init_process_group",
     "install_tensor_layer",
     "is_stopped",
@@ -56,6 +58,8 @@ __all__ = [
     "message_readers",
     "on_failure",
     "on_unsent",
+    "open_port",
+    "places",
     "point_label",
     "proc_state",
     "report_unhandled",
@@ -126,6 +130,29 @@ def proc_state(mesh: Any) -> Any:
     """An object whose ``closed`` turns True when the processes under ``mesh`` are stopped
     (the op stream reads it on every recorded op: an attribute costs less than a call)."""
     return proc_table(mesh)
+
+
+def open_port(handler: Any) -> Any:
+    """A port of this process whose messages go to ``handler`` on the I/O thread (its
+    ``on_message``; ``on_death`` hears of every process death): an engine's inbox, where other
+    engines send it the values they move (``to_mesh``). ``Channel.open`` would queue them for
+    one reader; an inbox files them by transfer, for whichever op wants each."""
+    return current_node().open_port(handler)
+
+
+def in_this_process(address: Any) -> bool:
+    return bool(address.mailbox == current_node().address.mailbox)
+
+
+def places(mesh: Any) -> tuple[str, ...] | None:
+    """Where each process of ``mesh`` sits in its whole proc mesh (``{pp=1, dp=0}``), row-major;
+    None when ``mesh`` covers the whole proc mesh in order (its own coordinates say it then).
+    A failure on a slice's engine names the rank so: which stage, not just which dp rank."""
+    table = proc_table(mesh)
+    ranks = list(view_shape(mesh).ranks())
+    if ranks == list(range(len(table.addresses))):
+        return None
+    return tuple("{" + table.labels[r].replace(",", ", ") + "}" for r in ranks)
 
 
 def is_stopped(mesh: Any) -> bool:

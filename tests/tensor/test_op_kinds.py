@@ -133,6 +133,8 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     model = module_to_mesh(nn.Linear(4, 2), mesh, tp_plan=plan)  # module_build
     loss = model(x).sum()  # distribute (the batch, from controller.module), relayout
     loss.backward()  # grad_sync
+    # link, send, recv (link: once per pair of engines, so a slice no other test sends to)
+    across = dt.to_mesh(mesh.slice(dp=1), [None, "tp"])
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -148,6 +150,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert torch.equal(inspect(adopted * 2), torch.zeros(2))  # rank 0's value
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)
     assert inspect(loss).shape == ()
+    assert torch.equal(inspect(across), x)
     recorded = Counter(kinds.seen) - before
     missing = set(KINDS) - set(recorded)
     assert not missing, f"kinds no program here recorded: {missing}"

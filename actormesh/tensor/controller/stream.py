@@ -93,6 +93,10 @@ class Stream:
         self.recorder_tid = 0  # native id of the thread that recorded the first buffered op
         # id(controller tensor) -> (weakref to it, its version when uploaded, the copy's id)
         self.consts: dict[int, tuple[weakref.ref[Any], int, int]] = {}
+        # to_mesh: the engines this one's ranks know the inboxes of (by key), and the streams
+        # that send what this one's ranks wait for (sent before this one is).
+        self.links: set[str] = set()
+        self.upstream: weakref.WeakSet[Stream] = weakref.WeakSet()
         _streams.add(self)
 
     def died(self, id: int) -> None:
@@ -166,12 +170,40 @@ class Stream:
 
     def flush(self) -> None:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
+        self._send_upstream()
         self._sending(self.send_now)
+
+    def wait_for(self, other: Stream) -> None:
+        """This stream's ranks wait for something ``other`` sends (a ``to_mesh``)."""
+        if other not in self.upstream:
+            self.upstream.add(other)
+
+    def _send_upstream(self) -> None:
+        """Send, first, what the streams this one waits for have buffered, and theirs in turn:
+        otherwise this stream's ranks would wait for their idle flush. No lock held: two
+        streams may wait for each other (a pipeline's forward and backward)."""
+        if not self.upstream:
+            return
+        seen: set[int] = {id(self)}
+        todo = list(self.upstream)
+        while todo:
+            other = todo.pop()
+            if id(other) in seen:
+                continue
+            seen.add(id(other))
+            todo.extend(other.upstream)
+            if other.ops and not other.closed and other.lost is None:
+                try:
+                    other.send_now()
+                except BaseException as exc:  # that stream's own sync point reports it
+                    other.error = exc
 
     def fetch_after_batch(self, requests: list[tuple[int, int | None]]) -> Any:
         """``engine.fetch.call(requests)`` after what is buffered: the batch and the fetch go in
         one message per process (``run_and_fetch``). Returns the call's future; raises as
         ``flush`` does."""
+
+        self._send_upstream()
 
         def send() -> Any:
             with self.lock:

@@ -40,6 +40,7 @@ _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rre
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
+_MOVE = "controller.transfer"
 
 
 class Kind(NamedTuple):
@@ -109,6 +110,23 @@ _TABLE = [
     Kind("pin", ("value: Ref", "ranks: tuple"), 1, (_TENSOR,), "worker.local:run_pin", True,
          "A MeshTensor pickled into a message for the actors of ``ranks`` (engine indices): "
          "they keep its value under this id until their actor read it; the others drop it."),
+    # -- values moving between engines (transfer.py: MeshTensor.to_mesh) ------------------------
+    Kind("link", ("peer: str", "ports: tuple"), 0, (_MOVE,), "worker.transfer:run_link", False,
+         "The inboxes (ports, by engine index) of engine ``peer``, for the ``send`` ops to it; "
+         "sent once per pair of engines, on the sending one's stream."),
+    Kind("send", ("value: Ref", "peer: str", "key: int", "placements: tuple|None",
+                  "labels: tuple", "sizes: tuple", "targets: tuple|None"), 0, (_MOVE,),
+         "worker.transfer:run_send", True,
+         "Send ``value`` to engine ``peer`` as transfer ``key``, to a mesh of ``labels`` and "
+         "``sizes``. Global: every rank sends every destination rank the pieces it needs of "
+         "the value placed as ``placements`` (None: the source's, by dimension name). Per-rank: "
+         "``targets[i]`` lists the destination ranks of source rank i."),
+    Kind("recv", ("key: int", "sender: str", "count: int", "view: int", "shape: tuple",
+                  "dtype: dtype", "timeout: float"), 1, (_MOVE,), "worker.transfer:run_recv",
+         True,
+         "Transfer ``key`` from engine ``sender``: wait for its ``count`` messages (at most "
+         "``timeout`` s) and assemble them, a global value on mesh ``view`` of ``shape``, or a "
+         "per-rank one (the sum of its messages)."),
     # -- remote functions (remote.py) and endpoints as steps (rref.py) --------------------------
     Kind("define", ("fn_id: int", "fn: any"), 0, (_REMOTE,), "worker.remote:run_define", False,
          "A remote function's code, sent once per engine under ``fn_id``."),
@@ -150,8 +168,8 @@ class OpKindError(AssertionError):
 
 
 _TYPES: dict[str, Any] = {
-    "str": str, "int": int, "bool": bool, "tuple": tuple, "dict": dict, "None": type(None),
-    "Ref": Ref, "tensor": torch.Tensor, "dtype": torch.dtype, "any": object,
+    "str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "dict": dict,
+    "None": type(None), "Ref": Ref, "tensor": torch.Tensor, "dtype": torch.dtype, "any": object,
 }  # fmt: skip
 
 
