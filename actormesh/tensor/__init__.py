@@ -40,14 +40,19 @@ the ranks' half never imports the controller's.
 ``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
+``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
+``controller/checkpoint.py``    checkpoints: DCP save, load, async_save as ops of the stream
+``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
+``controller/recovery.py``      ``FaultTolerant``: commit a step, recover from a lost rank
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
 ``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
 ``worker/handlers.py``          which function runs each kind of op
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
+``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
@@ -59,6 +64,8 @@ the ranks' half never imports the controller's.
 ``worker/rref.py``              an endpoint run on its actor's thread
 ``worker/fetch.py``             one rank's answer to a sync point
 ``worker/adopt.py``             a cell's tensor taken as an engine value
+``worker/checkpoint.py``        DCP run by every rank; staged writes; the background save's end
+``worker/recovery.py``          snapshots, freeing a stuck rank, restore from a replica
 ``worker/side_effects.py``      what a failed op poisons besides its outputs
 ``worker/stand_ins.py``         what a failed op leaves in place of its outputs
 ``worker/local.py``             the engines, for code beside them (actors, ``%%mesh`` cells)
@@ -145,6 +152,7 @@ from .controller.pipeline import bubble_fraction as bubble_fraction
 from .controller.pipeline import gpipe as gpipe
 from .controller.pipeline import one_f_one_b as one_f_one_b
 from .controller.pipeline import pipeline_step as pipeline_step
+from .controller.recovery import FaultTolerant as FaultTolerant
 from .controller.reduce import reduce_tree as reduce
 from .controller.reduce import reduce_tree_ as reduce_
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
@@ -159,6 +167,7 @@ from .wire.errors import RemoteTensorError as RemoteTensorError
 _install_seams()
 
 __all__ = [
+    "FaultTolerant",
     "MeshModule",
     "MeshTensor",
     "RemoteTensorError",

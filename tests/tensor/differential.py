@@ -4,9 +4,10 @@
 ``.double()`` in ``make_model``: float64, so that any difference is a bug, not rounding), puts a
 copy on the mesh with ``module_to_mesh(copy, mesh, **options)``, and runs the same steps on both
 as a user writes them: ``zero_grad``, ``loss_of(model, batch)``, ``loss.backward()``,
-``clip_grad_norm_``, AdamW's ``step``. After every step it compares the loss, every gradient
-(after clipping) and, at the end, every parameter and buffer, and fails naming the step and the
-tensor that differ. It returns the losses, so a caller can also check that the model learnt.
+``clip_grad_norm_``, the optimizer's ``step`` (AdamW unless ``optimizer`` makes another). After
+every step it compares the loss, every gradient (after clipping) and, at the end, every parameter
+and buffer, and fails naming the step and the tensor that differ. It returns the losses, so a
+caller can also check that the model learnt.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def compare_training(
     max_norm: float | None = 1.0,
     atol: float = ATOL,
     weights_atol: float | None = None,
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
 ) -> list[float]:
     """Train ``make_model()`` on the mesh and locally over ``batches``; assert they agree
     (losses and gradients within ``atol``, the final weights within ``weights_atol``, by default
@@ -53,7 +55,8 @@ def compare_training(
     local = make_model()
     meshed = module_to_mesh(copy.deepcopy(local), mesh, **options)
     assert [n for n, _ in meshed.named_parameters()] == [n for n, _ in local.named_parameters()]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (local, meshed)]
+    make_optimizer = optimizer or (lambda params: torch.optim.AdamW(params, lr=lr))
+    optimizers = [make_optimizer(m.parameters()) for m in (local, meshed)]
     losses = []
     for step, batch in enumerate(batches):
         values = []

@@ -99,7 +99,7 @@ def test_an_op_unlike_its_kind_is_refused_saying_what_differs() -> None:
 
 
 def test_programs_of_every_kind_record_only_ops_of_the_table(
-    mesh: Any, monkeypatch: pytest.MonkeyPatch
+    mesh: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     assert kinds.CHECK, "tests/conftest.py sets ACTORMESH_CHECK_PROTOCOL=1 before the import"
     before = Counter(kinds.seen)
@@ -135,6 +135,9 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     loss.backward()  # grad_sync
     # link, send, recv (link: once per pair of engines, so a slice no other test sends to)
     across = dt.to_mesh(mesh.slice(dp=1), [None, "tp"])
+    am.checkpoint.save({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_save
+    am.checkpoint.load({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_load
+    am.FaultTolerant({"model": model}).commit()  # snapshot
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -152,5 +155,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert inspect(loss).shape == ()
     assert torch.equal(inspect(across), x)
     recorded = Counter(kinds.seen) - before
-    missing = set(KINDS) - set(recorded)
+    # restore and allocate run only on an engine restarted by recovery: test_recovery.py
+    # records them.
+    missing = set(KINDS) - set(recorded) - {"restore", "allocate"}
     assert not missing, f"kinds no program here recorded: {missing}"

@@ -275,10 +275,10 @@ class _Peek(am.Actor):
 
     @am.endpoint
     def engines(self) -> list[str]:
-        from actormesh.runtime.actors.actor_host import actor_host
+        from actormesh.runtime.actors import local_actor_host
         from actormesh.tensor.tools import activity
 
-        host = actor_host()
+        host = local_actor_host()
         assert host is not None
         found = [activity(r.instance) for r in list(host.actors.values())]
         return sorted(f for f in found if f is not None)

@@ -20,6 +20,7 @@ PUBLIC = [
     "Stream", "get_active_stream",
     "concurrent_endpoint", "get_or_spawn_controller", "as_endpoint", "shutdown_context",
     "ActorSupervisionError",
+    "checkpoint", "FaultTolerant",
 ]  # fmt: skip
 
 

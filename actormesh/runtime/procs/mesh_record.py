@@ -1,12 +1,10 @@
-"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop) and the
-controller's handle on one host agent (``AgentHandle``)."""
+"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,25 +17,30 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.future import Future, settle, when_all
-from ..actors.ownership import Owner, send_to_owner
-from ..actors.runner import ActorRunner, current_runner
+from ..actors import (
+    ActorRunner,
+    Future,
+    Owner,
+    current_runner,
+    failed_future,
+    send_to_owner,
+    set_exception,
+    set_result,
+    settle,
+    when_all,
+)
 from ..extent import Extent
-from ..faults import supervision
-from ..meshes.proc_mesh import ActorSpawn, ProcMesh
-from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
-from ..messaging.codec import new_id
-from ..messaging.metrics import MetricsLog
-from ..messaging.node import spawn_hint
+from ..faults import unhandled_fault_hook
+from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
+from ..messaging import LogSink, MetricsLog, new_id, spawn_hint
 from ..messaging.protocol import DUMP, MOVED, REAP, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
-from .osutil import GOODBYE
+from .agent_handle import AgentHandle
+from .record_parts import MeshController
 from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
-    from .controller import Controller
     from .host_mesh import HostMesh
 
 logger = logging.getLogger(__name__)
@@ -67,46 +70,12 @@ class SpawnRequest:
         }
 
 
-class AgentHandle:
-    """The controller's view of one host agent."""
-
-    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
-        self.host_rank = host_rank
-        self.proc = proc
-        self.lifeline = lifeline
-        self.address: Address | None = None
-        self.hostname = ""
-        self.dead = False
-        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
-        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
-        # live under the agent's own run directory, and errors name the host.
-        self.run_dir: str | None = None
-        self.name = "this host"
-
-    def close(self, timeout: float = 3.0) -> None:
-        if self.lifeline is not None:
-            # Closing the lifeline tells the agent to kill its workers and exit; the goodbye
-            # tells it that we clean up ourselves (it does when we die without one).
-            try:
-                os.write(self.lifeline, GOODBYE)
-            except OSError:
-                pass  # the agent is gone already
-            os.close(self.lifeline)
-            self.lifeline = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 class MeshRecord:
     """A proc mesh owned by this controller: start-up, exits and stop."""
 
     def __init__(
         self,
-        ctl: Controller,
+        ctl: MeshController,
         table: ProcTable,
         agents: list[AgentHandle],
         per_host: int,
@@ -159,6 +128,11 @@ class MeshRecord:
         return f"processes {', '.join(missing[:8])} to start"
 
     @property
+    def logs(self) -> LogSink:
+        """Where the output of the controller's ranks goes (``ProcMesh.logging_option``)."""
+        return self.ctl.logs
+
+    @property
     def shape(self) -> Shape:
         """The whole mesh's shape, as spawned."""
         return Shape.from_extent(self.request.extent)
@@ -166,7 +140,7 @@ class MeshRecord:
     def proc_mesh(self, shape: Shape | None = None) -> ProcMesh:
         """A ``ProcMesh`` on this record's processes (the view ``shape``, default the whole
         mesh): for tools that find a mesh by its id and did not keep the user's object."""
-        return ProcMesh._create(self.table, self.shape if shape is None else shape, self)
+        return new_proc_mesh(self.table, self.shape if shape is None else shape, self)
 
     def agent_of(self, rank: int) -> AgentHandle:
         return self.agents[rank // self.per_host]
@@ -184,7 +158,7 @@ class MeshRecord:
         # Before anything else reaches it (its actors' spawns wait for ``ready``).
         self.ctl.catch_up(self.table.addresses[rank])
         if done:
-            ready._set_result(None)
+            set_result(ready, None)
 
     def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
         """Record the exit of ``rank``; returns whether it is left unhandled (and, when
@@ -199,7 +173,7 @@ class MeshRecord:
             failed_start = rank in self._starting
             ready, summary = self.ready, self._start_failure
         if failed_start:
-            ready._set_exception(SupervisionError([death], summary))
+            set_exception(ready, SupervisionError([death], summary))
         node = self.ctl.node
         observed = node.record_death(address.mailbox, death)
         with self.lock:
@@ -210,7 +184,7 @@ class MeshRecord:
         if self.stopping:
             if all_gone:
                 self.ctl.meshes.pop(self.table.mesh_id, None)
-                self.stopped._set_result(None)
+                set_result(self.stopped, None)
             return False
         self.ctl.notify_death(self, address, death)
         unhandled = not observed
@@ -250,7 +224,7 @@ class MeshRecord:
         if self.owner is not None:
             self.owner.supervise(failure)
         else:
-            supervision.unhandled_fault_hook(failure)
+            unhandled_fault_hook(failure)
 
     def proc_request(self, rank: int) -> dict[str, Any]:
         address = self.table.addresses[rank]
@@ -275,7 +249,7 @@ class MeshRecord:
             request = self.request.wire()
             self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, request))
 
-    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+    def heal(self, spares: Sequence[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
         lost host on a spare host: see rehost.py), then re-create their actors, and those that
         an earlier heal which failed part way left out."""
@@ -283,18 +257,19 @@ class MeshRecord:
         try:
             self._restart_local_agent()
         except MeshError as exc:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return healed
         node = self.ctl.node
         table = self.table
         with self.lock:
             if self.stopping:
-                healed._set_exception(
+                set_exception(
+                    healed,
                     MeshClosedError(
                         f"cannot heal proc mesh {self.table.name!r}: it was stopped (stop() "
                         "ends every process for good, heal() respawns ranks that died); "
                         f"{spawn_hint('new procs with this_host().spawn_procs(...)')}"
-                    )
+                    ),
                 )
                 return healed
             dead = sorted(self.exited)
@@ -302,13 +277,13 @@ class MeshRecord:
             earlier = [f for f in self._respawning if not f.done()]
             self._respawning = earlier
             if not restore and not earlier:
-                healed._set_result(None)
+                set_result(healed, None)
                 return healed
             previous = [table.addresses[r] for r in dead]
             try:
                 moved = rehost.move_lost_hosts(self, dead, spares)
             except SupervisionError as exc:
-                healed._set_exception(exc)
+                set_exception(healed, exc)
                 return healed
             keys = {spawn.key for spawn in self.actor_spawns}
             for rank in dead:
@@ -353,7 +328,7 @@ class MeshRecord:
         logger.info("healing ranks %s of %s", restore, self.table.mesh_id)
         self.spawn_ranks(dead)
         if up:
-            ready._set_result(None)
+            set_result(ready, None)
         ready.add_done_callback(
             lambda ready: self._respawn_actors(ready, restore, earlier, healed, moved)
         )
@@ -380,7 +355,7 @@ class MeshRecord:
     ) -> None:
         exc = ready.exception()
         if exc is not None:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return
         rehost.announce(self, moved)
         node = self.ctl.node
@@ -408,9 +383,8 @@ class MeshRecord:
                     del self.lacking[rank]
         if lost:
             summary = "a process that heal() restarted died before its actors were re-created"
-            pending.append(Future._failed(SupervisionError(lost, summary)))
-        from ..meshes.collect import Gather
-        from ..meshes.endpoint import no_values
+            pending.append(failed_future(SupervisionError(lost, summary)))
+        from ..meshes import Gather, no_values
 
         for spawn, mine in sends:
             shape = spawn.shape
@@ -447,7 +421,7 @@ class MeshRecord:
             alive = [r for r in range(self.n) if r not in self.exited]
         if not alive:
             self.ctl.meshes.pop(self.table.mesh_id, None)
-            self.stopped._set_result(None)
+            set_result(self.stopped, None)
             return self.stopped
         node = self.ctl.node
         for rank in alive:

@@ -15,19 +15,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.address import Address
-from ..messaging.codec import Message
+from ..messaging import Address, Message
+from ..messaging.envelopes import MovedEnvelope
 from ..messaging.protocol import MOVED
+from .agent_handle import AgentHandle
+from .record_parts import HealedMesh
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
-    from .mesh_record import AgentHandle, MeshRecord
+    from ..messaging import Node
 
 logger = logging.getLogger(__name__)
 
 
 def move_lost_hosts(
-    record: MeshRecord, dead: Sequence[int], spares: Sequence[AgentHandle] | None
+    record: HealedMesh, dead: Sequence[int], spares: Sequence[AgentHandle] | None
 ) -> list[int]:
     """Give each lost host among ``dead``'s a spare agent and new addresses for its ranks.
 
@@ -75,7 +76,7 @@ def move_lost_hosts(
     return moved
 
 
-def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
+def announce(record: HealedMesh, ranks: Sequence[int]) -> None:
     """Tell every live worker where moved ranks are now (after they started: their tcp://
     address is known only then)."""
     table = record.table
@@ -88,13 +89,13 @@ def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
 def on_moved(node: Node, msg: Message) -> None:
     """A worker's handler of ``moved``: update this process's copy of the proc table, and those
     it unpickles later."""
-    from ..meshes.proc_table import live_table, note_move
+    from ..meshes import live_table, note_move
 
-    _, mesh_id, rank, address, relay = msg.envelope
-    note_move(mesh_id, rank, address, relay)
-    table = live_table(mesh_id)
+    moved = MovedEnvelope.of(msg)
+    note_move(moved.mesh_id, moved.rank, moved.address, moved.relay)
+    table = live_table(moved.mesh_id)
     if table is None:
         return
-    old: Any = table.move(rank, address, relay)
-    if old != address:
+    old: Any = table.move(moved.rank, moved.address, moved.relay)
+    if old != moved.address:
         node.transport.forget(old)

@@ -34,6 +34,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from ..worker.recovery import _SocketBaseline
 from . import lifetime
 from .stream import Stream, flush_all
 
@@ -115,32 +116,15 @@ class TensorMesh:
         self.procs = procs
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
-        self.key = uuid.uuid4().hex
         self.base = self
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
-        ranks: tuple[int, ...] | None = None
-        mailboxes = compat.mailboxes(procs)
-        with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(mailboxes), group is not None):
-            if group is None:
-                members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-                group = ProcessGroup(procs, members[0].backend)
-            else:
-                ranks = tuple(group.mailboxes.index(m) for m in mailboxes)
-            device = engine_device(group.backend)
-            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
-            seed = int(torch.randint(0, 2**62, ()).item())
-            self.engine = compat.helper_mesh_with_args(
-                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
-                device, ranks, compat.places(procs),
-            )  # fmt: skip
-            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
-            # Where other engines send this one what moves to it (to_mesh), by engine index.
-            ports = self.engine.inbox_port.call().get(timeout=SETUP_TIMEOUT)
-            self.inbox_ports = tuple(ports.values())
-        self.group = group
-        group.engines.append(self)
+        joins = group is not None
+        with _saying_so(
+            f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs)), joins
+        ):
+            device = self._start(group)
         self.stream = Stream(self.engine, procs)
         self.mailboxes = self.stream.mailboxes
         self.name = self.stream.name
@@ -172,6 +156,52 @@ class TensorMesh:
                 ("mesh_view", (), (), (), (view.view_id, view.labels, view.sizes), issue_site())
             )
         return view
+
+    def _start(self, group: ProcessGroup | None) -> str:
+        """Spawn the engine (a new key each time) in ``group`` (some of its processes), else in
+        a process group formed now over exactly these processes; the device."""
+        import torch
+
+        self.key = uuid.uuid4().hex
+        # Which sockets each process had before the group (recovery shuts down the group's).
+        compat.helper_mesh_with_args(
+            self.procs, f"_socket_baseline_{self.key}", _SocketBaseline
+        ).initialized.get(timeout=SETUP_TIMEOUT)
+        ranks: tuple[int, ...] | None = None
+        if group is None:
+            members = compat.init_process_group(self.procs).get(timeout=SETUP_TIMEOUT).values()
+            group = ProcessGroup(self.procs, members[0].backend)
+        else:
+            ranks = tuple(group.mailboxes.index(m) for m in compat.mailboxes(self.procs))
+        device = engine_device(group.backend)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
+        self.engine = compat.helper_mesh_with_args(
+            self.procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+            device, ranks, compat.places(self.procs),
+        )  # fmt: skip
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        # Where other engines send this one what moves to it (to_mesh), by engine index.
+        ports = self.engine.inbox_port.call().get(timeout=SETUP_TIMEOUT)
+        self.inbox_ports = tuple(ports.values())
+        self.group = group
+        group.engines.append(self)
+        return device
+
+    def restart(self) -> None:
+        """A new process group and engine over the same processes (a rank was respawned),
+        keeping this handle, its stream and its ids: recovery (recovery.py) then puts the
+        values it restores back under their ids; every other value of the mesh is gone."""
+        if self.group.procs is not self.procs:
+            raise compat.MeshUsageError(
+                "recovery restarts an engine over its own process group; this mesh's engine "
+                "runs in the group of a larger mesh (a slice): recover that mesh instead"
+            )
+        compat.destroy_process_group(self.procs).get(timeout=SETUP_TIMEOUT)
+        self._start(None)
+        self.views = {}  # views of the old engine (renames, flattens) are gone with it
+        self.stream.restart(self.engine)
+        self.mailboxes = self.stream.mailboxes
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))

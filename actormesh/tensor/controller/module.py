@@ -448,3 +448,12 @@ def placement(model: nn.Module) -> _Placement:
 def model_mesh(model: MeshModule) -> TensorMesh:
     """The tensor mesh a meshed model lives on."""
     return placement(model).tm
+
+
+def forget_engine_values(model: nn.Module) -> None:
+    """The model's engine was replaced (recovery restored its parameters and buffers under
+    their ids): forget what only the old engine held, the gradients of the step that failed
+    and the batches this model put on the mesh."""
+    for p in model.parameters():
+        p.grad = None
+    placement(model).inputs.clear()

@@ -48,6 +48,9 @@ _BY_VALUE = frozenset(
 )
 _BOOL_KEYS = {True: ("bool", True), False: ("bool", False)}  # True == 1 as a dict key
 _NEW, _ALIAS, _VALUE = 0, 1, 2
+# ids of the _foreach_ ops seen so far: their Scalar[] arguments (one scalar per tensor) are
+# keyed by length on the fast path, never by value (added by _record, which sees each op first).
+_SCALAR_LISTS: set[int] = set()
 
 
 def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
@@ -69,10 +72,37 @@ def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
     if t is list or t is tuple:
         for e in a:
             if type(e) is not int:
+                if type(e) is float and key[0] in _SCALAR_LISTS:
+                    return _float_list(a, t, key)
                 return _GENERAL
         key.append((t, *a))
         return a
     return _GENERAL
+
+
+def _float_list(a: Any, t: type, key: list[Any]) -> Any:
+    """A _foreach_ op's Scalar[] (an optimizer's per-parameter step sizes): keyed by length,
+    as a float is by type (it changes with every step and never changes a shape)."""
+    for e in a:
+        if type(e) is not float:
+            return _GENERAL
+    key.append((t, float, len(a)))
+    return a
+
+
+def _fast_tensor_list(a: list[Any], key: list[Any], ins: list[int]) -> TensorMesh | None:
+    """Append a Tensor[] of MeshTensors to the plan key and its ids to ``ins``; return their one
+    mesh, or None when the general path must take it (mixed meshes or kinds, other elements)."""
+    tm = a[0].mesh
+    per_rank = a[0].per_rank
+    sigs: list[Any] = [list]
+    for x in a:
+        if type(x) is not MeshTensor or x.mesh is not tm or x.per_rank is not per_rank:
+            return None
+        sigs.append(x.shape_sig)
+        ins.append(x.value_id)
+    key.append(tuple(sigs))
+    return tm
 
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -84,10 +114,11 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # this is the cost of every recorded op (bench T2).
     key: list[Any] = [fid]
     ins: list[int] = []
-    eargs = []
+    eargs: list[Any] = []
     tm = None
     for a in args:
-        if type(a) is MeshTensor:
+        ta = type(a)
+        if ta is MeshTensor:
             if tm is None:
                 tm = a.mesh
             elif a.mesh is not tm:
@@ -95,6 +126,13 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             key.append(a.shape_sig)
             ins.append(a.value_id)
             eargs.append(IN)
+            continue
+        if ta is list and a and type(a[0]) is MeshTensor:  # a Tensor[] (a _foreach_ op's)
+            m = _fast_tensor_list(a, key, ins)
+            if m is None or (tm is not None and m is not tm):
+                return _record(func, args, kwargs, None)
+            tm = m
+            eargs.append([IN] * len(a))
             continue
         e = _fast_arg(a, key, ins)
         if e is _GENERAL:
@@ -138,7 +176,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             out_ids.append(vid)
             leaves.append(t)
         elif kind == _ALIAS:
-            t = _meshes((*args, *kwargs.values()))[o[1]]  # an in-place op's target
+            t = _meshes(_flat((*args, *kwargs.values())))[o[1]]  # an in-place op's target
             out_ids.append(t.value_id)
             leaves.append(t)
         else:
@@ -197,6 +235,17 @@ def _meshes(found: Sequence[Any]) -> list[MeshTensor]:
     return [x for x in found if type(x) is MeshTensor]
 
 
+def _flat(args: Sequence[Any]) -> list[Any]:
+    """The arguments with Tensor[] ones spread out, in the order ``_encode`` finds tensors."""
+    out: list[Any] = []
+    for a in args:
+        if type(a) is list or type(a) is tuple:
+            out.extend(a)
+        else:
+            out.append(a)
+    return out
+
+
 def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any) -> Any:
     """Record any op (nested lists of tensors, controller tensors); with ``pkey``, also keep
     the plan that lets the fast path record the next op of this signature."""
@@ -214,6 +263,8 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
+        if name.startswith("aten._foreach_"):
+            _SCALAR_LISTS.add(id(func))
     plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
     if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)

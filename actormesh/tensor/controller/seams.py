@@ -5,7 +5,8 @@
   import ``tensor.py``, so it cannot import them), and
 - the runtime what it calls up into this layer (``TensorLayer`` of
   ``runtime/meshes/tensor_seam.py``: ``procs.activate()``, ``procs.rank(dims)``,
-  ``endpoint.rref(...)``; the runtime never imports this layer).
+  ``endpoint.rref(...)``; the runtime never imports this layer), and
+- ``torch.optim`` its hooks that make MeshTensor parameters' steps foreach (``optim.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import compat
-from . import activate, fetch, recording, reduce, rref, transfer
+from . import activate, fetch, optim, recording, reduce, rref, transfer
 from .tensor import Methods, install_methods
 
 
@@ -49,3 +50,4 @@ def install() -> None:
     )
     layer: compat.TensorLayer = _ForTheRuntime()
     compat.install_tensor_layer(layer)
+    optim.install()

@@ -97,7 +97,37 @@ class Stream:
         # that send what this one's ranks wait for (sent before this one is).
         self.links: set[str] = set()
         self.upstream: weakref.WeakSet[Stream] = weakref.WeakSet()
+        # After a recovery: ids below ``floor`` are gone unless ``kept`` (recovery restored them)
+        self.floor = 0
+        self.kept: frozenset[int] = frozenset()
         _streams.add(self)
+
+    def restart(self, engine: Any) -> None:
+        """The engine was replaced (recovery): nothing buffered or uploaded survives, and the
+        ids allocated so far are gone until ``keep`` names those restored."""
+        with self.lock:
+            self.engine = engine
+            self.mailboxes = compat.mailboxes(self.procs)  # a healed rank is a new process
+            self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
+            self.lost = self.error = None
+            self.lost_why = ""
+            self.closed = False
+            self.batches = 0  # the new engine's count (cells and actors wait on it by its key)
+            self.floor = next(self._ids)
+            self.kept = frozenset()
+
+    def keep(self, ids: Any) -> None:
+        self.kept = self.kept | frozenset(ids)
+
+    def check_ids(self, ids: Any) -> None:
+        """Raise at the user's line for a value the mesh lost in a recovery."""
+        for i in ids:
+            if i < self.floor and i not in self.kept:
+                raise MeshClosedError(
+                    "this MeshTensor was lost when the mesh recovered from a rank's death: "
+                    "recovery restores the training state it was given (model, optimizer, "
+                    "their tensors); make other values again"
+                )
 
     def died(self, id: int) -> None:
         """A MeshTensor was collected (any thread, any time: a finalizer). Looks the list up on
@@ -153,6 +183,8 @@ class Stream:
     def record(self, op: Op) -> None:
         if self.lost is not None or self.procs_state.closed:
             self.check()
+        if self.floor:
+            self.check_ids(op[2])
         with self.lock:
             ops = self.ops
             ops.append(op)
@@ -204,6 +236,8 @@ class Stream:
         ``flush`` does."""
 
         self._send_upstream()
+        if self.floor:
+            self.check_ids([i for i, _ in requests])
 
         def send() -> Any:
             with self.lock:

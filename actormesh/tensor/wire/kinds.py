@@ -41,6 +41,7 @@ _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
+_CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
 
 
 class Kind(NamedTuple):
@@ -153,6 +154,29 @@ _TABLE = [
          "worker.module:run_relayout", True,
          "A tensor-parallel style's layout: ``value`` placed as ``placement`` over mesh "
          "dimension ``axis``, the others as they are (the same global value)."),
+    # -- checkpoints (checkpoint.py): torch.distributed.checkpoint run by every rank -----------
+    Kind("checkpoint_save", ("spec: any", "path: str", "token: str", "background: bool"), 1,
+         (_CKPT,), "worker.checkpoint:run_save", False,
+         "``dcp.save`` (``background``: ``dcp.async_save``) of ``spec``, the state in DCP's "
+         "layout with ``Ref``s for MeshTensors, written beside ``path`` and put in its place "
+         "when complete; out names rank 0's DCP metadata (``background``: the save's token)."),
+    Kind("checkpoint_load", ("spec: any", "path: str"), 1, (_CKPT,),
+         "worker.checkpoint:run_load", False,
+         "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
+         "names what rank 0 read for the spec's other leaves."),
+    # -- live recovery (recovery.py) -------------------------------------------------------
+    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple"), 0, (_RECOVERY,),
+         "worker.recovery:run_snapshot", True,
+         "A committed step: each rank copies its shards of the training state's values (``ids``) "
+         "as generation ``gen`` of ``lineage``, replacing the previous copy whole."),
+    Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
+         (_RECOVERY,), "worker.recovery:run_restore", False,
+         "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
+         "from its own copy or, a respawned one, from a replica (``transfers``: id, dst, src); "
+         "the last output is a receipt the controller fetches."),
+    Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
+         "On a restarted engine: zeros under the ids of ``out`` with the placements, shapes and "
+         "dtypes of ``metas`` (the survivors' snapshots), for a checkpoint load to fill."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

@@ -135,7 +135,7 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             values = iter([env[i] for i in inputs])
         except KeyError:
             values = map(engine.value, inputs)  # raises, saying which value is gone
-        args = tuple([next(values) if a is IN else a for a in args])
+        args = tuple([next(values) if a is IN else _inputs(a, values) for a in args])
         if kwargs:
             kwargs = {k: next(values) if v is IN else v for k, v in kwargs.items()}
     else:
@@ -170,6 +170,14 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
             raise
         _decompose.add(func)
         return tensor_leaves(_decomposed(func, args, kwargs))
+
+
+def _inputs(a: Any, values: Iterator[Any]) -> Any:
+    """A fast-path argument that is not IN itself: a Tensor[] of inputs (``[IN, IN, ...]``, a
+    _foreach_ op's) as their values; anything else as it is."""
+    if type(a) is list and a and a[0] is IN:
+        return [next(values) for _ in a]
+    return a
 
 
 def _placed(args: Any, kwargs: dict[str, Any]) -> str:

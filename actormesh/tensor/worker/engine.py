@@ -32,7 +32,7 @@ from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
 from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
-from .side_effects import written
+from .side_effects import OVERWRITES_INPUTS, written
 from .stand_ins import StoodIn, stand_in
 from .transfer import Inbox, Inherited
 
@@ -72,6 +72,7 @@ class _TensorEngine(Actor):
         from .groups import sub_device_mesh
         from .views import MeshView
 
+        self.abandoned = False  # recovery replaced this engine: skip what is still queued
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -182,6 +183,8 @@ class _TensorEngine(Actor):
         try:
             with torch.no_grad():
                 for op in batch:
+                    if self.abandoned:
+                        return
                     self._execute(op)
             for i in drops:
                 self._drop(i)
@@ -203,7 +206,7 @@ class _TensorEngine(Actor):
     def _execute(self, op: Op) -> None:
         kind, out, ins, meta, payload, _site = op
         root = None
-        if self.poison:
+        if self.poison and kind not in OVERWRITES_INPUTS:
             for i in ins:
                 root = self.poison.get(i)
                 if root is not None:
@@ -239,6 +242,9 @@ class _TensorEngine(Actor):
         env = self.env
         for o, v in zip(out, values, strict=True):
             env[o] = v
+        if kind in OVERWRITES_INPUTS:
+            for i in ins:
+                self._cleanse(i)
         if len(out) > 1:
             for o in out:
                 self.siblings[o] = out
@@ -344,6 +350,12 @@ class _TensorEngine(Actor):
             read, self.read_pins = self.read_pins, []
             for i in read:
                 self._drop(i)
+
+    def _cleanse(self, id: int) -> None:
+        """Value ``id`` was overwritten whole (a checkpoint loaded into it): not poisoned now."""
+        root = self.poison.pop(id, None)
+        if root is not None:
+            self._hold(root, -1)
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)

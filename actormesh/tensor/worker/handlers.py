@@ -7,7 +7,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, local, module, reduce, remote, rref, transfer, views
+from . import (
+    activate,
+    aten,
+    checkpoint,
+    distribute,
+    local,
+    module,
+    recovery,
+    reduce,
+    remote,
+    rref,
+    transfer,
+    views,
+)
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -35,4 +48,9 @@ HANDLERS: dict[str, Handler] = {
     "link": transfer.run_link,
     "send": transfer.run_send,
     "recv": transfer.run_recv,
+    "checkpoint_save": checkpoint.run_save,
+    "checkpoint_load": checkpoint.run_load,
+    "snapshot": recovery.run_snapshot,
+    "restore": recovery.run_restore,
+    "allocate": recovery.run_allocate,
 }

@@ -16,6 +16,8 @@ result with the spec it must have:
   weight gradient's contraction over the split batch giving a ``Partial`` sum) and
   ``sum.dim_IntList``, and ``view`` of a tensor split over no dimension; each placement the
   result gets is the one DTensor's rule gives.
+- elementwise ``_foreach_`` ops (an optimizer's foreach update), position by position as
+  pointwise ops are (``shard_foreach.py``);
 - ``cat`` with 1-D empty tensors among others, which torch skips and DTensor does not: left out.
 - ``nll_loss`` (``cross_entropy``) with mean reduction on a split batch: DTensor's rule (torch
   2.13) averages the ranks' means, which is wrong whenever their counts of counted targets
@@ -44,6 +46,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from .shard_foreach import foreach_on_shards, is_elementwise, placed_alike
 
 _specs: dict[Any, Any] = {}
 
@@ -119,11 +123,7 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
                 for p in spec.placements:
                     if p.is_partial():
                         return None
-            elif spec is not first and (
-                spec.mesh is not first.mesh
-                or spec.placements != first.placements
-                or spec.shape != first.shape
-            ):
+            elif spec is not first and not placed_alike(spec, first):
                 return None
             local_args.append(a._local_tensor)  # noqa: SLF001
         elif t is list or t is tuple or issubclass(t, plain):
@@ -157,6 +157,8 @@ def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         return special(func, args, kwargs)
     if _is_pointwise(func):
         return _pointwise_on_shards(func, args, kwargs)
+    if is_elementwise(name):
+        return foreach_on_shards(func, args, kwargs)
     return None
 
 

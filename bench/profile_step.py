@@ -1,0 +1,242 @@
+"""Where one controller-driven training step's CPU goes (issue 43), run by hand.
+
+The T1/T1b step of ``bench_tensor.py`` (``module_to_mesh`` + AdamW + ``loss.item()``) on the
+same 4-rank mesh, with thread-CPU timers around the parts of the step, on the controller and
+inside each worker process (a small actor patches the engine there, in that process only):
+
+- controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
+  ``loss.item()`` (and within it the batch's pickling, ``stream._pack``);
+- each worker: its process CPU per step; on the engine's thread the batch's unpickling, each
+  op's handler (by op name) and the fetch's answer; what is left of the process's CPU is the
+  message path (its I/O and actor threads) and gloo's threads.
+
+``--cprofile``: also the busiest functions of a few steps on the controller and on rank 0
+(instrumented: for attribution, not timing). Prints JSON; ``BENCH_OUT=path`` writes it too.
+
+Run: ``PYTHONPATH=$PWD python bench/profile_step.py [T1|T1b] [--steps 40] [--cprofile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
+import common as C
+import torch
+import torch.nn.functional as F
+from bench_tensor import MLP, SHAPES
+
+import actormesh as am
+from actormesh.tensor import module_to_mesh
+from actormesh.tensor.controller import stream as stream_mod
+from actormesh.tensor.controller.mesh import tensor_mesh
+
+_T = time.thread_time_ns
+
+
+class Probe(am.Actor):
+    """Timers inside a worker process's engine (this process only)."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self.parts: dict[str, int] = defaultdict(int)
+        self.profile: cProfile.Profile | None = None
+        self.installed = False
+
+    @am.endpoint
+    def install(self) -> None:
+        from actormesh.tensor.worker import engine as engine_mod
+
+        if self.installed:
+            return
+        self.installed = True
+        cls = engine_mod._TensorEngine
+        execute, run_batch, fetch = cls._execute, cls._run_batch, cls._fetch
+        loads = engine_mod.loads
+        ops, parts = self.ops, self.parts
+
+        def timed_execute(engine: Any, op: Any) -> None:
+            t0 = _T()
+            execute(engine, op)
+            cell = ops[op[4][0] if op[0] == "aten" else op[0]]
+            cell[0] += 1
+            cell[1] += _T() - t0
+
+        def timed_loads(data: Any) -> Any:
+            t0 = _T()
+            out = loads(data)
+            parts["unpickle"] += _T() - t0
+            return out
+
+        def timed_run_batch(engine: Any, batch: Any, drops: Any) -> None:
+            t0 = _T()
+            run_batch(engine, batch, drops)
+            parts["batch"] += _T() - t0
+            parts["batches"] += 1
+
+        def timed_fetch(engine: Any, requests: Any) -> Any:
+            t0 = _T()
+            out = fetch(engine, requests)
+            parts["fetch"] += _T() - t0
+            return out
+
+        cls._execute = timed_execute  # type: ignore[method-assign]
+        cls._run_batch = timed_run_batch  # type: ignore[method-assign]
+        cls._fetch = timed_fetch  # type: ignore[method-assign]
+        engine_mod.loads = timed_loads
+
+    @am.endpoint
+    def reset(self) -> float:
+        self.ops.clear()
+        self.parts.clear()
+        return time.process_time()
+
+    @am.endpoint
+    def read(self) -> tuple[float, dict[str, list[int]], dict[str, int]]:
+        return time.process_time(), dict(self.ops), dict(self.parts)
+
+    @am.endpoint
+    def cprofile(self, on: bool) -> str:
+        """Profile the engine's thread (the batches run on the actor thread of the engine)."""
+        from actormesh.tensor.worker import engine as engine_mod
+
+        cls = engine_mod._TensorEngine
+        if on:
+            self.profile = prof = cProfile.Profile()
+            self._plain = cls._run_batch
+
+            def profiled(engine: Any, batch: Any, drops: Any) -> None:
+                prof.enable()
+                try:
+                    self._plain(engine, batch, drops)
+                finally:
+                    prof.disable()
+
+            cls._run_batch = profiled  # type: ignore[method-assign]
+            return ""
+        cls._run_batch = self._plain  # type: ignore[method-assign]
+        assert self.profile is not None
+        return _top(self.profile, 30)
+
+
+def _top(prof: cProfile.Profile, n: int) -> str:
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(n)
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", nargs="?", default="T1", choices=sorted(SHAPES))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--foreach", action="store_true", help="AdamW(foreach=True)")
+    opts = parser.parse_args()
+    torch.set_num_threads(1)
+    procs = am.this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+    result: dict[str, Any] = {"machine": C.machine_info(), "case": opts.case, "steps": opts.steps}
+    try:
+        tm = tensor_mesh(procs)
+        probe = procs.spawn("probe", Probe)
+        probe.install.call().get(timeout=60)
+        d_in, hidden, d_out, batch = SHAPES[opts.case]
+        torch.manual_seed(0)
+        model = module_to_mesh(MLP(d_in, hidden, d_out), procs)
+        x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
+        extra = {"foreach": True} if opts.foreach else {}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **extra)
+        phases: dict[str, int] = defaultdict(int)
+        pack = stream_mod._pack
+
+        def timed_pack(ops: Any) -> Any:
+            t0 = _T()
+            out = pack(ops)
+            phases["item: pickling the batch"] += _T() - t0
+            phases["ops per batch (x1000)"] += len(ops)
+            return out
+
+        stream_mod._pack = timed_pack
+
+        def step() -> float:
+            t0 = _T()
+            opt.zero_grad()
+            t1 = _T()
+            loss = F.mse_loss(model(x), y)
+            t2 = _T()
+            loss.backward()
+            t3 = _T()
+            opt.step()
+            t4 = _T()
+            value = loss.item()
+            t5 = _T()
+            marks = (("zero_grad", t0, t1), ("forward + loss", t1, t2), ("backward", t2, t3),
+                     ("opt.step", t3, t4), ("item", t4, t5))  # fmt: skip
+            for name, a, b in marks:
+                phases[name] += b - a
+            return value
+
+        for _ in range(10):
+            step()
+        phases.clear()
+        before = probe.reset.call().get(timeout=60)
+        mine = time.process_time()
+        wall = time.perf_counter()
+        for _ in range(opts.steps):
+            step()
+        wall = time.perf_counter() - wall
+        mine = time.process_time() - mine
+        after = probe.read.call().get(timeout=60)
+        n = opts.steps
+        result["wall_ms_per_step"] = wall * 1e3 / n
+        result["controller"] = {
+            "process_cpu_ms": mine * 1e3 / n,
+            "main_thread_us": {k: v / 1e3 / n for k, v in phases.items()},
+        }
+        workers = {}
+        for point, (cpu, ops, parts) in after.items():
+            rank = str(point)
+            start = before[point] if point in before else next(iter(before.values()))
+            batch_us = parts.get("batch", 0) / 1e3 / n
+            op_us = {k: (c, round(t / 1e3 / n, 1)) for k, (c, t) in
+                     sorted(ops.items(), key=lambda kv: -kv[1][1])}  # fmt: skip
+            workers[rank] = {
+                "process_cpu_ms": (cpu - start) * 1e3 / n,
+                "batch_us": batch_us,
+                "unpickle_us": parts.get("unpickle", 0) / 1e3 / n,
+                "ops_us": sum(t for _, t in op_us.values()),
+                "fetch_us": parts.get("fetch", 0) / 1e3 / n,
+                "batches_per_step": parts.get("batches", 0) / n,
+                "per_op": {k: f"{c // n} x, {t} us" for k, (c, t) in op_us.items()},
+            }
+        result["workers"] = workers
+        if opts.cprofile:
+            probe.cprofile.call(True).get(timeout=60)
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(opts.steps):
+                step()
+            prof.disable()
+            texts = probe.cprofile.call(False).get(timeout=60)
+            result["cprofile_controller"] = _top(prof, 40)
+            result["cprofile_rank0"] = next(iter(texts.values()))
+        with open("/proc/loadavg") as f:
+            result["loadavg_end"] = f.read().split()[:3]
+        del tm
+    finally:
+        procs.stop().get(timeout=60)
+    cp = {k: result.pop(k) for k in ("cprofile_controller", "cprofile_rank0") if k in result}
+    C.print_result(result)
+    for k, v in cp.items():
+        print(f"==== {k}\n{v}")
+
+
+if __name__ == "__main__":
+    main()
