@@ -179,3 +179,42 @@ def test_heal_moves_a_lost_hosts_ranks_to_a_spare_host(
     for failure in unhandled_failures:
         assert isinstance(failure, am.SupervisionError)
     unhandled_failures.clear()
+
+
+def test_a_heal_interrupted_by_a_death_on_another_host_leaves_no_rank_without_its_actors(
+    agents: Any, listener: Any, unhandled_failures: list[object]
+) -> None:
+    agents.start(1)
+    second = agents.start(2)
+    procs = listener.wait_for_hosts(2, timeout=WAIT).spawn_procs(per_host={"gpus": 1})
+    try:
+        sleepers = procs.spawn("sleepers", Sleeper)
+        pids = sleepers.nap.call(0).get(timeout=WAIT).values()
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until(lambda: procs.health().values()[1] != "alive", WAIT, "the death on h2")
+        # h2's agent is paused (well within the heartbeat deadline) while the heal asks it for
+        # rank 1's new process and h1's rank dies: the controller learns of that death while
+        # the heal waits for rank 1 to start.
+        assert config.HOST_DEADLINE > 4
+        os.kill(second.pid, signal.SIGSTOP)
+        try:
+            first = procs.heal()
+            os.kill(pids[0], signal.SIGKILL)
+            wait_until(lambda: procs.health().values()[0] != "alive", 3, "the death on h1")
+        finally:
+            os.kill(second.pid, signal.SIGCONT)
+        failure = None
+        try:
+            first.get(timeout=WAIT)
+        except am.SupervisionError as exc:
+            failure = exc
+        procs.heal().get(timeout=WAIT)
+        unhandled_failures.clear()  # the kills, which no call observed
+        # Both ranks answer, with their actors re-created: rank 1's new process did not stay
+        # without them because the heal that started it was interrupted.
+        new_pids = sleepers.nap.call(0).get(timeout=30).values()
+        assert not set(new_pids) & set(pids)
+        # Rank 0 was not a rank that the first heal restarted: its death did not fail that heal.
+        assert failure is None, failure
+    finally:
+        procs.stop().get(timeout=30)

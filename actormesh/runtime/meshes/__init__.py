@@ -5,7 +5,8 @@ modules (``tests/unit/test_faces.py``).
 
 - ``ProcMesh`` (processes, one per rank; ``new_proc_mesh``), ``ActorMesh`` (an actor per rank;
   ``new_actor_mesh``), ``ValueMesh`` (a value per rank; ``new_value_mesh``); for tools:
-  ``proc_table_of(mesh)``, ``actor_key(mesh)``, ``ProcTable`` (where the ranks live);
+  ``proc_table_of(mesh)``, ``actor_key(mesh)``, ``ProcTable`` (where the ranks live;
+  ``note_move``: where a healed rank lives now, for copies of a table unpickled later);
   ``subset`` (some processes of a mesh, in a shape of their own).
 - ``Endpoint`` and its adverbs, ``send``, ``as_endpoint``; ``Collector``, ``Gather`` (how
   replies are gathered, ``collect``); ``Relayer`` (fan-out through a host agent, ``relay``).
@@ -37,7 +38,7 @@ from .proc_mesh import (
     subset,
     unrecorded,
 )
-from .proc_table import ProcTable, live_table
+from .proc_table import ProcTable, live_table, note_move
 from .relay import Relayer
 from .value_mesh import ValueMesh, new_value_mesh
 
@@ -64,6 +65,7 @@ __all__ = [
     "new_proc_mesh",
     "new_value_mesh",
     "no_values",
+    "note_move",
     "on_unsent",
     "one_proc_mesh",
     "pickle_arguments",

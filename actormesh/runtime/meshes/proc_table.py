@@ -14,6 +14,10 @@ Plan = tuple[tuple[int, ...], tuple[Address, ...]]
 
 _live: weakref.WeakValueDictionary[str, ProcTable] = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()
+# mesh id -> rank -> (address, relay): where the controller said healed ranks live now (MOVED).
+# A copy of a table unpickled later names them as they were when it was pickled (the arguments
+# a healed actor is re-created with were pickled at its first spawn): it is corrected.
+_moves: dict[str, dict[int, tuple[Address, Address | None]]] = {}
 
 
 class ProcTable:
@@ -50,6 +54,24 @@ class ProcTable:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (self.mesh_id, self.addresses, self.labels, self.relays))
 
+    def move(self, rank: int, address: Address, relay: Address | None) -> Address:
+        """Rank ``rank`` lives at ``address`` now (reached through ``relay``, an agent, when it
+        is on another host); returns its previous address."""
+        old = self.addresses[rank]
+        self.addresses[rank] = address
+        if relay is not None and self.relays is None:
+            self.relays = [None] * len(self.addresses)
+        if self.relays is not None:
+            self.relays[rank] = relay
+        self.routes.clear()
+        return old
+
+
+def note_move(mesh_id: str, rank: int, address: Address, relay: Address | None) -> None:
+    """Remember where a healed rank lives now, for copies of its table unpickled later."""
+    with _live_lock:
+        _moves.setdefault(mesh_id, {})[rank] = (address, relay)
+
 
 def live_table(mesh_id: str) -> ProcTable | None:
     """This process's table of ``mesh_id``, if it holds one."""
@@ -65,6 +87,10 @@ def _restore(
 ) -> ProcTable:
     with _live_lock:
         table = _live.get(mesh_id)
+        moves = list(_moves.get(mesh_id, {}).items())
     if table is not None:
         return table
-    return ProcTable(mesh_id, addresses, labels, relays)
+    table = ProcTable(mesh_id, addresses, labels, relays)
+    for rank, (address, relay) in moves:
+        table.move(rank, address, relay)
+    return table

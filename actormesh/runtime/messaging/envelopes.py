@@ -89,7 +89,9 @@ class PortEnvelope(NamedTuple):
 
 
 class DiedEnvelope(NamedTuple):
-    """'died': A process died: fail what waits on it (ports, calls in flight)."""
+    """'died': A process died: fail what waits on it (ports, calls in flight). Also sent to a
+    process that just started, for each death before it (Controller.catch_up): a mailbox stays
+    dead, as a healed rank lives on under a new one."""
 
     kind: str
     mailbox: Any
@@ -101,21 +103,6 @@ class DiedEnvelope(NamedTuple):
 
     @classmethod
     def read(cls, envelope: tuple[Any, ...]) -> DiedEnvelope:
-        return _new(cls, envelope)
-
-
-class RevivedEnvelope(NamedTuple):
-    """'revived': A healed rank answers again at that mailbox: forget its death."""
-
-    kind: str
-    mailbox: Any
-
-    @classmethod
-    def of(cls, msg: Message) -> RevivedEnvelope:
-        return _new(cls, msg.envelope)
-
-    @classmethod
-    def read(cls, envelope: tuple[Any, ...]) -> RevivedEnvelope:
         return _new(cls, envelope)
 
 
@@ -297,7 +284,9 @@ class InterruptEnvelope(NamedTuple):
 
 
 class MovedEnvelope(NamedTuple):
-    """'moved': A healed rank of a mesh this process talks to lives at a new address (rehost.py)."""
+    """'moved': A healed rank of a mesh lives at a new address (a new mailbox, and on another host
+    a new path: rehost.py): this process's copy of the mesh's table follows, and so do copies
+    it unpickles later (proc_table.note_move)."""
 
     kind: str
     mesh_id: Any

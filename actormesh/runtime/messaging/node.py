@@ -24,7 +24,6 @@ from .envelopes import (
     DiedEnvelope,
     RepliesEnvelope,
     ReplyEnvelope,
-    RevivedEnvelope,
     port_id_of,
 )
 from .protocol import (
@@ -35,7 +34,6 @@ from .protocol import (
     PORT,
     REPLIES,
     REPLY,
-    REVIVED,
     ProtocolError,
     ReplyTo,
 )
@@ -142,7 +140,6 @@ class Node:
         self.register(REPLIES, self._on_replies)
         self.register(PORT, self.to_port)
         self.register(DIED, self._on_died)
-        self.register(REVIVED, self._on_revived)
         self.register(BATCH, self._on_batch)
         self.register(BUF_DONE, self.to_port)
         # port id -> its handler; read directly on the reply paths (one call less per reply).
@@ -309,16 +306,9 @@ class Node:
                 logger.exception("port handler failed on a death notice")
         return observed
 
-    def forget_death(self, mailbox: bytes) -> None:
-        with self._lock:
-            self.dead.pop(mailbox, None)
-
     def _on_died(self, msg: Message) -> None:
         died = DiedEnvelope.of(msg)
         self.record_death(died.mailbox, died.death)
-
-    def _on_revived(self, msg: Message) -> None:
-        self.forget_death(RevivedEnvelope.of(msg).mailbox)
 
     # -- dispatch (I/O thread) -------------------------------------------------------------------
 

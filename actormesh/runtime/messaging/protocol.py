@@ -39,7 +39,6 @@ REPLY = "reply"
 REPLIES = "replies"
 PORT = "port"
 DIED = "died"
-REVIVED = "revived"
 BATCH = "batch"
 BUF_DONE = "buf_done"
 # To a worker.
@@ -122,9 +121,9 @@ _TABLE = [
          "``rank``: the sender's rank in the slice that messaged it, or None; ``status`` 1: "
          "the payload is a rendered failure (Port.exception)."),
     Kind(DIED, ("mailbox", "death"), (CONTROLLER,), EVERY_ROLE, _NODE,
-         "A process died: fail what waits on it (ports, calls in flight)."),
-    Kind(REVIVED, ("mailbox",), (CONTROLLER,), EVERY_ROLE, _NODE,
-         "A healed rank answers again at that mailbox: forget its death."),
+         "A process died: fail what waits on it (ports, calls in flight). Also sent to a "
+         "process that just started, for each death before it (Controller.catch_up): a mailbox "
+         "stays dead, as a healed rank lives on under a new one."),
     Kind(BATCH, ("items",), EVERY_ROLE, EVERY_ROLE, _NODE,
          "Back-to-back one-way messages to one process, signed once: items are (envelope, "
          "payload) (Transport.send_one_way)."),
@@ -162,7 +161,9 @@ _TABLE = [
          "KeyboardInterrupt in every actor busy in an endpoint."),
     Kind(MOVED, ("mesh_id", "rank", "address", "relay"), (CONTROLLER,), (WORKER,),
          "runtime.procs.worker:run",
-         "A healed rank of a mesh this process talks to lives at a new address (rehost.py)."),
+         "A healed rank of a mesh lives at a new address (a new mailbox, and on another host "
+         "a new path: rehost.py): this process's copy of the mesh's table follows, and so do "
+         "copies it unpickles later (proc_table.note_move)."),
     Kind(BUF_READ, ("buffer_id", "reply"), EVERY_ROLE, EVERY_ROLE,
          "runtime.dataplane.buffers:TensorBuffer.__init__",
          "Send the buffer's bytes to ``reply`` (BUF_DONE); registered with the first buffer."),

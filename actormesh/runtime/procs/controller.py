@@ -59,6 +59,7 @@ from ..messaging.protocol import (
     FDLOG,
     LOG,
     METRICS,
+    MOVED,
     OWNED,
     READY,
     RESOURCES,
@@ -283,16 +284,32 @@ class Controller:
         self.broadcast_to_workers((DIED, address.mailbox, death))
 
     def broadcast_to_workers(self, envelope: tuple[Any, ...]) -> None:
+        dead = self.node.dead
         for rec in list(self.meshes.values()):
             if rec.stopping:
                 continue
             for rank, addr in enumerate(rec.table.addresses):
-                if rank in rec.exited:
+                if rank in rec.exited or addr.mailbox in dead:
                     continue
                 try:
                     self.node.send(addr, envelope)
                 except Exception:
                     logger.debug("could not reach %s", rec.table.labels[rank], exc_info=True)
+
+    def catch_up(self, address: Address) -> None:
+        """Tell a process that just started what happened before it, in the live meshes: which
+        processes died (their past incarnations too), and where healed ranks live now. The
+        arguments its actors are created with may name them as they were when pickled (a
+        healed rank's actors are re-created from their first spawn): a call to a dead
+        incarnation then fails at once, and handles reach the new one, rather than the call
+        reaching the process that took the old one's place, which drops it."""
+        for rec in self.live_records():
+            table = rec.table
+            for mailbox, death in list(rec.deaths.items()):
+                self.node.send(address, (DIED, mailbox, death))
+            for rank in sorted(rec.moved):
+                relay = table.relays[rank] if table.relays is not None else None
+                self.node.send(address, (MOVED, table.mesh_id, rank, table.addresses[rank], relay))
 
     def _on_log(self, msg: Message) -> None:
         # "log" comes from a worker's sys.stdout/stderr, "fdlog" from its file descriptors

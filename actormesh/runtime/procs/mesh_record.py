@@ -22,6 +22,7 @@ from ..actors import (
     Future,
     Owner,
     current_runner,
+    failed_future,
     send_to_owner,
     set_exception,
     set_result,
@@ -32,7 +33,7 @@ from ..extent import Extent
 from ..faults import unhandled_fault_hook
 from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
 from ..messaging import LogSink, MetricsLog, new_id, spawn_hint
-from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
+from ..messaging.protocol import DUMP, MOVED, REAP, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
 from .agent_handle import AgentHandle
@@ -85,9 +86,13 @@ class MeshRecord:
         self.agents = agents
         self.per_host = per_host
         n = len(table.addresses)
-        self.started = 0
         self.exited: set[int] = set()
+        # Whether the processes being started are up: at spawn, every rank; during a heal, the
+        # ranks it restarts. The death of a rank in ``_starting`` fails it (with
+        # ``_start_failure``): at spawn, until every rank has started.
         self.ready: Future[None] = Future(self._describe_missing)
+        self._starting: set[int] = set(range(n))
+        self._start_failure = "a process of the new proc mesh failed to start"
         self.stopping = False
         self.stopped: Future[None] = Future(lambda: f"the processes of {table.mesh_id} to exit")
         self.lock = threading.Lock()
@@ -96,6 +101,18 @@ class MeshRecord:
         # What it takes to rebuild a rank: its spawn request and every actor spawned on it.
         self.request = request
         self.actor_spawns: list[ActorSpawn] = []
+        # rank -> keys of the actor spawns not yet sent to the process that heal() started for
+        # it. A heal that fails part way (a rank it restarts dies) leaves them to the next
+        # heal, which re-creates them even on ranks that it does not restart itself.
+        self.lacking: dict[int, set[str]] = {}
+        # The re-creations of actors that heals sent and that have not answered yet.
+        self._respawning: list[Future[Any]] = []
+        # The deaths of this mesh's processes, past incarnations included, by mailbox; and the
+        # ranks that heal() gave another address. A process started later learns both
+        # (Controller.catch_up): the arguments its actors are re-created with may name ranks
+        # as they were before.
+        self.deaths: dict[bytes, ProcDeath] = {}
+        self.moved: set[int] = set()
         # The actor that spawned this mesh (when spawned inside a worker): it supervises it.
         self.owner: ActorRunner | None = current_runner()
         self.metrics = MetricsLog()  # what its ranks logged (log_metrics)
@@ -134,10 +151,14 @@ class MeshRecord:
                 return
             self._is_ready[rank] = True
             self.table.pids[rank] = pid
-            self.started += 1
-            done = self.started == self.n
+            ready = self.ready
+            done = all(self._is_ready[r] for r in self._starting)
+            if done:
+                self._starting = set()
+        # Before anything else reaches it (its actors' spawns wait for ``ready``).
+        self.ctl.catch_up(self.table.addresses[rank])
         if done:
-            set_result(self.ready, None)
+            set_result(ready, None)
 
     def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
         """Record the exit of ``rank``; returns whether it is left unhandled (and, when
@@ -147,21 +168,26 @@ class MeshRecord:
                 return False
             self.exited.add(rank)
             all_gone = len(self.exited) == self.n
-        address = self.table.addresses[rank]
-        if not self.ready.done():
-            set_exception(
-                self.ready,
-                SupervisionError([death], "a process of the new proc mesh failed to start"),
-            )
-        observed = self.ctl.node.record_death(address.mailbox, death)
-        self.ctl.node.transport.forget(address)
+            address = self.table.addresses[rank]  # the incarnation that died
+            self.deaths[address.mailbox] = death
+            failed_start = rank in self._starting
+            ready, summary = self.ready, self._start_failure
+        if failed_start:
+            set_exception(ready, SupervisionError([death], summary))
+        node = self.ctl.node
+        observed = node.record_death(address.mailbox, death)
+        with self.lock:
+            # Not once heal() gave the rank its next process: the sockets to the path they
+            # share carry messages for that one now (heal closed these itself).
+            if self.table.addresses[rank].mailbox == address.mailbox:
+                node.transport.forget(address)
         if self.stopping:
             if all_gone:
                 self.ctl.meshes.pop(self.table.mesh_id, None)
                 set_result(self.stopped, None)
             return False
         self.ctl.notify_death(self, address, death)
-        unhandled = not observed and self.ready.done()
+        unhandled = not observed
         if unhandled and report:
             self.report_lost([rank], [death], "a worker died while no call waited on it")
         return unhandled
@@ -225,13 +251,16 @@ class MeshRecord:
 
     def heal(self, spares: Sequence[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
-        lost host on a spare host: see rehost.py), then re-create their actors."""
+        lost host on a spare host: see rehost.py), then re-create their actors, and those that
+        an earlier heal which failed part way left out."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
         try:
             self._restart_local_agent()
         except MeshError as exc:
             set_exception(healed, exc)
             return healed
+        node = self.ctl.node
+        table = self.table
         with self.lock:
             if self.stopping:
                 set_exception(
@@ -244,40 +273,65 @@ class MeshRecord:
                 )
                 return healed
             dead = sorted(self.exited)
-            if not dead:
+            restore = sorted(set(dead) | {r for r, keys in self.lacking.items() if keys})
+            earlier = [f for f in self._respawning if not f.done()]
+            self._respawning = earlier
+            if not restore and not earlier:
                 set_result(healed, None)
                 return healed
+            previous = [table.addresses[r] for r in dead]
             try:
                 moved = rehost.move_lost_hosts(self, dead, spares)
             except SupervisionError as exc:
                 set_exception(healed, exc)
                 return healed
+            keys = {spawn.key for spawn in self.actor_spawns}
             for rank in dead:
                 self.exited.discard(rank)
                 self._is_ready[rank] = False
-            self.started = sum(self._is_ready)
-            self.ready = Future(self._describe_missing)
-        node = self.ctl.node
-        table = self.table
+                self.lacking[rank] = set(keys)
+            self.moved.update(dead)
+            # What this heal waits for: its ranks that have not started yet (some an earlier,
+            # failed heal restarted may be starting still), along with any heal under way.
+            if self.ready.done():
+                self.ready = Future(self._describe_missing)
+                self._starting = set()
+            self._starting.update(r for r in restore if not self._is_ready[r])
+            self._start_failure = "a process that heal() restarted failed to start"
+            ready = self.ready
+            # Only actors to re-create, on processes that are up: nothing to wait for.
+            up = not self._starting
+        for old in previous:
+            # Buried before it is replaced (on_exit may be doing the same on the I/O thread):
+            # what waits on the old incarnation fails, here and in the workers, before anyone
+            # learns of the next one. Its mailbox is never used again, so it stays dead.
+            death = self.deaths[old.mailbox]
+            node.record_death(old.mailbox, death)
+            self.ctl.notify_death(self, old, death)
+        with self.lock:
+            for rank, old in zip(dead, previous, strict=True):
+                node.transport.forget(old)
+                # A new incarnation gets a new mailbox, the id that every message to it signs
+                # as its destination: frames signed for its previous life (whose replay window
+                # the new process does not have) are then addressed to another process, and
+                # dropped.
+                table.addresses[rank] = table.addresses[rank]._replace(mailbox=new_id())
+                self.ctl.logs.forget(old.mailbox, table.addresses[rank].mailbox)
+            table.routes.clear()
+        # Copies of the table held by workers follow, once every rank has its new address
+        # (none of these goes to an incarnation that died).
         for rank in dead:
-            # A new incarnation gets a new mailbox, the id that every message to it signs as
-            # its destination: frames signed for its previous life (whose replay window the
-            # new process does not have) are then addressed to another process, and dropped.
-            old = table.addresses[rank]
-            table.addresses[rank] = old._replace(mailbox=new_id())
-            node.forget_death(old.mailbox)
-            self.ctl.logs.forget(old.mailbox, table.addresses[rank].mailbox)
             relay = table.relays[rank] if table.relays is not None else None
-            # Copies of the table held by workers follow (before the old mailbox is cleared
-            # from their deaths: they never take the old incarnation for alive).
             self.ctl.broadcast_to_workers(
                 (MOVED, table.mesh_id, rank, table.addresses[rank], relay)
             )
-            self.ctl.broadcast_to_workers((REVIVED, old.mailbox))
-        table.routes.clear()
-        logger.info("healing ranks %s of %s", dead, self.table.mesh_id)
+        logger.info("healing ranks %s of %s", restore, self.table.mesh_id)
         self.spawn_ranks(dead)
-        self.ready.add_done_callback(lambda ready: self._respawn_actors(ready, dead, healed, moved))
+        if up:
+            set_result(ready, None)
+        ready.add_done_callback(
+            lambda ready: self._respawn_actors(ready, restore, earlier, healed, moved)
+        )
         return healed
 
     def _restart_local_agent(self) -> None:
@@ -292,7 +346,12 @@ class MeshRecord:
             self.agents[i] = agent
 
     def _respawn_actors(
-        self, ready: Future[None], ranks: list[int], healed: Future[None], moved: list[int]
+        self,
+        ready: Future[None],
+        ranks: list[int],
+        earlier: list[Future[Any]],
+        healed: Future[None],
+        moved: list[int],
     ) -> None:
         exc = ready.exception()
         if exc is not None:
@@ -300,16 +359,35 @@ class MeshRecord:
             return
         rehost.announce(self, moved)
         node = self.ctl.node
-        pending = []
-        for spawn in self.actor_spawns:
-            shape = spawn.shape
-            # An actor that ActorMesh.stop stopped stays stopped: healing brings back what died.
-            stopped = self.table.stopped_actors.get(spawn.key, ())
-            mine = [r for r in ranks if shape.local_index(r) is not None and r not in stopped]
-            if not mine:
-                continue
-            from ..meshes import Gather, no_values
+        pending = list(earlier)  # re-creations an earlier heal sent: this one waits for them too
+        sends: list[tuple[ActorSpawn, list[int]]] = []
+        with self.lock:
+            lost = [self.deaths[self.table.addresses[r].mailbox] for r in ranks if r in self.exited]
+            for spawn in self.actor_spawns:
+                # An actor that ActorMesh.stop stopped stays stopped: healing brings back what
+                # died. Each spawn goes once to each process: its key leaves ``lacking`` as it
+                # is sent (a rank that dies again is given every key by the next heal).
+                stopped = self.table.stopped_actors.get(spawn.key, ())
+                mine = []
+                for rank in ranks:
+                    keys = self.lacking.get(rank)
+                    if keys is None or spawn.key not in keys or rank in self.exited:
+                        continue
+                    keys.discard(spawn.key)
+                    if spawn.shape.local_index(rank) is not None and rank not in stopped:
+                        mine.append(rank)
+                if mine:
+                    sends.append((spawn, mine))
+            for rank in ranks:
+                if not self.lacking.get(rank, True):
+                    del self.lacking[rank]
+        if lost:
+            summary = "a process that heal() restarted died before its actors were re-created"
+            pending.append(failed_future(SupervisionError(lost, summary)))
+        from ..meshes import Gather, no_values
 
+        for spawn, mine in sends:
+            shape = spawn.shape
             gather: Gather[None] = Gather(f"{spawn.name}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.
             for index, rank in enumerate(shape.ranks()):
@@ -323,6 +401,8 @@ class MeshRecord:
                 address = self.table.addresses[rank]
                 node.send(address, envelope, spawn.payload, spawn.buffers, spawn.digest)
             pending.append(gather.future)
+            with self.lock:
+                self._respawning.append(gather.future)
         all_done = when_all(pending)
         all_done.add_done_callback(lambda f: settle(f, healed, None))
 

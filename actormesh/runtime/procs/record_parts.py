@@ -42,6 +42,8 @@ class MeshController(Protocol):
 
     def broadcast_to_workers(self, envelope: tuple[Any, ...]) -> None: ...
 
+    def catch_up(self, address: Address) -> None: ...
+
 
 class HealedMesh(Protocol):
     """A proc mesh whose lost hosts' ranks move to spare hosts (``rehost.py``)."""

@@ -87,19 +87,15 @@ def announce(record: HealedMesh, ranks: Sequence[int]) -> None:
 
 
 def on_moved(node: Node, msg: Message) -> None:
-    """A worker's handler of ``moved``: update this process's copy of the proc table."""
-    from ..meshes import live_table
+    """A worker's handler of ``moved``: update this process's copy of the proc table, and those
+    it unpickles later."""
+    from ..meshes import live_table, note_move
 
     moved = MovedEnvelope.of(msg)
-    rank, relay = moved.rank, moved.relay
+    note_move(moved.mesh_id, moved.rank, moved.address, moved.relay)
     table = live_table(moved.mesh_id)
     if table is None:
         return
-    old: Any = table.addresses[rank]
-    table.addresses[rank] = moved.address
-    if relay is not None and table.relays is None:
-        table.relays = [None] * len(table.addresses)
-    if table.relays is not None:
-        table.relays[rank] = relay
-    table.routes.clear()
-    node.transport.forget(old)
+    old: Any = table.move(moved.rank, moved.address, moved.relay)
+    if old != moved.address:
+        node.transport.forget(old)

@@ -126,7 +126,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.register(STACKS, on_stacks)
     node.register(INTERRUPT, on_interrupt)
     node.register(WAITS, on_waits)
-    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank on another host
+    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank's new address
     set_process_context(Context(ActorInstance(spec["label"], point, spec["mesh_id"]), point))
     capture_output(node, spec["label"])
     _deliver_output_before_exit(node)
