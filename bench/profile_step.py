@@ -67,6 +67,8 @@ class Probe(am.Actor):
             t0 = _T()
             execute(engine, op)
             cell = ops[op[4][0] if op[0] == "aten" else op[0]]
+            if op[0] == "program":  # its steps are timed as ops too (those run as sent)
+                cell = ops["program (its fast steps)"]
             cell[0] += 1
             cell[1] += _T() - t0
 
@@ -227,6 +229,7 @@ def main() -> None:
             texts = probe.cprofile.call(False).get(timeout=60)
             result["cprofile_controller"] = _top(prof, 40)
             result["cprofile_rank0"] = next(iter(texts.values()))
+        result["programs_sent"] = tm.stream.programs.sent
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
         del tm

@@ -133,6 +133,10 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     model = module_to_mesh(nn.Linear(4, 2), mesh, tp_plan=plan)  # module_build
     loss = model(x).sum()  # distribute (the batch, from controller.module), relayout
     loss.backward()  # grad_sync
+    w = distribute(x, mesh)
+    for _ in range(3):  # the same run of ops three times: the second defines a program
+        w = ((w * 0.5 + 1.0) * 2.0 - 1.0).abs().neg().neg().relu()
+        inspect(w)  # program (the third: by reference)
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -148,6 +152,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert torch.equal(inspect(adopted * 2), torch.zeros(2))  # rank 0's value
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)
     assert inspect(loss).shape == ()
+    assert torch.equal(inspect(w), x + 3)
     recorded = Counter(kinds.seen) - before
     missing = set(KINDS) - set(recorded)
     assert not missing, f"kinds no program here recorded: {missing}"

@@ -40,6 +40,7 @@ _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rre
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
+_PROGRAMS = "controller.programs"
 
 
 class Kind(NamedTuple):
@@ -135,6 +136,12 @@ _TABLE = [
          "worker.module:run_relayout", True,
          "A tensor-parallel style's layout: ``value`` placed as ``placement`` over mesh "
          "dimension ``axis``, the others as they are (the same global value)."),
+    # -- a repeated step sent by reference (controller/programs.py, wire/programs.py) ----------
+    Kind("program", ("index: int", "ops: tuple|None", "ids: tuple", "values: tuple"), 0,
+         (_PROGRAMS,), "worker.programs:run_program", True,
+         "A run of ops with the structure of program ``index``: each op's out and ins ``ids``, "
+         "op after op, and its floats (``values``). ``ops``: the run that defines it, sent once "
+         "(the ranks keep its decoded steps under ``index``), else None."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

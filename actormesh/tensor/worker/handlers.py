@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, local, module, reduce, remote, rref, views
+from . import activate, aten, distribute, local, module, programs, reduce, remote, rref, views
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -32,4 +32,5 @@ HANDLERS: dict[str, Handler] = {
     "module_build": module.run_build,
     "grad_sync": module.run_grad_sync,
     "relayout": module.run_relayout,
+    "program": programs.run_program,
 }

@@ -158,6 +158,19 @@ def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return None
 
 
+def route_for(name: str, func: Any) -> Any:
+    """The function ``on_shards`` calls for this op (``None``: DTensor runs it): what a
+    program's step calls directly (programs.py)."""
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special
+    if _is_pointwise(func):
+        return _pointwise_on_shards
+    if is_elementwise(name):
+        return foreach_on_shards
+    return None
+
+
 def _plain_spec(spec: Any) -> bool:
     """Only Shard and Replicate placements (no Partial, no strided shards)."""
     from torch.distributed.tensor import Replicate, Shard
