@@ -38,46 +38,49 @@ from .errors import SupervisionError as SupervisionError
 from .hosts import SlurmJob as SlurmJob
 from .hosts import listen_for_hosts as listen_for_hosts
 from .hosts import wait_for_hosts as wait_for_hosts
-from .runtime.actors.actor import Actor as Actor
-from .runtime.actors.actor import concurrent_endpoint as concurrent_endpoint
-from .runtime.actors.actor import endpoint as endpoint
-from .runtime.actors.context import Context as Context
-from .runtime.actors.context import context as context
-from .runtime.actors.context import current_actor_name as current_actor_name
-from .runtime.actors.context import current_rank as current_rank
-from .runtime.actors.context import current_size as current_size
-from .runtime.actors.future import Future as Future
-from .runtime.dataplane.buffers import TensorBuffer as TensorBuffer
-from .runtime.dataplane.distributed import destroy_process_group as destroy_process_group
-from .runtime.dataplane.distributed import init_process_group as init_process_group
+from .runtime.actors import Actor as Actor
+from .runtime.actors import Context as Context
+from .runtime.actors import Future as Future
+from .runtime.actors import concurrent_endpoint as concurrent_endpoint
+from .runtime.actors import context as context
+from .runtime.actors import current_actor_name as current_actor_name
+from .runtime.actors import current_rank as current_rank
+from .runtime.actors import current_size as current_size
+from .runtime.actors import endpoint as endpoint
+from .runtime.dataplane import TensorBuffer as TensorBuffer
+from .runtime.dataplane import destroy_process_group as destroy_process_group
+from .runtime.dataplane import init_process_group as init_process_group
 from .runtime.extent import Extent as Extent
 from .runtime.extent import Point as Point
-from .runtime.faults import supervision as _supervision
-from .runtime.meshes.actor_mesh import ActorMesh as ActorMesh
-from .runtime.meshes.endpoint import Endpoint as Endpoint
-from .runtime.meshes.endpoint import as_endpoint as as_endpoint
-from .runtime.meshes.endpoint import send as send
-from .runtime.meshes.ports import Accumulator as Accumulator
-from .runtime.meshes.ports import Channel as Channel
-from .runtime.meshes.ports import Port as Port
-from .runtime.meshes.ports import PortReceiver as PortReceiver
-from .runtime.meshes.proc_mesh import ProcMesh as ProcMesh
+from .runtime.faults import FaultHook as _FaultHook
+from .runtime.faults import current_fault_hook as _current_fault_hook
+from .runtime.faults import set_fault_hook as _set_fault_hook
+from .runtime.meshes import Accumulator as Accumulator
+from .runtime.meshes import ActorMesh as ActorMesh
+from .runtime.meshes import Channel as Channel
+from .runtime.meshes import Endpoint as Endpoint
+from .runtime.meshes import Port as Port
+from .runtime.meshes import PortReceiver as PortReceiver
+from .runtime.meshes import ProcMesh as ProcMesh
+from .runtime.meshes import ValueMesh as ValueMesh
+from .runtime.meshes import as_endpoint as as_endpoint
+from .runtime.meshes import send as send
 from .runtime.meshes.tensor_seam import load_with as _load_tensor_layer_with
-from .runtime.meshes.value_mesh import ValueMesh as ValueMesh
-from .runtime.messaging.metrics import log_metrics as log_metrics
-from .runtime.procs.controller import shutdown_context as shutdown_context
-from .runtime.procs.host_mesh import HostMesh as HostMesh
-from .runtime.procs.host_mesh import this_host as this_host
-from .runtime.procs.host_mesh import this_proc as this_proc
-from .runtime.procs.singletons import get_or_spawn_controller as get_or_spawn_controller
+from .runtime.messaging import log_metrics as log_metrics
+from .runtime.procs import HostMesh as HostMesh
+from .runtime.procs import get_or_spawn_controller as get_or_spawn_controller
+from .runtime.procs import shutdown_context as shutdown_context
+from .runtime.procs import this_host as this_host
+from .runtime.procs import this_proc as this_proc
 
 __version__ = "0.1.0"
 
 # The tensor layer imports torch (a second or more), which most actor programs never need: its
 # names resolve on first use (PEP 562), so ``import actormesh`` stays light.
 _TENSOR_NAMES = frozenset(
-    {"MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch", "get_active_stream",
-     "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote", "show"}
+    {"FaultTolerant", "MeshTensor", "Stream", "call_on_shard_and_fetch", "distribute", "fetch",
+     "get_active_stream", "grad_generator", "inspect", "module_to_mesh", "no_mesh", "remote",
+     "show", "to_mesh"}
 )  # fmt: skip
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "Extent",
+    "FaultTolerant",
     "Future",
     "HostMesh",
     "MeshClosedError",
@@ -109,6 +113,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "call_on_shard_and_fetch",
+    "checkpoint",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -133,6 +138,7 @@ __all__ = [
     "shutdown_context",
     "this_host",
     "this_proc",
+    "to_mesh",
     "unhandled_fault_hook",
     "wait_for_hosts",
 ]
@@ -147,16 +153,16 @@ class _Package(_types.ModuleType):
     handled (``None`` or ``del`` restores the default)."""
 
     @property
-    def unhandled_fault_hook(self) -> _supervision.FaultHook:
-        return _supervision.current_fault_hook()
+    def unhandled_fault_hook(self) -> _FaultHook:
+        return _current_fault_hook()
 
     @unhandled_fault_hook.setter
-    def unhandled_fault_hook(self, hook: _supervision.FaultHook | None) -> None:
-        _supervision.set_fault_hook(hook)
+    def unhandled_fault_hook(self, hook: _FaultHook | None) -> None:
+        _set_fault_hook(hook)
 
     @unhandled_fault_hook.deleter
     def unhandled_fault_hook(self) -> None:
-        _supervision.set_fault_hook(None)
+        _set_fault_hook(None)
 
 
 def _by_name(module: _Package) -> tuple[_Callable[[str], _Package], tuple[str]]:
@@ -180,6 +186,8 @@ _load_tensor_layer_with(_load_tensor_layer)
 
 
 def __getattr__(name: str) -> object:
+    if name == "checkpoint":  # a module of its own (am.checkpoint.save, like dcp.save)
+        return _importlib.import_module(".checkpoint", __name__)
     if name in _TENSOR_NAMES:
         from . import tensor
 

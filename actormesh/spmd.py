@@ -7,10 +7,8 @@ Ranks follow Monarch's rules: the last mesh dimension is the local one.
 
 from __future__ import annotations
 
-from .runtime.dataplane.spmd import setup_torch_elastic_env as setup_torch_elastic_env
-from .runtime.dataplane.spmd_actor import SPMDActor as SPMDActor
-from .runtime.dataplane.spmd_actor import (
-    setup_torch_elastic_env_async as setup_torch_elastic_env_async,
-)
+from .runtime.dataplane import SPMDActor as SPMDActor
+from .runtime.dataplane import setup_torch_elastic_env as setup_torch_elastic_env
+from .runtime.dataplane import setup_torch_elastic_env_async as setup_torch_elastic_env_async
 
 __all__ = ["SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]

@@ -309,7 +309,7 @@ def per_op_us(fn: Callable[[], object], loops: int = 2000, repeats: int = 7) -> 
 
 def steps(one: Any) -> dict[str, float]:
     """The runtime's steps of a ``call_one`` timed alone, controller and worker side."""
-    from actormesh.runtime.actors import context as ctxmod
+    from actormesh.runtime.actors import actor_context as ctxmod
     from actormesh.runtime.meshes.collect import GatherOne
     from actormesh.runtime.meshes.endpoint import pickle_arguments
     from actormesh.runtime.messaging import codec, protocol

@@ -128,11 +128,11 @@ def _actormesh_threads() -> list[threading.Thread]:
     """The threads above, less those that live as long as the process by design: an actor
     stopped by ``ActorMesh.stop`` keeps its thread, idle, to answer later calls with "actor ...
     was stopped" (runner.py), and a ``get_or_spawn_controller`` singleton is the process's."""
-    from actormesh.runtime.actors.actor_host import actor_host
+    from actormesh.runtime.actors import local_actor_host
     from actormesh.runtime.meshes.actor_mesh import actor_key
     from actormesh.runtime.procs import singletons
 
-    host = actor_host()
+    host = local_actor_host()
     process_wide = {actor_key(mesh) for mesh in list(singletons._singletons.values())}
     stopped = {
         runner.thread.ident

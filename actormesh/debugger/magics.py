@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import ast
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import MeshError
-from ..kernel import cells
+from ..kernel.debugger_seam import PausedRank
 from ..kernel.executor import Repr
 from ..kernel.magic_args import usage
-from ..kernel.panel.watch import set_debugger_state
 from ..kernel.selection import Selection, SelectionError, select, values_of
-from ..runtime.actors import future as future_mod
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.actors import wait_hooks
+from ..runtime.mesh_shape import with_shape
+from ..runtime.meshes import ValueMesh
 from ..runtime.shape import Shape
 from . import mesh_tensors
 from . import state as debugger_state
@@ -54,11 +55,8 @@ class DebugMagics:
         self.debugger.notices = self._notice
         self.debugger.before_attach = self._start_status_actors
         self.widget: Any = None
-        cells.set_pause_hook(self)
-        mesh_magics.annotate_stacks = annotate_stacks
-        set_debugger_state(debugger_state)
-        if self._end_wait_on_pause not in future_mod.wait_hooks:
-            future_mod.wait_hooks.append(self._end_wait_on_pause)
+        if self._end_wait_on_pause not in wait_hooks:
+            wait_hooks.append(self._end_wait_on_pause)
 
     def _start_status_actors(self, mesh_id: str, rank: int) -> None:
         """The kernel's status actors of the mesh (which the widget asks what each rank runs),
@@ -66,13 +64,28 @@ class DebugMagics:
         for tools in self.magics.registry.live():
             if tools.table.mesh_id == mesh_id:
                 actors = tools.status_actors()
-                actors._new_with_shape(tools.rank_shape(rank)).status.call_one().get(timeout=30)
+                with_shape(actors, tools.rank_shape(rank)).status.call_one().get(timeout=30)
 
     @property
     def shell(self) -> Any:
         return self.magics.shell
 
-    # -- cells.PauseHook -------------------------------------------------------------------------
+    # -- the kernel's debugger_seam.Debugger -----------------------------------------------------
+
+    def annotate_stacks(self, stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
+        return annotate_stacks(stacks, mesh_id)
+
+    def paused_ranks(self) -> list[PausedRank]:
+        return debugger_state.paused_ranks()
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return debugger_state.add_listener(callback)
+
+    def pause(self, mesh_id: str, ranks: Sequence[int]) -> None:
+        debugger_state.pause(mesh_id, ranks)
+
+    def resume(self, mesh_id: str, ranks: Sequence[int]) -> None:
+        debugger_state.resume(mesh_id, ranks)
 
     def paused(self, mesh_id: str) -> dict[int, str]:
         return {r: rd.describe() for r, rd in self.debugger.paused_in(mesh_id).items()}
@@ -99,7 +112,7 @@ class DebugMagics:
         self._raise_if_all_paused(future.pending_ranks())
 
     def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
-        """``cells.PauseHook``: the same for ``_mesh.get()`` of a cell whose ranks paused."""
+        """The same for ``_mesh.get()`` of a cell whose ranks paused."""
         self._raise_if_all_paused([(mesh_id, r) for r in ranks])
 
     def _raise_if_all_paused(self, pending: list[tuple[str, int]]) -> None:

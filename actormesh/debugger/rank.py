@@ -35,8 +35,8 @@ import time
 import types
 from typing import Any
 
-from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.messaging.node import node_if_started
+from ..runtime.actors import Actor, endpoint
+from ..runtime.messaging import node_if_started
 from ..runtime.messaging.protocol import DEBUGGER
 
 ATTACH_TIMEOUT = float(os.environ.get("ACTORMESH_DEBUG_ATTACH_TIMEOUT", "30"))
@@ -279,7 +279,7 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
 
 
 def _proc_rank() -> int:
-    from ..runtime.actors.context import process_context
+    from ..runtime.actors import process_context
 
     ctx = process_context()
     return 0 if ctx is None else int(ctx.actor_instance.rank.rank)

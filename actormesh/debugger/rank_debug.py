@@ -12,17 +12,15 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..runtime.messaging.tunnel import open_tunnel
-from ..runtime.procs.controller import get_controller
+from ..runtime.messaging import open_tunnel
+from ..runtime.procs import get_controller
 from .dap import DEFAULT_TIMEOUT, DapClient, DapError, PendingRequest
 from .rank import access_token
-
-if TYPE_CHECKING:
-    from .session import Debugger
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +28,24 @@ ATTACH_TIMEOUT = 20.0
 STEP_TIMEOUT = 10.0
 Key = tuple[str, int]  # (mesh_id, flat rank)
 _NOISE_TYPES = frozenset({"module", "function", "builtin_function_or_method", "type"})
+
+
+class Session(Protocol):
+    """The debugger session that keeps the ranks (``session.Debugger``), as one rank uses it:
+    ``session.py`` imports this module, so it is typed here rather than imported."""
+
+    @property
+    def label(self) -> Callable[[str], str]: ...
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the session's pool of daemon threads."""
+        ...
+
+    def changed(self) -> None: ...
+
+    def is_dead(self, mesh_id: str, rank: int) -> bool: ...
+
+    def breakpoints_of(self, key: Key) -> dict[str, set[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class RankDebug:
     ``status`` is ``running`` (attached or not), ``paused``, or ``dead`` (its process is gone).
     Updated from DAP reader threads and the pool; read from anywhere."""
 
-    def __init__(self, debugger: Debugger, mesh_id: str, rank: int) -> None:
+    def __init__(self, debugger: Session, mesh_id: str, rank: int) -> None:
         self.debugger = debugger
         self.mesh_id = mesh_id
         self.rank = rank
@@ -225,7 +241,7 @@ class RankDebug:
                     self.thread_id = int(thread_id)
                 self.reason = str(body.get("reason", ""))
                 generation = self._generation
-            self.debugger.pool.submit(self._fetch_location, thread_id, generation)
+            self.debugger.submit(self._fetch_location, thread_id, generation)
         elif event == "continued":
             with self._changed:
                 self._generation += 1
@@ -247,7 +263,7 @@ class RankDebug:
                 self._changed.notify_all()
             self.debugger.changed()
             if lost:
-                self.debugger.pool.submit(self._recover, was_paused, thread_id)
+                self.debugger.submit(self._recover, was_paused, thread_id)
 
     def _fetch_location(self, thread_id: int | None, generation: int) -> None:
         frames: list[Frame] = []

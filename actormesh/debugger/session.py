@@ -26,12 +26,12 @@ from typing import Any
 
 from .. import config
 from ..errors import MeshError
-from ..runtime.actors.future import Future as MeshFuture
-from ..runtime.meshes.actor_mesh import ActorMesh
-from ..runtime.messaging.codec import Message
+from ..runtime.actors import Future as MeshFuture
+from ..runtime.meshes import ActorMesh
+from ..runtime.messaging import Message
+from ..runtime.messaging.envelopes import DebuggerEnvelope
 from ..runtime.messaging.protocol import DEBUGGER
-from ..runtime.procs.controller import controller_if_started, get_controller, on_controller
-from ..runtime.procs.mesh_record import MeshRecord
+from ..runtime.procs import MeshRecord, controller_if_started, get_controller, on_controller
 from .dap import DapError
 from .rank import ATTACH_TIMEOUT, DEBUG_AGENT_NAME, DebugAgent
 from .rank_debug import Key, RankDebug
@@ -74,6 +74,10 @@ class Debugger:
                     self._listeners.remove(callback)
 
         return remove
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the debugger's pool (a daemon thread per task)."""
+        return self.pool.submit(fn, *args)
 
     def changed(self) -> None:
         with self._lock:
@@ -141,7 +145,8 @@ class Debugger:
     # -- the rank's report (I/O thread: hand off at once) ----------------------------------------
 
     def on_message(self, msg: Message) -> None:
-        _, event, mesh_id, rank, where = msg.envelope
+        report = DebuggerEnvelope.of(msg)
+        event, mesh_id, rank, where = report.event, report.mesh_id, report.rank, report.where
         if event != "paused":
             logger.warning("unknown debugger event %r from rank %s", event, rank)
             return

@@ -3,9 +3,9 @@ hidden, paused ranks saying so (pure text work, plus the debugger's record of wh
 
 from __future__ import annotations
 
-from ..runtime.faults.stacks import _BUSY_FOR
+from ..runtime.faults import without_busy_time
 from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.meshes import ValueMesh, new_value_mesh
 from .session import get_debugger
 
 _PYDEVD = "/debugpy/"
@@ -15,7 +15,7 @@ def grouped(texts: dict[int, str]) -> str:
     """Ranks with identical stacks together, the largest group first."""
     groups: dict[str, tuple[list[int], str]] = {}
     for r, text in texts.items():
-        groups.setdefault(_BUSY_FOR.sub("", text), ([], text))[0].append(r)
+        groups.setdefault(without_busy_time(text), ([], text))[0].append(r)
     parts = []
     for ranks, text in sorted(groups.values(), key=lambda g: -len(g[0])):
         head = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
@@ -36,7 +36,7 @@ def annotate_stacks(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
         if rd is not None:
             text = f"[{rd.describe()} in the debugger]\n{text}"
         texts.append(text)
-    return ValueMesh._create(view_shape(stacks), texts)
+    return new_value_mesh(view_shape(stacks), texts)
 
 
 def without_debugger(text: str) -> str:

@@ -8,22 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from ..kernel.debugger_seam import PausedRank
 from .session import get_debugger
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PausedRank:
-    """A rank stopped in the debugger, and where."""
-
-    mesh_id: str  # ProcTable.mesh_id of the proc mesh the rank belongs to
-    rank: int  # flat rank within that proc mesh
-    file: str  # as the user should see it: a notebook cell shows as "In [3]"
-    line: int
-    function: str
 
 
 def paused_ranks() -> list[PausedRank]:

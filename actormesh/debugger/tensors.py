@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from ..runtime.meshes.display import value_cell
+from ..runtime.meshes import value_cell
 
 DEFAULT_CAP = 10_000_000  # elements summarized per tensor
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

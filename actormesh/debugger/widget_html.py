@@ -16,7 +16,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..runtime.meshes.display import value_cell
+from ..runtime.meshes import value_cell
 
 # The sidebar's state colours. A rank the debugger does not hold is idle or busy as its status
 # says (the sidebar's words); "running" only until its first status answer, drawn as busy.

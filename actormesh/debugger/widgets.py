@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import MeshError
+from ..kernel.magics import MeshMagics
 from ..kernel.panel.watch import activity
+from ..runtime.mesh_shape import with_shape
+from .cell_files import CellFiles
 from .dap import DapError
+from .session import Debugger
+from .tensors import Comparison
 from .widget_html import MeshRows, RankRow, locals_table, note, rank_table, stack_table, wrap
-
-if TYPE_CHECKING:
-    from .magics import DebugMagics
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +30,26 @@ _ACTIONS = (("continue", "continue"), ("next", "step over"), ("step", "step in")
             ("out", "step out"), ("pause", "pause"))  # fmt: skip
 
 
+class WidgetSource(Protocol):
+    """The ``%mesh dbg`` magics (``magics.DebugMagics``) as the widget uses them: ``magics.py``
+    imports this module, so it is typed here rather than imported."""
+
+    @property
+    def debugger(self) -> Debugger: ...
+    @property
+    def files(self) -> CellFiles: ...
+    @property
+    def magics(self) -> MeshMagics: ...
+    @property
+    def shell(self) -> Any: ...
+
+    def compare(self, mesh_id: str, ranks: list[int], name: str, frame: int = 0) -> Comparison: ...
+
+
 class DebuggerWidget:
     """One per kernel (``%mesh dbg widget``); shown again it is the same live widget."""
 
-    def __init__(self, debug: DebugMagics) -> None:
+    def __init__(self, debug: WidgetSource) -> None:
         import ipywidgets as w
 
         self.debug = debug
@@ -194,7 +212,7 @@ class DebuggerWidget:
         try:
             if actors is None:
                 actors = tools.status_actors()
-            future = actors._new_with_shape(tools.rank_shape(rank)).status.call_one()
+            future = with_shape(actors, tools.rank_shape(rank)).status.call_one()
         except Exception:  # a stopped mesh, a dead rank: the debugger's own words stay
             self._asking.discard(key)
             return
@@ -227,8 +245,7 @@ class DebuggerWidget:
     def _mesh_names(self) -> dict[str, list[str]]:
         """The notebook variables holding each proc mesh (or an actor mesh on it), as the
         sidebar names meshes."""
-        from ..runtime.meshes.actor_mesh import ActorMesh
-        from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
+        from ..runtime.meshes import ActorMesh, ProcMesh, proc_table_of
 
         names: dict[str, list[str]] = {}
         try:
@@ -237,7 +254,7 @@ class DebuggerWidget:
             return names
         for name, value in items:
             if not name.startswith("_") and isinstance(value, (ProcMesh, ActorMesh)):
-                names.setdefault(proc_table(value).mesh_id, []).append(name)
+                names.setdefault(proc_table_of(value).mesh_id, []).append(name)
         return names
 
     def _refresh_rank(self) -> None:

@@ -24,14 +24,19 @@ from typing import Any
 
 import zmq
 
-from ..runtime.meshes.relay import Relayer
-from ..runtime.messaging.address import Address
-from ..runtime.messaging.codec import Message, read_key_file
-from ..runtime.messaging.curve import curve_keys
-from ..runtime.messaging.node import Node, set_node
+from ..runtime.meshes import Relayer
+from ..runtime.messaging import (
+    Address,
+    Message,
+    Node,
+    Transport,
+    curve_keys,
+    make_run_dir,
+    read_key_file,
+    set_node,
+)
+from ..runtime.messaging.envelopes import SpawnProcsEnvelope
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, AGENT_READY, HEARTBEAT
-from ..runtime.messaging.run_dir import make_run_dir
-from ..runtime.messaging.transport import Transport
 from ..runtime.procs.host_agent import Agent
 from . import handshake
 from .netif import interface_of, source_address, split_host_port
@@ -58,8 +63,9 @@ class RemoteAgent(Agent):
 
     def _on_spawn(self, msg: Message) -> None:
         # Remember where this host's workers listen, to fan casts out to them (relay.py).
-        _, mesh_id, procs, _request = msg.envelope
-        for p in procs:
+        spawn = SpawnProcsEnvelope.of(msg)
+        mesh_id = spawn.mesh_id
+        for p in spawn.procs:
             address = Address(self.node.address.host, p["ipc"], None, bytes.fromhex(p["mailbox"]))
             self.relayer.add(mesh_id, p["rank"], address)
         super()._on_spawn(msg)

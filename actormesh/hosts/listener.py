@@ -28,12 +28,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import config
 from ..errors import MeshTimeoutError, MeshUsageError
-from ..runtime.messaging import curve
-from ..runtime.messaging.codec import Message
+from ..runtime.messaging import Message, curve_keys
+from ..runtime.messaging.envelopes import AgentHeartbeatEnvelope
 from ..runtime.messaging.protocol import AGENT_HEARTBEAT, HEARTBEAT, SHUTDOWN
-from ..runtime.procs.controller import Controller, get_controller
-from ..runtime.procs.host_mesh import HostMesh
-from ..runtime.procs.mesh_record import AgentHandle
+from ..runtime.procs import AgentHandle, Controller, HostMesh, get_controller, new_host_mesh
 from ..runtime.shape import Shape
 from . import handshake
 from .netif import is_wildcard, split_host_port
@@ -93,7 +91,7 @@ class HostListener:
             advertise = config.ADVERTISE or (host if not is_wildcard(host) else _own_address())
         self.ctl = ctl
         self.encrypt = curve_wanted() if encrypt is None else encrypt
-        keys = curve.curve_keys(ctl.key) if self.encrypt else None
+        keys = curve_keys(ctl.key) if self.encrypt else None
         if ctl.node.address.tcp is None:
             ctl.node.listen_tcp(host if not is_wildcard(host) else "*", advertise, keys)
         # Workers spawned on this host from now on listen on tcp:// too (at the advertised
@@ -195,7 +193,7 @@ class HostListener:
                         f"{self.address} and the job key, and can reach this address"
                     )
                 self._changed.wait(min(left, 0.5))
-        return HostMesh._create(self.ctl, list(chosen), Shape.from_extent({"hosts": n}))
+        return new_host_mesh(self.ctl, list(chosen), Shape.from_extent({"hosts": n}))
 
     def take_spare(self) -> RemoteAgentHandle | None:
         """A started agent in no host mesh yet (for healing a lost host), now taken; or None."""
@@ -279,7 +277,7 @@ class HostListener:
     # -- heartbeats (controller's I/O thread) ----------------------------------------------------
 
     def _on_agent_hb(self, msg: Message) -> None:
-        _, host_rank = msg.envelope
+        host_rank = AgentHeartbeatEnvelope.of(msg).host_rank
         agents = self.ctl.agents
         if 0 <= host_rank < len(agents):
             agent = agents[host_rank]

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import MeshError, MeshUsageError
-from ..runtime.procs.host_mesh import HostMesh
+from ..runtime.procs import HostMesh
 from .listener import listen_for_hosts
 
 

@@ -19,16 +19,15 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import MeshTimeoutError, ProcDeath, RemoteFailure
-from ..runtime.meshes.collect import Collector
-from ..runtime.meshes.proc_table import ProcTable
-from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging.codec import Message
-from ..runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
-from ..runtime.procs.controller import get_controller
+from ..runtime.mesh_shape import with_shape
+from ..runtime.meshes import Collector, ProcTable, ValueMesh
+from ..runtime.messaging import Message, ReplyInbox, thread_reply_inbox
+from ..runtime.procs import get_controller
 from ..runtime.shape import Shape
+from . import debugger_seam
 from .display import (
     CellInterrupted,
     CellTimeout,
@@ -49,33 +48,6 @@ STRIP_AFTER = 1.0  # a cell running longer than this shows the per-rank status s
 INTERRUPT_GRACE = 5.0  # how long an interrupted cell waits for its ranks to stop
 GROUP_WINDOW = 0.1  # how long a line waits for identical lines from other ranks
 GROUP_MAX_HOLD = 1.0  # ... and at most this long while its peer ranks are still silent
-
-
-class PauseHook(Protocol):
-    """What the debugger tells a blocking cell (the kernel does not import the debugger)."""
-
-    def paused(self, mesh_id: str) -> dict[int, str]:
-        """The ranks of ``mesh_id`` paused in the debugger: ``{rank: "paused at ..."}``."""
-        ...
-
-    def cell_paused(self) -> None:
-        """A cell ended because its remaining ranks are paused (show the debugger)."""
-        ...
-
-    def raise_if_paused(self, mesh_id: str, ranks: list[int]) -> None:
-        """Raise (in the cell's thread) when all of ``ranks`` are paused: waiting on them
-        would block the notebook that has to continue them."""
-        ...
-
-
-debugger_hook: PauseHook | None = None  # set by the debugger when it is loaded
-
-
-def set_pause_hook(hook: PauseHook | None) -> None:
-    """The debugger's answer to "is this rank paused?" for blocking cells (set when it loads)."""
-    global debugger_hook
-    debugger_hook = hook
-
 
 # -- one cell --------------------------------------------------------------------------------------
 
@@ -224,7 +196,7 @@ class CellRun:
             args = (opts.filename, opts.source, port, self.target.actor_key, turn)
             for view in views:
                 collector = _CellCollector(self, f"%%mesh {opts.filename}", tools.table, view)
-                executor._new_with_shape(view).run.cast(view, args, {}, collector)
+                with_shape(executor, view).run.cast(view, args, {}, collector)
 
     def done(self) -> bool:
         return len(self.outcomes) == len(self.ranks)
@@ -252,8 +224,9 @@ class CellRun:
                 )
             self._wake.wait(left)
             self._wake.clear()
-            if debugger_hook is not None and not self.done():
-                debugger_hook.raise_if_paused(self.target.tools.table.mesh_id, self.running())
+            debugger = debugger_seam.installed()
+            if debugger is not None and not self.done():
+                debugger.raise_if_paused(self.target.tools.table.mesh_id, self.running())
 
     # -- blocking --------------------------------------------------------------------------------
 
@@ -275,7 +248,7 @@ class CellRun:
         previous = logs.writer
         logs.writer = grouper.writer
         paused: dict[int, str] = {}
-        self.inbox = reply_inbox(get_controller().node)
+        self.inbox = thread_reply_inbox(get_controller().node)
         try:
             self.start()
             self._wait(grouper)
@@ -297,8 +270,9 @@ class CellRun:
             labels = self.target.tools.table.labels
             for rank, where in sorted(paused.items()):
                 print(f"rank {rank} {{{labels[rank]}}} {where}")
-            if debugger_hook is not None:
-                debugger_hook.cell_paused()
+            debugger = debugger_seam.installed()
+            if debugger is not None:
+                debugger.cell_paused()
             return None
         return self.result()
 
@@ -323,7 +297,7 @@ class CellRun:
                 self._strip.update(self._shown_states(paused), now - start)
             if until is not None and now > until:
                 return
-            if until is None and debugger_hook is not None:
+            if until is None and debugger_seam.installed() is not None:
                 running = self.running()
                 if running and all(r in paused for r in running):
                     raise _Paused({r: paused[r] for r in running})
@@ -332,9 +306,10 @@ class CellRun:
 
     def _paused_ranks(self) -> Mapping[int, str]:
         """The ranks of this cell's mesh paused in the debugger (none without it)."""
-        if debugger_hook is None:
+        debugger = debugger_seam.installed()
+        if debugger is None:
             return {}
-        return debugger_hook.paused(self.target.tools.table.mesh_id)
+        return debugger.paused(self.target.tools.table.mesh_id)
 
     def _shown_states(self, paused: Mapping[int, str]) -> dict[int, str]:
         """The strip's states: a rank paused in the debugger says so, not "running" (as the

@@ -27,12 +27,9 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.actors.actor_host import actor_host
-from ..runtime.actors.context import current_rank
-from ..runtime.faults.stacks import TOOL_ACTOR_PREFIX
-from ..runtime.messaging.codec import dumps
-from ..runtime.messaging.node import Port
+from ..runtime.actors import Actor, current_rank, endpoint, local_actor_host
+from ..runtime.faults import TOOL_ACTOR_PREFIX
+from ..runtime.messaging import Port, dumps
 from .rank_display import cell_output, display, flush_figures, install_display_hook
 
 # The kernel's actors on every rank, under the runtime's reserved prefix for tools.
@@ -220,14 +217,14 @@ def _engine_turn(
 
 
 def _local_actor(key: str) -> Any:
-    host = actor_host()
+    host = local_actor_host()
     runner = None if host is None else host.actors.get(key)
     return None if runner is None else runner.instance
 
 
 def local_executor() -> MeshExecutor | None:
     """This rank's ``%%mesh`` executor, once a cell has made it (for the debugger's agent)."""
-    host = actor_host()
+    host = local_actor_host()
     for runner in list(host.actors.values()) if host is not None else ():
         if runner.name == EXECUTOR_NAME and isinstance(runner.instance, MeshExecutor):
             return runner.instance
@@ -260,7 +257,7 @@ class MeshStatus(Actor):
             info["cell"] = running["cell"]
             info["cell_for"] = now - running["since"]
             info["cell_line"] = _line_of(running["thread"], running["cell"])
-        host = actor_host()
+        host = local_actor_host()
         busy: list[tuple[Any, ...]] = []
         tensor = sys.modules.get("actormesh.tensor.worker.engine")
         for runner in list(host.actors.values()) if host is not None else ():

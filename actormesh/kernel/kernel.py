@@ -140,7 +140,7 @@ _NEVER = 1 << 62  # a cache size no session reaches: the kernel says when to wri
 
 def stop_all_meshes() -> None:
     """Stop every mesh and host agent of this process's controller (if it has one)."""
-    from ..runtime.procs.controller import controller_if_started
+    from ..runtime.procs import controller_if_started
 
     ctl = controller_if_started()
     if ctl is None:

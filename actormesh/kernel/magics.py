@@ -13,9 +13,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..errors import MeshError
-from ..runtime.faults.stacks import render_grouped
-from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging.node import node_if_started
+from ..runtime.faults import render_grouped
+from ..runtime.meshes import ValueMesh
+from ..runtime.messaging import node_if_started
+from . import debugger_seam
 from .cells import CellOptions, CellRun, PendingCell
 from .display import CellInterrupted, CellSyntaxError
 from .magic_args import CellArgs, identifier, usage
@@ -38,10 +39,6 @@ class MeshMagics(Magics):
         self._auto: str | None = None  # the line of %mesh on
         self._pending: list[PendingCell] = []
         self.last_target: str | None = None
-        # Set by the debugger, which builds on the kernel (the kernel never imports it): the
-        # %mesh dbg commands, and what %mesh stacks adds to each rank's stack.
-        self.debug: Any = None
-        self.annotate_stacks: Callable[[ValueMesh[str], str], ValueMesh[str]] = _as_they_are
         self._live_plots: list[Any] = []  # %mesh plot --live figures still redrawing
         self._port_mark = 0  # the node's last port id when the running cell started
 
@@ -261,14 +258,18 @@ class MeshMagics(Magics):
         for t in self._targets(rest[0] if rest else None):
             stacks = t.procs.stacks().get(timeout=10)
             mesh_id = (t if isinstance(t, MeshTools) else t.tools).table.mesh_id
-            print(render_grouped(self.annotate_stacks(stacks, mesh_id)))
+            debugger = debugger_seam.installed()
+            if debugger is not None:  # where its paused ranks are
+                stacks = debugger.annotate_stacks(stacks, mesh_id)
+            print(render_grouped(stacks))
 
     def _cmd_dbg(self, rest: list[str]) -> Any:
-        if self.debug is None:
+        debugger = debugger_seam.installed()
+        if debugger is None:
             raise usage(
                 "%mesh dbg: the debugger is not loaded here; `%load_ext actormesh` loads it"
             )
-        return self.debug.run(rest)
+        return debugger.run(rest)
 
     def _cmd_interrupt(self, rest: list[str]) -> None:
         if len(rest) > 1:
@@ -349,10 +350,6 @@ def _for_rank(value: Any) -> Any:
     if tools is None and "actormesh.tensor" in sys.modules:
         from ..tensor import tools
     return value if tools is None else tools.for_rank(value)
-
-
-def _as_they_are(stacks: ValueMesh[str], mesh_id: str) -> ValueMesh[str]:
-    return stacks
 
 
 def load(shell: Any) -> MeshMagics:

@@ -19,8 +19,8 @@ from typing import Any
 
 from IPython.display import display, update_display
 
-from ..runtime.meshes.proc_mesh import ProcMesh
-from ..runtime.messaging.metrics import MetricsLog
+from ..runtime.meshes import ProcMesh
+from ..runtime.messaging import MetricsLog
 
 REDRAW_EVERY = 0.5  # seconds between two redraws of a live figure
 _ids = itertools.count(1)

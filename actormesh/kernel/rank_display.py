@@ -17,8 +17,7 @@ import threading
 import types
 from typing import Any
 
-from ..runtime.messaging.logs import flush_output
-from ..runtime.messaging.node import Port
+from ..runtime.messaging import Port, flush_output
 
 
 class _CellOutput(threading.local):

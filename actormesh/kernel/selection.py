@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.extent import Point
-from ..runtime.meshes.value_mesh import ValueMesh
+from ..runtime.meshes import ValueMesh, new_value_mesh
 from ..runtime.shape import Shape
 
 
@@ -246,13 +246,13 @@ def values_of(mesh: Shape, selection: Selection, values: Sequence[Any]) -> Value
     """One value per selected rank of ``mesh``, labelled with the ranks' own coordinates."""
     shape = selection.shape or Shape.from_extent({"ranks": len(values)})
     if tuple(selection.ranks) == tuple(mesh.ranks()):
-        return ValueMesh._create(shape, values)
+        return new_value_mesh(shape, values)
     shown = [i for i, size in enumerate(mesh.sizes) if size > 1] or list(range(len(mesh.sizes)))
     own = []
     for rank in selection.ranks:
         point = Point(rank, mesh.extent)
         text = ", ".join(f"{mesh.labels[i]}={point[mesh.labels[i]]}" for i in shown)
         own.append(text if len(shown) == 1 else f"({text})")
-    result = RankValues._create(shape, values)
+    result = RankValues._create(shape, values)  # noqa: SLF001  ValueMesh's, for this module's subclass
     object.__setattr__(result, "_own", tuple(own))
     return result

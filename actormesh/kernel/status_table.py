@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 
 from ..errors import MeshError
+from ..runtime.mesh_shape import with_shape
 from .targets import MeshTools, Target
 
 
@@ -15,7 +16,7 @@ def status_rows(t: MeshTools | Target) -> list[list[str]]:
     health = tools.procs.health().values()
     actors = tools.status_actors()
     futures = {
-        r: actors._new_with_shape(tools.rank_shape(r)).status.call_one()
+        r: with_shape(actors, tools.rank_shape(r)).status.call_one()
         for r in ranks
         if health[r] == "alive"
     }

@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.actor_mesh import ActorMesh, actor_key
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table
-from ..runtime.meshes.proc_table import ProcTable
-from ..runtime.procs.controller import controller_if_started
-from ..runtime.procs.mesh_record import MeshRecord
+from ..runtime.meshes import ActorMesh, ProcMesh, ProcTable, actor_key, proc_table_of
+from ..runtime.procs import MeshRecord, controller_if_started
 from ..runtime.shape import Shape
 from .executor import EXECUTOR_NAME, STATUS_NAME, MeshExecutor, MeshStatus
 from .selection import SelectionError
@@ -102,9 +99,9 @@ class MeshRegistry:
 
     def target(self, obj: Any, text: str) -> Target:
         if isinstance(obj, ProcMesh):
-            return Target(self.tools(proc_table(obj)), view_shape(obj), None, text)
+            return Target(self.tools(proc_table_of(obj)), view_shape(obj), None, text)
         if isinstance(obj, ActorMesh):
-            return Target(self.tools(proc_table(obj)), view_shape(obj), actor_key(obj), text)
+            return Target(self.tools(proc_table_of(obj)), view_shape(obj), actor_key(obj), text)
         raise SelectionError(
             f"TARGET {text!r} is a {type(obj).__name__}; give a ProcMesh or an ActorMesh"
         )

@@ -3,10 +3,15 @@
 Layers
 ======
 
-Bottom first. A module imports only from its own layer or a lower one (``TYPE_CHECKING`` imports
-aside); ``tests/unit/test_layers.py`` checks every import form, function-level ones included.
+Bottom first. A module imports only from its own layer or a lower one, ``TYPE_CHECKING`` imports
+included; ``tests/unit/test_layers.py`` checks every import form, function-level ones included.
 Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.kernel`` and
 ``actormesh.debugger``, in that order; the runtime imports none of them.
+
+Each sub-package has a face, its ``__init__.py``: the names other layers may use, in its
+``__all__``. Code outside a sub-package imports from the face, never from its modules
+(``tests/unit/test_faces.py``); ``messaging/protocol.py`` is public as a whole, and the modules
+that run as ``python -m`` are imported by name. The table lists every module (a test checks it).
 
 ====  ================  ==========================================================================
  0    ``extent.py``     ``Extent``, ``Point``: named sizes and coordinates. Pure.
@@ -18,39 +23,51 @@ Above the runtime sit ``actormesh.hosts``, ``actormesh.tensor``, ``actormesh.ker
                         ``plain_pickle`` (the C pickler's fast path: builtins and
                         tensors as zero-copy buffers, rebuilt on arrival), ``shm_lane``
                         (those buffers through shared memory between processes of a host),
-                        ``protocol`` (every message kind and its fields), ``curve``,
+                        ``protocol`` (every message kind and its fields), ``envelopes``
+                        (each kind's envelope by field name, generated from it), ``curve``,
                         ``address``, ``receive`` (reading signed messages off a socket),
                         ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
-                        calls and timers), ``open_files`` (the open-file limit, checked before
-                        a connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
+                        calls and timers), ``wake_pipe`` (waking a thread asleep in
+                        ``poll()``), ``open_files`` (the open-file limit, checked before a
+                        connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
                         sends; built on ``io_loop``), ``node`` (a process's handlers, ports,
-                        deaths), ``actor_inbox``, ``reply_inbox``, ``socket_waker``
-                        (waking a thread asleep in a receive), ``tunnel``, ``logs``
-                        (rank-labelled output),
-                        ``metrics`` (``log_metrics``, batched).
+                        deaths), ``actor_inbox``, ``reply_inbox``, ``datagrams`` (replies to
+                        a waiting thread of the same host, as unix datagrams),
+                        ``socket_waker`` (waking a thread asleep in a receive), ``tunnel``,
+                        ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``,
+                        batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
-                        ``lifecycle`` (its construction, stop, ``__cleanup__`` and end),
-                        ``stand_in`` (who reads its inbox while a long ``__init__`` runs),
-                        ``failures`` (failures as text), ``response_port`` (explicit response
-                        ports), ``actor_host`` (the actors of one process, a proc mesh's
-                        bootstrap), ``context``, ``future``.
+                        its parts ``lifecycle`` (its construction, stop, ``__cleanup__`` and
+                        end), ``reentry`` (what runs at an await), ``ownership`` (who hears of
+                        its failures) and ``response_port`` (explicit response ports), which
+                        see it as ``runner_parts.Runner``; ``stand_in`` (who reads its inbox
+                        while a long ``__init__`` runs), ``failures`` (failures as text),
+                        ``actor_host`` (the actors of one process, a proc mesh's bootstrap),
+                        ``actor_context`` (``context()``), ``future``.
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
-                        agents), ``value_mesh``, ``collect`` (gathering replies), ``waits``
-                        (who waits on whom, for timeouts), ``endpoint`` (the adverbs),
-                        ``actor_mesh``, ``proc_mesh``, ``ports``, ``tensor_seam`` (the one
-                        way up into the tensor layer).
+                        agents), ``value_mesh``, ``display`` (values as a notebook shows
+                        them), ``collect`` (gathering replies), ``waits`` (who waits on whom,
+                        for timeouts), ``endpoint`` (the adverbs), ``actor_mesh``,
+                        ``proc_mesh`` (its record: ``MeshOwner``), ``rank_table``
+                        (``ProcMesh.to_table()``), ``ports``, ``tensor_seam`` (the one way up
+                        into the tensor layer).
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
-                        ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``worker``,
-                        ``rank_exit`` (what a worker runs as a graceful stop ends it),
-                        ``host_agent``, ``worker_output`` (an agent's workers and their
-                        pipes), ``zygote`` (the fork server), ``osutil``,
-                        ``sampling`` (ranks' CPU and memory), ``tensorboard`` (metrics export).
- 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``buffer_owner`` (the tensors a process
-                        lends, its answers to holders), ``shm`` (its /dev/shm room and reader
-                        mappings), ``rank_layout`` (a group's ranks and backend; pure),
-                        ``distributed`` (process groups over meshes), ``spmd``
-                        (``python -m actormesh run``), ``script_runner`` (a script as
-                        ``__main__`` on each rank).
+                        ``record_parts`` (the controller and the record as each other see
+                        them), ``agent_handle`` (the controller's handle on a host agent),
+                        ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``singletons``
+                        (``get_or_spawn_controller``), ``worker``, ``rank_exit`` (what a worker
+                        runs as a graceful stop ends it), ``host_agent``, ``worker_output`` (an
+                        agent's workers and their pipes), ``zygote`` (the fork server),
+                        ``osutil``, ``sampling`` (ranks' CPU and memory), ``tensorboard``
+                        (metrics export).
+ 6    ``dataplane/``    ``buffers`` (``TensorBuffer``), ``cuda_buffers`` (its CUDA IPC side),
+                        ``buffer_owner`` (the tensors a process lends, its answers to
+                        holders), ``shm`` (its /dev/shm room and reader mappings),
+                        ``rank_layout`` (a group's ranks and backend; pure), ``distributed``
+                        (process groups over meshes), ``elastic_env`` (torchrun's variables
+                        on each rank), ``spmd`` (``python -m actormesh run``), ``spmd_actor``
+                        (Monarch's ``SPMDActor``), ``script_runner`` (a script as ``__main__``
+                        on each rank).
 ====  ================  ==========================================================================
 
 The life of a call: ``mesh.step.call(x).get()``
@@ -77,7 +94,8 @@ Worker:
    until it comes. Messages that came through the process inbox
    instead go ``Transport`` I/O thread → ``Node.dispatch`` (``messaging/node.py``) →
    ``ActorHost._on_call`` (``actors/actor_host.py``) → ``ActorRunner.post``.
-4. ``ActorRunner.handle_call`` runs the endpoint, flushes its output and sends ``(REPLY,
+4. ``ActorRunner.handle_call`` reads the call by field name (``CallEnvelope.of``,
+   ``messaging/envelopes.py``), runs the endpoint, flushes its output and sends ``(REPLY,
    port_id, index, status[, after])`` with the value or the rendered failure
    (``send_reply`` in ``actors/response_port.py``).
 
@@ -93,7 +111,7 @@ Extension points
 ================
 
 ================================  ===============================================================
-``Node.register(kind, handler)``  handle a message kind of ``protocol.py`` (one per kind)
+``Node.register(kind, handler)``  handle a kind of ``messaging/protocol.py`` (one per kind)
 ``Node.on_close(fn)``             run ``fn`` when the process's node closes (buffers, inboxes)
 ``set_node_factory(fn)``          how the first ``current_node()`` is made (the controller's)
 ``on_controller(hook)``           run ``hook(controller)`` once the controller exists
@@ -108,20 +126,25 @@ Extension points
 For tools (the kernel, the debugger, the sidebar)
 =================================================
 
-Tools built on the runtime use these names, never its private fields (ruff's ``SLF001`` is on):
+Tools built on the runtime use these names of the faces, never its private fields (ruff's
+``SLF001`` is on):
 
-==================================  =============================================================
-``controller_if_started()``         this process's controller, or ``None`` (never makes one)
-``Controller.live_record(mesh_id)``  a mesh's ``MeshRecord`` unless it is stopping or stopped;
-                                    ``live_records()`` for all of them
-``MeshRecord.proc_mesh(shape)``     a ``ProcMesh`` on a mesh found by its id (a view of it)
-``MeshShape.rank_view(i)``          the one-actor view of rank ``i`` (``Shape.rank_view`` too)
-``view_shape``, ``proc_table``,     a mesh's ``Shape``, its ``ProcTable``, an actor mesh's key
-``actor_key``                       (functions: an attribute would hide a same-named endpoint)
-``Endpoint.cast(shape, ..., c)``    a cast on a view, its replies to a ``Collector`` ``c`` of the
-                                    tool's own (``meshes/collect.py``)
-``Future.pending_ranks()``          the ``(mesh_id, rank)`` a mesh call still waits for
-``actor_host()``                    the actors of this process (a worker's tools find theirs)
-``stacks.TOOL_ACTOR_PREFIX``        actor names reserved for tools: left out of stack dumps
-==================================  =============================================================
+====================================  ===========================================================
+``controller_if_started()``           this process's controller, or ``None`` (never makes one)
+``Controller.live_record(mesh_id)``   a mesh's ``MeshRecord`` unless it is stopping or stopped;
+                                      ``Controller.live_records()`` for all of them
+``MeshRecord.proc_mesh(shape)``       a ``ProcMesh`` on a mesh found by its id (a view of it)
+``MeshShape.rank_view(i)``            the one-actor view of rank ``i`` (``Shape.rank_view`` too)
+``view_shape``, ``proc_table_of``,    a mesh's ``Shape``, its ``ProcTable``, an actor mesh's key
+``actor_key``                         (functions: an attribute would hide a same-named endpoint)
+``with_shape(mesh, shape)``           the view of a mesh on a ``Shape`` the tool worked out
+``new_value_mesh(shape, values)``     a ``ValueMesh`` of the tool's own (``new_proc_mesh``,
+                                      ``new_actor_mesh``, ``new_host_mesh`` likewise)
+``Endpoint.cast(shape, ..., c)``      a cast on a view, its replies to a ``Collector`` ``c`` of
+                                      the tool's own (``meshes/collect.py``)
+``Future.pending_ranks()``            the ``(mesh_id, rank)`` a mesh call still waits for
+``local_actor_host()``                the actors of this process (a worker's tools find theirs)
+``stacks.TOOL_ACTOR_PREFIX``          actor names reserved for tools: left out of stack dumps
+``stacks.without_busy_time(text)``    a stack dump that compares equal across ranks
+====================================  ===========================================================
 """

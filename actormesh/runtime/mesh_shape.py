@@ -23,12 +23,19 @@ def view_shape(mesh: MeshShape) -> Shape:
     return mesh._shape  # noqa: SLF001  the one reader of the field outside the mesh classes
 
 
+def with_shape(mesh: _MeshT, shape: Shape) -> _MeshT:
+    """The view of ``mesh`` (any mesh) on ``shape``, a shape of the same global ranks: for tools
+    that compute a view's shape themselves (the kernel's rank selections); no message is sent."""
+    return mesh._new_with_shape(shape)  # noqa: SLF001  the hook every mesh class implements
+
+
 class NoPublicConstructor(ABCMeta):
     """The metaclass of what the runtime builds and users only receive (meshes, value meshes,
     port receivers): calling the class raises ``TypeError`` with the class's own advice,
-    ``_not_constructed``. The runtime builds them with their ``_create`` classmethods, which
-    never call the class. ``MeshShape`` itself stays an open mixin. Trio's guard of the same name
-    (``trio/_util.py``) is the model."""
+    ``_not_constructed``. The runtime builds them with its factories (``new_value_mesh``,
+    ``new_proc_mesh``, ...), whose ``_create`` classmethods never call the class. ``MeshShape``
+    itself stays an open mixin. Trio's guard of the same name (``trio/_util.py``) is the
+    model."""
 
     _not_constructed: str
 

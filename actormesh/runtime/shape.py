@@ -32,7 +32,7 @@ from .extent import (
     row_major_strides,
 )
 
-__all__ = ["Shape"]
+__all__ = ["Shape", "unchecked_shape"]
 
 
 class Shape:
@@ -293,7 +293,7 @@ class Shape:
                 sliced), so no single stride describes them.
         """
         check_label(name)
-        stride = self._uniform_stride()
+        stride = self.uniform_stride()
         if stride is None:
             big = [
                 (lbl, sz, st)
@@ -309,7 +309,7 @@ class Shape:
                         f"{inner_size} x {inner_stride} = {inner_size * inner_stride}); "
                         f"flatten before slicing, or slice only the outermost dimension"
                     )
-            raise AssertionError("unreachable: _uniform_stride found a gap")  # pragma: no cover
+            raise AssertionError("unreachable: uniform_stride found a gap")  # pragma: no cover
         return Shape._unchecked((name,), self._offset, (len(self),), (stride,))
 
     def rank_view(self, index: int) -> Shape:
@@ -322,7 +322,7 @@ class Shape:
         """
         return self.flatten("rank").slice(rank=builtins.slice(index, index + 1))
 
-    def _uniform_stride(self) -> int | None:
+    def uniform_stride(self) -> int | None:
         """The common difference of ``ranks()`` (1 for a single rank), or None if uneven."""
         stride = None
         span = 0  # the span that the next outer dimension's stride must equal
@@ -434,7 +434,15 @@ class Shape:
         return render_extent(self._labels, self._sizes)
 
 
+def unchecked_shape(
+    labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
+) -> Shape:
+    """A ``Shape`` of fields that came from a valid one (a shape sent as plain tuples, a view of
+    a mesh's own): no checks, as it is made on every message that carries one."""
+    return Shape._unchecked(labels, offset, sizes, strides)  # noqa: SLF001  this module's class
+
+
 def _restore_shape(
     labels: tuple[str, ...], offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]
 ) -> Shape:
-    return Shape._unchecked(labels, offset, sizes, strides)
+    return unchecked_shape(labels, offset, sizes, strides)

@@ -37,6 +37,8 @@ the ranks' half never imports the controller's.
 ``controller/reduce.py``        ``MeshTensor.reduce``, ``reduce_``: Monarch's collectives
 ``controller/gradients.py``     ``grad_generator``: gradients one at a time (Monarch's)
 ``controller/borrows.py``       Monarch's ``Stream``, ``borrow``: one stream per rank here
+``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
+``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
@@ -44,6 +46,9 @@ the ranks' half never imports the controller's.
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
+``controller/checkpoint.py``    checkpoints: DCP save, load, async_save as ops of the stream
+``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
+``controller/recovery.py``      ``FaultTolerant``: commit a step, recover from a lost rank
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
 ``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
 ``worker/handlers.py``          which function runs each kind of op
@@ -55,11 +60,15 @@ the ranks' half never imports the controller's.
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
 ``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
+``worker/groups.py``            process groups of an engine on part of its group's processes
+``worker/transfer.py``          ``to_mesh`` on the ranks: the inbox, sending, assembling
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
 ``worker/fetch.py``             one rank's answer to a sync point
 ``worker/adopt.py``             a cell's tensor taken as an engine value
+``worker/checkpoint.py``        DCP run by every rank; staged writes; the background save's end
+``worker/recovery.py``          snapshots, freeing a stuck rank, restore from a replica
 ``worker/side_effects.py``      what a failed op poisons besides its outputs
 ``worker/stand_ins.py``         what a failed op leaves in place of its outputs
 ``worker/local.py``             the engines, for code beside them (actors, ``%%mesh`` cells)
@@ -132,14 +141,21 @@ from .controller.borrows import get_active_stream as get_active_stream
 from .controller.distribute import distribute as distribute
 from .controller.distribute import rand as rand
 from .controller.distribute import randn as randn
+from .controller.fetch import busy_spans as busy_spans
 from .controller.fetch import fetch as fetch
 from .controller.fetch import inspect as inspect
 from .controller.fetch import live as live
+from .controller.fetch import overlap as overlap
 from .controller.fetch import show as show
 from .controller.gradients import grad_generator as grad_generator
 from .controller.mesh import device_mesh as device_mesh
 from .controller.module import MeshModule as MeshModule
 from .controller.module import module_to_mesh as module_to_mesh
+from .controller.pipeline import bubble_fraction as bubble_fraction
+from .controller.pipeline import gpipe as gpipe
+from .controller.pipeline import one_f_one_b as one_f_one_b
+from .controller.pipeline import pipeline_step as pipeline_step
+from .controller.recovery import FaultTolerant as FaultTolerant
 from .controller.reduce import reduce_tree as reduce
 from .controller.reduce import reduce_tree_ as reduce_
 from .controller.remote import call_on_shard_and_fetch as call_on_shard_and_fetch
@@ -147,29 +163,37 @@ from .controller.remote import remote as remote
 from .controller.seams import install as _install_seams
 from .controller.stream import flush_all as flush_all
 from .controller.tensor import MeshTensor as MeshTensor
+from .controller.transfer import to_mesh_tree as to_mesh
 from .wire.errors import RemoteTensorError as RemoteTensorError
 
 # MeshTensor's methods that live in the modules built on it, and what the runtime calls up here.
 _install_seams()
 
 __all__ = [
+    "FaultTolerant",
     "MeshModule",
     "MeshTensor",
     "RemoteTensorError",
     "Stream",
     "activate",
     "adopt",
+    "bubble_fraction",
+    "busy_spans",
     "call_on_shard_and_fetch",
     "device_mesh",
     "distribute",
     "fetch",
     "flush_all",
     "get_active_stream",
+    "gpipe",
     "grad_generator",
     "inspect",
     "live",
     "module_to_mesh",
     "no_mesh",
+    "one_f_one_b",
+    "overlap",
+    "pipeline_step",
     "rand",
     "randn",
     "rank",
@@ -177,4 +201,5 @@ __all__ = [
     "reduce_",
     "remote",
     "show",
+    "to_mesh",
 ]

@@ -12,19 +12,35 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import MeshUsageError, RemoteFailure
-from ..runtime.actors.actor import Actor, endpoint
-from ..runtime.actors.actor_host import actor_host
-from ..runtime.actors.future import Future, then, when_all
-from ..runtime.dataplane.distributed import destroy_process_group, init_process_group
+from ..runtime.actors import (
+    Actor,
+    Future,
+    completed_future,
+    endpoint,
+    failed_future,
+    local_actor_host,
+    set_exception,
+    set_result,
+    then,
+    waiting_for,
+    when_all,
+)
+from ..runtime.dataplane import destroy_process_group, init_process_group
 from ..runtime.extent import Extent, Point, point_label
-from ..runtime.faults.supervision import unhandled_fault_hook
-from ..runtime.mesh_shape import view_shape
-from ..runtime.meshes.endpoint import message_readers, on_unsent
-from ..runtime.meshes.proc_mesh import ProcMesh, proc_table, unrecorded
+from ..runtime.faults import unhandled_fault_hook
+from ..runtime.mesh_shape import view_shape, with_shape
+from ..runtime.meshes import (
+    ProcMesh,
+    ValueMesh,
+    message_readers,
+    new_value_mesh,
+    on_unsent,
+    proc_table_of,
+    unrecorded,
+)
 from ..runtime.meshes.tensor_seam import TensorLayer
 from ..runtime.meshes.tensor_seam import install as install_tensor_layer
-from ..runtime.meshes.value_mesh import ValueMesh
-from ..runtime.messaging.codec import loads
+from ..runtime.messaging import current_node, loads
 
 T = TypeVar("T")
 
@@ -45,6 +61,7 @@ __all__ = [
     "endpoint",
     "failed",
     "helper_mesh_with_args",
+    "in_this_process",
     "init_process_group",
     "install_tensor_layer",
     "is_stopped",
@@ -56,6 +73,8 @@ __all__ = [
     "message_readers",
     "on_failure",
     "on_unsent",
+    "open_port",
+    "places",
     "point_label",
     "proc_state",
     "report_unhandled",
@@ -67,26 +86,25 @@ __all__ = [
 
 def completed(value: T) -> Future[T]:
     """A future that is already done (the public API only hands out futures, never makes them)."""
-    return Future._completed(value)
+    return completed_future(value)
 
 
 def failed(exc: BaseException) -> Future[Any]:
-    return Future._failed(exc)
+    return failed_future(exc)
 
 
 def on_failure(future: Future[T], translate: Callable[[BaseException], BaseException]) -> Future[T]:
     """``future``, failing with ``translate(its exception)`` instead where it fails."""
 
     def describe() -> str:  # a timed-out wait names the ranks the reply still waits for
-        inner = future._describe_pending  # noqa: SLF001
-        return inner() if inner is not None else "the tensor engines' reply"
+        return waiting_for(future) or "the tensor engines' reply"
 
     out: Future[T] = Future(describe, future.pending_ranks)
 
     def settle(done: Future[T]) -> None:
         exc = done.exception()
         if exc is None:
-            out._set_result(done.get())
+            set_result(out, done.get())
             return
         try:
             error = translate(exc)
@@ -94,7 +112,7 @@ def on_failure(future: Future[T], translate: Callable[[BaseException], BaseExcep
             error = err
         if error is not exc and error.__cause__ is None:
             error.__cause__ = exc
-        out._set_exception(error)
+        set_exception(out, error)
 
     future.add_done_callback(settle)
     return out
@@ -102,36 +120,59 @@ def on_failure(future: Future[T], translate: Callable[[BaseException], BaseExcep
 
 def value_mesh(like: Any, values: list[Any]) -> ValueMesh[Any]:
     """A ValueMesh over the shape of mesh ``like`` (``remote_fn.call`` builds its own)."""
-    return ValueMesh._create(view_shape(like), values)
+    return new_value_mesh(view_shape(like), values)
 
 
 def mesh_id(mesh: Any) -> tuple[str, tuple[int, ...]]:
     """Which processes a mesh covers: the same processes must get one engine, however the
     mesh object that names them was made (sliced, renamed, unpickled)."""
-    return proc_table(mesh).mesh_id, tuple(view_shape(mesh).ranks())
+    return proc_table_of(mesh).mesh_id, tuple(view_shape(mesh).ranks())
 
 
 def mailboxes(mesh: Any) -> list[bytes]:
     """The mailbox of each process of ``mesh``, in row-major order (a process group's ranks)."""
-    table = proc_table(mesh)
+    table = proc_table_of(mesh)
     return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
 
 
 def mesh_name(mesh: Any) -> str:
     """What messages call the proc mesh under ``mesh`` (``procs``, ``procs-2``)."""
-    return str(proc_table(mesh).name)
+    return str(proc_table_of(mesh).name)
 
 
 def proc_state(mesh: Any) -> Any:
     """An object whose ``closed`` turns True when the processes under ``mesh`` are stopped
     (the op stream reads it on every recorded op: an attribute costs less than a call)."""
-    return proc_table(mesh)
+    return proc_table_of(mesh)
+
+
+def open_port(handler: Any) -> Any:
+    """A port of this process whose messages go to ``handler`` on the I/O thread (its
+    ``on_message``; ``on_death`` hears of every process death): an engine's inbox, where other
+    engines send it the values they move (``to_mesh``). ``Channel.open`` would queue them for
+    one reader; an inbox files them by transfer, for whichever op wants each."""
+    return current_node().open_port(handler)
+
+
+def in_this_process(address: Any) -> bool:
+    return bool(address.mailbox == current_node().address.mailbox)
+
+
+def places(mesh: Any) -> tuple[str, ...] | None:
+    """Where each process of ``mesh`` sits in its whole proc mesh (``{pp=1, dp=0}``), row-major;
+    None when ``mesh`` covers the whole proc mesh in order (its own coordinates say it then).
+    A failure on a slice's engine names the rank so: which stage, not just which dp rank."""
+    table = proc_table_of(mesh)
+    ranks = list(view_shape(mesh).ranks())
+    if ranks == list(range(len(table.addresses))):
+        return None
+    return tuple("{" + table.labels[r].replace(",", ", ") + "}" for r in ranks)
 
 
 def is_stopped(mesh: Any) -> bool:
     """Whether the processes under ``mesh`` were stopped (the public API says so only by
     raising MeshClosedError on the next call)."""
-    return bool(proc_table(mesh).closed)
+    return bool(proc_table_of(mesh).closed)
 
 
 def report_unhandled(error: Exception) -> None:
@@ -148,14 +189,14 @@ def helper_mesh_with_args(procs: Any, name: str, cls: type, *args: Any) -> Any:
 def actor_mesh_as(actors: Any, procs: Any) -> Any:
     """The actors of ``actors`` addressed in the shape of ``procs``, another shape of the same
     processes in the same order (a tensor mesh view sends to its engine with its own labels)."""
-    return actors._new_with_shape(view_shape(procs))
+    return with_shape(actors, view_shape(procs))
 
 
 def local_actor(key: str, timeout: float) -> Any:
     """The runner of actor mesh ``key``'s actor in this process, waiting up to ``timeout`` s for
     its spawn (``None`` if none comes): ``rref`` runs an endpoint on its thread (``run_task``)
     with the engine's local values."""
-    host = actor_host()
+    host = local_actor_host()
     return None if host is None else host.wait_for_actor(key, timeout)
 
 
@@ -164,7 +205,7 @@ def cell_namespaces() -> list[dict[str, Any]]:
     executor says it runs user code (``runs_user_code``, which the runtime's stack view reads
     too) and keeps its names in ``ns``; looked up here, not imported: the kernel sits above the
     tensor layer."""
-    host = actor_host()
+    host = local_actor_host()
     found = []
     for runner in list(host.actors.values()) if host is not None else ():
         ns = getattr(runner.instance, "ns", None)

@@ -7,6 +7,7 @@ them: they sit above it and call these).
 - ``cell_launched(cell, name, processes)``: the kernel launches a ``%%mesh`` cell; what it
   waits for before it touches engine values, and what waits for it (``local.py``).
 - ``activity(instance)``: the sidebar's busy text for a tensor engine ("tensor engine: op 12
+  aten.mm"; on a slice or a pipeline stage, "tensor engine (pp=1, stage 1 of 2): op 12
   aten.mm"), read from another thread while the engine runs a batch.
 - ``shard_summaries(obj, summarize)``: one small dict per rank of a MeshTensor or MeshModule,
   computed on the ranks by ``summarize`` (the debugger's), never the data itself.
@@ -75,11 +76,15 @@ def cell_launched(cell: int, name: str, processes: set[bytes]) -> dict[str, int]
 
 
 def activity(instance: Any) -> str | None:
-    """The busy text of a tensor engine (None for any other actor)."""
+    """The busy text of a tensor engine (None for any other actor): "tensor engine: op 12
+    aten.mm", and for an engine on a slice or a pipeline stage where and what it is, "tensor
+    engine (pp=1, stage 1 of 2): op 12 aten.mm"."""
     if not isinstance(instance, _TensorEngine):
         return None
+    what = instance.serves()
+    name = f"tensor engine ({what})" if what else "tensor engine"
     doing = instance.doing()
-    return f"tensor engine: {doing}" if doing else "tensor engine"
+    return f"{name}: {doing}" if doing else name
 
 
 def is_mesh_value(value: Any) -> bool:

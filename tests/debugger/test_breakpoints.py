@@ -123,7 +123,7 @@ def test_after_dbg_off_a_breakpoint_pauses_again(dbg4: Kernel) -> None:
     # A rank's debug port is open to every local user; without the token it obeys nobody.
     r = dbg4.ok(
         "from actormesh.debugger.dap import DapError, connect\n"
-        "dbg = get_ipython()._actormesh_magics.debug.debugger\n"
+        "dbg = __import__('actormesh').kernel.debugger_seam.installed().debugger\n"
         "port = next(rd.port for rd in dbg.ranks.values() if rd.port)\n"
         "intruder = connect('127.0.0.1', port, lambda *a: None)\n"
         "try:\n"

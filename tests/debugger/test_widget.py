@@ -8,7 +8,7 @@ import re
 from kernel_support import Kernel
 from support import wait_until
 
-WIDGET = "get_ipython()._actormesh_magics.debug.widget"
+WIDGET = "__import__('actormesh').kernel.debugger_seam.installed().widget"
 
 
 def rows(table: str) -> dict[int, tuple[str, str, str]]:

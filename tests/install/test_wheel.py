@@ -141,7 +141,7 @@ def test_mesh_cells_and_a_breakpoint_in_a_kernel_started_from_another_environmen
     r = k.ok("%%mesh procs\nx = rank + 1\nif rank == 2:\n    breakpoint()\nprint('done', rank)")
     assert "rank 2 {gpus=2} paused at" in r.stream(), r.stream()
     assert any("application/vnd.jupyter.widget-view+json" in d for d in r.displays())  # its widget
-    table = "get_ipython()._actormesh_magics.debug.widget.table.value"
+    table = "__import__('actormesh').kernel.debugger_seam.installed().widget.table.value"
     wait_until(lambda: "paused at" in str(k.ok(table).value), 10, "the widget to show rank 2")
     assert k.ok("%mesh dbg eval -r 2 x").value == "ValueMesh({gpus=2: 3})"
     k.ok("%mesh dbg continue\n_mesh.get(timeout=60)")

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import actormesh as am
-from actormesh.runtime.dataplane import spmd
+from actormesh.runtime.actors.future import failed_future
+from actormesh.runtime.dataplane import elastic_env, spmd
 from actormesh.runtime.dataplane.rank_layout import RankLayout
 
 SCRIPT = str(Path(__file__).parents[2] / "examples" / "train_script.py")
@@ -52,7 +53,9 @@ def reports(prefix: Path, n: int) -> list[dict[str, Any]]:
 
 
 def test_torchrun_env_has_every_torchrun_variable() -> None:
-    env = spmd.torchrun_env(RankLayout(5, 8, 1, 4, 1, 2), "10.0.0.1", 4242, "run-1", True, "1")
+    env = elastic_env.torchrun_env(
+        RankLayout(5, 8, 1, 4, 1, 2), "10.0.0.1", 4242, "run-1", True, "1"
+    )
     assert set(env) == TORCHRUN_VARS | {"OMP_NUM_THREADS"}
     assert env["RANK"] == env["ROLE_RANK"] == "5"
     assert env["LOCAL_RANK"] == "1"
@@ -237,7 +240,7 @@ class SelfInit(am.Actor):
 
 def test_setup_torch_elastic_env_lets_actors_init_themselves(spawn_procs: Any) -> None:
     procs = spawn_procs(per_host={"gpus": 3})
-    spmd.setup_torch_elastic_env(procs)
+    elastic_env.setup_torch_elastic_env(procs)
     actors = procs.spawn("self_init", SelfInit)
     assert actors.join_and_sum.call().get(timeout=WAIT).values() == [(0, 6.0), (1, 6.0), (2, 6.0)]
 
@@ -257,7 +260,7 @@ def test_a_mesh_stopped_under_the_script_is_not_a_success(
             return self
 
         def next(self, timeout: float | None = None) -> Future[Any]:
-            return Future._failed(am.MeshClosedError("cannot call spmd.run: it was stopped"))
+            return failed_future(am.MeshClosedError("cannot call spmd.run: it was stopped"))
 
     real = spmd.helper_mesh
     monkeypatch.setattr(

@@ -151,8 +151,7 @@ def test_monarch_program_runs_with_only_its_imports_changed(tmp_path: Path) -> N
 # is: the imports; no `torch.set_default_device("cuda")` (a CPU build of torch has no CUDA, and
 # factories under activate() already put tensors on the mesh's devices); meshes of 4 processes
 # where the guide has 8 and 16 (a small machine runs the test); the GPU-memory search skipped
-# (on a CPU it would fill the host's memory); the pipelining section checks that a tensor mesh
-# over a slice of another's processes is refused (not supported); and `monarch.Simulator` is
+# (on a CPU it would fill the host's memory); and `monarch.Simulator` is
 # a stand-in that runs the "simulation" on real processes (actormesh has no simulator).
 GUIDE_IMPORTS = """\
 import actormesh as monarch  # actormesh: was `import monarch`
@@ -246,15 +245,31 @@ meshes = [pipeline_mesh.slice(pp=i) for i in range(pipeline_mesh.size("pp"))]
 
 print(meshes[0].to_table())
 
-# actormesh: tensors on a slice of a mesh whose processes run a tensor engine are not
-# supported (docs/monarch.md): the guide's pipeline is refused, with what to do instead.
-try:
-    with meshes[0].activate():
-        nn.Linear(4, 4)
-except monarch.MeshUsageError as exc:
-    print("pipelining refused:", exc)
-else:
-    raise AssertionError("a tensor mesh over a slice of another's processes was not refused")
+layers_per_stage = 2
+stages = []
+for stage_mesh in meshes:
+    with stage_mesh.activate():
+        layers = []
+        for _ in range(layers_per_stage):
+            layers.extend([nn.Linear(4, 4), nn.ReLU()])
+        stages.append(nn.Sequential(*layers))
+
+
+def forward_pipeline(x):
+    with torch.no_grad():
+        for stage_mesh, stage in zip(meshes, stages):
+            x = x.to_mesh(stage_mesh)
+            with stage_mesh.activate():
+                x = stage(x)
+        return x
+
+
+with meshes[0].activate():
+    input = torch.rand(3, 4, device="cuda")
+
+output = forward_pipeline(input)
+monarch.show(output)
+print(output.mesh.to_table())
 
 
 def train(model, input, target):
@@ -364,6 +379,16 @@ for h in range(2):
     for g in range(2):
         assert torch.allclose(monarch.inspect(rgpu, host=h, gpu=g), eg_[h, 0] + eg_[h, 1])
         assert torch.allclose(monarch.inspect(rhost, host=h, gpu=g), eg_[0, g] + eg_[1, g])
+for g in range(2):  # the pipeline: each gpu's rank ran its own stages on its own input
+    x_ = monarch.inspect(input, gpu=g)
+    for stage in stages:
+        for layer in stage:
+            if isinstance(layer, nn.Linear):
+                w_, b_ = monarch.inspect([layer.weight, layer.bias], gpu=g)
+                x_ = x_ @ w_.T + b_
+            else:
+                x_ = x_.relu()
+    assert torch.allclose(monarch.inspect(output, gpu=g), x_)
 mesh.stop().get()
 remote_mesh.stop().get()
 _RealMeshSimulator._mesh.stop().get()

@@ -127,19 +127,6 @@ def test_controller_side_errors_raise_at_the_line_and_send_nothing(mesh: Any) ->
     assert not stream.ops and stream.batches == sent
 
 
-def test_a_slice_of_a_tensor_mesh_is_refused_at_the_line_and_the_mesh_stays_usable(
-    mesh: Any,
-) -> None:
-    """A process runs one engine in one process group. A tensor mesh over part of another's
-    processes used to ask them to join a second group: an ActorError from the workers, whose
-    advice named an internal function."""
-    x = torch.arange(16.0).reshape(4, 4)
-    dt = distribute(x, mesh, sharding_spec=["dp", "tp"])
-    with pytest.raises(am.MeshUsageError, match=r"already run a tensor engine over \{dp: 2"):
-        distribute(x, mesh.slice(dp=0))  # the workers raised ActorError; now the controller
-    assert torch.equal(inspect(dt), x)
-
-
 def test_no_round_trip_per_op(mesh: Any) -> None:
     from actormesh.tensor.controller.mesh import tensor_mesh
 

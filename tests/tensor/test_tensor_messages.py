@@ -61,6 +61,6 @@ def test_two_meshes_of_one_shape_read_apart_and_the_move_is_named(
     text = said(lambda: a + b, am.MeshUsageError)
     names = [repr(first).split()[1], repr(second).split()[1]]  # <ProcMesh 'procs-2' {...}>
     assert names[0] != names[1] and all(name in text for name in names), text
-    assert "am.distribute(am.inspect(" in text  # the call that moves a tensor today
-    moved = am.distribute(am.inspect(b), first)
+    assert "t.to_mesh(procs)" in text  # the call that moves a tensor, rank to rank
+    moved = b.to_mesh(first)
     assert torch.equal(am.inspect(a + moved), torch.full((4,), 2.0))

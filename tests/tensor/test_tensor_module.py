@@ -10,18 +10,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-from training import MLP, train
+from training import MLP, MODES, train
 
 from actormesh.tensor import MeshModule, MeshTensor, inspect, module_to_mesh, remote
-
-TP = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-MODES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "fsdp": {"fsdp": True},
-    "tp_plan": {"tp_plan": TP},
-    "fsdp+tp_plan": {"fsdp": True, "tp_plan": TP},
-}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -129,3 +120,16 @@ def test_a_forward_failing_on_one_rank_is_reported_without_a_hang(mesh: Any, mod
     x = torch.arange(8.0).reshape(4, 2)
     d = distribute(x, mesh, sharding_spec=["dp", None])
     assert torch.equal(fetch(d @ d.T).get(timeout=60), x @ x.T)
+
+
+def test_fsdp_in_float32_over_four_data_parallel_ranks(spawn_procs: Any) -> None:
+    """Found on the first module design (issue 42): ``fsdp=True`` on float32 Linear layers over
+    {dp: 4} failed at the first backward with "Cannot use ReduceOp.PREMUL_SUM with Gloo"
+    (fully_shard's gradient division). grad_sync sums with plain all_reduces."""
+    procs = spawn_procs(per_host={"dp": 4})
+    torch.manual_seed(0)
+    base = MLP()
+    batches = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(3)]
+    expected = train(copy.deepcopy(base), batches)
+    losses = train(module_to_mesh(copy.deepcopy(base), procs, fsdp=True), batches)
+    assert losses == pytest.approx(expected, abs=1e-5, rel=0)

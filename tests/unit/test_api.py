@@ -16,10 +16,11 @@ PUBLIC = [
     "SlurmJob", "listen_for_hosts", "wait_for_hosts", "log_metrics",
     "init_process_group", "destroy_process_group",
     "MeshTensor", "call_on_shard_and_fetch", "distribute", "fetch", "inspect", "module_to_mesh",
-    "no_mesh", "remote", "grad_generator", "show",
+    "no_mesh", "remote", "grad_generator", "show", "to_mesh",
     "Stream", "get_active_stream",
     "concurrent_endpoint", "get_or_spawn_controller", "as_endpoint", "shutdown_context",
     "ActorSupervisionError",
+    "checkpoint", "FaultTolerant",
 ]  # fmt: skip
 
 

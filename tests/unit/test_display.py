@@ -16,7 +16,7 @@ from actormesh.debugger.widget_html import (
     stack_table,
 )
 from actormesh.runtime.meshes.display import round_floats, value_cell
-from actormesh.runtime.meshes.value_mesh import ValueMesh
+from actormesh.runtime.meshes.value_mesh import new_value_mesh
 from actormesh.runtime.shape import Shape
 
 
@@ -51,7 +51,7 @@ def test_a_rounded_or_cut_cell_keeps_the_exact_text_on_hover() -> None:
 
 
 def test_value_mesh_html_rounds_and_its_repr_stays_exact() -> None:
-    vm = ValueMesh._create(Shape.from_extent({"gpus": 2}), [0.1, 0.1 + 0.2])
+    vm = new_value_mesh(Shape.from_extent({"gpus": 2}), [0.1, 0.1 + 0.2])
     assert "<td>gpus=1</td><td title='0.30000000000000004'>0.3</td>" in vm._repr_html_()
     assert repr(vm) == "ValueMesh({gpus=0: 0.1, gpus=1: 0.30000000000000004})"
     assert vm.values() == [0.1, 0.1 + 0.2]

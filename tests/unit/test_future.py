@@ -13,7 +13,17 @@ import pytest
 
 from actormesh.errors import MeshTimeoutError
 from actormesh.runtime.actors import future as future_mod
-from actormesh.runtime.actors.future import Future, settle, then, when_all
+from actormesh.runtime.actors.future import (
+    Future,
+    completed_future,
+    failed_future,
+    set_exception,
+    set_result,
+    settle,
+    then,
+    waiting_for,
+    when_all,
+)
 
 
 class Boom(Exception):
@@ -23,13 +33,13 @@ class Boom(Exception):
 def test_a_result_is_set_once() -> None:
     fut: Future[int] = Future()
     assert not fut.done()
-    assert fut._set_result(5)
+    assert set_result(fut, 5)
     assert fut.done()
     assert fut.get() == 5
     assert fut.result() == 5
     assert fut.exception() is None
-    assert not fut._set_result(6)  # the first completion wins
-    assert not fut._set_exception(Boom())
+    assert not set_result(fut, 6)  # the first completion wins
+    assert not set_exception(fut, Boom())
     assert fut.get() == 5
     assert repr(fut) == "<actormesh.Future done>"
 
@@ -37,12 +47,12 @@ def test_a_result_is_set_once() -> None:
 def test_an_exception_is_raised_by_get_and_returned_by_exception() -> None:
     fut: Future[int] = Future()
     err = Boom("remote")
-    assert fut._set_exception(err)
+    assert set_exception(fut, err)
     with pytest.raises(Boom) as raised:
         fut.get()
     assert raised.value is err
     assert fut.exception() is err
-    assert not fut._set_result(1)
+    assert not set_result(fut, 1)
     assert repr(fut) == "<actormesh.Future failed>"
 
 
@@ -59,7 +69,13 @@ def test_get_times_out_naming_what_it_waits_for() -> None:
 
 def test_get_returns_a_result_set_by_another_thread() -> None:
     fut: Future[str] = Future()
-    worker = threading.Thread(target=fut._set_result, args=("from a thread",))
+    worker = threading.Thread(
+        target=set_result,
+        args=(
+            fut,
+            "from a thread",
+        ),
+    )
     worker.start()
     try:
         assert fut.get(timeout=10) == "from a thread"
@@ -69,7 +85,13 @@ def test_get_returns_a_result_set_by_another_thread() -> None:
 
 def test_get_raises_an_exception_set_by_another_thread() -> None:
     fut: Future[str] = Future()
-    worker = threading.Thread(target=fut._set_exception, args=(Boom("late"),))
+    worker = threading.Thread(
+        target=set_exception,
+        args=(
+            fut,
+            Boom("late"),
+        ),
+    )
     worker.start()
     try:
         with pytest.raises(Boom, match="late"):
@@ -104,7 +126,15 @@ def test_await_gives_the_result_set_from_another_thread() -> None:
     async def main() -> str:
         fut: Future[str] = Future()
         loop = asyncio.get_running_loop()
-        loop.call_soon(threading.Thread(target=fut._set_result, args=("awaited",)).start)
+        loop.call_soon(
+            threading.Thread(
+                target=set_result,
+                args=(
+                    fut,
+                    "awaited",
+                ),
+            ).start
+        )
         return await asyncio.wait_for(_awaiting(fut), 10)
 
     assert asyncio.run(main()) == "awaited"
@@ -112,10 +142,10 @@ def test_await_gives_the_result_set_from_another_thread() -> None:
 
 def test_await_raises_the_failure_and_a_done_future_needs_no_loop_turn() -> None:
     async def main() -> None:
-        failed: Future[int] = Future._failed(Boom("awaited failure"))
+        failed: Future[int] = failed_future(Boom("awaited failure"))
         with pytest.raises(Boom, match="awaited failure"):
             await failed
-        assert await Future._completed(3) == 3
+        assert await completed_future(3) == 3
 
     asyncio.run(main())
 
@@ -130,9 +160,9 @@ def test_callbacks_run_once_in_order_and_late_ones_at_once() -> None:
     fut.add_done_callback(lambda f: calls.append(("first", f.get())))
     fut.add_done_callback(lambda f: calls.append(("second", f)))
     assert calls == []
-    fut._set_result(7)
+    set_result(fut, 7)
     assert calls == [("first", 7), ("second", fut)]
-    fut._set_result(8)
+    set_result(fut, 8)
     assert len(calls) == 2
     fut.add_done_callback(lambda f: calls.append(("late", f.get())))
     assert calls[-1] == ("late", 7)
@@ -150,7 +180,7 @@ def test_a_raising_callback_is_logged_and_the_others_still_run(
     fut.add_done_callback(bad)
     fut.add_done_callback(lambda f: ran.append(f.get()))
     with caplog.at_level(logging.ERROR, logger=future_mod.__name__):
-        fut._set_result(1)
+        set_result(fut, 1)
     assert ran == [1]
     assert "done-callback" in caplog.text and "in a callback" in caplog.text
 
@@ -166,19 +196,19 @@ def test_then_chains_without_blocking() -> None:
 
     out = then(first, step)
     assert not out.done()
-    first._set_result(2)
+    set_result(first, 2)
     assert seen == [2] and not out.done()
     with pytest.raises(MeshTimeoutError, match="waiting for the second step"):
         out.get(timeout=0.01)  # it describes the step it waits on
-    second._set_result("done")
+    set_result(second, "done")
     assert out.get() == "done"
 
 
 def test_then_propagates_failures_of_either_step() -> None:
     failed: Future[int] = Future()
     steps: list[int] = []
-    out = then(failed, lambda v: Future._completed(steps.append(v)))
-    failed._set_exception(Boom("first"))
+    out = then(failed, lambda v: completed_future(steps.append(v)))
+    set_exception(failed, Boom("first"))
     with pytest.raises(Boom, match="first"):
         out.get()
     assert steps == []  # the step never ran
@@ -187,30 +217,41 @@ def test_then_propagates_failures_of_either_step() -> None:
         raise Boom("the step itself")
 
     with pytest.raises(Boom, match="the step itself"):
-        then(Future._completed(1), raising_step).get()
+        then(completed_future(1), raising_step).get()
     with pytest.raises(Boom, match="second"):
-        then(Future._completed(1), lambda _: Future._failed(Boom("second"))).get()
+        then(completed_future(1), lambda _: failed_future(Boom("second"))).get()
+
+
+def test_waiting_for_says_what_a_pending_future_waits_for() -> None:
+    """The runtime's hook for a future that stands in for another (the tensor layer's
+    translated replies): the same words a timed-out wait would use, nothing once done."""
+    described: Future[int] = Future(lambda: "rank {dp=1} of the call")
+    assert waiting_for(described) == "rank {dp=1} of the call"
+    assert waiting_for(Future()) is None  # it says nothing of itself
+    assert waiting_for(then(described, completed_future)) == "rank {dp=1} of the call"
+    set_result(described, 1)
+    assert waiting_for(described) is None
 
 
 def test_when_all_keeps_order_and_fails_with_the_first_failure() -> None:
     a: Future[int] = Future()
     b: Future[int] = Future()
     both = when_all([a, b])
-    b._set_result(2)
+    set_result(b, 2)
     assert not both.done()
     with pytest.raises(MeshTimeoutError, match="waiting for 1 more results"):
         both.get(timeout=0.01)
     described: Future[int] = Future(lambda: "rank {dp=1} of the call")
-    named = when_all([described, Future._completed(3)])
+    named = when_all([described, completed_future(3)])
     with pytest.raises(MeshTimeoutError, match=r"waiting for rank \{dp=1\} of the call$"):
         named.get(timeout=0.01)  # it says what the futures still pending wait for
-    a._set_result(1)
+    set_result(a, 1)
     assert both.get() == [1, 2]  # the order given, not the order of completion
     assert when_all([]).get() == []
     c: Future[int] = Future()
     d: Future[int] = Future()
     failing = when_all([c, d])
-    d._set_exception(Boom("d failed"))
+    set_exception(d, Boom("d failed"))
     with pytest.raises(Boom, match="d failed"):
         failing.get()  # at once: c is still pending
     assert not c.done()
@@ -218,13 +259,13 @@ def test_when_all_keeps_order_and_fails_with_the_first_failure() -> None:
 
 def test_settle_copies_the_outcome_or_replaces_the_value() -> None:
     dst: Future[int] = Future()
-    settle(Future._completed(4), dst)
+    settle(completed_future(4), dst)
     assert dst.get() == 4
     replaced: Future[str] = Future()
-    settle(Future._completed(4), replaced, "instead")
+    settle(completed_future(4), replaced, "instead")
     assert replaced.get() == "instead"
     failed: Future[str] = Future()
-    settle(Future._failed(Boom("src")), failed, "ignored on failure")
+    settle(failed_future(Boom("src")), failed, "ignored on failure")
     with pytest.raises(Boom, match="src"):
         failed.get()
 
@@ -252,7 +293,7 @@ def test_a_completed_future_does_not_keep_its_result_in_a_cycle() -> None:
     holder = Holder()
     result = Result()
     alive = weakref.ref(result)
-    holder.future._set_result(result)
+    set_result(holder.future, result)
     del result
     gc.disable()
     try:
@@ -266,4 +307,4 @@ def test_a_completed_future_does_not_keep_its_result_in_a_cycle() -> None:
 def test_a_negative_timeout_is_refused_with_what_to_pass(timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
         Future().get(timeout=timeout)
-    assert Future._completed(3).get(timeout=timeout) == 3  # done: nothing to wait for
+    assert completed_future(3).get(timeout=timeout) == 3  # done: nothing to wait for

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import actormesh
-from actormesh.runtime.messaging import protocol
+from actormesh.runtime.messaging import envelopes, protocol
 from actormesh.runtime.messaging.node import Node
 from actormesh.runtime.messaging.protocol import (
     CALL,
@@ -71,6 +71,8 @@ def literal_envelopes(modules: Iterator[tuple[str, ast.Module]]) -> list[str]:
     string instead of its constant, or the wrong number of fields."""
     problems = []
     for module, tree in modules:
+        if module == "runtime.messaging.envelopes":
+            continue  # generated from the table, by name
         for node in ast.walk(tree):
             if not isinstance(node, ast.Tuple) or not node.elts:
                 continue
@@ -141,3 +143,71 @@ def test_a_node_refuses_a_second_handler_and_an_unknown_kind(node: Node) -> None
         node.register(CALL, lambda msg: None)
     with pytest.raises(ProtocolError, match="no message kind 'spawn'"):
         node.register("spawn", lambda msg: None)
+
+
+# -- envelopes by field name -------------------------------------------------------------------
+
+
+def test_envelopes_py_is_what_the_table_generates() -> None:
+    written = (PACKAGE / "runtime" / "messaging" / "envelopes.py").read_text()
+    assert written == protocol.envelopes_source(), (
+        "envelopes.py is not what protocol.py's table gives: python scripts/write_envelopes.py"
+    )
+    for kind in KINDS.values():
+        cls = getattr(envelopes, protocol.class_name(kind))
+        assert cls._fields == ("kind", *(f.rstrip("?") for f in kind.fields)), kind.name
+
+
+def test_an_envelope_reads_by_name_with_optional_fields_as_none() -> None:
+    reply = envelopes.ReplyEnvelope.read((protocol.REPLY, 7, 2, protocol.OK))
+    assert (reply.kind, reply.port_id, reply.index, reply.status, reply.after) == (
+        "reply", 7, 2, protocol.OK, None,
+    )  # fmt: skip
+    assert envelopes.ReplyEnvelope.read((protocol.REPLY, 7, 2, protocol.OK, 41)).after == 41
+    call = envelopes.CallEnvelope.read((CALL, "key", "step", (), None))
+    assert (call.key, call.endpoint, call.reply) == ("key", "step", None)
+    assert protocol.ReplyTo.read((("h", None, None, b"m"), 3)).after is None
+    assert protocol.ReplyTo.read((("h", None, None, b"m"), 3, b"c")).after == b"c"
+
+
+def positional_reads(modules: Iterator[tuple[str, ast.Module]]) -> list[str]:
+    """Envelopes read by position: ``msg.envelope[i]``, ``a, b = msg.envelope``, and the same
+    of an envelope held as ``envelope`` (one a relay passes on). Only the modules that make
+    messages and the envelope classes read them so."""
+    found = []
+    for module, tree in modules:
+        if module.rpartition(".")[2] in ("codec", "protocol", "envelopes"):
+            continue
+        for node in ast.walk(tree):
+            value = None
+            unpack = isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+            if unpack or isinstance(node, ast.Subscript):
+                value = node.value  # type: ignore[attr-defined]
+            named = isinstance(value, ast.Name) and value.id == "envelope"
+            if named or (isinstance(value, ast.Attribute) and value.attr == "envelope"):
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_handlers_read_envelopes_by_field_name() -> None:
+    assert positional_reads(_modules()) == []
+
+
+def test_the_envelope_checks_catch_a_deliberate_violation() -> None:
+    bad = ast.parse(
+        "def on_call(msg):\n"
+        "    _, key, endpoint, shape, reply = msg.envelope\n"
+        "    index = msg.envelope[3]\n"
+        "    call = CallEnvelope.of(msg)\n"
+        "def on_relay(envelope):\n"
+        "    kind = envelope[0]\n"
+        "    key = CallEnvelope.read(envelope).key\n"
+    )
+    assert positional_reads(iter([("bad", bad)])) == ["bad:2", "bad:3", "bad:6"]
+    table = list(protocol._TABLE)
+    try:  # a field added to the table, and envelopes.py not written again
+        protocol._TABLE[0] = protocol._TABLE[0]._replace(fields=("port_id", "index", "new"))
+        written = (PACKAGE / "runtime" / "messaging" / "envelopes.py").read_text()
+        assert written != protocol.envelopes_source()
+    finally:
+        protocol._TABLE[:] = table

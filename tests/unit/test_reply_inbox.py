@@ -17,7 +17,7 @@ from actormesh.runtime.messaging.codec import Message, dumps
 from actormesh.runtime.messaging.datagrams import DATAGRAM_MAX, path_of
 from actormesh.runtime.messaging.node import Node, Port
 from actormesh.runtime.messaging.protocol import OK, REPLY
-from actormesh.runtime.messaging.reply_inbox import ReplyInbox, reply_inbox
+from actormesh.runtime.messaging.reply_inbox import ReplyInbox, thread_reply_inbox
 from actormesh.runtime.messaging.transport import Transport
 
 TIMEOUT_S = 10
@@ -26,7 +26,7 @@ TIMEOUT_S = 10
 def test_closing_the_transport_alone_closes_the_reply_inbox_and_removes_its_socket(
     node: Node,
 ) -> None:
-    inbox = reply_inbox(node)
+    inbox = thread_reply_inbox(node)
     assert inbox is not None and not inbox.closed
     path = path_of(inbox.address.ipc or "")
     assert os.path.exists(path)
@@ -44,7 +44,7 @@ def test_closing_the_transport_alone_closes_the_reply_inbox_and_removes_its_sock
 
 def test_a_closed_node_gives_no_reply_inbox(node: Node) -> None:
     node.close()
-    assert reply_inbox(node) is None
+    assert thread_reply_inbox(node) is None
 
 
 class _Handler:
@@ -104,7 +104,7 @@ class _Until:
 
 def _inbox_with_a_worker(node: Node) -> tuple[ReplyInbox, _Handler, Port, _Worker]:
     """The node's reply inbox, a port on it and a worker that sends it replies."""
-    inbox = reply_inbox(node)
+    inbox = thread_reply_inbox(node)
     assert inbox is not None
     handler = _Handler()
     return inbox, handler, node.open_port(handler, inbox.address), _Worker(node, inbox.address)
@@ -148,7 +148,7 @@ def test_a_reply_left_queued_by_a_wait_is_read_by_the_io_thread(node: Node) -> N
     """A wait stops reading once its own reply is in; a reply to another call queued behind it
     is the I/O thread's to read."""
     node.start()
-    inbox = reply_inbox(node)
+    inbox = thread_reply_inbox(node)
     assert inbox is not None
     mine, other = _Handler(), _Handler()
     my_port = node.open_port(mine, inbox.address)

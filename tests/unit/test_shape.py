@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import actormesh as am
 from actormesh.runtime.extent import Extent, Point, point_label
 from actormesh.runtime.mesh_shape import MeshShape
-from actormesh.runtime.meshes.value_mesh import ValueMesh
+from actormesh.runtime.meshes.value_mesh import new_value_mesh
 from actormesh.runtime.shape import Shape
 
 HG = Extent(["hosts", "gpus"], [1, 4])
@@ -258,6 +258,14 @@ def test_slice_slices() -> None:
     assert BIG.slice(hosts=slice(1, 2)).extent == {"hosts": 1, "gpus": 4}
 
 
+def test_uniform_stride_is_the_common_difference_of_the_ranks() -> None:
+    assert BIG.uniform_stride() == 1  # 0..7
+    assert BIG.slice(gpus=slice(None, None, 2)).uniform_stride() == 2  # 0 2 4 6
+    assert BIG.slice(hosts=1).uniform_stride() == 1  # 4 5 6 7
+    assert BIG.slice(gpus=slice(0, 2)).uniform_stride() is None  # 0 1 4 5: uneven
+    assert BIG.slice(hosts=0, gpus=3).uniform_stride() == 1  # one rank
+
+
 def test_chained_slices() -> None:
     s = Shape.from_extent({"a": 3, "b": 10})
     t = s.slice(b=slice(1, None, 2))  # b: 1 3 5 7 9
@@ -467,7 +475,7 @@ def test_random_chained_slices(data: st.DataObject) -> None:
 def test_a_bad_slice_of_a_mesh_is_a_mesh_error_and_still_its_builtin(
     selectors: dict[str, Any], builtin: type[Exception]
 ) -> None:
-    mesh = ValueMesh._create(BIG, list(range(len(BIG))))
+    mesh = new_value_mesh(BIG, list(range(len(BIG))))
     try:
         mesh.slice(**selectors)
     except am.MeshError as exc:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from actormesh.kernel.executor import MeshExecutor
-from actormesh.runtime.actors.future import Future
+from actormesh.runtime.actors.future import Future, set_result
 from actormesh.runtime.faults.stacks import format_stacks
 
 
@@ -24,7 +24,7 @@ def runtime_thread() -> Iterator[threading.Thread]:
     try:
         yield thread
     finally:
-        fut._set_result(None)
+        set_result(fut, None)
         thread.join(10)
 
 

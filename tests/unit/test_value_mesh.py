@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from actormesh.runtime.extent import Extent, Point
-from actormesh.runtime.meshes.value_mesh import ValueMesh
+from actormesh.runtime.meshes.value_mesh import ValueMesh, new_value_mesh
 from actormesh.runtime.shape import Shape
 
 HG = Shape.from_extent({"hosts": 1, "gpus": 4})
@@ -15,7 +15,7 @@ HG = Shape.from_extent({"hosts": 1, "gpus": 4})
 
 def grid(**sizes: int) -> ValueMesh[int]:
     shape = Shape.from_extent(sizes)
-    return ValueMesh._create(shape, list(range(len(shape))))
+    return new_value_mesh(shape, list(range(len(shape))))
 
 
 def test_not_user_constructible() -> None:
@@ -25,11 +25,11 @@ def test_not_user_constructible() -> None:
 
 def test_create_checks_length() -> None:
     with pytest.raises(ValueError, match=r"got 3 values for a mesh of 4 ranks \(extent \{hosts"):
-        ValueMesh._create(HG, [1, 2, 3])
+        new_value_mesh(HG, [1, 2, 3])
 
 
 def test_items_values_iter() -> None:
-    vm = ValueMesh._create(HG, [16, 16, 11, 11])
+    vm = new_value_mesh(HG, [16, 16, 11, 11])
     assert vm.values() == [16, 16, 11, 11]
     items = list(vm.items())
     assert items[2] == (Point(2, HG.extent), 11)
@@ -55,10 +55,10 @@ def test_item() -> None:
         vm.item(hosts=0, gpu=1)
     with pytest.raises(IndexError, match="index 3 is out of range for dimension 'gpus'"):
         vm.item(hosts=0, gpus=3)
-    one = ValueMesh._create(HG, ["a", "b", "c", "d"]).slice(gpus=2)
+    one = new_value_mesh(HG, ["a", "b", "c", "d"]).slice(gpus=2)
     assert one.item() == "c"
     assert one.item(hosts=0) == "c"
-    assert ValueMesh._create(HG, [1, 2, 3, 4]).item(gpus=1) == 2  # size-1 hosts omitted
+    assert new_value_mesh(HG, [1, 2, 3, 4]).item(gpus=1) == 2  # size-1 hosts omitted
 
 
 def test_slicing_values_follow() -> None:
@@ -82,7 +82,7 @@ def test_slicing_from_uneven_base() -> None:
     # A call on a sliced mesh: the base itself is a view with uneven rank spacing.
     base = Shape.from_extent({"hosts": 3, "gpus": 8}).slice(gpus=slice(1, 7, 2))
     assert base.ranks() == (1, 3, 5, 9, 11, 13, 17, 19, 21)
-    vm = ValueMesh._create(base, [f"r{g}" for g in base.ranks()])
+    vm = new_value_mesh(base, [f"r{g}" for g in base.ranks()])
     assert vm.slice(gpus=slice(1, None)).values() == ["r3", "r5", "r11", "r13", "r19", "r21"]
     assert vm.slice(hosts=2).flatten("g").values() == ["r17", "r19", "r21"]
     assert vm.slice(gpus=1).values() == ["r3", "r11", "r19"]
@@ -104,7 +104,7 @@ def test_pickle_round_trip() -> None:
 
 
 def test_repr() -> None:
-    vm = ValueMesh._create(HG, [16, 16, 11, 11])
+    vm = new_value_mesh(HG, [16, 16, 11, 11])
     assert repr(vm) == "ValueMesh({gpus=0: 16, gpus=1: 16, gpus=2: 11, gpus=3: 11})"
     assert repr(grid(a=2, b=1)) == "ValueMesh({a=0: 0, a=1: 1})"
     assert repr(grid(a=1, b=2, c=2).slice(c=0)) == "ValueMesh({b=0: 0, b=1: 2})"
@@ -112,13 +112,13 @@ def test_repr() -> None:
         "ValueMesh({(a=0, b=0): 0, (a=0, b=1): 1, (a=1, b=0): 2, (a=1, b=1): 3})"
     )
     assert repr(grid(a=1, b=1)) == "ValueMesh({(a=0, b=0): 0})"
-    assert repr(ValueMesh._create(Shape.from_extent({}), ["x"])) == "ValueMesh({(): 'x'})"
+    assert repr(new_value_mesh(Shape.from_extent({}), ["x"])) == "ValueMesh({(): 'x'})"
     assert repr(grid(r=20)).endswith("r=15: 15, ... (4 more)})")
     assert repr(grid(r=16)).endswith("r=15: 15})")
 
 
 def test_repr_long_values() -> None:
-    vm = ValueMesh._create(Shape.from_extent({"r": 1}), ["line\n" * 50])
+    vm = new_value_mesh(Shape.from_extent({"r": 1}), ["line\n" * 50])
     text = repr(vm)
     assert "\n" not in text
     assert text.endswith("...})")
@@ -126,7 +126,7 @@ def test_repr_long_values() -> None:
 
 
 def test_repr_html() -> None:
-    vm = ValueMesh._create(HG, ["<b>", 1, 2, 3])
+    vm = new_value_mesh(HG, ["<b>", 1, 2, 3])
     out = vm._repr_html_()
     assert out.startswith("<table")
     assert "<th>point</th><th>value</th>" in out

@@ -20,8 +20,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from ...runtime.procs.mesh_record import MeshRecord
-from ...runtime.procs.sampling import Sample
+from ...runtime.procs import MeshRecord, Sample
 from . import protocol
 
 RESOURCE_POINTS = 600  # per rank and message: the controller keeps as many (10 minutes)

@@ -18,15 +18,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import MeshError
-from ...runtime.actors.future import Future, when_all
-from ...runtime.faults.stacks import _BUSY_FOR
-from ...runtime.procs.controller import controller_if_started
-from ...runtime.procs.mesh_record import MeshRecord
+from ...runtime.actors import Future, when_all
+from ...runtime.faults import without_busy_time
+from ...runtime.procs import MeshRecord, controller_if_started
+from .. import debugger_seam
+from ..debugger_seam import Debugger
 from ..targets import MeshRegistry, MeshTools
 from . import protocol
 from .protocol import PanelRequestError, Request
 from .series import SeriesFeed
-from .watch import MeshWatcher, debugger_state, paused_ranks
+from .watch import MeshWatcher, paused_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class PanelService:
             for rank, fut in zip(ranks, futures, strict=True):
                 exc = fut.exception()
                 text = str(next(iter(fut.result().values()))) if exc is None else f"({exc})"
-                key = _BUSY_FOR.sub("", text)  # how long each rank was busy is not the stack
+                key = without_busy_time(text)  # how long each rank was busy is not the stack
                 group = groups.setdefault(key, {"ranks": [], "labels": [], "text": text})
                 group["ranks"].append(rank)
                 group["labels"].append(labels[rank])
@@ -237,8 +238,8 @@ class PanelService:
             self._thread.join(timeout=2)
 
 
-def _debugger() -> Any:
-    state = debugger_state()
+def _debugger() -> Debugger:
+    state = debugger_seam.installed()
     if state is None:
         raise PanelRequestError(
             "pause and continue need actormesh's debugger, which this installation lacks"

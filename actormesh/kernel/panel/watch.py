@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.actors.future import Future
-from ...runtime.faults.stacks import TOOL_ACTOR_PREFIX
-from ...runtime.meshes.actor_mesh import ActorMesh
-from ...runtime.meshes.proc_mesh import ProcMesh, proc_table
-from ...runtime.procs.controller import controller_if_started
-from ...runtime.procs.mesh_record import MeshRecord
+from ...runtime.actors import Future
+from ...runtime.faults import TOOL_ACTOR_PREFIX
+from ...runtime.mesh_shape import with_shape
+from ...runtime.meshes import ActorMesh, ProcMesh, proc_table_of
+from ...runtime.procs import MeshRecord, controller_if_started
+from .. import debugger_seam
+from ..debugger_seam import PausedRank
 from ..targets import MeshRegistry, MeshTools
 
 logger = logging.getLogger(__name__)
@@ -54,27 +55,13 @@ class MeshView:
     ranks: dict[int, RankView] = field(default_factory=dict)
 
 
-_debugger_state: Any = None  # actormesh.debugger.state, once the debugger is loaded
-
-
-def set_debugger_state(state: Any) -> None:
-    """Called by the debugger when it loads (the kernel never imports the debugger)."""
-    global _debugger_state
-    _debugger_state = state
-
-
-def debugger_state() -> Any:
-    """``actormesh.debugger.state``, or None where the debugger is not loaded."""
-    return _debugger_state
-
-
-def paused_ranks() -> tuple[bool, dict[tuple[str, int], Any]]:
+def paused_ranks() -> tuple[bool, dict[tuple[str, int], PausedRank]]:
     """``(debugger available, {(mesh_id, rank): PausedRank})``; the debugger is optional."""
-    state = debugger_state()
-    if state is None:
+    debugger = debugger_seam.installed()
+    if debugger is None:
         return False, {}
     try:
-        return True, {(p.mesh_id, p.rank): p for p in state.paused_ranks()}
+        return True, {(p.mesh_id, p.rank): p for p in debugger.paused_ranks()}
     except Exception:
         logger.exception("asking the debugger for paused ranks failed")
         return True, {}
@@ -230,7 +217,7 @@ class MeshWatcher:
         for name, value in items:
             if name.startswith("_") or not isinstance(value, (ProcMesh, ActorMesh)):
                 continue
-            names.setdefault(proc_table(value).mesh_id, []).append(name)
+            names.setdefault(proc_table_of(value).mesh_id, []).append(name)
         return names
 
     # -- status questions --------------------------------------------------------------------------
@@ -266,8 +253,8 @@ class MeshWatcher:
         with self._lock:
             rv.asking = True
         try:
-            fut: Future[dict[str, Any]] = actors._new_with_shape(
-                tools.rank_shape(rank)
+            fut: Future[dict[str, Any]] = with_shape(
+                actors, tools.rank_shape(rank)
             ).status.call_one()
         except Exception:
             rv.asking = False

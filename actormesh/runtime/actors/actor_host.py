@@ -16,9 +16,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from ..faults.stacks import TOOL_ACTOR_PREFIX
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, reply_port
+from ..faults import TOOL_ACTOR_PREFIX
+from ..messaging import Message, Node, dumps, reply_port
+from ..messaging.envelopes import (
+    CallEnvelope,
+    SpawnActorEnvelope,
+    StopActorEnvelope,
+    SuperviseEnvelope,
+)
 from ..messaging.protocol import (
     CALL,
     OK,
@@ -75,16 +80,17 @@ class ActorHost:
         _process_host = self
 
     def _on_spawn(self, msg: Message) -> None:
-        _, key, name, shape = msg.envelope[:4]
+        spawn = SpawnActorEnvelope.of(msg)
+        key, name, shape = spawn.key, spawn.name, spawn.shape
         assert isinstance(shape, Shape)
         point = shape.point_of_global(self.proc_rank)
         if point is None or key in self.actors:
             logger.warning("ignored a spawn of %s not meant for this process", name)
             return
         runner = ActorRunner(self.node, key, name, point, self.proc_rank)
-        owner = None
-        if len(msg.envelope) > 5:
-            owner = runner.ownership.owner = msg.envelope[5]
+        owner = spawn.owner
+        if owner is not None:
+            runner.ownership.owner = owner
             node = self.node
             if node.mesh_id is not None and node.controller not in (None, node.address):
                 # Whoever watches this process tells the owner if it is lost.
@@ -120,7 +126,7 @@ class ActorHost:
         return self.actors.get(key)
 
     def _on_call(self, msg: Message) -> None:
-        key = msg.envelope[1]  # (CALL, key, endpoint, shape, reply)
+        key = CallEnvelope.of(msg).key
         runner = self.actors.get(key)
         if runner is None:
             self._early[key].append(msg)
@@ -128,19 +134,19 @@ class ActorHost:
         runner.post(msg)
 
     def _on_stop_actor(self, msg: Message) -> None:
-        _, key, state, reply = msg.envelope
-        runner = self.actors.get(key)
+        stop = StopActorEnvelope.of(msg)
+        runner = self.actors.get(stop.key)
         if runner is not None:
             runner.post_stop(msg)
             return
         # Never spawned here (or not yet: a stop overtook its spawn): nothing to clean up.
-        index = shape_from_state(state).local_index(self.proc_rank)
-        port = reply_port(reply)
+        index = shape_from_state(stop.shape).local_index(self.proc_rank)
+        port = reply_port(stop.reply)
         if port is not None and index is not None:
             self.node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(None))
 
     def _on_supervise(self, msg: Message) -> None:
-        ownership.deliver(self.node, msg.envelope[1], msg.value())
+        ownership.deliver(self.node, SuperviseEnvelope.of(msg).owner, msg.value())
 
     def stop_all(self, timeout: float) -> None:
         for runner in self.actors.values():
@@ -152,7 +158,7 @@ class ActorHost:
 _process_host: ActorHost | None = None  # one per process: the worker's, or this_proc()'s
 
 
-def actor_host() -> ActorHost | None:
+def local_actor_host() -> ActorHost | None:
     """The actors living in this process (``None`` before its node hosts any): how tools on a
     worker (the kernel's executor, the debugger) find the actors next to them."""
     return _process_host

@@ -19,8 +19,8 @@ from typing import Any, Generic, TypeVar
 
 from ... import config
 from ...errors import MeshTimeoutError
-from ..faults import supervision
-from ..messaging.reply_inbox import ReplyInbox, hand_back_replies, waiting_inbox
+from ..faults import add_main_waiter, raise_pending, remove_main_waiter
+from ..messaging import ReplyInbox, hand_back_replies, waiting_inbox
 
 T = TypeVar("T")
 _PENDING, _DONE, _FAILED = 0, 1, 2
@@ -83,13 +83,7 @@ class Future(Generic[T]):
         a call to a mesh (empty otherwise): what wait hooks (the debugger) look at."""
         return [] if self._pending_ranks is None else self._pending_ranks()
 
-    # -- completing (runtime side) ---------------------------------------------------------------
-
-    def _set_result(self, value: T) -> bool:
-        return self._complete(_DONE, value)
-
-    def _set_exception(self, exc: BaseException) -> bool:
-        return self._complete(_FAILED, exc)
+    # -- completing (runtime side: set_result, set_exception below) -------------------------------
 
     def _complete(self, state: int, value: Any) -> bool:
         with self._lock:
@@ -112,18 +106,6 @@ class Future(Generic[T]):
         for cb in callbacks:
             _run_callback(cb, self)
         return True
-
-    @classmethod
-    def _completed(cls, value: T) -> Future[T]:
-        f: Future[T] = cls()
-        f._state, f._value = _DONE, value
-        return f
-
-    @classmethod
-    def _failed(cls, exc: BaseException) -> Future[T]:
-        f: Future[T] = cls()
-        f._state, f._value = _FAILED, exc
-        return f
 
     # -- waiting (user side) ---------------------------------------------------------------------
 
@@ -160,7 +142,7 @@ class Future(Generic[T]):
         try:
             if timeout is None and config.DEFAULT_GET_TIMEOUT > 0:
                 timeout = config.DEFAULT_GET_TIMEOUT
-            supervision.raise_pending()
+            raise_pending()
             inbox = waiting_inbox()
             if inbox is not None:
                 # Wait by reading the thread's reply inbox (see reply_inbox.py); inline, as
@@ -192,7 +174,7 @@ class Future(Generic[T]):
                 self._event = threading.Event()
             event = self._event
         # In a script's main thread, an unhandled failure elsewhere wakes this wait (fail fast).
-        watched = supervision.add_main_waiter(event)
+        watched = add_main_waiter(event)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._state == _PENDING:
@@ -209,13 +191,13 @@ class Future(Generic[T]):
                             event.clear()
         finally:
             if watched:
-                supervision.remove_main_waiter(event)
+                remove_main_waiter(event)
         if self._state == _PENDING:
             self._timed_out(timeout)
 
     def _on_wake(self) -> None:
         # Every slice of a wait, and when another thread wakes it: failures, wait hooks.
-        supervision.raise_pending()
+        raise_pending()
         for hook in list(wait_hooks):
             hook(self)
 
@@ -303,6 +285,43 @@ class Future(Generic[T]):
 # asyncio.run, create_task and run_until_complete ask for a coroutine: a future is one.
 collections.abc.Coroutine.register(Future)
 
+
+# -- completing (runtime side) -------------------------------------------------------------------
+# Functions of this module, not methods: a user who holds a future has no way to complete it.
+
+
+def set_result(future: Future[T], value: T) -> bool:
+    """Complete ``future`` with ``value``; ``False`` (and nothing changes) if it was done."""
+    return future._complete(_DONE, value)  # noqa: SLF001  this module's class
+
+
+def set_exception(future: Future[Any], exc: BaseException) -> bool:
+    """Fail ``future`` with ``exc``; ``False`` (and nothing changes) if it was done."""
+    return future._complete(_FAILED, exc)  # noqa: SLF001  this module's class
+
+
+def waiting_for(future: Future[Any]) -> str | None:
+    """What a pending ``future`` waits for, in the words a wait that times out uses (the ranks
+    of a call still out), or ``None`` when it says nothing (or is done): for a future that
+    stands in for another (``then``, ``when_all``, the tensor layer's translated replies)."""
+    describe = future._describe_pending  # noqa: SLF001  this module's class
+    return None if describe is None else describe()
+
+
+def completed_future(value: T) -> Future[T]:
+    """A future already done with ``value``."""
+    future: Future[T] = Future()
+    set_result(future, value)
+    return future
+
+
+def failed_future(exc: BaseException) -> Future[Any]:
+    """A future already failed with ``exc``."""
+    future: Future[Any] = Future()
+    set_exception(future, exc)
+    return future
+
+
 _blocked: dict[int, Future[Any]] = {}
 
 
@@ -321,20 +340,19 @@ def then(first: Future[X], step: Callable[[X], Future[Y]]) -> Future[Y]:
     current: list[Future[Any]] = [first]
 
     def describe() -> str:
-        pending = current[-1]._describe_pending  # noqa: SLF001  same module
-        return pending() if pending is not None else "the next step"
+        return waiting_for(current[-1]) or "the next step"
 
     out: Future[Y] = Future(describe)
 
     def on_first(done: Future[X]) -> None:
         exc = done.exception()
         if exc is not None:
-            out._set_exception(exc)
+            set_exception(out, exc)
             return
         try:
             nxt = step(done.get())
         except BaseException as err:
-            out._set_exception(err)
+            set_exception(out, err)
             return
         current.append(nxt)
         nxt.add_done_callback(lambda f: settle(f, out))
@@ -348,26 +366,26 @@ def when_all(futures: list[Future[Any]]) -> Future[list[Any]]:
 
     def describe() -> str:  # what the futures still pending wait for (the ranks they name)
         pending = [f for f in futures if not f.done()]
-        said = [d() for f in pending if (d := f._describe_pending) is not None]  # noqa: SLF001
+        said = [d for f in pending if (d := waiting_for(f)) is not None]
         return "; ".join(said) if said else f"{len(pending)} more results"
 
     out: Future[list[Any]] = Future(describe)
     remaining = [len(futures)]
     if not futures:
-        out._set_result([])
+        set_result(out, [])
         return out
     lock = threading.Lock()
 
     def one(fut: Future[Any]) -> None:
         exc = fut.exception()
         if exc is not None:
-            out._set_exception(exc)
+            set_exception(out, exc)
             return
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
         if last:
-            out._set_result([f.get() for f in futures])
+            set_result(out, [f.get() for f in futures])
 
     for fut in futures:
         fut.add_done_callback(one)
@@ -382,9 +400,9 @@ def settle(src: Future[Any], dst: Future[Any], value: Any = _KEEP) -> None:
     when given, ``value`` instead."""
     exc = src.exception()
     if exc is not None:
-        dst._set_exception(exc)
+        set_exception(dst, exc)
     else:
-        dst._set_result(src.get() if value is _KEEP else value)
+        set_result(dst, src.get() if value is _KEEP else value)
 
 
 def _set_if_pending(waiter: asyncio.Future[None]) -> None:

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 
 from ... import config
 from ...errors import RemoteFailure
-from ..messaging.logs import flush_output
-from ..messaging.node import reply_port
+from ..messaging import flush_output, reply_port
+from ..messaging.envelopes import SpawnActorEnvelope, StopActorEnvelope
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
 from .failures import bootstrap_failed, render_failure, stopped
 from .response_port import send_reply
+from .runner_parts import Runner
 from .stand_in import StandIn, StoppedInInit
 
 if TYPE_CHECKING:
-    from ..messaging.codec import Message
-    from .runner import ActorRunner
+    from ..messaging import Message
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class Lifecycle:
     """How one actor starts and ends; it runs on the actor's thread, between its calls."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._cleaned = False  # __cleanup__ runs once, however many ways the actor ends
 
@@ -49,7 +49,8 @@ class Lifecycle:
 
     def _build(self, msg: Message, stand_in: StandIn) -> None:
         runner = self.runner
-        shape, reply = msg.envelope[3:5]
+        spawn = SpawnActorEnvelope.of(msg)
+        shape, reply = spawn.shape, spawn.reply
         if runner.after is not None:
             runner.after.constructed.wait()
             failed = runner.after.init_failure
@@ -102,7 +103,7 @@ class Lifecycle:
     def stop(self, msg: Message) -> None:
         """ActorMesh.stop: handle the calls sent before the stop, clean up, then refuse calls."""
         runner = self.runner
-        _, _key, state, reply = msg.envelope
+        stop = StopActorEnvelope.of(msg)
         if not runner.stopped:
             for _kind, call in runner.inbox.pending_calls():
                 runner.handle_call(call)
@@ -115,8 +116,8 @@ class Lifecycle:
                 )
         failure = self.cleanup(None)
         runner.instance = None  # what the actor held is released; its thread stays to refuse calls
-        index = shape_from_state(state).local_index(runner.proc_rank)
-        port = reply_port(reply)
+        index = shape_from_state(stop.shape).local_index(runner.proc_rank)
+        port = reply_port(stop.reply)
         if port is not None and index is not None:
             send_reply(runner, port, index, FAILED if failure else OK, failure)
 

@@ -21,16 +21,15 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import ActorError, MeshError, RemoteFailure
-from ..faults import supervision
-from ..messaging.address import Address
-from ..messaging.codec import dumps
+from ..faults import failure_of_broadcast, unhandled_fault_hook
+from ..messaging import Address, dumps
 from ..messaging.protocol import SUPERVISE, UNHANDLED
 from .failures import ended, label, render_failure
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
-    from .context import ActorInstance
-    from .runner import ActorRunner
+    from ..messaging import Node
+    from .actor_context import ActorInstance
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +43,12 @@ class Owner(NamedTuple):
 
 
 # The actors of this process by key (ActorRunner registers itself): where a SUPERVISE goes.
-local: dict[str, ActorRunner] = {}
+local: dict[str, Runner] = {}
 
 
 def as_failure(failure: Any) -> MeshError:
     """What ``__supervise__`` receives: a ``MeshFailure`` naming the actor mesh that failed."""
-    error = supervision.failure_of_broadcast(failure)
+    error = failure_of_broadcast(failure)
     if isinstance(error, ActorError) and getattr(error, "mesh_name", None) is None:
         error.mesh_name = error.failures[0].actor
     return error
@@ -58,7 +57,7 @@ def as_failure(failure: Any) -> MeshError:
 class Ownership:
     """One actor's place in the tree: its owner and the actor meshes it spawned."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.owner: Owner | None = None
         self.children: list[Any] = []  # ActorMesh handles (opaque at this layer)
@@ -226,7 +225,7 @@ def to_controller(node: Node, failure: Any) -> None:
     """To whoever spawned this process's proc mesh (the fault hook in the root)."""
     controller = node.controller
     if controller is None or controller == node.address:
-        supervision.unhandled_fault_hook(supervision.failure_of_broadcast(failure))
+        unhandled_fault_hook(failure_of_broadcast(failure))
         return
     payload, buffers = dumps(failure)
     node.send(controller, (UNHANDLED, node.mesh_id), payload, buffers)

@@ -20,24 +20,20 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import RemoteFailure
-from ..messaging.actor_inbox import NOTHING, SUPERVISE_ITEM
+from ..messaging import NOTHING, SUPERVISE_ITEM
 from ..messaging.protocol import FAILED, OK
-from . import context as ctxmod
+from . import actor_context as ctxmod
 from .failures import ends_the_actor, render_failure, stopped
-
-if TYPE_CHECKING:
-    from ..messaging.node import Port
-    from .response_port import ResponsePort
-    from .runner import ActorRunner
+from .runner_parts import Caller, Runner
 
 logger = logging.getLogger(__name__)
 
 # The actor a concurrent call belongs to, as ``current_runner()`` sees it in that call's task
 # (the thread-local one is only set while the actor's thread handles a message).
-task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar(
+task_runner: contextvars.ContextVar[Runner | None] = contextvars.ContextVar(
     "actormesh_task_runner", default=None
 )
 
@@ -45,7 +41,6 @@ task_runner: contextvars.ContextVar[ActorRunner | None] = contextvars.ContextVar
 # __supervise__ failed it while its loop ran, where __cleanup__ cannot run to its end).
 END_ITEM = "end"
 
-Call = tuple[str, "Port | None", "int | None", "bytes | None", "ResponsePort | None"]
 # What watch() gives: the watching task, the items kept for after the endpoint, and the
 # __supervise__ calls it started.
 Watcher = tuple["asyncio.Task[None]", list[Any], list["asyncio.Task[None]"]]
@@ -54,23 +49,22 @@ Watcher = tuple["asyncio.Task[None]", list[Any], list["asyncio.Task[None]"]]
 class Reentry:
     """One actor's concurrent calls and what it takes in at an await (see the module docs)."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.tasks: set[asyncio.Task[None]] = set()
 
     # -- concurrent calls ------------------------------------------------------------------------
 
-    def start(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
+    def start(self, coro: Awaitable[Any], ctx: ctxmod.Context, caller: Caller) -> None:
         """Start a concurrent call (actor's thread, outside its loop). It runs up to its first
         await now, so calls start in the order they arrived."""
         loop = self.runner.loop
-        task = loop.create_task(self._run_call(coro, ctx, call))
+        task = loop.create_task(self._run_call(coro, ctx, caller))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         loop.run_until_complete(asyncio.sleep(0))
 
-    async def _run_call(self, coro: Awaitable[Any], ctx: ctxmod.Context, call: Call) -> None:
-        endpoint_name, reply, index, caller, answer = call
+    async def _run_call(self, coro: Awaitable[Any], ctx: ctxmod.Context, caller: Caller) -> None:
         runner = self.runner
         ctxmod.set_task_context(ctx)  # this task's own: others on the loop keep theirs
         task_runner.set(runner)
@@ -81,16 +75,17 @@ class Reentry:
             # A stop or an interrupt: its caller learns so (and why the actor ended, if it did).
             status = FAILED
             if runner.end_reason is not None:
-                value = stopped(runner.rank, runner.name, endpoint_name, runner.end_reason)
+                value = stopped(runner.rank, runner.name, caller.endpoint, runner.end_reason)
             else:
-                value = render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
+                value = render_failure(exc, runner.rank, runner.name, caller.endpoint, 1)
         except BaseException as exc:
-            status, value = FAILED, render_failure(exc, runner.rank, runner.name, endpoint_name, 1)
-            if ends_the_actor(exc, answer is not None):
+            status = FAILED
+            value = render_failure(exc, runner.rank, runner.name, caller.endpoint, 1)
+            if ends_the_actor(exc, caller.answer is not None):
                 fatal = exc  # the actor ends (below)
                 runner.stopped = True
         # Inside the actor's loop, where __cleanup__ cannot run to its end: it ends at the top.
-        runner.finish(endpoint_name, status, value, fatal, reply, index, caller, answer, end=False)
+        runner.finish(caller, status, value, fatal, end=False)
         if fatal is not None:
             self.end_later(fatal, None)
 

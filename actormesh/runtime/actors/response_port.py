@@ -8,14 +8,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshUsageError, RemoteFailure
-from ..messaging.codec import dumps
-from ..messaging.logs import flush_output
+from ..messaging import dumps, flush_output
 from ..messaging.protocol import FAILED, OK, REPLY
 from .failures import render_failure
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.node import Port
-    from .runner import ActorRunner
+    from ..messaging import Port
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +24,7 @@ class ResponsePort:
     the call once, with ``send(value)`` or ``exception(exc)``, from any thread of the actor's
     process (its answer reaches the caller as a returned value or a raised exception would)."""
 
-    def __init__(self, runner: ActorRunner, reply: Port | None, index: int | None, caller: Any):
+    def __init__(self, runner: Runner, reply: Port | None, index: int | None, caller: Any):
         self._runner = runner
         self._reply = reply
         self._index = index
@@ -48,7 +47,7 @@ class ResponsePort:
         if not self._claim():
             return False
         if not self._send(status, value) and status == FAILED:
-            self._runner._report_unhandled(value)  # noqa: SLF001  a broadcast: nobody waits
+            self._runner.report_unhandled(value)  # a broadcast: nobody waits
         return True
 
     def deliver(self, status: int, value: Any) -> bool:
@@ -66,7 +65,7 @@ class ResponsePort:
     def _send(self, status: int, value: Any) -> bool:
         if self._reply is None or self._index is None:
             return False
-        self._runner._reply(self._reply, self._index, status, value, self._caller)  # noqa: SLF001  the actor's reply
+        self._runner.reply(self._reply, self._index, status, value, self._caller)
         return True
 
     def __reduce__(self) -> Any:
@@ -77,7 +76,7 @@ class ResponsePort:
 
 
 def send_reply(
-    runner: ActorRunner, port: Port, index: int, status: int, value: Any, caller: Any = None
+    runner: Runner, port: Port, index: int, status: int, value: Any, caller: Any = None
 ) -> None:
     """Answer a call of ``runner``'s actor: ``value`` (or a rendered failure, ``status``) to
     ``port`` as the answer of point ``index``; ``caller``: see ``Node.in_order``."""

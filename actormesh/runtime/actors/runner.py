@@ -12,34 +12,37 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import RemoteFailure
-from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import (
+from ..faults import raise_in_thread
+from ..messaging import (
     CALL_ITEM,
+    SIMPLE_TYPES,
     SPAWN_ITEM,
     STOP_ITEM,
     SUPERVISE_ITEM,
     TASK_ITEM,
     ActorInbox,
+    Message,
+    actor_address,
+    flush_output,
+    port_of,
+    reply_port,
 )
-from ..messaging.address import actor_address
-from ..messaging.codec import Message
-from ..messaging.logs import flush_output
-from ..messaging.node import reply_port
-from ..messaging.plain_pickle import SIMPLE_TYPES
-from ..messaging.protocol import FAILED, OK, shape_from_state
-from . import context as ctxmod
+from ..messaging.envelopes import CallEnvelope
+from ..messaging.protocol import FAILED, OK, ReplyTo, shape_from_state
+from . import actor_context as ctxmod
 from .failures import ended, ends_the_actor, label, render_failure, stopped, unconstructed
 from .lifecycle import Lifecycle, exit_if_forked, forks_made
 from .ownership import Ownership, local
 from .reentry import Reentry, task_runner
 from .response_port import ResponsePort, send_reply
+from .runner_parts import Caller
 
 if TYPE_CHECKING:
     from ..extent import Point
-    from ..messaging.node import Node, Port
+    from ..messaging import Node, Port
     from ..shape import Shape
 
 logger = logging.getLogger(__name__)
@@ -147,7 +150,7 @@ class ActorRunner:
                 elif kind == TASK_ITEM:
                     self._run_task(msg)
                 elif kind == SUPERVISE_ITEM:
-                    self._handle_supervise(msg)
+                    self.handle_supervise(msg)
                 else:
                     reentry.handle_local(kind, msg)
                 # Not held while waiting for the next one: a call's buffers (a tensor argument's
@@ -195,8 +198,9 @@ class ActorRunner:
 
     def _cancel(self, msg: Message) -> None:
         """A call that an interrupt caught before it started: it fails without running."""
-        _, _, endpoint_name, state, reply = msg.envelope
-        shape = shape_from_state(state)
+        call = CallEnvelope.of(msg)
+        endpoint_name, reply = call.endpoint, call.reply
+        shape = shape_from_state(call.shape)
         index = shape.local_index(self.proc_rank)
         failure = RemoteFailure(
             label(self.rank),
@@ -208,10 +212,11 @@ class ActorRunner:
         )
         port = reply_port(reply)
         if port is not None and index is not None:
-            self._reply(port, index, FAILED, failure, _caller(reply))
+            self.reply(port, index, FAILED, failure, _caller(reply))
 
     def handle_call(self, msg: Message) -> None:
-        _, _, endpoint_name, state, reply_state = msg.envelope  # (CALL, key, endpoint, ...)
+        call = CallEnvelope.of(msg)
+        endpoint_name, state, reply_state = call.endpoint, call.shape, call.reply
         view = self._views.get(state)
         if view is None:
             if len(self._views) > 256:
@@ -222,8 +227,9 @@ class ActorRunner:
             context = ctxmod.Context(self.actor_instance, None, shape, index)
             view = self._views[state] = (shape, index, context)
         shape, index, context = view
-        reply: Port | None = reply_port(reply_state)
-        caller = _caller(reply_state)
+        to = None if reply_state is None else ReplyTo.read(reply_state)
+        reply: Port | None = None if to is None else port_of(to)
+        caller = None if to is None else to.after
         ctxmod.set_current(context)
         _tls.runner = self
         status, value = OK, None
@@ -246,8 +252,8 @@ class ActorRunner:
                     value = getattr(self.instance, endpoint_name)(*args, **kwargs)
                     if type(value) not in _PLAIN and inspect.isawaitable(value):
                         if endpoint_name in self.concurrent:
-                            call = (endpoint_name, reply, index, caller, answer)
-                            self.reentry.start(value, context, call)
+                            waiting = Caller(endpoint_name, reply, index, caller, answer)
+                            self.reentry.start(value, context, waiting)
                             return  # it answers when it ends (Reentry.run_call)
                         value = self.run_coroutine(value, watch=True)
                 finally:
@@ -267,18 +273,15 @@ class ActorRunner:
         if fatal is None and answer is None and reply is not None and index is not None:
             send_reply(self, reply, index, status, value, caller)  # what finish does, here
         else:
-            self.finish(endpoint_name, status, value, fatal, reply, index, caller, answer)
+            self.finish(Caller(endpoint_name, reply, index, caller, answer), status, value, fatal)
 
     def finish(
         self,
-        endpoint_name: str,
+        caller: Caller,
         status: int,
         value: Any,
         fatal: BaseException | None,
-        reply: Port | None,
-        index: int | None,
-        caller: bytes | None,
-        answer: ResponsePort | None,
+        *,
         end: bool = True,
     ) -> None:
         """Answer a call that ended. ``fatal``: what ends the actor (its failure, ``value``, is
@@ -291,15 +294,16 @@ class ActorRunner:
             if end:
                 # Before the reply: whoever hears of the failure sees it ended.
                 self.lifecycle.end(fatal)
+        reply, index, answer = caller.reply, caller.position, caller.answer
         delivered = status != FAILED
         if answer is not None:
             if status == FAILED:
                 delivered = answer.deliver(status, value)  # not when it answered already
         elif reply is not None and index is not None:
-            self._reply(reply, index, status, value, caller)
+            self.reply(reply, index, status, value, caller.after)
             delivered = True
         if status == FAILED and (fatal is not None or not delivered):
-            self._report_unhandled(value)
+            self.report_unhandled(value)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -330,12 +334,12 @@ class ActorRunner:
                 self._awaiting = None
                 self.reentry.unwatch(watcher)
 
-    def _reply(
+    def reply(
         self, port: Port, index: int, status: int, value: Any, caller: bytes | None = None
     ) -> None:
         send_reply(self, port, index, status, value, caller)
 
-    def _report_unhandled(self, failure: RemoteFailure) -> None:
+    def report_unhandled(self, failure: RemoteFailure) -> None:
         flush_output()
         self._escalate(failure)
 
@@ -365,7 +369,7 @@ class ActorRunner:
         """Deliver a failure of a mesh this actor owns to its ``__supervise__`` (any thread)."""
         self.inbox.put((SUPERVISE_ITEM, failure))
 
-    def _handle_supervise(self, failure: Any) -> None:
+    def handle_supervise(self, failure: Any) -> None:
         self.ownership.handle(failure)
 
     @contextlib.contextmanager
@@ -387,7 +391,7 @@ def _caller(reply: tuple[Any, ...] | None) -> bytes | None:
     """The caller's process mailbox when a reply travels by another route than what this process
     sends that process directly (to a thread's own reply inbox, or through a host agent that
     gathers replies): the reply then says where to wait up to (Node.in_order)."""
-    return reply[2] if reply is not None and len(reply) > 2 else None
+    return None if reply is None else ReplyTo.read(reply).after
 
 
 _tls = threading.local()
@@ -397,4 +401,5 @@ _PLAIN = SIMPLE_TYPES | {tuple, list, dict}
 
 def current_runner() -> ActorRunner | None:
     """The actor whose endpoint is running on this thread (or task), if any."""
-    return getattr(_tls, "runner", None) or task_runner.get()
+    runner = getattr(_tls, "runner", None) or task_runner.get()
+    return cast("ActorRunner | None", runner)  # the one Runner there is

@@ -21,16 +21,16 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ... import config
-from ..faults.stacks import raise_in_thread
-from ..messaging.actor_inbox import CALL_ITEM, STOP_ITEM, SUPERVISE_ITEM
-from ..messaging.node import reply_port
-from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
+from ..faults import raise_in_thread
+from ..messaging import CALL_ITEM, STOP_ITEM, SUPERVISE_ITEM, reply_port
+from ..messaging.envelopes import CallEnvelope, StopActorEnvelope
+from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, ReplyTo, shape_from_state
 from .failures import stopped
 from .response_port import send_reply
+from .runner_parts import Runner
 
 if TYPE_CHECKING:
-    from ..messaging.codec import Message
-    from .runner import ActorRunner
+    from ..messaging import Message
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class StoppedInInit(BaseException):
 class StandIn:
     """The stand-in of one actor's construction (see the module docstring)."""
 
-    def __init__(self, runner: ActorRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.took_over = False  # it answered a stop: the actor is stopped
         self._lock = threading.Lock()
@@ -162,18 +162,17 @@ class StandIn:
         self._answer_stop(msg)
 
     def _answer_stop(self, msg: Message) -> None:
-        _, _key, state, reply = msg.envelope
-        index = shape_from_state(state).local_index(self.runner.proc_rank)
-        port = reply_port(reply)
+        stop = StopActorEnvelope.of(msg)
+        index = shape_from_state(stop.shape).local_index(self.runner.proc_rank)
+        port = reply_port(stop.reply)
         if port is not None and index is not None:
             send_reply(self.runner, port, index, OK, None)
 
     def _refuse(self, msg: Message) -> None:
         runner = self.runner
-        _, _, endpoint_name, state, reply_state = msg.envelope
-        index = shape_from_state(state).local_index(runner.proc_rank)
-        port = reply_port(reply_state)
+        call = CallEnvelope.of(msg)
+        index = shape_from_state(call.shape).local_index(runner.proc_rank)
+        port = reply_port(call.reply)
         if port is not None and index is not None:
-            failure = stopped(runner.rank, runner.name, endpoint_name)
-            caller = reply_state[2] if len(reply_state) > 2 else None
-            send_reply(runner, port, index, FAILED, failure, caller)
+            failure = stopped(runner.rank, runner.name, call.endpoint)
+            send_reply(runner, port, index, FAILED, failure, ReplyTo.read(call.reply).after)

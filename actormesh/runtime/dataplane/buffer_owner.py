@@ -13,11 +13,9 @@ import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..messaging.address import Address
-from ..messaging.codec import Message
-from ..messaging.node import current_node
-from ..messaging.protocol import BUF_DONE
-from ..messaging.shm_lane import SHM_DIR, NoRoom, map_reserved
+from ..messaging import SHM_DIR, Address, Message, NoRoom, current_node, map_reserved
+from ..messaging.envelopes import BufCudaEnvelope, BufReadEnvelope
+from ..messaging.protocol import BUF_DONE, ReplyTo
 from . import cuda_buffers
 from .shm import ROOM_ADVICE, NoSpace, no_space
 
@@ -97,13 +95,14 @@ _TRIES = 3
 
 
 def _reply(reply: tuple[Any, ...], ok: bool, text: str, buffers: list[Any]) -> None:
-    addr_t, port_id = reply
-    current_node().send(Address(*addr_t), (BUF_DONE, port_id, ok, text), b"", buffers)
+    to = ReplyTo.read(reply)
+    current_node().send(Address(*to.address), (BUF_DONE, to.port_id, ok, text), b"", buffers)
 
 
 def _requested(msg: Message) -> tuple[Owned | None, tuple[Any, ...]]:
     """The buffer a read, write or CUDA fence asks for; a dropped one is refused here, for all."""
-    _, buffer_id, reply, *_ = msg.envelope
+    asked = BufReadEnvelope.of(msg)  # BUF_WRITE and BUF_CUDA start with the same two fields
+    buffer_id, reply = asked.buffer_id, asked.reply
     with _owned_lock:
         owned = _owned.get(buffer_id)
     if owned is None:
@@ -146,7 +145,7 @@ def on_cuda(msg: Message) -> None:
     owned, reply = _requested(msg)
     if owned is None:
         return
-    want_handle = msg.envelope[3]
+    want_handle = BufCudaEnvelope.of(msg).want_handle
     tensor = owned.tensor
 
     def ready() -> list[Any]:

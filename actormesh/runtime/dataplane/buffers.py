@@ -32,10 +32,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshError, MeshUsageError, SupervisionError
-from ..actors.future import Future
-from ..messaging.address import Address
-from ..messaging.codec import Message
-from ..messaging.node import current_node
+from ..actors import Future, completed_future, set_exception, set_result
+from ..messaging import Address, Message, current_node
+from ..messaging.envelopes import BufDoneEnvelope
 from ..messaging.protocol import BUF_CUDA, BUF_READ, BUF_WRITE
 from . import cuda_buffers, shm
 from .buffer_owner import (
@@ -203,24 +202,24 @@ class TensorBuffer:
         """Copy the buffer's bytes into ``dst`` (same size and dtype)."""
         dst = self._check(dst, "read_into")
         if self.nbytes == 0:
-            return Future._completed(None)
+            return completed_future(None)
         if self._through_ipc():
             return self._cuda_copy(dst, read=True)
         if self._local():
             self._mapping().copy(bytes_of(dst), into_buffer=False)
-            return Future._completed(None)
+            return completed_future(None)
         return self._remote(BUF_READ, dst)
 
     def write_from(self, src: Any) -> Future[None]:
         """Copy ``src`` (same size and dtype) into the buffer: the owner's tensor changes."""
         src = self._check(src, "write_from")
         if self.nbytes == 0:
-            return Future._completed(None)
+            return completed_future(None)
         if self._through_ipc():
             return self._cuda_copy(src, read=False)
         if self._local():
             self._mapping().copy(bytes_of(src), into_buffer=True)
-            return Future._completed(None)
+            return completed_future(None)
         return self._remote(BUF_WRITE, src)
 
     def drop(self) -> None:
@@ -271,9 +270,9 @@ class _OwnerAnswer:
 
     def on_message(self, msg: Message) -> None:
         self.close()
-        _, _, ok, text = msg.envelope
-        if not ok:
-            self.done._set_exception(MeshError(text))
+        done = BufDoneEnvelope.of(msg)
+        if not done.ok:
+            set_exception(self.done, MeshError(done.error))
             return
         self.answered(msg)
 
@@ -284,7 +283,7 @@ class _OwnerAnswer:
         if mailbox != self.buf.owner.mailbox:
             return False
         self.close()
-        self.done._set_exception(SupervisionError([death], "the owner of a TensorBuffer died"))
+        set_exception(self.done, SupervisionError([death], "the owner of a TensorBuffer died"))
         return True
 
 
@@ -294,7 +293,7 @@ class _RemoteCopy(_OwnerAnswer):
             import torch
 
             bytes_of(self.tensor).copy_(torch.frombuffer(msg.buffers[0], dtype=torch.uint8))
-        self.done._set_result(None)
+        set_result(self.done, None)
 
 
 class _IpcCopy(_OwnerAnswer):
@@ -318,9 +317,9 @@ class _IpcCopy(_OwnerAnswer):
             else:
                 cuda_buffers.copy_and_wait(bytes_of(remote), bytes_of(self.tensor))
         except Exception as exc:
-            self.done._set_exception(MeshError(f"a CUDA IPC copy of {self.buf!r} failed: {exc}"))
+            set_exception(self.done, MeshError(f"a CUDA IPC copy of {self.buf!r} failed: {exc}"))
             return
-        self.done._set_result(None)
+        set_result(self.done, None)
 
 
 def _restore(state: tuple[Any, ...], transport: str, gpu: str | None = None) -> TensorBuffer:

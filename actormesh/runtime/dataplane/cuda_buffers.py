@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..procs.osutil import visible_gpus
+from ..procs import visible_gpus
 
 if TYPE_CHECKING:
     import torch

@@ -49,15 +49,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ...errors import MeshError, MeshUsageError
-from ..actors.actor import Actor, endpoint
-from ..actors.context import context
-from ..actors.future import Future, then, when_all
+from ..actors import Actor, Future, completed_future, context, endpoint, then, when_all
 from ..mesh_shape import view_shape
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, proc_table
-from ..meshes.proc_table import ProcTable
-from ..meshes.value_mesh import ValueMesh
-from ..procs.osutil import visible_gpus
+from ..meshes import ActorMesh, ProcMesh, ProcTable, ValueMesh, new_proc_mesh, proc_table_of
+from ..procs import visible_gpus
 from ..shape import Shape
 from .rank_layout import RankLayout, choose_backend, gpu_of, layout
 
@@ -106,13 +101,13 @@ def _parts(mesh: ActorMesh[Any] | ProcMesh) -> tuple[ProcTable, Shape]:
             f"expected an actor mesh or a proc mesh, got {type(mesh).__name__}; "
             "pass the mesh whose processes should form the group"
         )
-    return proc_table(mesh), view_shape(mesh)
+    return proc_table_of(mesh), view_shape(mesh)
 
 
 def helper_mesh(mesh: ActorMesh[Any] | ProcMesh, name: str, cls: type[Actor]) -> ActorMesh[Any]:
     """Spawn ``cls`` on exactly the processes of ``mesh`` (not re-created by ``heal``)."""
     procs, shape = _parts(mesh)
-    return ProcMesh._create(procs, shape, None).spawn(name, cls)
+    return new_proc_mesh(procs, shape, None).spawn(name, cls)
 
 
 def rank0(mesh: ActorMesh[Any]) -> ActorMesh[Any]:
@@ -220,7 +215,7 @@ def release_on_failure(
 
 def both(a: Future[X], b: Future[Y]) -> Future[tuple[X, Y]]:
     """A future for the pair of results; fails with whichever fails first."""
-    return then(when_all([a, b]), lambda pair: Future._completed((pair[0], pair[1])))
+    return then(when_all([a, b]), lambda pair: completed_future((pair[0], pair[1])))
 
 
 # -- the worker's side -------------------------------------------------------------------------

@@ -12,8 +12,7 @@ import runpy
 import sys
 from types import TracebackType
 
-from ..actors.actor import Actor, endpoint
-from ..actors.context import context
+from ..actors import Actor, context, endpoint
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,7 @@ import time
 from typing import Any
 
 from ...errors import SupervisionError
-from ..messaging.codec import Message
-from ..messaging.node import current_node
-from ..messaging.shm_lane import SHM_DIR
+from ..messaging import SHM_DIR, Message, current_node
 
 # How long a mapping outlives the last handle that read through it (seconds).
 LINGER_S = 0.5

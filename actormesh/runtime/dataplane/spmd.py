@@ -32,7 +32,6 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ... import config
 from ...errors import (
@@ -40,25 +39,20 @@ from ...errors import (
     MeshClosedError,
     MeshError,
     MeshTimeoutError,
-    MeshUsageError,
     ProcDeath,
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future, then
+from ..actors import Future, completed_future, then
 from ..mesh_shape import view_shape
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh
-from ..meshes.value_mesh import ValueMesh
+from ..meshes import ProcMesh, ValueMesh, new_value_mesh
 from .distributed import (
-    _DistSetup,
     helper_mesh,
     mesh_layout,
     rank0,
     release_on_failure,
-    single_host,
 )
-from .rank_layout import RankLayout, monarch_layout
+from .elastic_env import omp_threads, serve_store, torchrun_envs
 from .script_runner import ScriptRunner
 
 logger = logging.getLogger(__name__)
@@ -67,56 +61,6 @@ logger = logging.getLogger(__name__)
 # hits is shown once, with all its ranks) before they are stopped.
 FAILURE_GRACE = 2.0
 DIM = "procs"  # not "gpus": torchrun scripts expect to see every GPU and pick by LOCAL_RANK
-
-
-def torchrun_env(
-    member: RankLayout,
-    master_addr: str,
-    master_port: int,
-    run_id: str,
-    agent_store: bool = True,
-    omp_threads: str | None = None,
-) -> dict[str, str]:
-    """The environment torchrun gives one worker (pure; see the module docstring)."""
-    env = member.env(master_addr, master_port)
-    env.update(
-        {
-            "ROLE_RANK": str(member.rank),
-            "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": str(member.world_size),
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
-            "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
-            ),
-        }
-    )
-    if omp_threads is not None:
-        env["OMP_NUM_THREADS"] = omp_threads
-    return env
-
-
-def _omp_threads(per_host: int) -> str | None:
-    if "OMP_NUM_THREADS" in os.environ:
-        return os.environ["OMP_NUM_THREADS"]
-    return "1" if per_host > 1 else None
-
-
-def _serve(
-    mesh: ProcMesh, master_addr: str | None
-) -> tuple[ActorMesh[Any], Future[tuple[str, int]]]:
-    if master_addr is None and single_host(mesh):
-        master_addr = "127.0.0.1"
-    helpers = helper_mesh(mesh, "_spmd_store", _DistSetup)
-    return helpers, rank0(helpers).serve_store.call_one(master_addr)
-
-
-def _envs(
-    mesh: ProcMesh, addr: str, port: int, run_id: str, omp: str | None
-) -> list[dict[str, str]]:
-    return [torchrun_env(m, addr, port, run_id, True, omp) for m in mesh_layout(mesh)]
 
 
 # -- the controller's side ----------------------------------------------------------------------
@@ -141,21 +85,21 @@ def launch(
     you stop the mesh. Any thread may call it.
     """
     run_id = run_id or uuid.uuid4().hex[:12]
-    omp = _omp_threads(max(len(g) for g in _by_host(procs)))
-    helpers, store = _serve(procs, master_addr)
+    omp = omp_threads(max(len(g) for g in _by_host(procs)))
+    helpers, store = serve_store(procs, master_addr)
     runners = helper_mesh(procs, "spmd", ScriptRunner)
 
     def start(addr_port: tuple[str, int]) -> Future[ValueMesh[int]]:
         port = addr_port[1]
-        envs = _envs(procs, *addr_port, run_id, omp)
+        envs = torchrun_envs(procs, *addr_port, run_id, omp)
         done: Future[ValueMesh[tuple[int, int]]] = runners.run.call(
             script, list(args), envs, module
         )
 
         def codes(values: ValueMesh[tuple[int, int]]) -> Future[ValueMesh[int]]:
             rank0(helpers).release_store.call_one(port)  # the script's group is gone
-            return Future._completed(
-                ValueMesh._create(view_shape(procs), [c for _, c in values.values()])
+            return completed_future(
+                new_value_mesh(view_shape(procs), [c for _, c in values.values()])
             )
 
         return then(done, codes)
@@ -192,7 +136,7 @@ def run(
     ``FAILURE_GRACE`` seconds to report, then every process is stopped (as torchrun does); the
     processes are always stopped before this returns. Blocks the calling thread (any thread).
     """
-    from ..procs.host_mesh import this_host
+    from ..procs import this_host
 
     if nproc_per_host < 1:
         raise ValueError(f"nproc_per_host must be at least 1, got {nproc_per_host}")
@@ -220,10 +164,10 @@ def _run_on(
     def left() -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    _helpers, store = _serve(procs, master_addr)
+    _helpers, store = serve_store(procs, master_addr)
     addr, port = store.get(timeout=left())
-    omp = _omp_threads(max(len(g) for g in _by_host(procs)))
-    envs = _envs(procs, addr, port, run_id or uuid.uuid4().hex[:12], omp)
+    omp = omp_threads(max(len(g) for g in _by_host(procs)))
+    envs = torchrun_envs(procs, addr, port, run_id or uuid.uuid4().hex[:12], omp)
     runners = helper_mesh(procs, "spmd", ScriptRunner)
     stream = runners.run.stream(script, list(args), envs, module)
     codes: dict[int, int] = {}
@@ -266,39 +210,6 @@ def _run_on(
     if failures:
         raise ActorError(failures)
     return next((codes[r] for r in sorted(codes) if codes[r] != 0), 0)
-
-
-def setup_torch_elastic_env(
-    procs: ProcMesh,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-    use_ipaddr: Any = None,
-) -> None:
-    """Monarch's ``monarch.spmd.setup_torch_elastic_env``: set torchrun's variables in every
-    process of ``procs``, so that its actors can call ``dist.init_process_group()`` themselves.
-    Ranks follow Monarch's rules (``monarch_layout``: the last mesh dimension is the local one).
-
-    Blocks until every process has them (at most ``RENDEZVOUS_TIMEOUT`` seconds). Without
-    ``master_port``, rank 0's process serves the store on a port it bound (no race); with it,
-    rank 0's ``init_process_group`` starts the store on that port, as in plain torch.
-    ``use_ipaddr`` is accepted for Monarch's signature: the store's address is already one
-    every rank can reach (``master_addr`` or rank 0's host).
-    """
-    from .distributed import RENDEZVOUS_TIMEOUT
-
-    if master_port is None:
-        helpers, store = _serve(procs, master_addr)
-        addr, port = store.get(timeout=RENDEZVOUS_TIMEOUT)
-        agent_store = True
-    else:
-        if master_addr is None and not single_host(procs):
-            raise MeshUsageError("with master_port on several hosts, give master_addr too")
-        helpers = helper_mesh(procs, "_spmd_env", _DistSetup)
-        addr, port, agent_store = master_addr or "127.0.0.1", master_port, False
-    run_id = uuid.uuid4().hex[:12]
-    layout = monarch_layout(view_shape(procs))
-    envs = [torchrun_env(m, addr, port, run_id, agent_store) for m in layout]
-    helpers.set_env.call(envs).get(timeout=RENDEZVOUS_TIMEOUT)
 
 
 # -- command line ----------------------------------------------------------------------------------

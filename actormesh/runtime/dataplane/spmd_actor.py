@@ -19,13 +19,12 @@ import subprocess
 import sys
 from typing import Any
 
-from ..actors.actor import Actor, endpoint
-from ..actors.context import current_rank
-from ..meshes.proc_mesh import ProcMesh
+from ..actors import Actor, current_rank, endpoint
+from ..meshes import ProcMesh
 from ..shape import Shape
+from .elastic_env import setup_torch_elastic_env
 from .rank_layout import monarch_layout
 from .script_runner import exit_code, leave_quietly, script_frames
-from .spmd import setup_torch_elastic_env
 
 
 class SPMDActor(Actor):

@@ -14,12 +14,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..actors.runner import ActorRunner
-    from ..meshes.value_mesh import ValueMesh
+from ..extent import Point
 
 # Actor names that start with this are reserved for tools built on the runtime (a notebook
 # kernel's executor, a debugger's agent): stack dumps leave them out, since they are not the
@@ -53,7 +51,27 @@ def stopped(pid: int) -> bool:
     return fields[0] in (b"T", b"t")
 
 
-def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> str:
+class BusyActor(Protocol):
+    """An actor's runner as a stack dump reads it (``actors/runner.py``'s ``ActorRunner``, a
+    higher layer): its thread, its name, its actor and what it is busy with since when."""
+
+    @property
+    def thread(self) -> threading.Thread: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def instance(self) -> Any: ...
+    @property
+    def busy(self) -> tuple[str, float] | None: ...
+
+
+class RankTexts(Protocol):
+    """Text per rank: a ``ValueMesh[str]`` (``meshes/value_mesh.py``, a higher layer)."""
+
+    def items(self) -> Iterator[tuple[Point, str]]: ...
+
+
+def format_stacks(runners: Iterable[BusyActor], skip: Iterable[int] = ()) -> str:
     """The Python stack of every thread of this process except the runtime's own, as text."""
     by_ident = {r.thread.ident: r for r in runners}
     skipped = set(skip)
@@ -96,24 +114,30 @@ def format_stacks(runners: Iterable[ActorRunner], skip: Iterable[int] = ()) -> s
     return "".join(out) or "(no user threads)\n"
 
 
+def without_busy_time(text: str) -> str:
+    """A stack dump without how long each actor has been busy, which differs from rank to
+    rank: what compares equal when two ranks are in the same place."""
+    return _BUSY_FOR.sub("", text)
+
+
 def raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
     """Schedule ``exc`` in thread ``ident`` (``None`` cancels a pending one)."""
     arg = ctypes.py_object(exc) if exc is not None else None  # None passes NULL: cancel
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), arg)
 
 
-def group_stacks(stacks: ValueMesh[str]) -> list[tuple[list[str], str]]:
+def group_stacks(stacks: RankTexts) -> list[tuple[list[str], str]]:
     """Ranks with identical stacks together: ``[(["gpus=0", "gpus=2"], text), ...]``,
     largest group first."""
     groups: dict[str, tuple[list[str], str]] = {}
     for point, text in stacks.items():
         label = ",".join(f"{k}={v}" for k, v in point.items() if point.extent[k] > 1) or "0"
-        key = _BUSY_FOR.sub("", text)  # how long each rank has been busy differs: not the stack
+        key = without_busy_time(text)
         groups.setdefault(key, ([], text))[0].append(label)
     return sorted(groups.values(), key=lambda g: -len(g[0]))
 
 
-def render_grouped(stacks: ValueMesh[Any]) -> str:
+def render_grouped(stacks: RankTexts) -> str:
     parts = []
     for ranks, text in group_stacks(stacks):
         parts.append(f"=== ranks {', '.join(ranks)} ===\n{text}")

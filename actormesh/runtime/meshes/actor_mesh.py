@@ -8,16 +8,16 @@ import weakref
 from typing import Any, Generic, TypeVar
 
 from ...errors import UnknownEndpointError
-from ..actors.future import Future
+from ..actors import Future, completed_future
 from ..mesh_shape import MeshShape, NoPublicConstructor
-from ..messaging.node import current_node, node_if_started
+from ..messaging import current_node, node_if_started
 from ..messaging.protocol import STOP_ACTOR, shape_state
 from ..shape import Shape
 from . import relay
 from .collect import Gather
 from .endpoint import Endpoint, NotAnEndpoint, no_values
 from .proc_table import ProcTable
-from .value_mesh import ValueMesh
+from .value_mesh import ValueMesh, new_value_mesh
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
     @property
     def initialized(self) -> Future[ValueMesh[None]]:
         if self._initialized is None:
-            return Future._completed(ValueMesh._create(self._shape, [None] * len(self._shape)))
+            return completed_future(new_value_mesh(self._shape, [None] * len(self._shape)))
         return self._initialized
 
     def stop(self) -> Future[None]:
@@ -104,7 +104,7 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         stopped = procs.stopped_actors.setdefault(self._key, set())
         ranks = [r for r in shape.ranks() if r not in stopped]
         if not ranks:
-            return Future._completed(None)
+            return completed_future(None)
         stopped.update(ranks)
         gather: Gather[None] = Gather(f"{self._name}.stop", procs, shape, no_values)
         for index, rank in enumerate(shape.ranks()):
@@ -158,6 +158,25 @@ class ActorMesh(MeshShape, Generic[A], metaclass=NoPublicConstructor):
         return f"<ActorMesh {self._name}: {self._class_name} on {self._shape.extent}>"
 
 
+def new_actor_mesh(
+    procs: ProcTable,
+    shape: Shape,
+    key: str,
+    name: str,
+    class_name: str,
+    endpoints: frozenset[str],
+    initialized: Future[Any] | None,
+    spawned: Shape | None = None,
+    methods: frozenset[str] = frozenset(),
+) -> ActorMesh[Any]:
+    """An ``ActorMesh`` on the actors of mesh ``key`` (spawned as ``name``, of class
+    ``class_name``) in the processes of ``procs``, the view ``shape`` of the mesh ``spawned``.
+    ``initialized`` completes once every rank ran ``__init__`` (None: it did already)."""
+    return ActorMesh._create(  # noqa: SLF001  the factory of this module's class
+        procs, shape, key, name, class_name, endpoints, initialized, spawned, methods
+    )
+
+
 def _restore(
     procs: ProcTable,
     shape: Shape,
@@ -168,7 +187,7 @@ def _restore(
     spawned: Shape | None = None,
     methods: frozenset[str] = frozenset(),
 ) -> ActorMesh[Any]:
-    return ActorMesh._create(procs, shape, key, name, class_name, endpoints, None, spawned, methods)
+    return new_actor_mesh(procs, shape, key, name, class_name, endpoints, None, spawned, methods)
 
 
 def actor_key(mesh: ActorMesh[Any]) -> str:

@@ -18,10 +18,10 @@ from ...errors import (
     SupervisionError,
     actor_error,
 )
-from ..actors.future import Future
+from ..actors import Future, completed_future, failed_future, set_exception, set_result
 from ..extent import point_label
-from ..messaging.codec import Message
-from ..messaging.node import Node, Port, current_node
+from ..messaging import Message, Node, Port, current_node
+from ..messaging.envelopes import ReplyEnvelope
 from ..messaging.protocol import FAILED, OK
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ class Collector(Generic[T]):
         ]
 
     def on_message(self, msg: Message) -> None:
-        _, _, index, status = msg.envelope[:4]  # (REPLY, port id, index, status[, after])
+        reply = ReplyEnvelope.of(msg)
+        index, status = reply.index, reply.status
         try:
             value = msg.value()
         except Exception as exc:
@@ -165,7 +166,8 @@ class Gather(Collector[T]):
         # A rank that answered (the common case: every reply of a call_one, a choose or a call
         # that succeeds, read by the caller's thread as it waits) is recorded here, without the
         # general path's value -> deliver chain.
-        _, _, index, status = msg.envelope[:4]
+        reply = ReplyEnvelope.of(msg)
+        index, status = reply.index, reply.status
         if status != OK:
             super().on_message(msg)
             return
@@ -189,7 +191,7 @@ class Gather(Collector[T]):
             self.values[index] = f"(dead: {value.describe()})\n"
             failed = False
         elif failed and isinstance(value, ProcDeath):
-            self.future._set_exception(SupervisionError([value], f"{self.what} cannot complete"))
+            set_exception(self.future, SupervisionError([value], f"{self.what} cannot complete"))
             return
         if failed:
             self.failures.append(value)
@@ -199,9 +201,9 @@ class Gather(Collector[T]):
     def _complete(self) -> None:
         """Every rank answered: the future gets the failures, or ``finish`` of the values."""
         if self.failures:
-            self.future._set_exception(actor_error(self.failures))
+            set_exception(self.future, actor_error(self.failures))
         else:
-            self.future._set_result(self.finish(self.values))
+            set_result(self.future, self.finish(self.values))
 
 
 class GatherOne(Gather[T]):
@@ -220,7 +222,7 @@ class GatherOne(Gather[T]):
         port = self.port  # close(), inline
         if port is not None:
             self.node.close_port(port)
-        self.future._set_result(value)
+        set_result(self.future, value)
 
 
 def _only(values: list[Any]) -> Any:
@@ -241,11 +243,11 @@ class Stream(Collector[T], Generic[T]):
         if self.record(index, value) is None:
             return
         if isinstance(value, ProcDeath):
-            fut: Future[T] = Future._failed(SupervisionError([value], f"{self.what} failed"))
+            fut: Future[T] = failed_future(SupervisionError([value], f"{self.what} failed"))
         elif failed:
-            fut = Future._failed(actor_error([value]))
+            fut = failed_future(actor_error([value]))
         else:
-            fut = Future._completed(value)
+            fut = completed_future(value)
         self._arrived.put(fut)
 
     def __iter__(self) -> Iterator[Future[T]]:

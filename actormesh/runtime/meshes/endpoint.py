@@ -24,16 +24,21 @@ from ...errors import (
     RemoteFailure,
     SupervisionError,
 )
-from ..actors.future import Future
-from ..faults import supervision
-from ..messaging.codec import dumps, payload_digest
-from ..messaging.node import Port, current_node, spawn_hint
-from ..messaging.plain_pickle import SIMPLE_TYPES
+from ..actors import Future
+from ..faults import raise_pending
+from ..messaging import (
+    SIMPLE_TYPES,
+    Port,
+    current_node,
+    dumps,
+    payload_digest,
+    spawn_hint,
+    thread_reply_inbox,
+)
 from ..messaging.protocol import CALL, shape_state
-from ..messaging.reply_inbox import reply_inbox
 from . import relay
 from .tensor_seam import tensor_layer
-from .value_mesh import ValueMesh
+from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
     from ..shape import Shape
@@ -205,9 +210,7 @@ class Endpoint(Generic[P, R]):
         grouped), and with ``SupervisionError`` as soon as any rank's process dies.
         """
         shape = self._shape
-        gather = Gather(
-            self._what, self._procs, shape, partial(ValueMesh._create, shape), self._full
-        )
+        gather = Gather(self._what, self._procs, shape, partial(new_value_mesh, shape), self._full)
         self.cast(shape, args, kwargs, gather)
         return gather.future
 
@@ -295,7 +298,7 @@ class Endpoint(Generic[P, R]):
         """Send ``endpoint(*args, **kwargs)`` to the ranks of ``shape`` (a view of this mesh),
         their replies to ``collector`` (a :class:`Collector`; ``None``: no reply). The adverbs
         are made of it; tools use it with a collector of their own (the kernel's cells)."""
-        supervision.raise_pending()
+        raise_pending()
         procs = self._procs
         if procs.closed:
             raise MeshClosedError(
@@ -312,7 +315,7 @@ class Endpoint(Generic[P, R]):
         if collector is not None:
             inbox = None
             if collector.read_by_waiter and _all_on(procs.addresses, ranks, transport.host_id):
-                inbox = reply_inbox(node)  # replies read by this thread as it waits
+                inbox = thread_reply_inbox(node)  # replies read by this thread as it waits
             if inbox is None:
                 port = collector.port = node.open_port(collector)
                 reply = (tuple(port.address), port.port_id)

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ...errors import MeshUsageError, ProcDeath, RemoteFailure, actor_error
-from ..actors.future import Future
+from ..actors import Future, set_exception, set_result
 from ..mesh_shape import NoPublicConstructor
-from ..messaging.codec import Message
-from ..messaging.node import FAILED_VALUE, OK_VALUE, Port, current_node
+from ..messaging import FAILED_VALUE, OK_VALUE, Message, Port, current_node
+from ..messaging.envelopes import PortEnvelope
 from .endpoint import Endpoint
 from .value_mesh import ValueMesh
 
@@ -50,12 +50,11 @@ class PortReceiver(Generic[T], metaclass=NoPublicConstructor):
 
     # PortHandler protocol (I/O thread)
     def on_message(self, msg: Message) -> None:
-        env = msg.envelope
-        rank = env[2] if len(env) > 2 else None
-        status = env[3] if len(env) > 3 else OK_VALUE
+        sent = PortEnvelope.of(msg)
+        status = OK_VALUE if sent.status is None else sent.status
         if self._once:
             self.close()  # a once port takes one value; later ones are dropped
-        self._deliver((rank, status, msg.value()))
+        self._deliver((sent.rank, status, msg.value()))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool:
         return False  # a port does not know its senders; a dead sender simply sends no more
@@ -104,9 +103,9 @@ def _settle(fut: Future[Any], ranked: bool, entry: tuple[int | None, int, Any]) 
     if status == FAILED_VALUE:
         failure = value if isinstance(value, RemoteFailure) else None
         if failure is None:
-            return fut._set_exception(MeshUsageError(f"a port received a bad failure {value!r}"))
-        return fut._set_exception(actor_error([failure]))
-    return fut._set_result((rank, value) if ranked else value)
+            return set_exception(fut, MeshUsageError(f"a port received a bad failure {value!r}"))
+        return set_exception(fut, actor_error([failure]))
+    return set_result(fut, (rank, value) if ranked else value)
 
 
 class Channel(Generic[T]):
@@ -117,7 +116,7 @@ class Channel(Generic[T]):
         """Open a port in this process. The ``Port`` is picklable and can be sent to actors,
         which ``port.send(value)`` to it; the ``PortReceiver`` stays here. A ``once`` port
         takes one value and then closes (later values are dropped)."""
-        receiver: PortReceiver[Any] = PortReceiver._create(once)
+        receiver: PortReceiver[Any] = PortReceiver._create(once)  # noqa: SLF001  same module
         port = current_node().open_port(receiver)
         receiver._port = port  # noqa: SLF001  same module: the port exists only once routed to it
         return port, receiver
@@ -145,16 +144,16 @@ class Accumulator(Generic[T, U]):
         def fold(done: Future[ValueMesh[T]]) -> None:
             exc = done.exception()
             if exc is not None:
-                result._set_exception(exc)
+                set_exception(result, exc)
                 return
             acc = self._identity
             try:
                 for value in done.get().values():
                     acc = self._combine(acc, value)
             except Exception as e:
-                result._set_exception(e)
+                set_exception(result, e)
                 return
-            result._set_result(acc)
+            set_result(result, acc)
 
         call.add_done_callback(fold)
         return result

@@ -4,37 +4,48 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from ... import config
 from ...errors import MeshClosedError, MeshUsageError
-from ..actors import context as ctxmod
-from ..actors.actor import Actor, endpoint_names, plain_method_names
-from ..actors.future import Future
-from ..actors.ownership import Owner
-from ..actors.runner import ActorRunner, current_runner
-from ..faults.stacks import STOPPED_HINT, stopped
+from ..actors import (
+    Actor,
+    ActorRunner,
+    Future,
+    Owner,
+    completed_future,
+    current_runner,
+    endpoint_names,
+    plain_method_names,
+    proc_factory,
+)
+from ..faults import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor, view_shape
-from ..messaging.codec import payload_digest
-from ..messaging.metrics import in_worker, local_log
-from ..messaging.node import current_node, spawn_hint
+from ..messaging import (
+    LogSink,
+    MetricsLog,
+    current_node,
+    in_worker,
+    local_log,
+    payload_digest,
+    spawn_hint,
+)
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
-from ..shape import Shape
+from ..shape import Shape, unchecked_shape
 from . import relay
-from .actor_mesh import ActorMesh
+from .actor_mesh import ActorMesh, new_actor_mesh
 from .collect import MISSING, Collector, Gather
 from .endpoint import no_values, pickle_arguments
 from .proc_table import ProcTable, live_table
 from .rank_table import rank_table
 from .tensor_seam import tensor_layer
-from .value_mesh import ValueMesh
+from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
-    from ..messaging.address import Address
-    from ..procs.host_mesh import HostMesh
-    from ..procs.mesh_record import MeshRecord
+    from ..messaging import Address
+    from ..procs import HostMesh  # the type users get from ProcMesh.host_mesh (see MeshOwner)
 
 A = TypeVar("A", bound=Actor)
 
@@ -52,6 +63,29 @@ class ActorSpawn(NamedTuple):
     owner: Owner | None = None
 
 
+class MeshOwner(Protocol):
+    """The controller's record of a proc mesh it spawned (``procs/mesh_record.py``'s
+    ``MeshRecord``, a higher layer), as the ``ProcMesh`` views of that mesh use it: views in
+    other processes, or of ``this_proc()``, have none."""
+
+    @property
+    def initialized(self) -> Future[bool] | None: ...
+    @property
+    def host_mesh(self) -> HostMesh | None: ...
+    @property
+    def actor_spawns(self) -> list[ActorSpawn]: ...
+    @property
+    def metrics(self) -> MetricsLog: ...
+    @property
+    def logs(self) -> LogSink: ...
+
+    def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None: ...
+
+    def heal(self, spares: Sequence[Any] | None = None) -> Future[None]: ...  # AgentHandles
+
+    def stop(self) -> Future[None]: ...
+
+
 class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     """Worker processes, one per rank, made by ``HostMesh.spawn_procs``. Not built by users.
 
@@ -61,12 +95,12 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
     """
 
     _procs: ProcTable
-    _record: MeshRecord | None
+    _record: MeshOwner | None
 
     _not_constructed = "ProcMesh is not constructed directly; use this_host().spawn_procs(...)"
 
     @classmethod
-    def _create(cls, procs: ProcTable, shape: Shape, record: MeshRecord | None) -> ProcMesh:
+    def _create(cls, procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:
         self = object.__new__(cls)
         self._procs = procs
         self._shape = shape
@@ -103,7 +137,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         ``spawn_procs`` returns, so without a bootstrap it is complete at once."""
         record = self._record
         if record is None or record.initialized is None:
-            return Future._completed(True)
+            return completed_future(True)
         return record.initialized
 
     @property
@@ -146,7 +180,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         gather: Gather[Any] = Gather(f"{name}.__init__", self._procs, shape, no_values)
         methods = plain_method_names(cls) - endpoints
-        mesh: ActorMesh[A] = ActorMesh._create(
+        mesh: ActorMesh[A] = new_actor_mesh(
             self._procs, shape, key, name, cls.__qualname__, endpoints, gather.future, None, methods
         )
         node = current_node()
@@ -205,7 +239,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 values.append(f"stopped: {STOPPED_HINT}")
             else:
                 values.append("alive")
-        return ValueMesh._create(self._shape, values)
+        return new_value_mesh(self._shape, values)
 
     def stacks(self, timeout: float = 1.0) -> Future[ValueMesh[str]]:
         """The Python stacks of every rank of this mesh (or slice), as text per rank.
@@ -217,7 +251,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         """
         shape = self._shape
         gather: Gather[ValueMesh[str]] = Gather(
-            "stacks", self._procs, shape, partial(ValueMesh._create, shape)
+            "stacks", self._procs, shape, partial(new_value_mesh, shape)
         )
         gather.deaths_as_values = True
         node = current_node()
@@ -332,8 +366,8 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         if self._record is None:
             raise MeshUsageError("logging_option is set in the process that spawned the mesh")
         senders = [self._procs.addresses[r].mailbox for r in self._shape.ranks()]
-        self._record.ctl.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
-        return Future._completed(None)
+        self._record.logs.set_mode(senders, stream_to_client, aggregate_window_sec)
+        return completed_future(None)
 
     # -- lifetime --------------------------------------------------------------------------------
 
@@ -375,17 +409,23 @@ def one_proc_mesh(
     # spawn for); the table holds only that rank's address, at that index.
     if table is None:
         table = ProcTable(mesh_id, [address] * (rank + 1), [label] * (rank + 1))
-    return ProcMesh._create(table, Shape._unchecked((), rank, (), ()), None)
+    return new_proc_mesh(table, unchecked_shape((), rank, (), ()), None)
 
 
-ctxmod.proc_factory[0] = _own_proc
+proc_factory[0] = _own_proc
+
+
+def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:
+    """A ``ProcMesh`` on the processes of ``procs``, the view ``shape``; ``record``: the
+    controller's record of the mesh when this process spawned it (it can stop and heal it)."""
+    return ProcMesh._create(procs, shape, record)  # noqa: SLF001  the factory of this module's class
 
 
 def _restore(procs: ProcTable, shape: Shape) -> ProcMesh:
-    return ProcMesh._create(procs, shape, None)
+    return new_proc_mesh(procs, shape, None)
 
 
-def proc_table(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
+def proc_table_of(mesh: ProcMesh | ActorMesh[Any]) -> ProcTable:
     """The processes under a proc or actor mesh: for tools that group meshes by proc mesh (the
     kernel, the sidebar, process groups). A function, not an attribute: see ``actor_key``."""
     return mesh._procs  # noqa: SLF001  the one reader outside the mesh classes
@@ -395,4 +435,4 @@ def unrecorded(procs: ProcMesh) -> ProcMesh:
     """A view of ``procs`` whose spawns are not recorded for ``heal``: for a helper actor that
     a healed process cannot host (the tensor engine: a healed process never joined its process
     group, tensor/compat.py)."""
-    return _restore(proc_table(procs), view_shape(procs))
+    return _restore(proc_table_of(procs), view_shape(procs))

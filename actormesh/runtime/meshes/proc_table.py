@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..messaging.address import Address
+from ..messaging import Address
 
-if TYPE_CHECKING:
-    from .relay import Plan
+# How a cast reaches a mesh's ranks (relay.py's plan, cached here per view): the ranks it sends
+# to directly, and the relay agents it sends one message each.
+Plan = tuple[tuple[int, ...], tuple[Address, ...]]
 
 _live: weakref.WeakValueDictionary[str, ProcTable] = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()

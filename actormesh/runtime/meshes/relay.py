@@ -47,22 +47,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.address import Address
-from ..messaging.codec import Message, payload_digest
-from ..messaging.node import reply_port
-from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, shape_from_state
+from ..messaging import Address, Message, payload_digest, reply_port
+from ..messaging.envelopes import (
+    CallEnvelope,
+    RelayEnvelope,
+    ReplyEnvelope,
+    StopActorEnvelope,
+    kind_of,
+)
+from ..messaging.protocol import CALL, RELAY, REPLIES, STOP_ACTOR, ReplyTo, shape_from_state
+from .proc_table import Plan, ProcTable
 
 if TYPE_CHECKING:
     from ...errors import ProcDeath
-    from ..messaging.node import Node, Port
+    from ..messaging import Node, Port
     from ..shape import Shape
     from .collect import Collector
-    from .proc_table import ProcTable
 
 logger = logging.getLogger(__name__)
-
-# (ranks sent to directly, relay agents to send one message each)
-Plan = tuple[tuple[int, ...], tuple[Address, ...]]
 
 # A gathered message stays well under what a receiver accepts (wire.Verifier: 1,024 buffers),
 # and large payloads go at once: batching them saves nothing.
@@ -129,10 +131,11 @@ def send(
     if buffers and digest is None:
         digest = payload_digest(payload)
     actor = None
-    if envelope[0] == CALL:
-        _, actor, _, _, _ = envelope
-    elif envelope[0] == STOP_ACTOR:  # the route of that actor's calls: it comes after them
-        _, actor, _, _ = envelope
+    kind = kind_of(envelope)
+    if kind == CALL:
+        actor = CallEnvelope.read(envelope).key
+    elif kind == STOP_ACTOR:  # the route of that actor's calls: it comes after them
+        actor = StopActorEnvelope.read(envelope).key
     for rank in direct:
         address = procs.addresses[rank]
         if dead and address.mailbox in dead:
@@ -209,29 +212,33 @@ class Relayer:
         return found
 
     def on_relay(self, msg: Message) -> None:
-        _, mesh_id, state, one_way, envelope, window = msg.envelope
+        relayed = RelayEnvelope.of(msg)
+        mesh_id, state, envelope = relayed.mesh_id, relayed.shape, relayed.envelope
+        kind = kind_of(envelope)
         targets = self.targets(mesh_id, state)
         if not targets:
-            logger.debug("relayed %r for %s reached no worker here", envelope[0], mesh_id)
+            logger.debug("relayed %r for %s reached no worker here", kind, mesh_id)
             return
         transport = self.node.transport
         payload, buffers = msg.payload, msg.buffers
         addresses = [address for _, address in targets]
         key = reply = None
-        if envelope[0] == CALL:
-            _, key, _, _, reply = envelope
-        elif envelope[0] == STOP_ACTOR:
-            _, key, _, _ = envelope
+        if kind == CALL:
+            call = CallEnvelope.read(envelope)
+            key, reply = call.key, call.reply
+        elif kind == STOP_ACTOR:
+            key = StopActorEnvelope.read(envelope).key
         if key is not None:
             # Straight to each actor's own inbox, as senders on this host call it (every call
             # from this agent to that actor takes that route, so its order holds, and a stop
             # comes after the calls sent before it).
             addresses = [transport.route_to_actor(a, key) for a in addresses]
-        if one_way and not buffers:
+        if relayed.one_way and not buffers:
             payload = bytes(payload)  # it may travel inside a batch's (pickled) envelope
             for address in addresses:
                 transport.send_one_way(address, envelope, payload)
             return
+        window = relayed.window
         if window > 0 and len(targets) > 1 and reply is not None:
             envelope = self._gather(mesh_id, state, envelope, targets, window)
         transport.send_many(addresses, envelope, payload, buffers, payload_digest(payload))
@@ -247,19 +254,24 @@ class Relayer:
         window: float,
     ) -> tuple[Any, ...]:
         """Open a port here for the replies of this call; the envelope that points at it."""
-        kind, key, endpoint, call_state, reply = envelope
-        # reply: (caller's inbox as a tuple, port id[, caller's process mailbox])
-        caller = reply[2] if len(reply) > 2 else reply[0][3]
+        call = CallEnvelope.read(envelope)
+        to = reply_port(call.reply)
+        # The caller's process mailbox: the reply's after, when it names one (its inbox is then
+        # a thread's own), else the mailbox of the inbox.
+        after = ReplyTo.read(call.reply).after
+        caller = after if after is not None else to.address.mailbox
         shape = shape_from_state(state)
-        gather = _Gathering(self, mesh_id, shape, targets, reply_port(reply), window)
+        gather = _Gathering(self, mesh_id, shape, targets, to, window)
         port = gather.port = self.node.open_port(gather)
         self._gathers[port.port_id] = gather
         # The workers still name the caller's process: each reply then says what it must come
         # after there (Node.in_order), although it travels through this agent.
-        return (kind, key, endpoint, call_state, (tuple(port.address), port.port_id, caller))
+        new_reply = (tuple(port.address), port.port_id, caller)
+        return (CALL, call.key, call.endpoint, call.shape, new_reply)
 
     def on_reply(self, gather: _Gathering, msg: Message) -> None:
-        _, _, index, status, *after_field = msg.envelope  # (REPLY, port id, index, status[, after])
+        reply = ReplyEnvelope.of(msg)
+        index, status = reply.index, reply.status
         dest = gather.caller.address
         batch = self._batches.get(dest.mailbox)
         nbuf = len(msg.buffers)
@@ -268,7 +280,7 @@ class Relayer:
             batch = None
         if batch is None:
             batch = self._batches[dest.mailbox] = _Batch(dest)
-        after = after_field[0] if after_field else 0
+        after = reply.after or 0  # sent only when it is not 0 (response_port.send_reply)
         size = len(msg.payload)
         batch.items.append((gather.caller.port_id, msg.sender, index, status, after, size, nbuf))
         batch.payloads.append(msg.payload)
@@ -372,7 +384,7 @@ def cast(
     window: float = 0.0,
 ) -> None:
     """An endpoint's cast (``Endpoint.cast``): a broadcast when there is no collector."""
-    _, _, _, state, _ = envelope  # (CALL, key, endpoint, shape state, reply)
+    state = CallEnvelope.read(envelope).shape
     one_way = collector is None
     args = (node, procs, shape, state, envelope, payload, buffers, digest, collector, one_way)
     send(*args, what=what, window=window)

@@ -12,7 +12,7 @@ from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..shape import Shape
 from .display import value_cell
 
-__all__ = ["ValueMesh"]
+__all__ = ["ValueMesh", "new_value_mesh"]
 
 T = TypeVar("T")
 
@@ -33,8 +33,18 @@ def _short_repr(value: object) -> str:
     return text
 
 
+def new_value_mesh(shape: Shape, values: Sequence[T]) -> ValueMesh[T]:
+    """A value mesh over ``shape``, ``values`` in the shape's row-major order: how the runtime
+    and its tools make one (users get theirs from ``endpoint.call(...).get()``).
+
+    Raises:
+        ValueError: not one value per rank of ``shape``.
+    """
+    return ValueMesh._create(shape, values)  # noqa: SLF001  the factory of this module's class
+
+
 def _rebuild(shape: Shape, values: tuple[Any, ...]) -> ValueMesh[Any]:
-    return ValueMesh._create(shape, values)
+    return new_value_mesh(shape, values)
 
 
 class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
@@ -57,7 +67,7 @@ class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
 
     _not_constructed = (
         "ValueMesh is created by the runtime; get one from endpoint.call(...).get() "
-        "(internally: ValueMesh._create(shape, values))"
+        "(internally: new_value_mesh(shape, values))"
     )
 
     @classmethod
@@ -92,7 +102,7 @@ class ValueMesh(MeshShape, Generic[T], metaclass=NoPublicConstructor):
         if self._shape is base:
             return list(values)
         ranks = self._shape.ranks()
-        stride = base._uniform_stride()  # noqa: SLF001  Shape's spacing test, for the fast path
+        stride = base.uniform_stride()
         if stride is not None:  # the base's ranks are evenly spaced: index arithmetically
             offset = base.offset
             return [values[(g - offset) // stride] for g in ranks]

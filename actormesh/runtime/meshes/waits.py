@@ -12,8 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..messaging.codec import Message
-from ..messaging.node import current_node
+from ..messaging import Message, current_node
 from ..messaging.protocol import WAITS
 from .proc_table import live_table
 

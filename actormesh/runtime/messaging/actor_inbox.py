@@ -31,6 +31,7 @@ import zmq
 
 from .address import Address
 from .codec import Message, Verifier
+from .envelopes import BatchEnvelope
 from .protocol import BATCH, CALL, STOP_ACTOR
 from .receive import decode, receive
 from .socket_waker import SocketWaker, wake_address
@@ -121,7 +122,7 @@ class ActorInbox:
             msg = decode(self._verifier, frames)
             if msg is None:
                 continue
-            if msg.envelope[0] == CALL and not queue:
+            if msg.kind == CALL and not queue:
                 return (CALL_ITEM, msg)  # the common case, without the ready queue
             self._file(msg)
 
@@ -153,15 +154,14 @@ class ActorInbox:
             self._file(msg)
 
     def _file(self, msg: Message) -> None:
-        kind = msg.envelope[0]
+        kind = msg.kind
         if kind == CALL:
             self._ready.append((CALL_ITEM, msg))
         elif kind == STOP_ACTOR:  # ActorMesh.stop, by the route of the calls it follows
             self._ready.append((STOP_ITEM, msg))
         elif kind == BATCH:
             # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
-            _, items = msg.envelope
-            for envelope, payload in items:
+            for envelope, payload in BatchEnvelope.of(msg).items:
                 self._ready.append((CALL_ITEM, Message(msg.sender, envelope, payload, [], msg.seq)))
         else:
             logger.warning("an actor inbox got a %r message; dropped", kind)

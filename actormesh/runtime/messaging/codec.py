@@ -248,7 +248,7 @@ class _KeyedMac:
 class Message:
     """A decoded, authenticated message. The payload is unpickled only on demand."""
 
-    __slots__ = ("buffers", "envelope", "payload", "sender", "seq")
+    __slots__ = ("buffers", "envelope", "kind", "payload", "sender", "seq")
 
     def __init__(
         self,
@@ -260,6 +260,8 @@ class Message:
     ) -> None:
         self.sender = sender
         self.envelope = envelope
+        # The kind (protocol.py) names the envelope's class (envelopes.py): CallEnvelope.of(msg)
+        self.kind: str = envelope[0] if envelope else ""
         self.payload = payload
         self.buffers = buffers
         self.seq = seq  # the sender's sequence number: orders its messages to any receiver

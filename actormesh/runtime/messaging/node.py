@@ -19,6 +19,14 @@ from . import shm_lane
 from .address import Address
 from .codec import Message
 from .curve import CurveKeys
+from .envelopes import (
+    BatchEnvelope,
+    DiedEnvelope,
+    RepliesEnvelope,
+    ReplyEnvelope,
+    RevivedEnvelope,
+    port_id_of,
+)
 from .protocol import (
     BATCH,
     BUF_DONE,
@@ -29,6 +37,7 @@ from .protocol import (
     REPLY,
     REVIVED,
     ProtocolError,
+    ReplyTo,
 )
 from .transport import Transport
 
@@ -96,15 +105,17 @@ def reply_port(reply: tuple[Any, ...]) -> Port: ...
 def reply_port(reply: tuple[Any, ...] | None) -> Port | None:
     """The Port of a reply, from the plain tuple an envelope carries (every call carries one:
     its Address is built once per caller)."""
-    if reply is None:
-        return None
-    addr_t = reply[0]
-    address = _addresses.get(addr_t)
+    return None if reply is None else port_of(ReplyTo.read(reply))
+
+
+def port_of(to: ReplyTo) -> Port:
+    """The Port of a reply field read by name (``reply_port`` for one that is not)."""
+    address = _addresses.get(to.address)
     if address is None:
         if len(_addresses) > 4096:
             _addresses.clear()
-        address = _addresses[addr_t] = Address(*addr_t)
-    return tuple.__new__(Port, (address, reply[1]))  # not Port(): its constructor is Python
+        address = _addresses[to.address] = Address(*to.address)
+    return tuple.__new__(Port, (address, to.port_id))  # not Port(): its constructor is Python
 
 
 class PortHandler(Protocol):
@@ -185,10 +196,10 @@ class Node:
     def to_port(self, msg: Message) -> None:
         """Hand a REPLY, PORT or BUF_DONE message to its port's handler, on the thread that read
         it (a reply inbox calls it for replies directly, rather than through ``dispatch``)."""
-        # The port id is the first field of every kind routed here (REPLY, PORT, BUF_DONE).
-        handler = self.ports.get(msg.envelope[1])
+        port_id = port_id_of(msg)
+        handler = self.ports.get(port_id)
         if handler is None:
-            logger.debug("message for closed port %s dropped", msg.envelope[1])
+            logger.debug("message for closed port %s dropped", port_id)
             return
         handler.on_message(msg)
 
@@ -196,7 +207,7 @@ class Node:
         """A REPLY off the process inbox. One that its sender could not send as a datagram
         (too large, or the inbox's queue full) names the last datagram the sender sent to
         that inbox before it: that one may still be queued, and is handled first."""
-        if len(msg.envelope) > 5:
+        if ReplyEnvelope.of(msg).datagrams is not None:
             self.read_reply_inboxes()
         self.to_port(msg)
 
@@ -217,8 +228,7 @@ class Node:
         """
         payload, buffers = msg.payload, msg.buffers
         start = first = 0
-        _, items = msg.envelope
-        for port_id, sender, index, status, after, size, nbuf in items:
+        for port_id, sender, index, status, after, size, nbuf in RepliesEnvelope.of(msg).items:
             reply = Message(
                 sender,
                 (REPLY, port_id, index, status, after),
@@ -242,17 +252,17 @@ class Node:
         sequence number of the last of them waits until the I/O thread has handled that one;
         the I/O thread then handles the reply itself.
         """
-        env = msg.envelope
-        if len(env) < 5 or not env[4]:
+        after = ReplyEnvelope.of(msg).after
+        if not after:
             return True
         # What was handled only grows (the I/O thread raises it), so a read without the lock
         # that finds the reply's predecessor handled is final; the lock is for holding it.
-        if self._handled.get(msg.sender, 0) >= env[4]:
+        if self._handled.get(msg.sender, 0) >= after:
             return True
         with self._held_lock:
-            if self._handled.get(msg.sender, 0) >= env[4]:
+            if self._handled.get(msg.sender, 0) >= after:
                 return True
-            self._held.append((msg.sender, env[4], msg))
+            self._held.append((msg.sender, after, msg))
             return False
 
     def _note_handled(self, msg: Message) -> None:
@@ -304,12 +314,11 @@ class Node:
             self.dead.pop(mailbox, None)
 
     def _on_died(self, msg: Message) -> None:
-        _, mailbox, death = msg.envelope
-        self.record_death(mailbox, death)
+        died = DiedEnvelope.of(msg)
+        self.record_death(died.mailbox, died.death)
 
     def _on_revived(self, msg: Message) -> None:
-        _, mailbox = msg.envelope
-        self.forget_death(mailbox)
+        self.forget_death(RevivedEnvelope.of(msg).mailbox)
 
     # -- dispatch (I/O thread) -------------------------------------------------------------------
 
@@ -325,17 +334,16 @@ class Node:
 
     def dispatch(self, msg: Message) -> None:
         """Run the handler of a received message (on whichever thread read it)."""
-        handler = self.handlers.get(msg.envelope[0])
+        handler = self.handlers.get(msg.kind)
         if handler is None:
-            logger.warning("no handler for message kind %r", msg.envelope[0])
+            logger.warning("no handler for message kind %r", msg.kind)
             return
         handler(msg)
 
     def _on_batch(self, msg: Message) -> None:
         # One signed message carrying several one-way ones (see Transport.send_one_way); the
         # payloads were covered by the signature of the head that carried them.
-        _, items = msg.envelope
-        for envelope, payload in items:
+        for envelope, payload in BatchEnvelope.of(msg).items:
             self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq))
 
     def send(

@@ -4,8 +4,9 @@ which handler takes it in which kind of process.
 A message on the control plane is a signed envelope, a plain tuple ``(kind, field, ...)``, and
 an optional pickled payload with out-of-band buffers (``codec.py``). Tuples stay on the wire
 because a call's cost is mostly per-message Python: a tuple of strings, ints and bytes pickles
-fastest, and a handler unpacks it by name in one statement (``_, key, endpoint, state, reply =
-msg.envelope``). This table is the place that gives those positions their names.
+fastest. This table is the place that gives those positions their names; a handler reads them
+by name through its kind's class in ``envelopes.py``, generated from the table
+(``CallEnvelope.of(msg).endpoint``).
 
 Process roles: the *controller* (a script or kernel; a worker that spawns meshes of its own is a
 controller too), a *worker* (one rank), a host *agent* (starts and reaps a host's workers; the
@@ -20,9 +21,11 @@ kind has exactly one registration, at the place named here; with ``ACTORMESH_CHE
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..shape import Shape
+# Nothing of the package at import time: scripts/write_envelopes.py loads this file alone.
+if TYPE_CHECKING:
+    from ..shape import Shape
 
 CONTROLLER, WORKER, AGENT = "controller", "worker", "agent"
 EVERY_ROLE = (CONTROLLER, WORKER, AGENT)
@@ -105,8 +108,9 @@ _TABLE = [
     Kind(REPLY, ("port_id", "index", "status", "after?", "datagrams?"), EVERY_ROLE, EVERY_ROLE,
          _NODE,
          "The answer of one rank to a call, spawn, stack dump or interrupt; the payload is the "
-         "value (status OK) or the rendered failure (FAILED). ``after``: the caller's process "
-         "mailbox when the reply did not come straight from the rank (see Node.in_order). "
+         "value (status OK) or the rendered failure (FAILED). ``after``: when the reply took "
+         "another route than the rank's earlier messages to the caller's process, the sequence "
+         "number of the last of them, handled first (see Node.in_order). "
          "``datagrams``: on a reply to a reply inbox that went through the process inbox "
          "instead, the sequence number of its sender's last datagram to that inbox, which is "
          "handled first (Node._on_reply)."),
@@ -267,14 +271,112 @@ def check_envelope(envelope: tuple[Any, ...]) -> None:
         )
 
 
+# -- the envelopes by field name ---------------------------------------------------------------
+# envelopes.py holds one NamedTuple per kind, generated from the table above: a handler reads
+# ``CallEnvelope.of(msg).endpoint``, never ``msg.envelope[2]``. Envelopes stay plain tuples on
+# the wire (they pickle fastest); ``of`` gives the tuple its field names where it is read.
+# tests/unit/test_protocol.py checks that envelopes.py is what this writes.
+
+
+def class_name(kind: Kind) -> str:
+    """``SPAWN_ACTOR`` -> ``SpawnActorEnvelope``: the envelope class of a kind."""
+    constant = next(k for k, v in globals().items() if k.isupper() and v == kind.name)
+    return "".join(part.capitalize() for part in constant.split("_")) + "Envelope"
+
+
+def envelopes_source() -> str:
+    """The text of envelopes.py, from the table."""
+    import textwrap
+
+    out = [
+        '"""Every message kind\'s envelope by field name, generated from the table in',
+        "``protocol.py`` by ``scripts/write_envelopes.py``: do not edit.",
+        "",
+        "A handler reads ``CallEnvelope.of(msg).endpoint``, not ``msg.envelope[2]``; ``read`` does",
+        "the same for an envelope that is not (yet) a message (one a relay passes on): the",
+        "envelope's fields as the kind's ``NamedTuple``, optional trailing fields that it leaves",
+        'out as ``None``."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import TYPE_CHECKING, Any, NamedTuple",
+        "",
+        "if TYPE_CHECKING:",
+        "    from .codec import Message",
+        "",
+        "_new = tuple.__new__",
+        "_PADS = ((), (None,), (None, None), (None, None, None))  # for missing optional fields",
+    ]
+    for kind in _TABLE:
+        name = class_name(kind)
+        fields = [f.rstrip("?") for f in kind.fields]
+        optional = sum(f.endswith("?") for f in kind.fields)
+        size = len(fields) + 1
+        doc = textwrap.wrap(f"{kind.name!r}: {kind.doc}", 91)
+        out += ["", "", f"class {name}(NamedTuple):", f'    """{doc[0]}']
+        out += [f"    {line}" for line in doc[1:]]
+        out[-1] += '"""'
+        out += ["", "    kind: str"]
+        out += [f"    {f}: Any" for f in fields[: len(fields) - optional]]
+        out += [f"    {f}: Any = None" for f in fields[len(fields) - optional :]]
+        for method, arg, env in (("of", "msg: Message", "msg.envelope"),
+                                 ("read", "envelope: tuple[Any, ...]", "envelope")):  # fmt: skip
+            out += ["", "    @classmethod", f"    def {method}(cls, {arg}) -> {name}:"]
+            if optional:
+                out += [
+                    f"        env = {env}",
+                    f"        if len(env) < {size}:",
+                    f"            env += _PADS[{size} - len(env)]",
+                    "        return _new(cls, env)",
+                ]
+            else:
+                out += [f"        return _new(cls, {env})"]
+    to_port = [k.name for k in _TABLE if k.fields[:1] == ("port_id",)]
+    out += [
+        "",
+        "",
+        "def kind_of(envelope: tuple[Any, ...]) -> str:",
+        '    """The kind of an envelope that is not (yet) a message (one a relay passes on): its',
+        '    first field, in every kind (a message has it as ``Message.kind``)."""',
+        "    return envelope[0]  # type: ignore[no-any-return]",
+        "",
+        "",
+        "def port_id_of(msg: Message) -> Any:",
+        '    """The port a message goes to (Node.to_port): the first field of '
+        + ", ".join(to_port)
+        + '."""',
+        "    return msg.envelope[1]",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def write_envelopes() -> None:
+    """Write envelopes.py from the table (``python scripts/write_envelopes.py``)."""
+    source = envelopes_source()
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "envelopes.py")
+    with open(path, "w") as f:
+        f.write(source)
+
+
 # -- field forms -----------------------------------------------------------------------------
 
 
-def reply_after_datagrams(envelope: tuple[Any, ...], seq: int) -> tuple[Any, ...]:
-    """A REPLY envelope that names ``seq``, its sender's last datagram to the reply inbox the
-    reply was meant for (its ``datagrams`` field)."""
-    after = envelope[4] if len(envelope) > 4 else 0
-    return (*envelope[:4], after, seq)
+class ReplyTo(NamedTuple):
+    """A ``reply`` field, read by name: the caller's inbox (an ``Address`` as a tuple), its
+    port, and ``after``: the caller's process mailbox when the answer travels by another route
+    than what this process sends that process directly (see ``Node.in_order``), else None.
+    Senders build it as the plain tuple ``(address, port_id[, after])``."""
+
+    address: tuple[Any, ...]
+    port_id: int
+    after: bytes | None = None
+
+    @classmethod
+    def read(cls, reply: tuple[Any, ...]) -> ReplyTo:
+        return _new(cls, reply if len(reply) == 3 else (*reply, None))
+
+
+_new = tuple.__new__
 
 
 def shape_state(shape: Shape) -> tuple[Any, ...]:
@@ -290,5 +392,7 @@ def shape_from_state(state: tuple[Any, ...]) -> Shape:
     if shape is None:
         if len(_shapes) > 4096:
             _shapes.clear()
-        shape = _shapes[state] = Shape._unchecked(*state)
+        from ..shape import unchecked_shape  # once per new shape: see the top of the file
+
+        shape = _shapes[state] = unchecked_shape(*state)
     return shape

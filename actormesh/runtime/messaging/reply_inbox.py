@@ -38,10 +38,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import config
-from ..faults import supervision
+from ..faults import add_main_waiter, remove_main_waiter
 from .address import MAX_IPC_PATH, reply_inbox_address
 from .codec import Message, Verifier, new_id
 from .datagrams import DatagramInbox, DatagramSender, path_of
+from .envelopes import port_id_of
 from .protocol import REPLY
 from .receive import decode
 
@@ -165,19 +166,19 @@ class ReplyInbox:
             msg = decode(verifier, [data])  # None: dropped, and said so
             if msg is None:
                 continue
-            env = msg.envelope
-            if env[0] != REPLY:
+            if msg.kind != REPLY:
                 self._handle(node, msg)
             elif in_order(msg):
                 # _handle, inline for a reply (what a waiting call reads): to its port's handler.
-                handler = ports.get(env[1])
+                port_id = port_id_of(msg)
+                handler = ports.get(port_id)
                 if handler is not None:
                     try:
                         handler.on_message(msg)
                     except Exception:
                         logger.exception("error handling a reply")
                 else:
-                    logger.debug("reply for closed port %s dropped", env[1])
+                    logger.debug("reply for closed port %s dropped", port_id)
             if done():
                 return
 
@@ -214,12 +215,12 @@ class ReplyInbox:
             return  # handed to the I/O thread, after what its sender sent before it
         try:
             # Replies are what this socket is for: straight to their port.
-            if msg.envelope[0] == REPLY:
+            if msg.kind == REPLY:
                 node.to_port(msg)
             else:
                 node.dispatch(msg)
         except Exception:
-            logger.exception("error handling a %r message", msg.envelope[0])
+            logger.exception("error handling a %r message", msg.kind)
 
     def set(self) -> None:
         """Wake the owner if it waits (any thread): a future completed elsewhere, or a failure
@@ -348,7 +349,7 @@ _numbers = itertools.count(1)
 _main_inbox: ReplyInbox | None = None  # only the process's main thread has one
 
 
-def reply_inbox(node: Node) -> ReplyInbox | None:
+def thread_reply_inbox(node: Node) -> ReplyInbox | None:
     """The calling thread's reply inbox, if it gets one: the process's main thread does (it is
     the one that makes calls and waits in scripts and notebooks); other threads use the
     process inbox."""
@@ -380,8 +381,8 @@ def reply_inbox(node: Node) -> ReplyInbox | None:
         # In a script, an unhandled failure elsewhere wakes the wait (fail fast). Registered
         # for good rather than for each wait: a wake-up with nobody waiting is read, and acted
         # on, by the next wait.
-        if supervision.add_main_waiter(inbox):
-            node.on_close(lambda: supervision.remove_main_waiter(inbox))
+        if add_main_waiter(inbox):
+            node.on_close(lambda: remove_main_waiter(inbox))
     return inbox
 
 

@@ -35,6 +35,7 @@ from .address import DATAGRAM_SCHEME, Address, actor_address, local_host_id, pro
 from .codec import Message, Signer, Verifier, new_id
 from .curve import CurveKeys
 from .datagrams import DatagramSender, path_of
+from .envelopes import ReplyEnvelope
 from .io_loop import IoLoop
 from .open_files import files_short, make_room
 from .receive import receive
@@ -61,10 +62,15 @@ def _all_here(dests: Sequence[Address], host: str) -> bool:
     return len({dest.mailbox for dest in dests}) == len(dests)
 
 
+def _after_datagrams(envelope: tuple[Any, ...], seq: int) -> tuple[Any, ...]:
+    """A REPLY envelope that names ``seq``, its sender's last datagram to the reply inbox the
+    reply was meant for (its ``datagrams`` field; ``after`` 0 when it had none)."""
+    reply = ReplyEnvelope.read(envelope)
+    return tuple(reply._replace(after=reply.after or 0, datagrams=seq))
+
+
 def _unattached(msg: Message) -> None:
-    logger.warning(
-        "dropped a %r message: no node handles this transport's messages", msg.envelope[0]
-    )
+    logger.warning("dropped a %r message: no node handles this transport's messages", msg.kind)
 
 
 class Transport(IoLoop):
@@ -222,7 +228,7 @@ class Transport(IoLoop):
                 dest = process_of_inbox(dest, caller)
                 sent = self._last_datagram.get(endpoint)
                 if sent:
-                    envelope = protocol.reply_after_datagrams(envelope, sent)
+                    envelope = _after_datagrams(envelope, sent)
                 continue
             try:
                 with self._send_lock:
@@ -562,7 +568,7 @@ class Transport(IoLoop):
             try:
                 self.on_message(msg)
             except Exception:
-                logger.exception("error handling a %r message", msg.envelope[0])
+                logger.exception("error handling a %r message", msg.kind)
             if self.on_handled is not None:
                 self.on_handled(msg)
 

@@ -21,8 +21,9 @@ import socket
 from ...errors import ProcDeath
 from .address import Address
 from .codec import Message
+from .envelopes import TunnelEnvelope
 from .node import Node
-from .protocol import PORT, TUNNEL
+from .protocol import PORT, TUNNEL, ReplyTo
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +102,12 @@ class TunnelEnds:
         node.register(TUNNEL, self._on_message)
 
     def _on_message(self, msg: Message) -> None:
-        _, tid, op, *opened = msg.envelope
-        key = (msg.sender, tid)
+        tunnel = TunnelEnvelope.of(msg)
+        key = (msg.sender, tunnel.tunnel_id)
+        op = tunnel.op
         if op == "open":
-            port, reply = opened
-            self._connect(key, int(port), Address(*reply[0]), reply[1])
+            to = ReplyTo.read(tunnel.reply)
+            self._connect(key, int(tunnel.port), Address(*to.address), to.port_id)
         elif op == "data":
             end = self._open.get(key)
             if end is not None:

@@ -25,14 +25,32 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.actor_host import ActorHost
-from ..actors.future import Future
-from ..faults import supervision
-from ..messaging.address import Address
-from ..messaging.codec import Message, new_key
-from ..messaging.logs import LogSink
-from ..messaging.metrics import call_records
-from ..messaging.node import SHUT_DOWN, Node, node_if_started, set_node_factory
+from ..actors import ActorHost, Future, completed_future, failed_future, set_exception, set_result
+from ..faults import failure_of_broadcast, unhandled_fault_hook
+from ..messaging import (
+    SHUT_DOWN,
+    Address,
+    LogSink,
+    Message,
+    Node,
+    Transport,
+    call_records,
+    make_run_dir,
+    new_key,
+    node_if_started,
+    set_node_factory,
+)
+from ..messaging.envelopes import (
+    ActorStoppedEnvelope,
+    AgentReadyEnvelope,
+    ExitEnvelope,
+    LogEnvelope,
+    MetricsEnvelope,
+    OwnedEnvelope,
+    ReadyEnvelope,
+    ResourcesEnvelope,
+    UnhandledEnvelope,
+)
 from ..messaging.protocol import (
     ACTOR_STOPPED,
     AGENT_READY,
@@ -46,9 +64,8 @@ from ..messaging.protocol import (
     RESOURCES,
     UNHANDLED,
 )
-from ..messaging.run_dir import make_run_dir
-from ..messaging.transport import Transport
-from .mesh_record import AgentHandle, MeshRecord
+from .agent_handle import AgentHandle
+from .mesh_record import MeshRecord
 from .osutil import raise_fd_limit
 from .sampling import Sample
 from .tensorboard import TensorBoardExport
@@ -182,7 +199,7 @@ class Controller:
             return
         agent.dead = True
         if not agent.ready.done():
-            agent.ready._set_exception(SupervisionError([], "the host agent exited at start-up"))
+            set_exception(agent.ready, SupervisionError([], "the host agent exited at start-up"))
         if self._closed:
             return
         for record in list(self.meshes.values()):
@@ -206,11 +223,11 @@ class Controller:
                 record.report_lost(ranks, lost, summary)
 
     def _on_agent_ready(self, msg: Message) -> None:
-        _, host_rank, address, hostname = msg.envelope
-        agent = self.agents[host_rank]
-        agent.address = address
-        agent.hostname = hostname
-        agent.ready._set_result(agent)
+        ready = AgentReadyEnvelope.of(msg)
+        agent = self.agents[ready.host_rank]
+        agent.address = ready.address
+        agent.hostname = ready.hostname
+        set_result(agent.ready, agent)
 
     # -- meshes ----------------------------------------------------------------------------------
 
@@ -235,30 +252,31 @@ class Controller:
         return [r for r in list(self.meshes.values()) if not (r.stopping or r.table.closed)]
 
     def _on_ready(self, msg: Message) -> None:
-        _, mesh_id, rank, pid, *tcp = msg.envelope
-        record = self.meshes.get(mesh_id)
+        ready = ReadyEnvelope.of(msg)
+        rank = ready.rank
+        record = self.meshes.get(ready.mesh_id)
         if record is not None:
-            if tcp:  # a worker on another host: its tcp port is known only now
+            if ready.tcp_port is not None:  # a worker on another host: known only now
                 addresses = record.table.addresses
-                addresses[rank] = addresses[rank]._replace(tcp=tcp[0])
-            record.on_ready(rank, pid)
+                addresses[rank] = addresses[rank]._replace(tcp=ready.tcp_port)
+            record.on_ready(rank, ready.pid)
 
     def _on_exit(self, msg: Message) -> None:
-        _, mesh_id, rank, pid, exitcode, signame, tail, *why = msg.envelope
-        record = self.meshes.get(mesh_id)
+        ended = ExitEnvelope.of(msg)
+        record = self.meshes.get(ended.mesh_id)
         if record is None:
             return
-        address = record.table.addresses[rank]
+        address = record.table.addresses[ended.rank]
         death = ProcDeath(
-            rank=record.table.labels[rank],
+            rank=record.table.labels[ended.rank],
             host=address.host,
-            pid=pid,
-            exitcode=exitcode,
-            signal=signame,
-            stderr_tail=tuple(tail) or self.logs.stderr_tail(address.mailbox),
-            reason="mesh stopped" if record.stopping else (why[0] if why else ""),
+            pid=ended.pid,
+            exitcode=ended.exitcode,
+            signal=ended.signal,
+            stderr_tail=tuple(ended.stderr_tail) or self.logs.stderr_tail(address.mailbox),
+            reason="mesh stopped" if record.stopping else (ended.reason or ""),
         )
-        record.on_exit(rank, death)
+        record.on_exit(ended.rank, death)
 
     def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
         """Tell every other live worker (their pending calls to it must fail too)."""
@@ -279,43 +297,44 @@ class Controller:
     def _on_log(self, msg: Message) -> None:
         # "log" comes from a worker's sys.stdout/stderr, "fdlog" from its file descriptors
         # (through the agent); both carry the worker's mailbox, which keys its stderr tail.
-        _, mailbox, label, stream, text = msg.envelope
-        self.logs.write(mailbox, label, stream, text)
+        log = LogEnvelope.of(msg)  # an FDLOG has the same fields
+        self.logs.write(log.mailbox, log.label, log.stream, log.text)
 
     def _on_metrics(self, msg: Message) -> None:
-        _, mesh_id, rank, calls = msg.envelope
-        record = self.meshes.get(mesh_id)
+        logged = MetricsEnvelope.of(msg)
+        record = self.meshes.get(logged.mesh_id)
         if record is not None:
-            records = call_records(calls)
-            record.metrics.add(rank, records)
+            records = call_records(logged.calls)
+            record.metrics.add(logged.rank, records)
             if self.tensorboard is not None:
-                self.tensorboard.write(mesh_id, record.table.labels[rank], records)
+                label = record.table.labels[logged.rank]
+                self.tensorboard.write(logged.mesh_id, label, records)
 
     def _on_resources(self, msg: Message) -> None:
-        _, t, samples = msg.envelope
+        sampled = ResourcesEnvelope.of(msg)
         meshes = self.meshes
-        for mesh_id, rank, *reading in samples:
+        for mesh_id, rank, *reading in sampled.samples:
             record = meshes.get(mesh_id)
             if record is not None:
-                record.resources.add(rank, Sample(t, *reading))
+                record.resources.add(rank, Sample(sampled.time, *reading))
 
     def _on_owned(self, msg: Message) -> None:
-        _, mesh_id, rank, owner = msg.envelope
-        record = self.meshes.get(mesh_id)
+        owned = OwnedEnvelope.of(msg)
+        record = self.meshes.get(owned.mesh_id)
         if record is not None:
-            record.on_owned(rank, owner)
+            record.on_owned(owned.rank, owned.owner)
 
     def _on_actor_stopped(self, msg: Message) -> None:
-        _, mesh_id, rank, key = msg.envelope
-        record = self.meshes.get(mesh_id)
+        stopped = ActorStoppedEnvelope.of(msg)
+        record = self.meshes.get(stopped.mesh_id)
         if record is not None:
-            record.table.stopped_actors.setdefault(key, set()).add(rank)
+            record.table.stopped_actors.setdefault(stopped.key, set()).add(stopped.rank)
 
     def _on_unhandled(self, msg: Message) -> None:
         """A broadcast raised, or an owner actor escalated a failure it did not handle."""
-        _, mesh_id = msg.envelope
+        mesh_id = UnhandledEnvelope.of(msg).mesh_id
         try:
-            failure = supervision.failure_of_broadcast(msg.value())
+            failure = failure_of_broadcast(msg.value())
         except Exception:
             logger.exception("an unhandled failure report could not be read")
             return
@@ -327,7 +346,7 @@ class Controller:
         elif record is not None:
             record.report_unhandled(failure)
         else:
-            supervision.unhandled_fault_hook(failure)
+            unhandled_fault_hook(failure)
 
     # -- shutdown --------------------------------------------------------------------------------
 
@@ -364,7 +383,7 @@ def job_key() -> bytes:
     path = os.environ.get("ACTORMESH_KEY_FILE")
     if not path:
         return new_key()
-    from ..messaging.codec import read_key_file
+    from ..messaging import read_key_file
 
     return read_key_file(path)
 
@@ -403,8 +422,8 @@ def shutdown_context() -> Future[None]:
         try:
             ctl.shutdown()
         except Exception as exc:
-            return Future._failed(exc)
-    return Future._completed(None)
+            return failed_future(exc)
+    return completed_future(None)
 
 
 def controller_if_started() -> Controller | None:

@@ -25,10 +25,18 @@ import sys
 import threading
 from typing import Any
 
-from ..faults.stacks import STOPPED_HINT, stopped
-from ..messaging.address import Address
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, set_node
+from ..faults import STOPPED_HINT, stopped
+from ..messaging import (
+    Address,
+    Message,
+    Node,
+    Transport,
+    TunnelEnds,
+    dumps,
+    forget_shared_memory,
+    set_node,
+)
+from ..messaging.envelopes import DumpEnvelope, ReapEnvelope, SignalEnvelope, SpawnProcsEnvelope
 from ..messaging.protocol import (
     AGENT_READY,
     DUMP,
@@ -38,10 +46,8 @@ from ..messaging.protocol import (
     SHUTDOWN,
     SIGNAL,
     SPAWN_PROCS,
+    ReplyTo,
 )
-from ..messaging.run_dir import forget_shared_memory
-from ..messaging.transport import Transport
-from ..messaging.tunnel import TunnelEnds
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
 from .sampling import ResourceSampler
 from .worker_output import Worker, WorkerOutput
@@ -162,8 +168,9 @@ class Agent:
 
     def _on_spawn(self, msg: Message) -> None:
         # request: SpawnRequest.wire(), the part every rank shares; p: one rank's part
-        _, mesh_id, procs, request = msg.envelope
-        for p in procs:
+        spawn = SpawnProcsEnvelope.of(msg)
+        mesh_id, request = spawn.mesh_id, spawn.request
+        for p in spawn.procs:
             spec = dict(request, mesh_id=mesh_id, **p)
             spec["env"] = dict(request["env"], **self._device_env(spec))
             ipc = p["ipc"].removeprefix("ipc://") if p.get("ipc") else ""
@@ -211,34 +218,37 @@ class Agent:
         threading.Thread(target=wait, daemon=True).start()
 
     def _on_reap(self, msg: Message) -> None:
-        _, mesh_id, grace = msg.envelope
+        reap = ReapEnvelope.of(msg)
+        mesh_id = reap.mesh_id
 
         def kill_leftovers() -> None:
             for w in list(self.workers.values()):
                 if w.mesh_id == mesh_id and w.exit_status is None:
                     _kill(w.pid, signal.SIGKILL)
 
-        self.node.transport.call_later(grace, kill_leftovers)
+        self.node.transport.call_later(reap.grace, kill_leftovers)
 
     def _on_signal(self, msg: Message) -> None:
-        _, mesh_id, ranks, signum = msg.envelope
+        sent = SignalEnvelope.of(msg)
+        ranks = sent.ranks
         for w in self.workers.values():
-            if w.mesh_id == mesh_id and (ranks is None or w.rank in ranks):
-                _kill(w.pid, signum)
+            if w.mesh_id == sent.mesh_id and (ranks is None or w.rank in ranks):
+                _kill(w.pid, sent.signum)
 
     def _on_dump(self, msg: Message) -> None:
         """Stacks of a worker whose message thread cannot answer (the GIL is held in C code):
         faulthandler's SIGUSR1 handler writes them to stderr without needing the GIL."""
-        _, mesh_id, rank, reply, index = msg.envelope
+        dump = DumpEnvelope.of(msg)
+        mesh_id, rank, index = dump.mesh_id, dump.rank, dump.index
+        to = ReplyTo.read(dump.reply)
         worker = next(
             (w for w in self.workers.values() if w.mesh_id == mesh_id and w.rank == rank), None
         )
         if worker is None:
             return
         if stopped(worker.pid):  # it cannot run its SIGUSR1 handler: say why there is no dump
-            addr_t, port_id = reply
             payload, buffers = dumps(f"({STOPPED_HINT})\n")
-            self.node.send(Address(*addr_t), (REPLY, port_id, index, 0), payload, buffers)
+            self.node.send(Address(*to.address), (REPLY, to.port_id, index, 0), payload, buffers)
             return
         worker.capture = []
         _kill(worker.pid, signal.SIGUSR1)
@@ -249,9 +259,8 @@ class Agent:
             text = "(no answer from the message thread; faulthandler dump:)\n" + captured.decode(
                 "utf-8", "replace"
             )
-            addr_t, port_id = reply
             payload, buffers = dumps(text)
-            self.node.send(Address(*addr_t), (REPLY, port_id, index, 0), payload, buffers)
+            self.node.send(Address(*to.address), (REPLY, to.port_id, index, 0), payload, buffers)
 
         self.node.transport.call_later(0.3, answer)
 

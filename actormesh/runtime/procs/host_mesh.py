@@ -11,19 +11,15 @@ from typing import Any
 
 from ... import config
 from ...errors import MeshTypeError, MeshUsageError, SupervisionError
-from ..actors.actor_host import BOOTSTRAP_NAME, Bootstrap, actor_host
-from ..actors.future import Future, settle, when_all
+from ..actors import BOOTSTRAP_NAME, Bootstrap, Future, local_actor_host, settle, when_all
 from ..extent import Extent
 from ..mesh_shape import MeshShape, NoPublicConstructor
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.proc_mesh import ProcMesh, one_proc_mesh
-from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
-from ..messaging.codec import new_id
-from ..messaging.logs import rank_label
+from ..meshes import ActorMesh, ProcMesh, ProcTable, new_proc_mesh, one_proc_mesh
+from ..messaging import Address, new_id, rank_label
 from ..shape import Shape
+from .agent_handle import AgentHandle
 from .controller import Controller, get_controller
-from .mesh_record import AgentHandle, MeshRecord, SpawnRequest
+from .mesh_record import MeshRecord, SpawnRequest
 
 _names_taken: set[str] = set()
 _names_lock = threading.Lock()
@@ -198,7 +194,7 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
             raise
         record.host_mesh = self
         self._spawned.append(record)
-        procs = ProcMesh._create(table, shape, record)
+        procs = new_proc_mesh(table, shape, record)
         if bootstrap is not None:
             # The first actor of every process: the ones spawned after it wait for it there.
             boot: ActorMesh[Any] = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap)
@@ -209,6 +205,12 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         return procs
 
 
+def new_host_mesh(ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:
+    """A ``HostMesh`` of the hosts of ``agents`` (``shape``: their extent), whose proc meshes
+    ``ctl`` controls."""
+    return HostMesh._create(ctl, agents, shape)  # noqa: SLF001  the factory of this module's class
+
+
 def this_host() -> HostMesh:
     """The machine the controller runs on, as a host mesh of extent ``{hosts: 1}``.
 
@@ -216,7 +218,7 @@ def this_host() -> HostMesh:
     """
     ctl = get_controller()
     agent = ctl.local_agent()
-    return HostMesh._create(ctl, [agent], Shape.from_extent({"hosts": 1}))
+    return new_host_mesh(ctl, [agent], Shape.from_extent({"hosts": 1}))
 
 
 def this_proc() -> ProcMesh:
@@ -230,6 +232,6 @@ def this_proc() -> ProcMesh:
     address = ctl.node.address
     # In a worker, the process's own rank in its proc mesh: what its actor host spawns for
     # (a worker of rank 1 whose this_proc() said rank 0 had its spawns ignored).
-    host = actor_host()
+    host = local_actor_host()
     rank = 0 if host is None else host.proc_rank
     return one_proc_mesh(f"proc-{address.mailbox.hex()[:16]}", address, rank, "controller")

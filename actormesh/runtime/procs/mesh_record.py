@@ -1,12 +1,10 @@
-"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop) and the
-controller's handle on one host agent (``AgentHandle``)."""
+"""One proc mesh as its controller sees it (``MeshRecord``: start-up, exits, stop)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,25 +17,29 @@ from ...errors import (
     ProcDeath,
     SupervisionError,
 )
-from ..actors.future import Future, settle, when_all
-from ..actors.ownership import Owner, send_to_owner
-from ..actors.runner import ActorRunner, current_runner
+from ..actors import (
+    ActorRunner,
+    Future,
+    Owner,
+    current_runner,
+    send_to_owner,
+    set_exception,
+    set_result,
+    settle,
+    when_all,
+)
 from ..extent import Extent
-from ..faults import supervision
-from ..meshes.proc_mesh import ActorSpawn, ProcMesh
-from ..meshes.proc_table import ProcTable
-from ..messaging.address import Address
-from ..messaging.codec import new_id
-from ..messaging.metrics import MetricsLog
-from ..messaging.node import spawn_hint
+from ..faults import unhandled_fault_hook
+from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
+from ..messaging import LogSink, MetricsLog, new_id, spawn_hint
 from ..messaging.protocol import DUMP, MOVED, REAP, REVIVED, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
-from .osutil import GOODBYE
+from .agent_handle import AgentHandle
+from .record_parts import MeshController
 from .sampling import ResourceHistory
 
 if TYPE_CHECKING:
-    from .controller import Controller
     from .host_mesh import HostMesh
 
 logger = logging.getLogger(__name__)
@@ -67,46 +69,12 @@ class SpawnRequest:
         }
 
 
-class AgentHandle:
-    """The controller's view of one host agent."""
-
-    def __init__(self, host_rank: int, proc: subprocess.Popen[bytes] | None, lifeline: int | None):
-        self.host_rank = host_rank
-        self.proc = proc
-        self.lifeline = lifeline
-        self.address: Address | None = None
-        self.hostname = ""
-        self.dead = False
-        self.ready: Future[AgentHandle] = Future(lambda: "the host agent to start")
-        # Hosts other than the controller's (see actormesh.hosts): their workers' ipc:// inboxes
-        # live under the agent's own run directory, and errors name the host.
-        self.run_dir: str | None = None
-        self.name = "this host"
-
-    def close(self, timeout: float = 3.0) -> None:
-        if self.lifeline is not None:
-            # Closing the lifeline tells the agent to kill its workers and exit; the goodbye
-            # tells it that we clean up ourselves (it does when we die without one).
-            try:
-                os.write(self.lifeline, GOODBYE)
-            except OSError:
-                pass  # the agent is gone already
-            os.close(self.lifeline)
-            self.lifeline = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 class MeshRecord:
     """A proc mesh owned by this controller: start-up, exits and stop."""
 
     def __init__(
         self,
-        ctl: Controller,
+        ctl: MeshController,
         table: ProcTable,
         agents: list[AgentHandle],
         per_host: int,
@@ -143,6 +111,11 @@ class MeshRecord:
         return f"processes {', '.join(missing[:8])} to start"
 
     @property
+    def logs(self) -> LogSink:
+        """Where the output of the controller's ranks goes (``ProcMesh.logging_option``)."""
+        return self.ctl.logs
+
+    @property
     def shape(self) -> Shape:
         """The whole mesh's shape, as spawned."""
         return Shape.from_extent(self.request.extent)
@@ -150,7 +123,7 @@ class MeshRecord:
     def proc_mesh(self, shape: Shape | None = None) -> ProcMesh:
         """A ``ProcMesh`` on this record's processes (the view ``shape``, default the whole
         mesh): for tools that find a mesh by its id and did not keep the user's object."""
-        return ProcMesh._create(self.table, self.shape if shape is None else shape, self)
+        return new_proc_mesh(self.table, self.shape if shape is None else shape, self)
 
     def agent_of(self, rank: int) -> AgentHandle:
         return self.agents[rank // self.per_host]
@@ -164,7 +137,7 @@ class MeshRecord:
             self.started += 1
             done = self.started == self.n
         if done:
-            self.ready._set_result(None)
+            set_result(self.ready, None)
 
     def on_exit(self, rank: int, death: ProcDeath, report: bool = True) -> bool:
         """Record the exit of ``rank``; returns whether it is left unhandled (and, when
@@ -176,15 +149,16 @@ class MeshRecord:
             all_gone = len(self.exited) == self.n
         address = self.table.addresses[rank]
         if not self.ready.done():
-            self.ready._set_exception(
-                SupervisionError([death], "a process of the new proc mesh failed to start")
+            set_exception(
+                self.ready,
+                SupervisionError([death], "a process of the new proc mesh failed to start"),
             )
         observed = self.ctl.node.record_death(address.mailbox, death)
         self.ctl.node.transport.forget(address)
         if self.stopping:
             if all_gone:
                 self.ctl.meshes.pop(self.table.mesh_id, None)
-                self.stopped._set_result(None)
+                set_result(self.stopped, None)
             return False
         self.ctl.notify_death(self, address, death)
         unhandled = not observed and self.ready.done()
@@ -224,7 +198,7 @@ class MeshRecord:
         if self.owner is not None:
             self.owner.supervise(failure)
         else:
-            supervision.unhandled_fault_hook(failure)
+            unhandled_fault_hook(failure)
 
     def proc_request(self, rank: int) -> dict[str, Any]:
         address = self.table.addresses[rank]
@@ -249,33 +223,34 @@ class MeshRecord:
             request = self.request.wire()
             self.ctl.node.send(agent.address, (SPAWN_PROCS, self.table.mesh_id, procs, request))
 
-    def heal(self, spares: list[AgentHandle] | None = None) -> Future[None]:
+    def heal(self, spares: Sequence[AgentHandle] | None = None) -> Future[None]:
         """Respawn dead ranks at their old addresses, each under a new mailbox (the ranks of a
         lost host on a spare host: see rehost.py), then re-create their actors."""
         healed: Future[None] = Future(lambda: f"the dead ranks of {self.table.mesh_id} to heal")
         try:
             self._restart_local_agent()
         except MeshError as exc:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return healed
         with self.lock:
             if self.stopping:
-                healed._set_exception(
+                set_exception(
+                    healed,
                     MeshClosedError(
                         f"cannot heal proc mesh {self.table.name!r}: it was stopped (stop() "
                         "ends every process for good, heal() respawns ranks that died); "
                         f"{spawn_hint('new procs with this_host().spawn_procs(...)')}"
-                    )
+                    ),
                 )
                 return healed
             dead = sorted(self.exited)
             if not dead:
-                healed._set_result(None)
+                set_result(healed, None)
                 return healed
             try:
                 moved = rehost.move_lost_hosts(self, dead, spares)
             except SupervisionError as exc:
-                healed._set_exception(exc)
+                set_exception(healed, exc)
                 return healed
             for rank in dead:
                 self.exited.discard(rank)
@@ -321,7 +296,7 @@ class MeshRecord:
     ) -> None:
         exc = ready.exception()
         if exc is not None:
-            healed._set_exception(exc)
+            set_exception(healed, exc)
             return
         rehost.announce(self, moved)
         node = self.ctl.node
@@ -333,8 +308,7 @@ class MeshRecord:
             mine = [r for r in ranks if shape.local_index(r) is not None and r not in stopped]
             if not mine:
                 continue
-            from ..meshes.collect import Gather
-            from ..meshes.endpoint import no_values
+            from ..meshes import Gather, no_values
 
             gather: Gather[None] = Gather(f"{spawn.name}.__init__", self.table, shape, no_values)
             # Only the respawned ranks answer; the others count as done already.
@@ -367,7 +341,7 @@ class MeshRecord:
             alive = [r for r in range(self.n) if r not in self.exited]
         if not alive:
             self.ctl.meshes.pop(self.table.mesh_id, None)
-            self.stopped._set_result(None)
+            set_result(self.stopped, None)
             return self.stopped
         node = self.ctl.node
         for rank in alive:

@@ -15,19 +15,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SupervisionError
-from ..messaging.address import Address
-from ..messaging.codec import Message
+from ..messaging import Address, Message
+from ..messaging.envelopes import MovedEnvelope
 from ..messaging.protocol import MOVED
+from .agent_handle import AgentHandle
+from .record_parts import HealedMesh
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
-    from .mesh_record import AgentHandle, MeshRecord
+    from ..messaging import Node
 
 logger = logging.getLogger(__name__)
 
 
 def move_lost_hosts(
-    record: MeshRecord, dead: Sequence[int], spares: Sequence[AgentHandle] | None
+    record: HealedMesh, dead: Sequence[int], spares: Sequence[AgentHandle] | None
 ) -> list[int]:
     """Give each lost host among ``dead``'s a spare agent and new addresses for its ranks.
 
@@ -75,7 +76,7 @@ def move_lost_hosts(
     return moved
 
 
-def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
+def announce(record: HealedMesh, ranks: Sequence[int]) -> None:
     """Tell every live worker where moved ranks are now (after they started: their tcp://
     address is known only then)."""
     table = record.table
@@ -87,14 +88,15 @@ def announce(record: MeshRecord, ranks: Sequence[int]) -> None:
 
 def on_moved(node: Node, msg: Message) -> None:
     """A worker's handler of ``moved``: update this process's copy of the proc table."""
-    from ..meshes.proc_table import live_table
+    from ..meshes import live_table
 
-    _, mesh_id, rank, address, relay = msg.envelope
-    table = live_table(mesh_id)
+    moved = MovedEnvelope.of(msg)
+    rank, relay = moved.rank, moved.relay
+    table = live_table(moved.mesh_id)
     if table is None:
         return
     old: Any = table.addresses[rank]
-    table.addresses[rank] = address
+    table.addresses[rank] = moved.address
     if relay is not None and table.relays is None:
         table.relays = [None] * len(table.addresses)
     if table.relays is not None:

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
-from ..messaging.address import Address
+from ..messaging import Address
 from ..messaging.protocol import RESOURCES
 
 if TYPE_CHECKING:
-    from ..messaging.node import Node
+    from ..messaging import Node
 
 logger = logging.getLogger(__name__)
 

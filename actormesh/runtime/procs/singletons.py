@@ -18,13 +18,18 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ...errors import ProcDeath, SupervisionError, actor_error
-from ..actors.actor import Actor
-from ..actors.failures import render_failure
-from ..actors.future import Future
-from ..meshes.actor_mesh import ActorMesh
-from ..meshes.endpoint import pickle_arguments
-from ..messaging.codec import Message, dumps
-from ..messaging.node import Node, current_node, node_if_started, reply_port
+from ..actors import (
+    Actor,
+    Future,
+    completed_future,
+    failed_future,
+    render_failure,
+    set_exception,
+    set_result,
+)
+from ..meshes import ActorMesh, pickle_arguments
+from ..messaging import Message, Node, current_node, dumps, node_if_started, reply_port
+from ..messaging.envelopes import ReplyEnvelope, SingletonEnvelope
 from ..messaging.protocol import FAILED, OK, REPLY, SINGLETON
 from .controller import Controller, on_controller
 from .host_mesh import this_proc
@@ -44,9 +49,9 @@ def get_or_spawn_controller(
     node = node_if_started()
     if node is None or _is_root(node):
         try:
-            return Future._completed(_get_or_spawn(name, cls, args, kwargs))
+            return completed_future(_get_or_spawn(name, cls, args, kwargs))
         except Exception as exc:
-            return Future._failed(exc)
+            return failed_future(exc)
     payload, buffers = pickle_arguments((cls, *args), kwargs, f"get_or_spawn_controller({name!r})")
     answer: _Answer[ActorMesh[A]] = _Answer(node, name)
     port = answer.port = node.open_port(answer)
@@ -78,7 +83,8 @@ def _install(ctl: Controller) -> None:
 
 def on_singleton(node: Node, msg: Message) -> None:
     """A ``SINGLETON`` question (I/O thread): pass it on towards the root, or answer it."""
-    _, name, reply = msg.envelope
+    asked = SingletonEnvelope.of(msg)
+    name = asked.name
     if not _is_root(node):
         assert node.controller is not None
         node.send(node.controller, msg.envelope, msg.payload, msg.buffers)
@@ -89,7 +95,7 @@ def on_singleton(node: Node, msg: Message) -> None:
         status, value = OK, _get_or_spawn(name, cls, tuple(args), kwargs)
     except Exception as exc:
         status, value = FAILED, render_failure(exc, "controller", name, "get_or_spawn_controller")
-    port = reply_port(reply)
+    port = reply_port(asked.reply)
     current_node().send(port.address, (REPLY, port.port_id, 0, status), *dumps(value))
 
 
@@ -106,19 +112,19 @@ class _Answer(Generic[T]):
 
     def on_message(self, msg: Message) -> None:
         self.node.close_port(self.port)
-        status, value = msg.envelope[3], msg.value()
+        status, value = ReplyEnvelope.of(msg).status, msg.value()
         if status == OK:
-            self.future._set_result(value)
+            set_result(self.future, value)
         else:
-            self.future._set_exception(actor_error([value]))
+            set_exception(self.future, actor_error([value]))
 
     def on_death(self, mailbox: bytes, death: ProcDeath) -> bool | None:
         controller = self.node.controller
         if controller is None or mailbox != controller.mailbox:
             return None
         self.node.close_port(self.port)
-        self.future._set_exception(
-            SupervisionError([death], "the controller died before it answered")
+        set_exception(
+            self.future, SupervisionError([death], "the controller died before it answered")
         )
         return True
 

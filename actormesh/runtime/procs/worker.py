@@ -17,17 +17,23 @@ from functools import partial
 from typing import Any, NoReturn
 
 from ... import config
-from ..actors import context as ctxmod
-from ..actors.actor_host import ActorHost
-from ..actors.future import blocked_on
+from ..actors import ActorHost, ActorInstance, Context, blocked_on, set_process_context
 from ..extent import Extent, Point
-from ..faults.stacks import format_stacks
-from ..messaging.address import Address
-from ..messaging.codec import Message, dumps
-from ..messaging.curve import curve_keys
-from ..messaging.logs import capture_output, flush_output
-from ..messaging.metrics import start_outbox
-from ..messaging.node import Node, reply_port, set_node
+from ..faults import format_stacks
+from ..messaging import (
+    Address,
+    Message,
+    Node,
+    Transport,
+    capture_output,
+    curve_keys,
+    dumps,
+    flush_output,
+    reply_port,
+    set_node,
+    start_outbox,
+)
+from ..messaging.envelopes import StacksEnvelope, WaitsEnvelope
 from ..messaging.protocol import (
     INTERRUPT,
     MOVED,
@@ -39,7 +45,6 @@ from ..messaging.protocol import (
     WAITS,
     shape_from_state,
 )
-from ..messaging.transport import Transport
 from . import rehost
 from .controller import controller_if_started
 from .rank_exit import run_exit_handlers
@@ -96,14 +101,14 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
         stop.set()
 
     def on_stacks(msg: Message) -> None:
-        _, state, reply = msg.envelope
-        index = shape_from_state(state).local_index(spec["rank"])
+        asked = StacksEnvelope.of(msg)
+        index = shape_from_state(asked.shape).local_index(spec["rank"])
         text = format_stacks(host.actors.values(), skip=[main_thread])
-        port = reply_port(reply)
+        port = reply_port(asked.reply)
         node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
 
     def on_waits(msg: Message) -> None:
-        _, reply = msg.envelope
+        reply = WaitsEnvelope.of(msg).reply
         waits = []
         for runner in list(host.actors.values()):
             on = blocked_on(runner.thread.ident)
@@ -122,9 +127,7 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.register(INTERRUPT, on_interrupt)
     node.register(WAITS, on_waits)
     node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank on another host
-    ctxmod.set_process_context(
-        ctxmod.Context(ctxmod.ActorInstance(spec["label"], point, spec["mesh_id"]), point)
-    )
+    set_process_context(Context(ActorInstance(spec["label"], point, spec["mesh_id"]), point))
     capture_output(node, spec["label"])
     _deliver_output_before_exit(node)
     # The worker is an entry point: its own warnings go to the controller, labelled by rank.

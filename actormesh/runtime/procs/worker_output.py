@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ... import config
-from ..messaging.address import Address
-from ..messaging.logs import TEE_MARK
-from ..messaging.node import Node
+from ..messaging import TEE_MARK, Address, Node
 from ..messaging.protocol import FDLOG
 
 

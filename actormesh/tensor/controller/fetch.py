@@ -25,7 +25,7 @@ from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import FailureInfo
 from .activate import no_mesh
-from .mesh import TensorMesh
+from .mesh import TensorMesh, tensor_mesh
 from .tensor import MeshTensor, OpaqueRef
 
 
@@ -51,7 +51,7 @@ def fetch(obj: Any, **coords: int) -> compat.Future[Any]:
         reply = _watch(tm, tm.stream.fetch_after_batch(requests))
         parts.append(compat.then(reply, partial(_completed_assembly, tm, requests)))
 
-    def combine(results: list[dict[int, Any]]) -> Any:
+    def combine(results: list[dict[tuple[int, int], Any]]) -> Any:
         values = {}
         for r in results:
             values.update(r)
@@ -105,7 +105,7 @@ def get(obj: Any, timeout: float | None, **coords: int) -> Any:
         raise tm.stream.translate(exc) from exc  # as _watch does
     except MeshTimeoutError as exc:
         raise MeshTimeoutError(_late(tm, reply, exc)) from None
-    return _put_back(leaves, spec, _assemble(tm, requests, vm))
+    return _put_back(leaves, spec, _by_stream(tm, _assemble(tm, requests, vm)))
 
 
 def _late(tm: TensorMesh, reply: Any, exc: MeshTimeoutError) -> str:
@@ -138,11 +138,18 @@ def _requests(
     return by_mesh
 
 
-def _put_back(leaves: list[Any], spec: Any, values: dict[int, Any]) -> Any:
+def _by_stream(tm: TensorMesh, values: dict[int, Any]) -> dict[tuple[int, int], Any]:
+    """``values`` keyed by (stream, id): ids are per stream, and a tree may hold the values of
+    several meshes (the parameters of a pipeline's stages) under the same ids."""
+    stream = id(tm.stream)
+    return {(stream, i): v for i, v in values.items()}
+
+
+def _put_back(leaves: list[Any], spec: Any, values: dict[tuple[int, int], Any]) -> Any:
     out = list(leaves)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, (MeshTensor, OpaqueRef)):
-            out[i] = values[leaf.value_id]
+            out[i] = values[id(leaf.mesh.stream), leaf.value_id]
     return tree_unflatten(out, spec)
 
 
@@ -153,7 +160,7 @@ def _watch(tm: TensorMesh, reply: Any) -> Any:
 
 
 def _completed_assembly(tm: TensorMesh, requests: Any, vm: Any) -> Any:
-    return compat.completed(_assemble(tm, requests, vm))
+    return compat.completed(_by_stream(tm, _assemble(tm, requests, vm)))
 
 
 def fetch_value(ref: OpaqueRef, tm: TensorMesh, index: int) -> compat.Future[Any]:
@@ -218,6 +225,44 @@ def _error(infos: list[FailureInfo]) -> RemoteTensorError:
         for i in sorted(infos, key=lambda i: i.rank)
     ]
     return RemoteTensorError(failures, infos[0].op, infos[0].site)
+
+
+def busy_spans(mesh: Any, timeout: float | None = None) -> list[list[tuple[float, float]]]:
+    """When the ranks of ``mesh``'s tensor engine ran ops: per rank (row-major), its recent
+    ``(start, end)`` wall-clock times (``time.time()``), not counting waits for what other
+    meshes send it (``to_mesh``). Blocks until the engine ran what was sent to it (a sync
+    point). For seeing whether two meshes (a pipeline's stages, a generator and a trainer)
+    were busy at the same time; the clocks of one host agree, other hosts' may not."""
+    tm = tensor_mesh(mesh)
+    tm.stream.flush()
+    spans: list[list[tuple[float, float]]] = (
+        tm.engine.busy_spans.call().get(timeout=timeout).values()
+    )
+    return spans
+
+
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Seconds during which both sets of spans were busy (each set's spans merged first)."""
+    xs, ys = _merged(a), _merged(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def live(mesh: Any) -> compat.ValueMesh:

@@ -15,11 +15,11 @@ MAKE_AGAIN = "distribute (or module_to_mesh) the tensors again"
 
 
 def move_hint() -> str:
-    """How a MeshTensor gets onto another mesh today: through the controller. One place, so that
-    a direct move (a ``to_mesh``) changes only this sentence."""
+    """How a MeshTensor gets onto another mesh: ``to_mesh``, rank to rank. One place, so that
+    every message that asks for a move says it the same way."""
     return (
-        "am.distribute(am.inspect(t), procs, sharding_spec=...) copies MeshTensor t onto "
-        "proc mesh procs (through this process)"
+        "t.to_mesh(procs) moves MeshTensor t onto proc mesh procs, rank to rank (placed as on "
+        "its mesh, dimension by dimension by name; sharding_spec=... places it otherwise)"
     )
 
 

@@ -1,13 +1,23 @@
 """A proc mesh's tensor engine, as the controller sees it: labels, sizes, engine, op stream.
 
-The first tensor use of a mesh forms a ``torch.distributed`` group over its processes
+The first tensor use of a set of processes forms a ``torch.distributed`` group over them
 (``init_process_group``), spawns the hidden ``_TensorEngine`` actor on exactly those processes,
-and each engine builds the ``DeviceMesh`` (row-major actormesh rank = DeviceMesh rank). One
-set of processes has one engine: a slice or ``rename`` of an engine's mesh that covers the same
-processes in the same shape reuses it, and another shape of the same processes in the same order
-(a ``rename``, ``flatten`` or ``split``) is a *view* of it: a ``TensorMesh`` with its own labels
-and sizes over the same engine and op stream, whose ``DeviceMesh`` the ranks build when its first
-op reaches them (worker/views.py).
+and each engine builds the ``DeviceMesh`` (row-major actormesh rank = DeviceMesh rank). One set
+of processes in one order has one engine: a slice or ``rename`` of an engine's mesh that covers
+the same processes in the same shape reuses it, and another shape of the same processes in the
+same order (a ``rename``, ``flatten`` or ``split``) is a *view* of it: a ``TensorMesh`` with its
+own labels and sizes over the same engine and op stream, whose ``DeviceMesh`` the ranks build
+when its first op reaches them (worker/views.py).
+
+Several tensor meshes at once. Meshes over disjoint processes (two proc meshes, the slices
+``pp=0`` and ``pp=1`` of one) each form their own group and run their own engine and stream,
+concurrently. A mesh over *some* of the processes of a group that is already formed (a slice
+of a mesh whose whole runs an engine) gets an engine of its own on those processes, in that
+group, with process groups of its own (worker/groups.py): two engines on one process run on two
+threads, and their collectives must never pair across them. Its op stream is its own: the only
+order between two streams is what moves between them (``to_mesh``, which the receiving side
+waits for). A mesh over processes of two groups, or over part of a group and processes outside
+it, is refused at the user's line: a process belongs to one group.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any
 from .. import compat
 from ..wire.ops import issue_site
 from ..worker.engine import _TensorEngine
+from ..worker.recovery import _SocketBaseline
 from . import lifetime
 from .stream import Stream, flush_all
 
@@ -32,6 +43,7 @@ logger = logging.getLogger(__name__)
 SETUP_TIMEOUT = 120.0
 
 _meshes: dict[Any, TensorMesh] = {}
+_groups: list[ProcessGroup] = []  # the process groups the tensor layer formed
 _lock = threading.Lock()
 
 
@@ -54,13 +66,18 @@ def engine_device(backend: str) -> str:
 
 
 @contextlib.contextmanager
-def _saying_so(mesh: str, processes: int) -> Iterator[None]:
+def _saying_so(mesh: str, processes: int, in_group: bool) -> Iterator[None]:
     """One line on stderr while a mesh's tensor engine starts (seconds, once per mesh: a
     process group, then an engine on every process), so that the first tensor step of a
-    notebook or script does not wait in silence; it ends with how long it took."""
+    notebook or script does not wait in silence; it ends with how long it took. A slice of a
+    mesh whose group is formed starts only its engine (``in_group``)."""
+    how = (
+        "in the process group of the mesh it is a slice of"
+        if in_group
+        else f"a process group over its {processes} processes"
+    )
     print(
-        f"actormesh: starting the tensor engine of {mesh}: a process group over its "
-        f"{processes} processes, once per mesh ...",
+        f"actormesh: starting the tensor engine of {mesh}: {how}, once per mesh ...",
         end="",
         file=sys.stderr,
         flush=True,
@@ -74,33 +91,44 @@ def _saying_so(mesh: str, processes: int) -> Iterator[None]:
     print(f" ready in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
 
+class ProcessGroup:
+    """A ``torch.distributed`` group the tensor layer formed: its processes' mailboxes in rank
+    order, and the engines that run in it (the first over all of them)."""
+
+    def __init__(self, procs: compat.ProcMesh, backend: str) -> None:
+        self.procs = procs
+        self.mailboxes = compat.mailboxes(procs)
+        self.backend = backend
+        self.engines: list[TensorMesh] = []
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(f'{k}: {v}' for k, v in self.procs.sizes.items())}}}"
+
+
 class TensorMesh:
     """The controller's handle on one engine. Not built by users (``tensor_mesh(procs)``)."""
 
     view_id = 0  # which shape of the engine's processes this is (0: the engine's own)
 
-    def __init__(self, procs: compat.ProcMesh) -> None:
+    def __init__(self, procs: compat.ProcMesh, group: ProcessGroup | None = None) -> None:
+        """An engine on ``procs``: in ``group`` (some of its processes), else in a group
+        formed now over exactly ``procs``."""
         self.procs = procs
         self.labels = tuple(procs.sizes)
         self.sizes = tuple(procs.sizes.values())
-        self.key = uuid.uuid4().hex
         self.base = self
         self.views: dict[tuple[tuple[str, ...], tuple[int, ...]], TensorMesh] = {}
         import torch
 
-        with _saying_so(f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs))):
-            members = compat.init_process_group(procs).get(timeout=SETUP_TIMEOUT).values()
-            device = engine_device(members[0].backend)
-            # From the controller's generator: torch.manual_seed here makes ranks reproducible.
-            seed = int(torch.randint(0, 2**62, ()).item())
-            self.engine = compat.helper_mesh_with_args(
-                procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
-                device,
-            )  # fmt: skip
-            self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        joins = group is not None
+        with _saying_so(
+            f"{compat.mesh_name(procs)!r} {self!r}", len(compat.mailboxes(procs)), joins
+        ):
+            device = self._start(group)
         self.stream = Stream(self.engine, procs)
         self.mailboxes = self.stream.mailboxes
         self.name = self.stream.name
+        self.role = ""  # what the ranks were told this mesh is for (pipeline: "stage 1 of 2")
         # What MeshTensors report as their device: the workers' kind. With an index: autograd
         # on the controller keeps a ready queue per device, and finds none for a bare "cuda".
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
@@ -129,6 +157,52 @@ class TensorMesh:
             )
         return view
 
+    def _start(self, group: ProcessGroup | None) -> str:
+        """Spawn the engine (a new key each time) in ``group`` (some of its processes), else in
+        a process group formed now over exactly these processes; the device."""
+        import torch
+
+        self.key = uuid.uuid4().hex
+        # Which sockets each process had before the group (recovery shuts down the group's).
+        compat.helper_mesh_with_args(
+            self.procs, f"_socket_baseline_{self.key}", _SocketBaseline
+        ).initialized.get(timeout=SETUP_TIMEOUT)
+        ranks: tuple[int, ...] | None = None
+        if group is None:
+            members = compat.init_process_group(self.procs).get(timeout=SETUP_TIMEOUT).values()
+            group = ProcessGroup(self.procs, members[0].backend)
+        else:
+            ranks = tuple(group.mailboxes.index(m) for m in compat.mailboxes(self.procs))
+        device = engine_device(group.backend)
+        # From the controller's generator: torch.manual_seed here makes the ranks reproducible.
+        seed = int(torch.randint(0, 2**62, ()).item())
+        self.engine = compat.helper_mesh_with_args(
+            self.procs, "_tensor_engine", _TensorEngine, self.key, self.labels, self.sizes, seed,
+            device, ranks, compat.places(self.procs),
+        )  # fmt: skip
+        self.engine.initialized.get(timeout=SETUP_TIMEOUT)
+        # Where other engines send this one what moves to it (to_mesh), by engine index.
+        ports = self.engine.inbox_port.call().get(timeout=SETUP_TIMEOUT)
+        self.inbox_ports = tuple(ports.values())
+        self.group = group
+        group.engines.append(self)
+        return device
+
+    def restart(self) -> None:
+        """A new process group and engine over the same processes (a rank was respawned),
+        keeping this handle, its stream and its ids: recovery (recovery.py) then puts the
+        values it restores back under their ids; every other value of the mesh is gone."""
+        if self.group.procs is not self.procs:
+            raise compat.MeshUsageError(
+                "recovery restarts an engine over its own process group; this mesh's engine "
+                "runs in the group of a larger mesh (a slice): recover that mesh instead"
+            )
+        compat.destroy_process_group(self.procs).get(timeout=SETUP_TIMEOUT)
+        self._start(None)
+        self.views = {}  # views of the old engine (renames, flattens) are gone with it
+        self.stream.restart(self.engine)
+        self.mailboxes = self.stream.mailboxes
+
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}: {s}" for n, s in zip(self.labels, self.sizes, strict=True))
         return "{" + dims + "}"
@@ -137,6 +211,10 @@ class TensorMesh:
         """The mesh's name and dimensions, ``'procs-2' {dp: 2, tp: 2}``: two meshes of one shape
         read differently."""
         return f"{self.name!r} {self!r}"
+
+    def to_table(self) -> str:
+        """The processes of this mesh as a table (Monarch's ``t.mesh.to_table()``)."""
+        return str(self.procs.to_table())
 
     @property
     def ndim(self) -> int:
@@ -271,17 +349,15 @@ def tensor_mesh(mesh: Any, what: str = "tensors") -> TensorMesh:
             if compat.is_stopped(old.procs):
                 old.stream.close()
                 del _meshes[key]
+        _groups[:] = [g for g in _groups if not compat.is_stopped(g.procs)]
         tm = _meshes.get(ident)
         if tm is not None and tm.stream.lost is not None:
-            # A rank died (and was perhaps healed): the survivors still hold the old group.
-            # Leave it everywhere, then start over with a new group and engine.
-            tm.stream.close()
-            compat.destroy_process_group(procs).get(timeout=SETUP_TIMEOUT)
-            del _meshes[ident]
+            _leave(tm.group, tm.stream.lost)
             tm = None
         if tm is None:
-            _refuse_overlap(procs)
-            tm = TensorMesh(procs)
+            tm = TensorMesh(procs, _group_for(procs))
+            if tm.group not in _groups:
+                _groups.append(tm.group)
             _meshes[ident] = tm
     TensorMesh.install_cell_hook()  # checked on each use: the shell may start after the mesh
     return tm.view(procs)
@@ -309,20 +385,39 @@ def engine_mesh(mesh: Any, what: str) -> TensorMesh:
     return tm
 
 
-def _refuse_overlap(procs: compat.ProcMesh) -> None:
-    """A process runs one engine, in one process group: a tensor mesh over some of the
-    processes of another (a slice of it, or a mesh of which it is a slice) cannot start. Said
-    here, at the user's line, before any process is asked to join a second group."""
-    mine = set(compat.mailboxes(procs))
-    for old in _meshes.values():
-        if not mine.isdisjoint(old.mailboxes):
+def _leave(group: ProcessGroup, error: BaseException) -> None:
+    """A rank of ``group`` died (and was perhaps healed): the survivors still hold the old
+    group. Every engine in it loses its values; leave the group everywhere, so that the next
+    use starts over with a new group and engines. Under ``_lock``."""
+    for tm in group.engines:
+        tm.stream.lose(error)
+        tm.stream.close()
+        for key in [k for k, v in _meshes.items() if v is tm]:
+            del _meshes[key]
+    if group in _groups:
+        _groups.remove(group)
+    compat.destroy_process_group(group.procs).get(timeout=SETUP_TIMEOUT)
+
+
+def _group_for(procs: compat.ProcMesh) -> ProcessGroup | None:
+    """The formed group whose processes include all of ``procs`` (None: they share none with
+    any group, so a new one is formed over them). Processes of a process group and others, or
+    of two groups, cannot form one: said here, at the user's line, before any process is asked
+    to join a second group. Under ``_lock``."""
+    mine = compat.mailboxes(procs)
+    for group in _groups:
+        if set(mine) <= set(group.mailboxes):
+            return group
+    for group in _groups:
+        if not set(mine).isdisjoint(group.mailboxes):
             raise compat.MeshUsageError(
-                f"these processes already run a tensor engine over {old!r} (in one process "
-                f"group), so a tensor mesh over {procs.extent} that shares processes with "
-                "it cannot start; keep tensors on that mesh (replicate over the dimensions "
-                "you would slice away, or fetch a rank's shard with fetch(t, dim=i)), or "
-                "spawn other procs for the second mesh"
+                f"a tensor mesh over {procs.extent} would take processes of the process group "
+                f"over {group!r} (formed by a tensor mesh on them) and others with it, and a "
+                "process belongs to one group; start the tensor mesh over the larger mesh "
+                "first (actormesh.tensor.device_mesh(procs)): its slices then run in its "
+                "group; or spawn other procs for this one"
             )
+    return None
 
 
 def meshes() -> list[TensorMesh]:

@@ -31,10 +31,11 @@ step (bench/bench_tensor.py) the recorded forward costs the same (see bench/RESU
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -352,9 +353,38 @@ def _queue_sync(ref: weakref.ref[_GradSync], _: Any) -> None:
     sync = ref()
     if sync is None or getattr(sync.queued, "value", False):
         return
+    put_off = getattr(_put_off, "syncs", None)
+    if put_off is not None:  # inside grad_syncs_put_off(): once, as the block ends
+        put_off[id(sync)] = sync
+        return
     sync.queued.value = True
     # torch's way to run code when the current backward pass ends (DDP and FSDP use it).
     torch.autograd.Variable._execution_engine.queue_callback(sync.record)  # noqa: SLF001
+
+
+_put_off = threading.local()  # .syncs: the models whose grad_sync waits for the block's end
+
+
+@contextlib.contextmanager
+def grad_syncs_put_off() -> Iterator[None]:
+    """Within the block, the ``grad_sync`` a backward queues for a model waits until the block
+    ends, where each such model's runs once (as DDP's ``no_sync`` then a last backward): the
+    backwards of several microbatches accumulate partial sums on each rank, and the gradients
+    are summed over the data dimension once, not once per microbatch. The values are the same.
+    Per thread, as a backward runs on the caller's thread; nested blocks end at the
+    outermost."""
+    outer = getattr(_put_off, "syncs", None)
+    if outer is not None:
+        yield
+        return
+    syncs: dict[int, _GradSync] = {}
+    _put_off.syncs = syncs
+    try:
+        yield
+    finally:
+        _put_off.syncs = None
+        for sync in syncs.values():
+            sync.record()
 
 
 class _GradSync:
@@ -418,3 +448,12 @@ def placement(model: nn.Module) -> _Placement:
 def model_mesh(model: MeshModule) -> TensorMesh:
     """The tensor mesh a meshed model lives on."""
     return placement(model).tm
+
+
+def forget_engine_values(model: nn.Module) -> None:
+    """The model's engine was replaced (recovery restored its parameters and buffers under
+    their ids): forget what only the old engine held, the gradients of the step that failed
+    and the batches this model put on the mesh."""
+    for p in model.parameters():
+        p.grad = None
+    placement(model).inputs.clear()

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import compat
-from . import activate, fetch, optim, recording, reduce, rref
+from . import activate, fetch, optim, recording, reduce, rref, transfer
 from .tensor import Methods, install_methods
 
 
@@ -34,6 +34,10 @@ class _ForTheRuntime:
         return rref.rref(actor_key, endpoint, args, kwargs)
 
 
+def _to_mesh(t: Any, mesh: Any, sharding_spec: Any, placements: Any) -> Any:
+    return transfer.to_mesh(t, mesh, sharding_spec, placements=placements)
+
+
 def install() -> None:
     install_methods(
         Methods(
@@ -41,6 +45,7 @@ def install() -> None:
             get=fetch.get,
             fetch_value=fetch.fetch_value,
             reduce=reduce.reduce,
+            to_mesh=_to_mesh,
         )
     )
     layer: compat.TensorLayer = _ForTheRuntime()

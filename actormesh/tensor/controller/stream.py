@@ -96,7 +96,42 @@ class Stream:
         self.recorder_tid = 0  # native id of the thread that recorded the first buffered op
         # id(controller tensor) -> (weakref to it, its version when uploaded, the copy's id)
         self.consts: dict[int, tuple[weakref.ref[Any], int, int]] = {}
+        # to_mesh: the engines this one's ranks know the inboxes of (by key), and the streams
+        # that send what this one's ranks wait for (sent before this one is).
+        self.links: set[str] = set()
+        self.upstream: weakref.WeakSet[Stream] = weakref.WeakSet()
+        # After a recovery: ids below ``floor`` are gone unless ``kept`` (recovery restored them)
+        self.floor = 0
+        self.kept: frozenset[int] = frozenset()
         _streams.add(self)
+
+    def restart(self, engine: Any) -> None:
+        """The engine was replaced (recovery): nothing buffered or uploaded survives, and the
+        ids allocated so far are gone until ``keep`` names those restored."""
+        with self.lock:
+            self.engine = engine
+            self.mailboxes = compat.mailboxes(self.procs)  # a healed rank is a new process
+            self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
+            self.marks, self.programs = [], Programs()  # the new engine keeps no program
+            self.lost = self.error = None
+            self.lost_why = ""
+            self.closed = False
+            self.batches = 0  # the new engine's count (cells and actors wait on it by its key)
+            self.floor = next(self._ids)
+            self.kept = frozenset()
+
+    def keep(self, ids: Any) -> None:
+        self.kept = self.kept | frozenset(ids)
+
+    def check_ids(self, ids: Any) -> None:
+        """Raise at the user's line for a value the mesh lost in a recovery."""
+        for i in ids:
+            if i < self.floor and i not in self.kept:
+                raise MeshClosedError(
+                    "this MeshTensor was lost when the mesh recovered from a rank's death: "
+                    "recovery restores the training state it was given (model, optimizer, "
+                    "their tensors); make other values again"
+                )
 
     def died(self, id: int) -> None:
         """A MeshTensor was collected (any thread, any time: a finalizer). Looks the list up on
@@ -152,6 +187,8 @@ class Stream:
     def record(self, op: Op) -> None:
         if self.lost is not None or self.procs_state.closed:
             self.check()
+        if self.floor:
+            self.check_ids(op[2])
         with self.lock:
             ops = self.ops
             ops.append(op)
@@ -183,12 +220,42 @@ class Stream:
 
     def flush(self) -> None:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
+        self._send_upstream()
         self._sending(self.send_now)
+
+    def wait_for(self, other: Stream) -> None:
+        """This stream's ranks wait for something ``other`` sends (a ``to_mesh``)."""
+        if other not in self.upstream:
+            self.upstream.add(other)
+
+    def _send_upstream(self) -> None:
+        """Send, first, what the streams this one waits for have buffered, and theirs in turn:
+        otherwise this stream's ranks would wait for their idle flush. No lock held: two
+        streams may wait for each other (a pipeline's forward and backward)."""
+        if not self.upstream:
+            return
+        seen: set[int] = {id(self)}
+        todo = list(self.upstream)
+        while todo:
+            other = todo.pop()
+            if id(other) in seen:
+                continue
+            seen.add(id(other))
+            todo.extend(other.upstream)
+            if other.ops and not other.closed and other.lost is None:
+                try:
+                    other.send_now()
+                except BaseException as exc:  # that stream's own sync point reports it
+                    other.error = exc
 
     def fetch_after_batch(self, requests: list[tuple[int, int | None]]) -> Any:
         """``engine.fetch.call(requests)`` after what is buffered: the batch and the fetch go in
         one message per process (``run_and_fetch``). Returns the call's future; raises as
         ``flush`` does."""
+
+        self._send_upstream()
+        if self.floor:
+            self.check_ids([i for i, _ in requests])
 
         def send() -> Any:
             with self.lock:

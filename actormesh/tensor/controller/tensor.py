@@ -199,6 +199,18 @@ class MeshTensor(torch.Tensor):
         once; bad arguments raise ``ValueError`` here."""
         return methods.reduce(self, dims, reduction, scatter, mesh, _inplace, out)
 
+    def to_mesh(
+        self, mesh: Any, sharding_spec: Any = None, *, placements: Any = None
+    ) -> MeshTensor:
+        """This tensor on another tensor mesh (Monarch's ``to_mesh``): rank to rank over the
+        data plane, never through the controller; returns at once. A global tensor arrives
+        placed as ``sharding_spec``/``placements`` say on ``mesh`` (by default as here,
+        dimension by dimension by name); a per-rank one goes from each rank to the rank of
+        ``mesh`` at the same coordinates (every dimension here must be one of ``mesh``'s, of
+        the same size; ``mesh``'s others get copies). Gradients flow back through it. See
+        ``actormesh.tensor.controller.transfer``."""
+        return methods.to_mesh(self, mesh, sharding_spec, placements)
+
     def reduce_(
         self,
         dims: str | Sequence[str] = (),
@@ -297,6 +309,8 @@ class Methods:
     fetch_value: Callable[[OpaqueRef, TensorMesh, int], compat.Future[Any]]  # fetch.fetch_value
     # reduce.reduce(t, dims, reduction, scatter, mesh, _inplace, out)
     reduce: Callable[[MeshTensor, Any, str, bool, Any, bool, Any], MeshTensor]
+    # transfer.to_mesh(t, mesh, sharding_spec, placements=)
+    to_mesh: Callable[..., MeshTensor]
 
 
 def _not_installed(*args: Any) -> Any:
@@ -306,7 +320,7 @@ def _not_installed(*args: Any) -> Any:
     )
 
 
-methods = Methods(_not_installed, _not_installed, _not_installed, _not_installed)
+methods = Methods(_not_installed, _not_installed, _not_installed, _not_installed, _not_installed)
 
 
 def install_methods(installed: Methods) -> None:

@@ -40,6 +40,8 @@ _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rre
 _TENSOR, _STREAM = "controller.tensor", "controller.stream"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
+_MOVE = "controller.transfer"
+_CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
 _PROGRAMS = "controller.programs"
 
 
@@ -110,6 +112,23 @@ _TABLE = [
     Kind("pin", ("value: Ref", "ranks: tuple"), 1, (_TENSOR,), "worker.local:run_pin", True,
          "A MeshTensor pickled into a message for the actors of ``ranks`` (engine indices): "
          "they keep its value under this id until their actor read it; the others drop it."),
+    # -- values moving between engines (transfer.py: MeshTensor.to_mesh) ------------------------
+    Kind("link", ("peer: str", "ports: tuple"), 0, (_MOVE,), "worker.transfer:run_link", False,
+         "The inboxes (ports, by engine index) of engine ``peer``, for the ``send`` ops to it; "
+         "sent once per pair of engines, on the sending one's stream."),
+    Kind("send", ("value: Ref", "peer: str", "key: int", "placements: tuple|None",
+                  "labels: tuple", "sizes: tuple", "targets: tuple|None"), 0, (_MOVE,),
+         "worker.transfer:run_send", True,
+         "Send ``value`` to engine ``peer`` as transfer ``key``, to a mesh of ``labels`` and "
+         "``sizes``. Global: every rank sends every destination rank the pieces it needs of "
+         "the value placed as ``placements`` (None: the source's, by dimension name). Per-rank: "
+         "``targets[i]`` lists the destination ranks of source rank i."),
+    Kind("recv", ("key: int", "sender: str", "count: int", "view: int", "shape: tuple",
+                  "dtype: dtype", "timeout: float"), 1, (_MOVE,), "worker.transfer:run_recv",
+         True,
+         "Transfer ``key`` from engine ``sender``: wait for its ``count`` messages (at most "
+         "``timeout`` s) and assemble them, a global value on mesh ``view`` of ``shape``, or a "
+         "per-rank one (the sum of its messages)."),
     # -- remote functions (remote.py) and endpoints as steps (rref.py) --------------------------
     Kind("define", ("fn_id: int", "fn: any"), 0, (_REMOTE,), "worker.remote:run_define", False,
          "A remote function's code, sent once per engine under ``fn_id``."),
@@ -136,6 +155,29 @@ _TABLE = [
          "worker.module:run_relayout", True,
          "A tensor-parallel style's layout: ``value`` placed as ``placement`` over mesh "
          "dimension ``axis``, the others as they are (the same global value)."),
+    # -- checkpoints (checkpoint.py): torch.distributed.checkpoint run by every rank -----------
+    Kind("checkpoint_save", ("spec: any", "path: str", "token: str", "background: bool"), 1,
+         (_CKPT,), "worker.checkpoint:run_save", False,
+         "``dcp.save`` (``background``: ``dcp.async_save``) of ``spec``, the state in DCP's "
+         "layout with ``Ref``s for MeshTensors, written beside ``path`` and put in its place "
+         "when complete; out names rank 0's DCP metadata (``background``: the save's token)."),
+    Kind("checkpoint_load", ("spec: any", "path: str"), 1, (_CKPT,),
+         "worker.checkpoint:run_load", False,
+         "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
+         "names what rank 0 read for the spec's other leaves."),
+    # -- live recovery (recovery.py) -------------------------------------------------------
+    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple"), 0, (_RECOVERY,),
+         "worker.recovery:run_snapshot", True,
+         "A committed step: each rank copies its shards of the training state's values (``ids``) "
+         "as generation ``gen`` of ``lineage``, replacing the previous copy whole."),
+    Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
+         (_RECOVERY,), "worker.recovery:run_restore", False,
+         "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
+         "from its own copy or, a respawned one, from a replica (``transfers``: id, dst, src); "
+         "the last output is a receipt the controller fetches."),
+    Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
+         "On a restarted engine: zeros under the ids of ``out`` with the placements, shapes and "
+         "dtypes of ``metas`` (the survivors' snapshots), for a checkpoint load to fill."),
     # -- a repeated step sent by reference (controller/programs.py, wire/programs.py) ----------
     Kind("program", ("index: int", "ops: tuple|None", "ids: tuple", "values: tuple"), 0,
          (_PROGRAMS,), "worker.programs:run_program", True,
@@ -157,8 +199,8 @@ class OpKindError(AssertionError):
 
 
 _TYPES: dict[str, Any] = {
-    "str": str, "int": int, "bool": bool, "tuple": tuple, "dict": dict, "None": type(None),
-    "Ref": Ref, "tensor": torch.Tensor, "dtype": torch.dtype, "any": object,
+    "str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "dict": dict,
+    "None": type(None), "Ref": Ref, "tensor": torch.Tensor, "dtype": torch.dtype, "any": object,
 }  # fmt: skip
 
 

@@ -13,11 +13,16 @@ if TYPE_CHECKING:
     from .engine import _TensorEngine
 
 
+_RANDOM = frozenset({"rand", "randn", "randint"})
+
+
 def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
     name, args, kwargs = payload
     kwargs = dict(kwargs, device=engine.device)
+    if name in _RANDOM and "generator" not in kwargs:
+        kwargs["generator"] = engine.generator  # the engine's: a process may run several
     return tensor_leaves(getattr(torch, name)(*engine.resolve(args), **engine.resolve(kwargs)))
 
 

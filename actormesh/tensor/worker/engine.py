@@ -20,7 +20,9 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,13 +32,16 @@ from .adopt import Adopted, adopt_value
 from .fetch import answer_fetch
 from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
-from .side_effects import written
+from .side_effects import OVERWRITES_INPUTS, written
 from .stand_ins import StoodIn, stand_in
+from .transfer import Inbox, Inherited
 
 logger = logging.getLogger(__name__)
 
 _MISSING: Any = object()
 
+
+SPANS_KEPT = 4096  # busy spans an engine remembers (busy_spans)
 
 # What a message of the stream carries about the %%mesh cells launched since the stream's last
 # message: engine index -> (the newest such cell running in that rank's process, its name).
@@ -47,14 +52,27 @@ class _TensorEngine(Actor):
     """Runs a mesh's tensor ops in one process. Spawned by the controller, never by users."""
 
     def __init__(
-        self, key: str, labels: tuple[str, ...], sizes: tuple[int, ...], seed: int, device: str
+        self,
+        key: str,
+        labels: tuple[str, ...],
+        sizes: tuple[int, ...],
+        seed: int,
+        device: str,
+        ranks: tuple[int, ...] | None = None,
+        places: tuple[str, ...] | None = None,
     ) -> None:
+        """``ranks``: this engine's processes as ranks of their process group, row-major (None:
+        the whole group, in its order); ``places``: per engine index, where that rank sits in
+        its proc mesh (``{pp=1, dp=0}`` for a slice), what failures name (None: its coordinates
+        here)."""
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
+        from .groups import sub_device_mesh
         from .views import MeshView
 
+        self.abandoned = False  # recovery replaced this engine: skip what is still queued
         # Fetching a value that is Partial over several dims logs a warning per fetch on every
         # rank; the sequential reduction it warns about is what a fetch wants.
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -62,14 +80,28 @@ class _TensorEngine(Actor):
         self.labels = tuple(labels)
         self.sizes = tuple(sizes)
         self.device = device  # "cuda" or "cpu", as the controller chose (mesh.engine_device)
-        self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
-        self.index = dist.get_rank()
+        self.ranks = ranks  # None: the engine runs over its whole process group
+        if ranks is None:
+            self.mesh = init_device_mesh(self.device, self.sizes, mesh_dim_names=self.labels)
+            self.index = dist.get_rank()
+        else:  # a part of its group's processes: groups of its own (groups.py)
+            self.mesh = sub_device_mesh(self.device, key, ranks, self.sizes, self.labels)
+            self.index = ranks.index(dist.get_rank())
         point = Point(self.index, Extent(list(self.labels), list(self.sizes)))
         self.coords: dict[str, int] = dict(point)
         # Every process starts torch's generator from the same default seed (and forked ones
-        # from the same state): per-rank factories under activate() must draw differently.
-        torch.manual_seed(seed + self.index)
-        self.rank_str = point_label(point)
+        # from the same state): per-rank factories under activate() must draw differently. They
+        # draw from the engine's own generator: a process may run several engines (slices).
+        self.generator = torch.Generator(device).manual_seed(seed + self.index)
+        if ranks is None:  # and code beside it (remote functions) from the process's one
+            torch.manual_seed(seed + self.index)
+        self.rank_str = places[self.index] if places else point_label(point)
+        # What the sidebar says this engine is: where its mesh sits in its proc mesh (a
+        # slice's fixed coordinates, "pp=1"), and what the controller said it is for ("stage
+        # 1 of 2"; set_role).
+        fixed = self.rank_str.strip("{}").split(", ") if places else []
+        self.where = ", ".join(c for c in fixed if c.partition("=")[0] not in self.labels)
+        self.role = ""
         # Shapes of these processes by the controller's number (views.py); 0 is the one above.
         self.views: dict[int, MeshView] = {
             0: MeshView(self.mesh, self.labels, self.sizes, self.index)
@@ -93,6 +125,13 @@ class _TensorEngine(Actor):
         # thread, dropped by the engine's thread between batches.
         self.read_pins: list[int] = []
         self.threads_set = False
+        # to_mesh (transfer.py): where other engines' sends arrive, and where ours go.
+        self.inbox = Inbox()
+        self.peers: dict[str, tuple[Any, ...]] = {}
+        # When this engine ran ops (wall clock, seconds since the epoch), not counting its
+        # waits for what other meshes send it (transfer.py closes a span while it waits).
+        self.spans: deque[tuple[float, float]] = deque(maxlen=SPANS_KEPT)
+        self.opened: float | None = None
         REGISTRY[key] = self
 
     # -- the stream --------------------------------------------------------------------------
@@ -135,6 +174,7 @@ class _TensorEngine(Actor):
         import torch
 
         self.counts["run"] += 1
+        self.span_open()
         if not self.threads_set:
             self.threads_set = True
             _intra_op_threads()
@@ -144,12 +184,15 @@ class _TensorEngine(Actor):
         try:
             with torch.no_grad():
                 for op in batch:
+                    if self.abandoned:
+                        return
                     self._execute(op)
             for i in drops:
                 self._drop(i)
             self._drop_read_pins()
         finally:
             self.current = None
+            self.span_close()
             with self.cond:
                 self.done += 1
                 self.cond.notify_all()
@@ -164,7 +207,7 @@ class _TensorEngine(Actor):
     def _execute(self, op: Op) -> None:
         kind, out, ins, _meta, payload, _site = op
         root = None
-        if self.poison:
+        if self.poison and kind not in OVERWRITES_INPUTS:
             for i in ins:
                 root = self.poison.get(i)
                 if root is not None:
@@ -183,6 +226,9 @@ class _TensorEngine(Actor):
         env = self.env
         for o, v in zip(out, values, strict=True):
             env[o] = v
+        if kind in OVERWRITES_INPUTS:
+            for i in ins:
+                self._cleanse(i)
         if len(out) > 1:
             for o in out:
                 self.siblings[o] = out
@@ -198,6 +244,8 @@ class _TensorEngine(Actor):
         computed = None
         if isinstance(exc, StoodIn):  # the handler made its own stand-ins
             computed, exc = exc.values, exc.cause
+        elif isinstance(exc, Inherited):  # failed on the mesh it came from (to_mesh)
+            computed, root = exc.values or None, exc.root
         if root is None:
             root = self._new_failure(op, exc)
         else:
@@ -219,6 +267,12 @@ class _TensorEngine(Actor):
             if i in self.env:
                 self._set_poison(i, root)
 
+    def new_failure(self, exc: BaseException) -> FailureInfo:
+        """A failure of the op running now, for a handler that reports it beyond its outputs
+        (a ``send`` tells its receivers)."""
+        assert self.current is not None
+        return self._new_failure(self.current, exc)
+
     def _new_failure(self, op: Op, exc: BaseException) -> FailureInfo:
         self.serial += 1
         text = "".join(traceback.format_exception(type(exc), exc, _past_the_engine(exc)))
@@ -229,6 +283,15 @@ class _TensorEngine(Actor):
         info = FailureInfo(self.rank_str, op_name(op), op[5], name, str(exc), text, self.serial)
         logger.debug("op %s failed on %s: %s", info.op, self.rank_str, info.message)
         return info
+
+    @endpoint
+    def set_role(self, role: str) -> None:
+        """What this engine's mesh is for, as the sidebar shows it ("stage 1 of 2")."""
+        self.role = role
+
+    def serves(self) -> str:
+        """ "pp=1, stage 1 of 2": where this engine's mesh sits and what it is for (may be "")."""
+        return ", ".join(p for p in (self.where, self.role) if p)
 
     def doing(self) -> str | None:
         """What this engine runs now, for a status poll from another thread: "op 12 aten.mm"."""
@@ -295,6 +358,12 @@ class _TensorEngine(Actor):
             for i in read:
                 self._drop(i)
 
+    def _cleanse(self, id: int) -> None:
+        """Value ``id`` was overwritten whole (a checkpoint loaded into it): not poisoned now."""
+        root = self.poison.pop(id, None)
+        if root is not None:
+            self._hold(root, -1)
+
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
         if self.siblings:
@@ -358,6 +427,11 @@ class _TensorEngine(Actor):
         return adopt_value(self, id, name)
 
     @endpoint
+    def inbox_port(self) -> Any:
+        """Where other engines send this rank the values they move here (transfer.py)."""
+        return self.inbox.port
+
+    @endpoint
     def live(self) -> int:
         """How many remote values this rank holds (tests check it goes back to a baseline)."""
         self._drop_read_pins()  # on the thread that runs the batches, as they are dropped there
@@ -367,6 +441,20 @@ class _TensorEngine(Actor):
     def stats(self) -> dict[str, int]:
         """Messages this engine handled, by endpoint (tests count them)."""
         return {**self.counts, "done": self.done}
+
+    def span_open(self) -> None:
+        self.opened = time.time()
+
+    def span_close(self) -> None:
+        if self.opened is not None:
+            self.spans.append((self.opened, time.time()))
+            self.opened = None
+
+    @endpoint
+    def busy_spans(self) -> list[tuple[float, float]]:
+        """When this engine ran ops: ``(start, end)`` wall-clock times, the last
+        ``SPANS_KEPT`` (answered between batches, so it waits for the running one)."""
+        return list(self.spans)
 
 
 def _intra_op_threads() -> None:

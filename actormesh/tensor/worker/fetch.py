@@ -70,7 +70,7 @@ def _piece(engine: _TensorEngine, v: Any, divisor: int | None) -> tuple[Any, ...
     for dim, p in enumerate(v.placements):
         if isinstance(p, Replicate) and coords[dim] != 0:
             return None  # rank 0 along this dimension sends the same piece
-    if not _first_copy(mesh):
+    if not _first_copy(mesh, engine.ranks[0] if engine.ranks else 0):
         return None  # a sub-mesh (a TP plan's): the one with rank 0 sends the same pieces
     _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
     return ("piece", v.to_local(), tuple(offset), tuple(v.shape), divisor)
@@ -79,13 +79,14 @@ def _piece(engine: _TensorEngine, v: Any, divisor: int | None) -> tuple[Any, ...
 _first: dict[int, tuple[Any, bool]] = {}
 
 
-def _first_copy(mesh: Any) -> bool:
-    """Whether ``mesh`` holds global rank 0. A value on the engine's mesh or a view of it (all
-    the ranks) does; one on a sub-mesh (a slice along some dimensions: each slice holds its own
-    copy) is sent by the slice at coordinate 0 of the others, the one that holds rank 0."""
+def _first_copy(mesh: Any, first: int) -> bool:
+    """Whether ``mesh`` holds the engine's rank 0 (``first``: its rank in the process group). A
+    value on the engine's mesh or a view of it (all the ranks) does; one on a sub-mesh (a slice
+    along some dimensions: each slice holds its own copy) is sent by the slice at coordinate 0
+    of the others, the one that holds rank 0."""
     found = _first.get(id(mesh))
     if found is None or found[0] is not mesh:
-        found = _first[id(mesh)] = (mesh, bool((mesh.mesh == 0).any()))
+        found = _first[id(mesh)] = (mesh, bool((mesh.mesh == first).any()))
     return found[1]
 
 

@@ -7,7 +7,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import activate, aten, distribute, local, module, programs, reduce, remote, rref, views
+from . import (
+    activate,
+    aten,
+    checkpoint,
+    distribute,
+    local,
+    module,
+    programs,
+    recovery,
+    reduce,
+    remote,
+    rref,
+    transfer,
+    views,
+)
 
 # (engine, payload, output ids) -> one value per output id
 Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
@@ -32,5 +46,13 @@ HANDLERS: dict[str, Handler] = {
     "module_build": module.run_build,
     "grad_sync": module.run_grad_sync,
     "relayout": module.run_relayout,
+    "link": transfer.run_link,
+    "send": transfer.run_send,
+    "recv": transfer.run_recv,
+    "checkpoint_save": checkpoint.run_save,
+    "checkpoint_load": checkpoint.run_load,
+    "snapshot": recovery.run_snapshot,
+    "restore": recovery.run_restore,
+    "allocate": recovery.run_allocate,
     "program": programs.run_program,
 }

@@ -28,6 +28,10 @@ result with the spec it must have:
   statistics are updated in place. DTensor's rule (torch 2.13) wants the channels split, so it
   redistributes the running statistics and the op updates its copies: the forward was right
   and the running statistics never moved.
+- ``convolution_backward`` on a batch split over dim 0 with the weight replicated: per sample
+  and linear in the output's gradient, so each rank's blocks give the input's gradient and a
+  ``Partial`` sum of the weight's and bias's (DTensor's handler, torch 2.14 on a 2-D mesh,
+  fails on the bias's placements).
 - ``_transformer_encoder_layer_fwd`` (``nn.TransformerEncoderLayer``'s inference path) on a
   batch split over dim 0: per sample, so each rank's rows with the weights whole.
 - CPU attention (``scaled_dot_product_attention``'s CPU kernel and its backward), which DTensor
@@ -665,6 +669,64 @@ def _batch_norm_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     )
 
 
+# -- convolution's backward ------------------------------------------------------------------
+
+
+def _convolution_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A convolution's backward on a batch split over dim 0 with the weight replicated (a
+    data-parallel conv net): per sample, and linear in the output's gradient, so each rank's
+    blocks give the gradients' blocks. Per mesh dim: the batch split gives the input's gradient
+    split alike and a ``Partial`` sum of the weight's and bias's (an output gradient that is
+    whole there gives each rank its rows first); an output gradient that is a ``Partial`` sum (a
+    tensor-parallel layer after the convolution) gives ``Partial`` sums of all three. DTensor's
+    own handler (torch 2.14, a 2-D mesh) fails on the bias gradient's placements ("mixes None
+    with placements across mesh dims")."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if kwargs or len(args) != 11 or type(args[0]) is not DTensor or type(args[1]) is not DTensor:
+        return None
+    grad, x, weight, bias_sizes, stride, padding, dilation, transposed, out_pad, groups, mask = args
+    spec = x._spec  # noqa: SLF001
+    whole = _whole_locals((weight,), spec.mesh)
+    if whole is None or grad.device_mesh is not spec.mesh:
+        return None
+    summed = _partial_sum()
+    input_grad, param_grad, whole_rows = [], [], []
+    for px, pg in zip(spec.placements, grad.placements, strict=True):
+        if type(px) is Shard and px.dim == 0 and (pg.is_replicate() or pg == px):
+            input_grad.append(px)
+            param_grad.append(summed)
+            whole_rows.append(pg.is_replicate())
+        elif px.is_replicate() and (pg.is_replicate() or pg == summed):
+            input_grad.append(pg)
+            param_grad.append(pg)
+        else:
+            return None
+    g_out = grad._local_tensor  # noqa: SLF001
+    if any(whole_rows):  # the gradient's rows are whole on this rank: take the batch's own
+        if not all(whole_rows):
+            return None
+        x_rows = x._local_tensor.shape[0]  # noqa: SLF001
+        g_out = g_out.narrow(0, _row_offset(spec), x_rows)
+    g_in, g_w, g_b = func(
+        g_out, x._local_tensor, whole[0], bias_sizes, stride, padding,  # noqa: SLF001
+        dilation, transposed, out_pad, groups, mask,
+    )  # fmt: skip
+    mesh = spec.mesh
+    return (
+        None if g_in is None else as_dtensor(g_in, mesh, input_grad, spec.shape, spec.stride),
+        None if g_w is None else as_dtensor(g_w, mesh, param_grad),
+        None if g_b is None else as_dtensor(g_b, mesh, param_grad),
+    )
+
+
+def _row_offset(spec: Any) -> int:
+    """Where this rank's rows start in dim 0 of a value laid out as ``spec``."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return int(compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)[1][0])
+
+
 # -- torch's fused encoder layer (nn.TransformerEncoderLayer in eval) ------------------------------
 
 
@@ -873,6 +935,7 @@ _SPECIAL = {
     "aten._transformer_encoder_layer_fwd.default": _encoder_layer,
     "aten.native_batch_norm.default": _batch_norm,
     "aten.native_batch_norm_backward.default": _batch_norm_backward,
+    "aten.convolution_backward.default": _convolution_backward,
     "aten.t.default": _transpose,
     "aten.mm.default": _mm,
     "aten.addmm.default": _addmm,

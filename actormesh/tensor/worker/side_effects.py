@@ -10,7 +10,8 @@ change among them, and a failure must still surface where the user looks next:
   is what raises. It poisons its inputs *and the values made together with them* (the factor the
   user holds), as the local call would have raised before handing out any of them;
 - any other kind of op with no outputs (a remote function that returns nothing, a module's
-  ``train()``) may have written into any of its inputs: they are all poisoned.
+  ``train()``) may have written into any of its inputs: they are all poisoned; so are a
+  checkpoint load's, which writes into every input.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ from typing import Any
 
 from ..wire.ops import IN, Op, Ref
 
+# Kinds whose op writes every input whole: a failed input does not make it fail, and once it ran
+# the inputs are good again (a checkpoint loaded over values a failed step left behind).
+OVERWRITES_INPUTS = frozenset({"checkpoint_load"})
+
 
 def written(op: Op, siblings: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
     """Ids that op ``op`` may have changed besides its outputs (``siblings``: id -> the ids made
     by the same op, for ops with several outputs)."""
     kind, out, ins, _meta, payload, _site = op
     if kind != "aten":
-        return () if out else ins
+        return () if out and kind not in OVERWRITES_INPUTS else ins
     mutated = _mutable_arguments(payload, ins)
     if mutated or out:
         return mutated

@@ -51,7 +51,13 @@ def run_mesh_view(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> 
     from torch.distributed.device_mesh import DeviceMesh
 
     view_id, labels, sizes = payload
-    ranks = torch.arange(len(engine.mesh.mesh.flatten())).reshape(sizes)
-    mesh = DeviceMesh(engine.device, ranks, mesh_dim_names=tuple(labels))
+    if engine.ranks is None:
+        ranks = torch.arange(len(engine.mesh.mesh.flatten())).reshape(sizes)
+        mesh = DeviceMesh(engine.device, ranks, mesh_dim_names=tuple(labels))
+    else:  # the engine runs on part of its group: the view's groups are its own (groups.py)
+        from .groups import sub_device_mesh
+
+        name = f"{engine.key}-view{view_id}"
+        mesh = sub_device_mesh(engine.device, name, engine.ranks, sizes, labels)
     engine.views[view_id] = MeshView(mesh, tuple(labels), tuple(sizes), engine.index)
     return []

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import MeshUsageError
 from ..extent import Extent, Point, point_label
-from ..messaging import node as _node
+from ..messaging import sender_rank
 from ..shape import Shape
 
 
@@ -153,7 +153,7 @@ def _sender_rank() -> int | None:
     return None if ctx is None else ctx.message_rank.rank
 
 
-_node.sender_rank[0] = _sender_rank
+sender_rank[0] = _sender_rank
 
 
 def current_size() -> dict[str, int]:
