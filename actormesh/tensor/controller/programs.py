@@ -12,15 +12,18 @@ before goes as one ``program`` op:
   replaced);
 - from then on, only the index, each op's ids and the values (the step's floats).
 
-Anything else goes as it is: a segment seen once (a cell run once, a step whose batch the idle
-timer cut elsewhere), one with an op that holds a tensor (a new batch uploaded, ``constant``) or
-a user's object. The ranks run exactly the ops that would have been sent: a failed op names its
-rank, op and line as before.
+An op that holds a tensor (``constant``: a controller tensor uploaded, as a model's forward does
+with the masks and positions it makes each step) or a user's object goes as it is, and cuts its
+segment in two. Anything else goes as it is too: a run seen once (a cell run once, a step whose
+batch the idle timer cut elsewhere). The ranks run exactly the ops that would have been sent: a
+failed op names its rank, op and line as before.
 
-The structure of a segment is cheap to find: an op of the recorder's fast path is keyed by the
-identity of its plan's ``meta`` and of its site (one plan per op, signatures and scalars, and
-one string per line: ``recording.py``, ``ops.issue_site``), which the kept segments hold alive
-so that no other object takes their ids; any other op by its whole template.
+The structure of a segment is cheap to find: an op of the recorder's fast path with outputs is
+keyed by the identity of its plan's ``meta`` and of its site (each plan, per op, signatures and
+scalars, makes its own ``meta`` tuple, and there is one string per line: ``recording.py``,
+``ops.issue_site``), which the kept segments hold alive so that no other object takes their ids;
+any other op (one with no outputs has the one empty tuple as its ``meta``: an in-place
+``_foreach_`` op) by its whole template.
 """
 
 from __future__ import annotations
@@ -55,19 +58,22 @@ class Programs:
         cuts = [0, *[m for m in marks if 0 < m < len(ops)], len(ops)]
         out: list[Op] = []
         for a, b in pairwise(cuts):
-            segment = ops[a:b]
-            op = self._program(segment) if b - a >= MIN_OPS else None
-            if op is None:
-                out.extend(segment)
-            else:
-                out.append(op)
+            while a < b:
+                key, ids, values, end = _structure(ops, a, b)
+                run = ops[a:end]
+                op = self._program(run, key, ids, values) if end - a >= MIN_OPS else None
+                if op is None:
+                    out.extend(run)
+                else:
+                    out.append(op)
+                if end < b:  # an op no program holds (a constant uploaded): as it is
+                    out.append(ops[end])
+                a = end + 1
         return out
 
-    def _program(self, segment: list[Op]) -> Op | None:
-        found = _structure(segment)
-        if found is None:
-            return None
-        key, ids, values = found
+    def _program(
+        self, segment: list[Op], key: Any, ids: tuple[int, ...], values: tuple[Any, ...]
+    ) -> Op | None:
         kept = self.kept.get(key)
         if kept is not None:
             self.kept.move_to_end(key)
@@ -106,22 +112,29 @@ class Programs:
         return op
 
 
-def _structure(segment: list[Op]) -> tuple[Any, tuple[int, ...], tuple[Any, ...]] | None:
-    """A segment's key, its ops' ids (out then ins, op after op) and its values; None if an op
-    cannot be in a program."""
+def _structure(
+    ops: list[Op], start: int, stop: int
+) -> tuple[Any, tuple[int, ...], tuple[Any, ...], int]:
+    """The key of ``ops[start:end]``, its ops' ids (out then ins, op after op) and its values,
+    where ``end`` is the first op from ``start`` on that no program can hold (else ``stop``)."""
     key: list[Any] = []
     ids: list[int] = []
     values: list[Any] = []
-    try:
-        for op in segment:
-            kind, out, ins, meta, payload, site = op
-            if kind == "aten" and payload[4] is not None:  # the fast path's: one plan, one line
-                key.append((id(meta), id(site)))
-                fast_values(op, values)
-            else:
+    end = start
+    while end < stop:
+        op = ops[end]
+        kind, out, ins, meta, payload, site = op
+        if kind == "aten" and payload[4] is not None and meta:  # the fast path's: one plan
+            key.append((id(meta), id(site)))
+            fast_values(op, values)
+        else:
+            mark = len(values)
+            try:
                 key.append(shape_op(op, values))
-            ids.extend(out)
-            ids.extend(ins)
-    except NotReplayable:
-        return None
-    return tuple(key), tuple(ids), tuple(values)
+            except NotReplayable:
+                del values[mark:]
+                break
+        ids.extend(out)
+        ids.extend(ins)
+        end += 1
+    return tuple(key), tuple(ids), tuple(values), end

@@ -81,17 +81,12 @@ def fast_values(op: Op, values: list[Any]) -> None:
     """What ``shape_op`` appends to ``values`` for an op of the recorder's fast path (whose
     arguments are inputs, scalars and lists of either), without building its template."""
     _name, args, kwargs, seed, _inputs = op[4]
-    for a in args:
+    for a in (*args, *kwargs.values()):
         t = type(a)
         if t is float:
             values.append(a)
-        elif t is list and a and type(a[0]) is float:
-            values.extend(a)
-    for a in kwargs.values():
-        if type(a) is float:
-            values.append(a)
-        elif type(a) is list and a and type(a[0]) is float:
-            values.extend(a)
+        elif (t is list or t is tuple) and a and type(a[0]) is float:
+            values.extend(a)  # a Scalar[] (recording._float_list: all floats)
     if seed is not None:
         values.append(seed)
 

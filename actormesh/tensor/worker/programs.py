@@ -2,10 +2,11 @@
 run with each run's ids and values.
 
 Each step is one op of the template (``wire/programs.py``). An aten op from the controller's
-fast path whose kind the shard path knows (``shard_ops.route_for``: pointwise ops, an
-optimizer's foreach ops, a linear layer's ops...) is called straight from the step, with its
-function, route and arguments worked out when the program came; everything else, and every step
-while a value of this rank is poisoned, is rebuilt as the op it stands for and run by
+fast path (inputs and scalars as arguments) is run straight from the step, with its function,
+its shard path's route (``shard_ops.route_for``: pointwise ops, an optimizer's foreach ops, a
+linear layer's ops...) and the shape of its arguments worked out when the program came, and
+DTensor running what the route does not take, as ``aten.run_aten`` does; everything else, and
+every step while a value of this rank is poisoned, is rebuilt as the op it stands for and run by
 ``_TensorEngine._execute`` as if it had been sent. Either way the results, failures and what
 the sidebar shows are those of the ops themselves.
 """
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN, Ref
 from ..wire.programs import DICT, INS, LIST, VAR, count_values, rebuild_op, shape_op
-from .aten import _IN_PLACE_VIEWS, resolve_op, tensor_leaves
+from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
 from .shard_ops import route_for
 
 if TYPE_CHECKING:
@@ -27,13 +28,16 @@ if TYPE_CHECKING:
 class _Step:
     """One op of a program, with what running it needs worked out once."""
 
-    __slots__ = ("args", "at", "func", "kwargs", "name", "nvars", "op", "route", "simple", "var0")
+    __slots__ = (
+        "args", "at", "direct", "func", "kwargs", "name", "nvars", "op", "route", "simple", "var0"
+    )  # fmt: skip
 
     def __init__(self, op: Any, at: int, var0: int) -> None:
         self.op = op  # the template op
         self.at = at  # where its ids start in a run's ids (its outs, then its ins)
         self.var0 = var0  # where its values start in a run's values
         self.nvars = count_values(op[4])
+        self.direct = False  # run from here (else rebuilt and run by the engine's _execute)
         self.route: Any = None
         self.func: Any = None
         self.args: tuple[Any, ...] = ()
@@ -49,6 +53,7 @@ class _Step:
             return  # the general path's, a random op's, an in-place view's: as sent
         if not all(_literal(v) for _, v in kwargs[1:]) or not all(_fillable(a) for a in args):
             return
+        self.direct = True
         self.func = resolve_op(name)
         self.route = route_for(name, self.func)
         self.args = args
@@ -98,8 +103,7 @@ def run_program(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
         )
     env = engine.env
     for step in steps:
-        route = step.route
-        if route is None or engine.poison:
+        if not step.direct or engine.poison:
             engine._execute(_op(step, ids, values))  # noqa: SLF001  (the engine's own path)
             continue
         at = step.at
@@ -117,11 +121,12 @@ def run_program(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
         outs = ids[at : at + n_out]
         engine.current = ("aten", outs, (), (), step.name, step.op[5])
         try:
-            result = route(step.func, args, step.kwargs)
-            if result is None:  # not on the shards after all: as sent (DTensor runs it)
-                engine._execute(_op(step, ids, values))  # noqa: SLF001
-                continue
-            leaves = tensor_leaves(result)
+            route = step.route
+            result = None if route is None else route(step.func, args, step.kwargs)
+            if result is None:  # not on the shards: DTensor runs it, as run_aten would
+                leaves = on_dtensors(step.name[0], step.func, args, step.kwargs)
+            else:
+                leaves = tensor_leaves(result)
             if len(leaves) != n_out:
                 raise RuntimeError(
                     f"{step.name[0]} gave {len(leaves)} results where the controller expected "
