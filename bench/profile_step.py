@@ -112,7 +112,7 @@ class Probe(am.Actor):
         parts = dict(self.parts)
         for engine in REGISTRY.values():
             parts["poisoned values"] = len(engine.poison)
-            parts["programs kept"] = len(engine.programs)
+            parts["programs kept"] = len(getattr(engine, "programs", ()))
         return time.process_time(), dict(self.ops), parts
 
     @am.endpoint
@@ -272,7 +272,8 @@ def main() -> None:
             texts = probe.cprofile.call(False).get(timeout=60)
             result["cprofile_controller"] = _top(prof, 40)
             result["cprofile_rank0"] = next(iter(texts.values()))
-        result["programs_sent"] = tm.stream.programs.sent
+        programs = getattr(tm.stream, "programs", None)  # (an A/B against code without them)
+        result["programs_sent"] = programs.sent if programs is not None else None
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
         del tm
