@@ -7,13 +7,16 @@ inside each worker process (a small actor patches the engine there, in that proc
 - controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
   ``loss.item()`` (and within it the batch's pickling, ``stream._pack``);
 - each worker: its process CPU per step; on the engine's thread the batch's unpickling, each
-  op's handler (by op name) and the fetch's answer; what is left of the process's CPU is the
+  op's handler (by op name; a program's steps run as ops count twice, in the program too) and
+  the fetch's answer; the garbage collector by generation; what is left of the process's CPU is the
   message path (its I/O and actor threads) and gloo's threads.
 
-``--cprofile``: also the busiest functions of a few steps on the controller and on rank 0
-(instrumented: for attribution, not timing). Prints JSON; ``BENCH_OUT=path`` writes it too.
+``T6``: the GPT-2 step of ``bench_tensor.py`` instead of the MLP. ``--cprofile``: also the
+busiest functions of a few steps on the controller and on rank 0 (instrumented: for
+attribution, not timing). ``--foreach``: AdamW(foreach=True). Prints JSON; ``BENCH_OUT=path``
+writes it too. Per-op figures include the timers' own cost (two thread-CPU reads an op).
 
-Run: ``PYTHONPATH=$PWD python bench/profile_step.py [T1|T1b] [--steps 40] [--cprofile]``
+Run: ``PYTHONPATH=$PWD python bench/profile_step.py [T1|T1b|T6] [--steps 40] [--cprofile]``
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
 import common as C
 import torch
 import torch.nn.functional as F
-from bench_tensor import MLP, SHAPES
+from bench_tensor import MLP, SHAPES, gpt2, token_batch
 
 import actormesh as am
 from actormesh.tensor import module_to_mesh
@@ -67,6 +70,8 @@ class Probe(am.Actor):
             t0 = _T()
             execute(engine, op)
             cell = ops[op[4][0] if op[0] == "aten" else op[0]]
+            if op[0] == "program":  # its steps are timed as ops too (those run as sent)
+                cell = ops["program (its fast steps)"]
             cell[0] += 1
             cell[1] += _T() - t0
 
@@ -88,6 +93,7 @@ class Probe(am.Actor):
             parts["fetch"] += _T() - t0
             return out
 
+        time_collections(parts)
         cls._execute = timed_execute  # type: ignore[method-assign]
         cls._run_batch = timed_run_batch  # type: ignore[method-assign]
         cls._fetch = timed_fetch  # type: ignore[method-assign]
@@ -101,7 +107,13 @@ class Probe(am.Actor):
 
     @am.endpoint
     def read(self) -> tuple[float, dict[str, list[int]], dict[str, int]]:
-        return time.process_time(), dict(self.ops), dict(self.parts)
+        from actormesh.tensor.worker.local import REGISTRY
+
+        parts = dict(self.parts)
+        for engine in REGISTRY.values():
+            parts["poisoned values"] = len(engine.poison)
+            parts["programs kept"] = len(getattr(engine, "programs", ()))
+        return time.process_time(), dict(self.ops), parts
 
     @am.endpoint
     def cprofile(self, on: bool) -> str:
@@ -110,7 +122,9 @@ class Probe(am.Actor):
 
         cls = engine_mod._TensorEngine
         if on:
-            self.profile = prof = cProfile.Profile()
+            # Thread CPU, not wall time: on a loaded machine a wall-clock profile charges a
+            # function for the time its process waited for a core.
+            self.profile = prof = cProfile.Profile(time.thread_time_ns, 1e-9)
             self._plain = cls._run_batch
 
             def profiled(engine: Any, batch: Any, drops: Any) -> None:
@@ -127,6 +141,22 @@ class Probe(am.Actor):
         return _top(self.profile, 30)
 
 
+def time_collections(parts: dict[str, int]) -> None:
+    """Add the garbage collector's thread CPU to ``parts``, by generation (and 1000 per run)."""
+    import gc
+
+    started = [0]
+
+    def timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = _T()
+        else:
+            parts[f"gc gen{info['generation']}"] += _T() - started[0]
+            parts[f"gc gen{info['generation']} runs"] += 1000
+
+    gc.callbacks.append(timer)
+
+
 def _top(prof: cProfile.Profile, n: int) -> str:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(n)
@@ -135,7 +165,7 @@ def _top(prof: cProfile.Profile, n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", nargs="?", default="T1", choices=sorted(SHAPES))
+    parser.add_argument("case", nargs="?", default="T1", choices=[*sorted(SHAPES), "T6"])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--foreach", action="store_true", help="AdamW(foreach=True)")
@@ -147,13 +177,25 @@ def main() -> None:
         tm = tensor_mesh(procs)
         probe = procs.spawn("probe", Probe)
         probe.install.call().get(timeout=60)
-        d_in, hidden, d_out, batch = SHAPES[opts.case]
-        torch.manual_seed(0)
-        model = module_to_mesh(MLP(d_in, hidden, d_out), procs)
-        x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
+        if opts.case == "T6":  # Hugging Face's GPT-2 (tiny), its loss from labels
+            model = module_to_mesh(gpt2(), procs)
+            tokens = token_batch()
+
+            def loss_of() -> Any:
+                return model(**tokens).loss
+        else:
+            d_in, hidden, d_out, batch = SHAPES[opts.case]
+            torch.manual_seed(0)
+            model = module_to_mesh(MLP(d_in, hidden, d_out), procs)
+            x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
+
+            def loss_of() -> Any:
+                return F.mse_loss(model(x), y)
+
         extra = {"foreach": True} if opts.foreach else {}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **extra)
         phases: dict[str, int] = defaultdict(int)
+        time_collections(phases)
         pack = stream_mod._pack
 
         def timed_pack(ops: Any) -> Any:
@@ -169,7 +211,7 @@ def main() -> None:
             t0 = _T()
             opt.zero_grad()
             t1 = _T()
-            loss = F.mse_loss(model(x), y)
+            loss = loss_of()
             t2 = _T()
             loss.backward()
             t3 = _T()
@@ -213,7 +255,10 @@ def main() -> None:
                 "unpickle_us": parts.get("unpickle", 0) / 1e3 / n,
                 "ops_us": sum(t for _, t in op_us.values()),
                 "fetch_us": parts.get("fetch", 0) / 1e3 / n,
+                "gc_us": {k: v / 1e3 / n for k, v in parts.items() if k.startswith("gc")},
                 "batches_per_step": parts.get("batches", 0) / n,
+                "poisoned_values": parts.get("poisoned values", 0),
+                "programs_kept": parts.get("programs kept", 0),
                 "per_op": {k: f"{c // n} x, {t} us" for k, (c, t) in op_us.items()},
             }
         result["workers"] = workers
@@ -227,6 +272,8 @@ def main() -> None:
             texts = probe.cprofile.call(False).get(timeout=60)
             result["cprofile_controller"] = _top(prof, 40)
             result["cprofile_rank0"] = next(iter(texts.values()))
+        programs = getattr(tm.stream, "programs", None)  # (an A/B against code without them)
+        result["programs_sent"] = programs.sent if programs is not None else None
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
         del tm

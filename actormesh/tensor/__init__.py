@@ -24,6 +24,7 @@ the ranks' half never imports the controller's.
 ``wire/kinds.py``               the table of op kinds: payload fields, recorder, handler
 ``wire/shapes.py``              shapes on meta tensors, signatures, the plans' cache
 ``wire/errors.py``              ``RemoteTensorError``
+``wire/programs.py``            a repeated run of ops as a program: its template, ids and values
 ``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
@@ -41,6 +42,7 @@ the ranks' half never imports the controller's.
 ``controller/module.py``        ``module_to_mesh``
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
+``controller/programs.py``      a repeated step sent by reference (a ``program`` op)
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream
 ``controller/adopt.py``         a ``%%mesh`` cell's tensor as a MeshTensor
@@ -54,6 +56,7 @@ the ranks' half never imports the controller's.
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
+``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``

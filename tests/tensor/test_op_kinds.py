@@ -138,6 +138,10 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     am.checkpoint.save({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_save
     am.checkpoint.load({"model": model}, checkpoint_id=tmp_path / "c")  # checkpoint_load
     am.FaultTolerant({"model": model}).commit()  # snapshot
+    w = distribute(x, mesh)
+    for _ in range(3):  # the same run of ops three times: the second defines a program
+        w = ((w * 0.5 + 1.0) * 2.0 - 1.0).abs().neg().neg().relu()
+        inspect(w)  # program (the third: by reference)
     # The values are right, too: a wrong number would mean a payload read wrongly.
     assert torch.equal(inspect(y), x @ x.T)
     assert torch.equal(inspect(z), x + 1) and torch.equal(inspect(moved), x)
@@ -154,6 +158,7 @@ def test_programs_of_every_kind_record_only_ops_of_the_table(
     assert model.weight.grad is not None and inspect(model.weight.grad).shape == (2, 4)
     assert inspect(loss).shape == ()
     assert torch.equal(inspect(across), x)
+    assert torch.equal(inspect(w), x + 3)
     recorded = Counter(kinds.seen) - before
     # restore and allocate run only on an engine restarted by recovery: test_recovery.py
     # records them.

@@ -3,18 +3,23 @@ one process: the optimizer's update as torch's foreach ops on the local shards."
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from differential import compare_training
+from support import wait_until
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from actormesh.tensor import module_to_mesh
+import actormesh as am
+from actormesh.tensor import RemoteTensorError, distribute, inspect, module_to_mesh
+from actormesh.tensor.controller import stream as stream_mod
 from actormesh.tensor.controller.mesh import tensor_mesh
 
 
@@ -95,3 +100,193 @@ def test_a_foreach_step_on_the_shards_is_the_step_of_one_process(
     # plan) reach the foreach ops of the update; float64, compared step by step.
     losses = compare_training(mlp, mesh, MODES[mode], batches(), mse, optimizer=OPTIMIZERS[name])
     assert losses[-1] < losses[0]  # the first batch again
+
+
+# -- a repeated step sent by reference (controller/programs.py) --------------------------------
+
+
+@pytest.fixture
+def steps_as_batches(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No idle flush: each step's ops go at its sync point, whatever the load (the timer would
+    cut a step wherever the recording thread paused, and a cut step is another program)."""
+    s = tensor_mesh(mesh).stream
+    s.flush()
+    wait_until(lambda: s._timer is None, 10, "the stream's idle timer to end")
+    monkeypatch.setattr(stream_mod.Stream, "_start_timer", lambda self: None)
+    yield
+    s.flush()
+    s.armed = False  # armed with no timer: the next op of a later test starts one
+
+
+class Trainer:
+    """One model on the mesh and its copy in this process, stepped alike (float64); each step
+    compares the loss, and ``check_weights`` the parameters, with one process."""
+
+    def __init__(self, mesh: Any, lr: float = 1e-2) -> None:
+        self.local = mlp()
+        self.meshed = module_to_mesh(copy.deepcopy(self.local), mesh)
+        self.optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in self.models]
+        self.programs = tensor_mesh(mesh).stream.programs
+
+    @property
+    def models(self) -> tuple[nn.Module, nn.Module]:
+        return self.local, self.meshed
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, double: bool = False) -> None:
+        losses = []
+        for model, optimizer in zip(self.models, self.optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            if double:  # an `if` on the controller: other ops in the step
+                loss = loss * 2
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())  # a sync point every step, as T1
+        assert losses[1] == pytest.approx(losses[0], abs=1e-12, rel=0), losses
+
+    def check_weights(self) -> None:
+        got = inspect(dict(self.meshed.state_dict()))
+        for name, want in self.local.state_dict().items():
+            assert torch.allclose(got[name], want, atol=1e-12, rtol=0), name
+
+    def by_reference(self, *steps: Callable[[], None]) -> list[int]:
+        """For each step run: how many runs went by reference during it."""
+        out = []
+        for step in steps:
+            before = self.programs.sent
+            step()
+            out.append(self.programs.sent - before)
+        return out
+
+
+WARM = 5  # steps after which a step repeats: the first creates the optimizer's state, and an
+# op's first signature goes the recorder's general path once, so the next step differs again
+
+
+def test_a_repeated_step_is_sent_by_reference_and_stays_the_step_of_one_process(
+    mesh: Any, steps_as_batches: None
+) -> None:
+    trainer = Trainer(mesh)
+    x, y = batches(1)[0]
+    sent = trainer.by_reference(*[lambda: trainer.step(x, y)] * WARM)
+    # A structure seen once goes op by op, the second time it defines the program on the ranks
+    # (sent with its ops), later it goes by reference.
+    assert sent[-2:] == [1, 1], sent
+    trainer.check_weights()
+
+
+def test_a_new_shape_is_another_program(mesh: Any, steps_as_batches: None) -> None:
+    trainer = Trainer(mesh)
+    (x, y), (x2, y2) = batches(1)[0], (torch.randn(16, 8).double(), torch.randn(16, 4).double())
+    assert trainer.by_reference(*[lambda: trainer.step(x, y)] * WARM)[-1] == 1
+    # 16 rows instead of 8: other shapes in the step, never run as the program of 8 rows (first
+    # as it is, then a program of its own); then 8 rows again, by reference at once.
+    wide = trainer.by_reference(*[lambda: trainer.step(x2, y2)] * 4)
+    assert wide[0] == 0 and wide[-1] == 1, wide
+    assert trainer.by_reference(lambda: trainer.step(x, y)) == [1]
+    trainer.check_weights()
+
+
+def test_an_if_on_the_controller_is_another_program(mesh: Any, steps_as_batches: None) -> None:
+    trainer = Trainer(mesh)
+    x, y = batches(1)[0]
+    plain, double = (lambda: trainer.step(x, y)), (lambda: trainer.step(x, y, double=True))
+    assert trainer.by_reference(*[plain] * WARM)[-1] == 1
+    sent = trainer.by_reference(double, double, double, double)
+    assert sent[0] == 0 and sent[-1] == 1, sent
+    assert trainer.by_reference(plain, double, plain, double) == [1, 1, 1, 1]
+    trainer.check_weights()
+
+
+def test_a_changed_learning_rate_is_carried_by_the_program(
+    mesh: Any, steps_as_batches: None
+) -> None:
+    trainer = Trainer(mesh)
+    x, y = batches(1)[0]
+
+    def lower_then_step() -> None:
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.5
+        trainer.step(x, y)
+
+    assert trainer.by_reference(*[lambda: trainer.step(x, y)] * WARM)[-1] == 1
+    # A learning rate is a value of the step (as AdamW's bias corrections, which change every
+    # step), not its structure: the runs stay by reference, each with its step's rate.
+    assert trainer.by_reference(*[lower_then_step] * 3) == [1, 1, 1]
+    trainer.check_weights()
+
+
+def test_a_failure_inside_a_program_names_the_rank_the_op_and_the_line(
+    mesh: Any, steps_as_batches: None
+) -> None:
+    divisor = distribute(torch.tensor([4, 9, 9, 9]), mesh, sharding_spec=["dp"])
+    count = distribute(torch.zeros(4, dtype=torch.long), mesh, sharding_spec=["dp"])
+    programs = tensor_mesh(mesh).stream.programs
+    for step in range(4):
+        before = programs.sent
+        count += 1
+        x = ((count * 3 + 1) * 2 - 2) // 2 + 0
+        line = sys._getframe().f_lineno + 1
+        q = x // (divisor - count)  # at step 4, a division by zero in row 0: ranks dp=0 only
+        if step < 3:
+            assert torch.equal(
+                inspect(q), (3 * (step + 1)) // (torch.tensor([4, 9, 9, 9]) - step - 1)
+            )
+    with pytest.raises(RemoteTensorError) as info:
+        inspect(q)
+    assert programs.sent == before + 1  # the failing step went by reference
+    error = info.value
+    assert error.ranks == ["{dp=0, tp=0}", "{dp=0, tp=1}"], error.ranks
+    assert "floor_divide" in error.op, error.op
+    assert f"test_tensor_step.py:{line}" in str(error), str(error)
+    count.zero_()  # the mesh stays usable
+    assert torch.equal(inspect(divisor - count), torch.tensor([4, 9, 9, 9]))
+
+
+@pytest.mark.parametrize(
+    "size", [(32, 6), (-1, 6), (8, 24), (2, 4, 4, 6), (4, 8, 6), (6, 32), (1, 192), (192,)]
+)
+def test_a_view_of_a_batch_split_by_rows_is_the_view_of_one_process(
+    mesh: Any, size: tuple[int, ...]
+) -> None:
+    # The shard path takes the views whose dim 0 splits into as many equal blocks as the rows
+    # (each rank's block is one contiguous run, in both); DTensor the others ((1, 192), (192,)).
+    x = torch.arange(8 * 4 * 6, dtype=torch.float64).reshape(8, 4, 6)
+    for spec in (["dp", None, None], [None, None, None]):
+        split = distribute(x, mesh, sharding_spec=spec)
+        viewed = split.view(size)
+        assert torch.equal(inspect(viewed), x.view(size)), (spec, size)
+        assert torch.equal(inspect(viewed * 2), x.view(size) * 2)
+
+
+def test_ops_with_no_outputs_are_told_apart_by_their_arguments(
+    mesh: Any, steps_as_batches: None
+) -> None:
+    # An in-place _foreach_ op has no outputs, so its plan's meta is the one empty tuple: keyed
+    # by it, adding 2 looked like the program of adding 1 from the same line (and with the
+    # protocol check off, would have added 1).
+    ts = [distribute(torch.zeros(4), mesh) for _ in range(2)]
+    for k in (1, 1, 1, 2, 2, 2, 1):
+        for _ in range(8):
+            torch._foreach_add_(ts, k)
+        inspect(ts[0])
+    assert torch.equal(inspect(ts[1]), torch.full((4,), 8.0 * 10))
+
+
+class Collector(am.Actor):
+    @am.endpoint
+    def frozen(self) -> int:
+        import gc
+
+        return gc.get_freeze_count()
+
+
+def test_a_built_module_leaves_the_ranks_collector_out_of_what_was_loaded(mesh: Any) -> None:
+    # GPT-2's step on a rank paid a full collection of everything torch and transformers
+    # loaded every ten steps (120 ms, a quarter of its CPU): frozen once the module is built.
+    collector = mesh.spawn("collector", Collector)
+    before = list(collector.frozen.call().get(timeout=60).values())  # frozen at its start
+    module_to_mesh(mlp(), mesh)
+    after = list(collector.frozen.call().get(timeout=60).values())
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)

@@ -10,7 +10,9 @@ with the same arithmetic in the same order (the differential tests compare with 
 An optimizer step pre-hook (torch's own, global) turns ``foreach`` on for the step of each
 parameter group that left it ``None`` and holds only MeshTensors, and a post-hook puts ``None``
 back, so the optimizer's ``state_dict`` stays the user's. A group that chose (``foreach=False``,
-``fused=True``, ``differentiable=True``) is left alone.
+``fused=True``, ``differentiable=True``) is left alone. The post-hook also marks the end of a
+training step in the stream of each mesh the step wrote to (``Stream.mark``): a step that
+repeats is then sent by reference (``programs.py``).
 """
 
 from __future__ import annotations
@@ -44,9 +46,15 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    streams = []
     for group in optimizer.param_groups:
         if group.pop(_CHOSEN, False):
             group["foreach"] = None
+        for p in group["params"][:1]:
+            if type(p) is MeshTensor and p.mesh.stream not in streams:
+                streams.append(p.mesh.stream)
+    for stream in streams:
+        stream.mark()  # a training step ends here: the next one may repeat it (programs.py)
 
 
 def install() -> None:

@@ -48,12 +48,12 @@ _BY_VALUE = frozenset(
 )
 _BOOL_KEYS = {True: ("bool", True), False: ("bool", False)}  # True == 1 as a dict key
 _NEW, _ALIAS, _VALUE = 0, 1, 2
-# ids of the _foreach_ ops seen so far: their Scalar[] arguments (one scalar per tensor) are
-# keyed by length on the fast path, never by value (added by _record, which sees each op first).
-_SCALAR_LISTS: set[int] = set()
+# id(op) -> whether it is a _foreach_ op: its Scalar[] arguments (one scalar per tensor) are
+# keyed by length on the fast path, never by value. (Ops live as long as torch.ops.)
+_SCALAR_LISTS: dict[int, bool] = {}
 
 
-def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
+def _fast_arg(a: Any, key: list[Any], ins: list[int], func: Any) -> Any:
     """Append ``a``'s part of the plan key; return it as sent, or ``_GENERAL``."""
     t = type(a)
     if t is MeshTensor:
@@ -72,12 +72,19 @@ def _fast_arg(a: Any, key: list[Any], ins: list[int]) -> Any:
     if t is list or t is tuple:
         for e in a:
             if type(e) is not int:
-                if type(e) is float and key[0] in _SCALAR_LISTS:
+                if type(e) is float and _takes_scalar_lists(func):
                     return _float_list(a, t, key)
                 return _GENERAL
         key.append((t, *a))
         return a
     return _GENERAL
+
+
+def _takes_scalar_lists(func: Any) -> bool:
+    known = _SCALAR_LISTS.get(id(func))
+    if known is None:
+        known = _SCALAR_LISTS[id(func)] = func.name().startswith("aten::_foreach_")
+    return known
 
 
 def _float_list(a: Any, t: type, key: list[Any]) -> Any:
@@ -134,7 +141,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tm = m
             eargs.append([IN] * len(a))
             continue
-        e = _fast_arg(a, key, ins)
+        e = _fast_arg(a, key, ins, func)
         if e is _GENERAL:
             return _record(func, args, kwargs, None)
         eargs.append(e)
@@ -143,7 +150,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ekwargs = {}
         for k, a in kwargs.items():
             key.append(k)
-            e = _fast_arg(a, key, ins)
+            e = _fast_arg(a, key, ins, func)
             if e is _GENERAL:
                 return _record(func, args, kwargs, None)
             if e is IN:
@@ -263,8 +270,6 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
-        if name.startswith("aten._foreach_"):
-            _SCALAR_LISTS.add(id(func))
     plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
     if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)

@@ -50,6 +50,7 @@ from ..wire.kinds import CHECK, PLAIN_KINDS, checked
 from ..wire.ops import Op, issue_site, torch_constant
 from . import lifetime
 from .interrupts import held
+from .programs import Programs
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class Stream:
         # by engine index: its process (the kernel names processes; a healed one has a new one)
         self.mailboxes = compat.mailboxes(procs)
         self.ops: list[Op] = []
+        self.marks: list[int] = []  # where in ``ops`` an optimizer step ended (programs.py)
+        self.programs = Programs()
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -110,6 +113,7 @@ class Stream:
             self.engine = engine
             self.mailboxes = mailboxes
             self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
+            self.marks, self.programs = [], Programs()  # the new engine keeps no program
             self.lost = self.error = None
             self.lost_why = ""
             self.closed = False
@@ -201,6 +205,20 @@ class Stream:
         if full:
             self.flush()
 
+    def mark(self) -> None:
+        """An optimizer step over this mesh's tensors ended here: a repeated step between two
+        marks is sent by reference (programs.py)."""
+        with self.lock:
+            n = len(self.ops)
+            if n and (not self.marks or self.marks[-1] != n):
+                self.marks.append(n)
+
+    def _take(self) -> list[Op]:
+        """The buffered ops, as the batch to send (under ``self.lock``)."""
+        ops, self.ops = self.ops, []
+        marks, self.marks = self.marks, []
+        return self.programs.encode(ops, marks)
+
     def flush(self) -> None:
         """Send what is buffered (and the drops) now; raise what a background send hit."""
         self._send_upstream()
@@ -242,7 +260,7 @@ class Stream:
 
         def send() -> Any:
             with self.lock:
-                ops, self.ops = self.ops, []
+                ops = self._take()
                 dead, self.dead = self.dead, []
                 cells, self.cells = self.cells, {}
                 try:
@@ -325,6 +343,7 @@ class Stream:
             self.lost_why = why
             self.lost = error
             self.ops.clear()
+            self.marks.clear()
 
     def _unsent(self, error: BaseException, ops: Any) -> None:
         """A message of ops (``ops`` truthy) was taken out of the buffer and did not go, or went
@@ -346,7 +365,7 @@ class Stream:
     def _send_locked(self) -> None:
         """Send what is buffered (under ``self.lock``: two threads flushing must not reorder
         their batches). The cells launched since the last message go with it."""
-        ops, self.ops = self.ops, []
+        ops = self._take()
         dead = self.dead
         self.dead = []
         if not ops and not dead:

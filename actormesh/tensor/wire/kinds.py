@@ -42,6 +42,7 @@ _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
 _CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
+_PROGRAMS = "controller.programs"
 
 
 class Kind(NamedTuple):
@@ -179,6 +180,12 @@ _TABLE = [
     Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
          "On a restarted engine: zeros under the ids of ``out`` placed as ``metas`` says (the "
          "survivors' snapshots), for a checkpoint load to fill."),
+    # -- a repeated step sent by reference (controller/programs.py, wire/programs.py) ----------
+    Kind("program", ("index: int", "ops: tuple|None", "ids: tuple", "values: tuple"), 0,
+         (_PROGRAMS,), "worker.programs:run_program", True,
+         "A run of ops with the structure of program ``index``: each op's out and ins ``ids``, "
+         "op after op, and its floats (``values``). ``ops``: the run that defines it, sent once "
+         "(the ranks keep its decoded steps under ``index``), else None."),
 ]  # fmt: skip
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}

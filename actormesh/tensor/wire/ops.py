@@ -41,6 +41,14 @@ class Ref:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Ref, (self.id,))
 
+    # By value: a program's template (programs.py) holds Refs to slots, and equal templates
+    # must compare equal.
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Ref and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((Ref, self.id))
+
     def __repr__(self) -> str:
         return f"Ref({self.id})"
 

@@ -159,6 +159,11 @@ def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
     local = on_shards(name, func, args, kwargs)
     if local is not None:
         return tensor_leaves(local)
+    return on_dtensors(name, func, args, kwargs)
+
+
+def on_dtensors(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """The op run by DTensor (the shard path did not take it): its results' tensors."""
     if name in _REFUSED:
         raise NotImplementedError(f"{_REFUSED[name]} ({_placed(args, kwargs)})")
     if func in _decompose or name in _DECOMPOSE_FIRST:

@@ -123,6 +123,7 @@ class _TensorEngine(Actor):
         self.counts = {"run": 0, "fetch": 0, "staged_bytes": 0}
         self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
+        self.programs: dict[int, Any] = {}  # index -> a program's decoded steps (programs.py)
         # Pins (run_pin) an actor has read, or that no actor here will read: appended from any
         # thread, dropped by the engine's thread between batches.
         self.read_pins: list[int] = []
@@ -207,7 +208,7 @@ class _TensorEngine(Actor):
         self.counts["staged_bytes"] += block.nbytes
 
     def _execute(self, op: Op) -> None:
-        kind, out, ins, meta, payload, _site = op
+        kind, out, ins, _meta, payload, _site = op
         root = None
         if self.poison and kind not in OVERWRITES_INPUTS:
             for i in ins:
@@ -226,29 +227,7 @@ class _TensorEngine(Actor):
                     f"{len(out)}; the controller's shape propagation and this rank disagree"
                 )
         except Exception as exc:
-            computed = None
-            if isinstance(exc, StoodIn):  # the handler made its own stand-ins
-                computed, exc = exc.values, exc.cause
-            elif isinstance(exc, Inherited):  # failed on the mesh it came from (to_mesh)
-                computed, root = exc.values or None, exc.root
-            if root is None:
-                root = self._new_failure(op, exc)
-                if _group_failed(exc):
-                    # Its collectives cannot run any more, and the other ranks may be in any
-                    # of them: one that went on to the next op's collective would meet a
-                    # peer still in this one (gloo aborts the process on the mismatch).
-                    self.broken = root
-            else:
-                logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
-            for k, o in enumerate(out):
-                if computed is not None:
-                    self.env[o] = computed[k]
-                elif o not in ins:  # an in-place op keeps its (stand-in) value
-                    self.env[o] = stand_in(self, meta[k] if k < len(meta) else None, ins)
-                self._set_poison(o, root)
-            self._poison_written(op, root)
-            if root.serial not in self.holders:  # nothing holds it: report it at once
-                self._hold(root, 0)
+            self.failed(op, exc, root)
             return
         env = self.env
         for o, v in zip(out, values, strict=True):
@@ -263,6 +242,34 @@ class _TensorEngine(Actor):
             for o in out:
                 self._set_poison(o, root)
             self._poison_written(op, root)
+
+    def failed(self, op: Op, exc: Exception, root: FailureInfo | None = None) -> None:
+        """``op`` raised ``exc`` (``root``: the failure one of its inputs carried): its outputs
+        become stand-ins, poisoned with the original failure, as is what it wrote."""
+        _kind, out, ins, meta, _payload, _site = op
+        computed = None
+        if isinstance(exc, StoodIn):  # the handler made its own stand-ins
+            computed, exc = exc.values, exc.cause
+        elif isinstance(exc, Inherited):  # failed on the mesh it came from (to_mesh)
+            computed, root = exc.values or None, exc.root
+        if root is None:
+            root = self._new_failure(op, exc)
+            if _group_failed(exc):
+                # Its collectives cannot run any more, and the other ranks may be in any of
+                # them: one that went on to the next op's collective would meet a peer still
+                # in this one (gloo aborts the process on the mismatch).
+                self.broken = root
+        else:
+            logger.debug("%s failed on a poisoned input", op_name(op), exc_info=True)
+        for k, o in enumerate(out):
+            if computed is not None:
+                self.env[o] = computed[k]
+            elif o not in ins:  # an in-place op keeps its (stand-in) value
+                self.env[o] = stand_in(self, meta[k] if k < len(meta) else None, ins)
+            self._set_poison(o, root)
+        self._poison_written(op, root)
+        if root.serial not in self.holders:  # nothing holds it: report it at once
+            self._hold(root, 0)
 
     def _poison_written(self, op: Op, root: FailureInfo) -> None:
         """A failed (or poisoned) op also poisons what it changed besides its outputs: the

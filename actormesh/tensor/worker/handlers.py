@@ -14,6 +14,7 @@ from . import (
     distribute,
     local,
     module,
+    programs,
     recovery,
     reduce,
     remote,
@@ -53,4 +54,5 @@ HANDLERS: dict[str, Handler] = {
     "snapshot": recovery.run_snapshot,
     "restore": recovery.run_restore,
     "allocate": recovery.run_allocate,
+    "program": programs.run_program,
 }

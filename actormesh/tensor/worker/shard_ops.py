@@ -14,8 +14,8 @@ result with the spec it must have:
 - a linear layer's ops on plain placements (Shard, Replicate; Partial where the op keeps a
   sum a sum): ``t``, ``mm``, ``addmm`` (the batch split over rows, the weights replicated, or a
   weight gradient's contraction over the split batch giving a ``Partial`` sum) and
-  ``sum.dim_IntList``, and ``view`` of a tensor split over no dimension; each placement the
-  result gets is the one DTensor's rule gives.
+  ``sum.dim_IntList``, and ``view`` of a tensor split over no dimension or by rows
+  (``shard_views.py``); each placement the result gets is the one DTensor's rule gives.
 - elementwise ``_foreach_`` ops (an optimizer's foreach update), position by position as
   pointwise ops are (``shard_foreach.py``);
 - ``cat`` with 1-D empty tensors among others, which torch skips and DTensor does not: left out.
@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .shard_foreach import foreach_on_shards, is_elementwise, placed_alike
+from .shard_views import view_rows
 
 _specs: dict[Any, Any] = {}
 
@@ -159,6 +160,19 @@ def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         return _pointwise_on_shards(func, args, kwargs)
     if is_elementwise(name):
         return foreach_on_shards(func, args, kwargs)
+    return None
+
+
+def route_for(name: str, func: Any) -> Any:
+    """The function ``on_shards`` calls for this op (``None``: DTensor runs it): what a
+    program's step calls directly (programs.py)."""
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special
+    if _is_pointwise(func):
+        return _pointwise_on_shards
+    if is_elementwise(name):
+        return foreach_on_shards
     return None
 
 
@@ -489,6 +503,12 @@ def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
             return None
     local = func(x._local_tensor, args[1])  # noqa: SLF001
     return as_dtensor(local, spec.mesh, spec.placements)
+
+
+def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``view`` (and ``_unsafe_view``) of an unsplit tensor, or of one split by rows."""
+    out = _view_unsplit(func, args, kwargs)
+    return out if out is not None else view_rows(func, args, kwargs)
 
 
 def _cat_skipping_empty(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -926,7 +946,8 @@ _SPECIAL = {
     "aten.mm.default": _mm,
     "aten.addmm.default": _addmm,
     "aten.sum.dim_IntList": _sum_dims,
-    "aten.view.default": _view_unsplit,
+    "aten.view.default": _view,
+    "aten._unsafe_view.default": _view,
     "aten.cat.default": _cat_skipping_empty,
     "aten.nll_loss_forward.default": _nll_loss_mean,
     "aten.nll_loss2d_forward.default": _nll_loss_mean,
