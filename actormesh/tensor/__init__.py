@@ -56,6 +56,8 @@ the ranks' half never imports the controller's.
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
+``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
+``worker/dtensors.py``          a rank's local tensor wrapped as a DTensor, its spec cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN
-from .shard_ops import TAKES_CONSTANTS, as_dtensor, on_shards
+from .dtensors import as_dtensor
+from .shard_ops import TAKES_CONSTANTS, on_shards
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine

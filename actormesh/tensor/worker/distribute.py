@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.shapes import contiguous_strides
-from .shard_ops import as_dtensor
+from .dtensors import as_dtensor
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine

@@ -15,7 +15,7 @@ import gc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .shard_ops import as_dtensor
+from .dtensors import as_dtensor
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine

@@ -115,7 +115,7 @@ def run_restore(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     import torch.distributed as dist
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from .shard_ops import as_dtensor
+    from .dtensors import as_dtensor
 
     lineage, gen, metas, transfers = payload
     mine = SNAPSHOTS.get(lineage)
@@ -158,7 +158,7 @@ def run_allocate(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
     import torch
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from .shard_ops import as_dtensor
+    from .dtensors import as_dtensor
 
     (metas,) = payload
     values = []

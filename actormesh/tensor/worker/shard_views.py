@@ -25,7 +25,7 @@ def view_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
-    from .shard_ops import as_dtensor
+    from .dtensors import as_dtensor
 
     x = args[0]
     if type(x) is not DTensor or len(args) != 2 or kwargs:

@@ -284,7 +284,7 @@ def _assemble(
 ) -> Any:
     import torch
 
-    from .shard_ops import as_dtensor
+    from .dtensors import as_dtensor
 
     placements = messages[0][2]
     view = engine.view(view_id)
