@@ -83,3 +83,19 @@ def test_signature_table_is_bounded_and_never_reuses_a_number() -> None:
     again = shapes.signature((1, 1), (1, 1), torch.float32, False)
     assert again not in seen  # a new number: plans keyed on old ones stay theirs
     assert shapes.signature((1, 1), (1, 1), torch.float32, False) == again
+
+
+@pytest.mark.parametrize("rows", [6, 5])
+@pytest.mark.parametrize("op", ["view", "reshape"])
+def test_a_view_of_rows_split_unevenly_over_two_mesh_dims_is_the_local_view(
+    mesh: Any, rows: int, op: str
+) -> None:
+    # 6 (or 5) rows over the 4 ranks: 2, 1, 2, 1. DTensor's view rule splits the merged dim's
+    # 30 rows as if evenly (8, 7, 8, 7) while the ranks hold 10 and 5: it failed ("shape
+    # '[8, 16]' is invalid"), as in MultiheadAttention's backward under a tp_plan.
+    x = torch.arange(rows * 5 * 4, dtype=torch.float64).reshape(rows, 5, 4)
+    t = distribute(x, mesh, [("dp", "tp"), None, None])
+    merged = getattr(t, op)(rows * 5, 4)
+    assert torch.equal(inspect(merged), x.reshape(rows * 5, 4))
+    again = getattr(merged * 2, op)(rows, 20)
+    assert torch.equal(inspect(again), (x * 2).reshape(rows, 20))

@@ -169,6 +169,12 @@ def on_dtensors(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
         raise NotImplementedError(f"{_REFUSED[name]} ({_placed(args, kwargs)})")
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
+    if name in _VIEWS and _split_oddly(args[0]):
+        # DTensor's view of a strided split (a batch merged with another dim, as in
+        # MultiheadAttention) may refuse, and its view of an uneven split (6 rows over 4 ranks)
+        # gives blocks of other sizes than the ranks hold; the same program run SPMD views a
+        # plain local tensor. Gathered first, it is exact.
+        args = (_gathered(args[0]), *args[1:])
     try:
         return tensor_leaves(func(*args, **kwargs))
     except NotImplementedError as exc:
@@ -176,6 +182,41 @@ def on_dtensors(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
             raise
         _decompose.add(func)
         return tensor_leaves(_decomposed(func, args, kwargs))
+    except RuntimeError as exc:
+        if name not in _VIEWS or "requires redistribution" not in str(exc):
+            raise
+        # DTensor has no rule for this view of its split (a batch merged with another dim,
+        # split over two mesh dims, as in MultiheadAttention's backward), where the same
+        # program run SPMD views a plain local tensor: gather the split dims first (exact).
+        logger.debug("%s of %s: gathered first", name, _placed(args, kwargs))
+        return tensor_leaves(func(_gathered(args[0]), *args[1:], **kwargs))
+
+
+# Views DTensor may refuse for a placement ("would remove or reshape sharded dimension").
+_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+
+
+def _split_oddly(x: Any) -> bool:
+    """Whether DTensor ``x`` is split strided, or unevenly, along a dim."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(x, DTensor):
+        return False
+    blocks: dict[int, int] = {}
+    for axis, p in enumerate(x.placements):
+        if p.is_shard():
+            if type(p) is not Shard:  # _StridedShard
+                return True
+            blocks[p.dim] = blocks.get(p.dim, 1) * x.device_mesh.size(axis)
+    return any(x.shape[d] % n for d, n in blocks.items())
+
+
+def _gathered(x: Any) -> Any:
+    """``x`` whole along every mesh dim it is split over (Partial sums stay as they are)."""
+    from torch.distributed.tensor import Replicate
+
+    placements = [p if p.is_replicate() or p.is_partial() else Replicate() for p in x.placements]
+    return x.redistribute(x.device_mesh, placements)
 
 
 def _inputs(a: Any, values: Iterator[Any]) -> Any:

@@ -796,15 +796,21 @@ def _mask_block(mask: Any, spec: Any) -> Any:
 
     if mask is None:
         return None
+    lead = 4 - mask.dim()
     if type(mask) is DTensor:
         if mask._spec.mesh is not spec.mesh:  # noqa: SLF001
             return _NOT_LOCAL
+        whole = [mp if mp.is_replicate() or (mp == qp and lead == 0) else Replicate()
+                 for qp, mp in zip(spec.placements, mask.placements, strict=True)]  # fmt: skip
+        if tuple(whole) != tuple(mask.placements):
+            # Split where the queries are not (a padding mask split by batch, the queries
+            # gathered by a view before): gathered there (exact), then cut below as they are.
+            mask = mask.redistribute(spec.mesh, whole)
         placements, local = mask.placements, mask._local_tensor  # noqa: SLF001
     elif type(mask) is torch.Tensor:
         placements, local = (Replicate(),) * spec.mesh.ndim, mask
     else:
         return _NOT_LOCAL
-    lead = 4 - mask.dim()
     for i, (qp, mp) in enumerate(zip(spec.placements, placements, strict=True)):
         if mp == qp and (not qp.is_shard() or lead == 0):
             continue  # split alike (or both replicated)
