@@ -72,6 +72,7 @@ the ranks' half never imports the controller's.
 ``worker/adopt.py``             a cell's tensor taken as an engine value
 ``worker/checkpoint.py``        DCP run by every rank; staged writes; the background save's end
 ``worker/recovery.py``          snapshots, freeing a stuck rank, restore from a replica
+``worker/snapshots.py``         the last committed step's copies, freed with their FaultTolerant
 ``worker/side_effects.py``      what a failed op poisons besides its outputs
 ``worker/stand_ins.py``         what a failed op leaves in place of its outputs
 ``worker/local.py``             the engines, for code beside them (actors, ``%%mesh`` cells)

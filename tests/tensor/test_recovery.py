@@ -6,6 +6,7 @@ that never failed. 4 ranks {dp: 2, tp: 2}, gloo, float64."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -321,3 +322,41 @@ class EngineBusy(am.Actor):
         from actormesh.tensor.worker.local import REGISTRY
 
         return any(engine.lock.locked() for engine in list(REGISTRY.values()))
+
+
+class Snapshots(am.Actor):
+    """Reads, on a rank, the snapshots its process keeps for live recovery."""
+
+    @am.endpoint
+    def held(self) -> int:
+        from actormesh.tensor.worker import recovery
+
+        return len(recovery.SNAPSHOTS)
+
+
+def test_a_fault_tolerant_collected_on_the_controller_frees_its_snapshots_on_the_ranks(
+    mesh: Any,
+) -> None:
+    """Each FaultTolerant keeps a copy of its state on every rank; a notebook that makes a new
+    one (a cell run again) must not keep the old one's copy for the mesh's whole life."""
+    model = module_to_mesh(MLP().double(), mesh)
+    snapshots = mesh.spawn("snapshots", Snapshots)
+
+    def held() -> list[int]:
+        am.inspect(model.fc1.weight)  # the batch that carries the drops has run
+        return list(snapshots.held.call().get(timeout=WAIT).values())
+
+    before = held()
+    first = am.FaultTolerant({"model": model})
+    first.commit()
+    second = am.FaultTolerant({"model": model})
+    second.commit()
+    assert held() == [n + 2 for n in before]
+    del first
+    gc.collect()
+    assert held() == [n + 1 for n in before]
+    second.commit()  # the survivor's copy is still taken, and still one
+    assert held() == [n + 1 for n in before]
+    del second
+    gc.collect()
+    assert held() == before

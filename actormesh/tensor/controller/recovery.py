@@ -58,6 +58,7 @@ import logging
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,10 @@ class FaultTolerant:
         self.data_dim = _data_dim(state)
         self.on_resize = on_resize
         self.lineage = uuid.uuid4().hex
+        # The ranks keep the last committed step's copy until this object is collected: then
+        # the anchor is dropped as a collected MeshTensor's value is (worker/snapshots.py).
+        self._anchor = self.mesh.stream.new_id()
+        weakref.finalize(self, _drop_anchor, self.mesh, self._anchor)
         self.step = 0
         self.checkpoint_id = checkpoint_id
         self.checkpoint_every = checkpoint_every
@@ -191,7 +196,7 @@ class FaultTolerant:
         tm = self.mesh
         receipt = None if gather is None else OpaqueRef(tm, tm.stream.new_id(), per_rank=True)
         out = () if receipt is None else (receipt.value_id,)
-        payload = (self.lineage, gen, tuple(spec.ids), gather)
+        payload = (self.lineage, gen, tuple(spec.ids), gather, self._anchor)
         tm.stream.record(
             ("snapshot", out, tuple(spec.ids), (None,) * len(out), payload, issue_site())
         )
@@ -406,6 +411,10 @@ class FaultTolerant:
         state = {**self.state, "fault_tolerant_step": self.step}
         checkpoint.load(state, checkpoint_id=self.checkpoint_id, timeout=timeout)
         self.step = int(state["fault_tolerant_step"])
+
+
+def _drop_anchor(mesh: Any, anchor: int) -> None:
+    mesh.stream.died(anchor)  # any thread, any time (a finalizer): only appends to a list
 
 
 def _data_dim(state: dict[str, Any]) -> str | None:

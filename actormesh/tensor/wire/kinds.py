@@ -166,12 +166,13 @@ _TABLE = [
          "``dcp.load`` into the values ``spec`` names, in place (every input is written); out "
          "names what rank 0 read for the spec's other leaves."),
     # -- live recovery (recovery.py) -------------------------------------------------------
-    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple", "gather: str|None"), None,
+    Kind("snapshot", ("lineage: str", "gen: int", "ids: tuple", "gather: str|None",
+                      "anchor: int"), None,
          (_RECOVERY,), "worker.recovery:run_snapshot", True,
          "A committed step: each rank copies its shards of the training state's values (``ids``) "
          "as generation ``gen`` of ``lineage``, replacing the previous copy whole; ``gather``: "
          "each copied whole along that mesh dimension (before it changes size), and out names "
-         "a receipt."),
+         "a receipt; ``anchor``: the id whose drop frees the copy (worker/snapshots.py)."),
     Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
          (_RECOVERY,), "worker.recovery:run_restore", False,
          "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "

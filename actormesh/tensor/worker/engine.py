@@ -33,6 +33,7 @@ from .fetch import answer_fetch
 from .handlers import HANDLERS
 from .local import REGISTRY, wait_for_cell
 from .side_effects import OVERWRITES_INPUTS, written
+from .snapshots import ANCHORS, forget_anchor
 from .stand_ins import StoodIn, stand_in
 from .transfer import Inbox, Inherited
 
@@ -377,6 +378,8 @@ class _TensorEngine(Actor):
 
     def _drop(self, id: int) -> None:
         self.env.pop(id, None)
+        if id in ANCHORS:  # a FaultTolerant collected on the controller: its snapshot goes
+            forget_anchor(id)
         if self.siblings:
             self.siblings.pop(id, None)
         root = self.poison.pop(id, None)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..compat import Actor, endpoint
 from .local import REGISTRY
+from .snapshots import ANCHORS, SNAPSHOTS
 
 if TYPE_CHECKING:
     from .engine import _TensorEngine
@@ -57,10 +58,6 @@ class Generation:
     values: dict[int, tuple[Any, ValueMeta]]
 
 
-# lineage (one per controller TensorMesh, kept across engine restarts) -> this rank's snapshot
-SNAPSHOTS: dict[str, Generation] = {}
-
-
 def _snap(engine: _TensorEngine, v: Any, gather: str | None) -> tuple[Any, ValueMeta]:
     from torch.distributed.tensor import DTensor, Replicate
 
@@ -81,10 +78,12 @@ def _snap(engine: _TensorEngine, v: Any, gather: str | None) -> tuple[Any, Value
 
 
 def run_snapshot(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
-    """``payload``: (lineage, gen, ids, gather): ``gather`` names a mesh dimension whose size
-    changes next (``FaultTolerant.grow``), along which each value is copied whole. ``out``: a
-    receipt, when the controller waits for the copy."""
-    lineage, gen, ids, gather = payload
+    """``payload``: (lineage, gen, ids, gather, anchor): ``gather`` names a mesh dimension whose
+    size changes next (``FaultTolerant.grow``), along which each value is copied whole;
+    ``anchor``: the id whose drop frees the copy (snapshots.py). ``out``: a receipt, when the
+    controller waits for the copy."""
+    lineage, gen, ids, gather, anchor = payload
+    ANCHORS[anchor] = lineage
     bad = [i for i in ids if i in engine.poison]
     if bad:
         root = engine.poison[bad[0]]
