@@ -71,6 +71,29 @@ def test_an_optimizer_over_mesh_parameters_records_one_op_per_foreach_call(mesh:
     assert all(group["foreach"] is None for o in optimizers for group in o.param_groups)
 
 
+def test_clip_grad_norm_over_mesh_parameters_records_the_same_ops_for_any_model_size(
+    mesh: Any,
+) -> None:
+    # Before: torch's per-parameter path (MeshTensor was not among its foreach types), a norm
+    # and a scale per parameter: 14 ops for 4 parameters, 22 for 8.
+    stream = tensor_mesh(mesh).stream
+    counts, norms = [], []
+    for layers in (2, 4):
+        local = mlp(layers=layers)
+        model = module_to_mesh(copy.deepcopy(local), mesh, fsdp=True)
+        x, y = batches(1)[0]
+        F.mse_loss(model(x), y).backward()
+        F.mse_loss(local(x), y).backward()
+        before = stream.recorded
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1))
+        counts.append(stream.recorded - before)
+        expected = torch.nn.utils.clip_grad_norm_(local.parameters(), 0.1)
+        assert torch.allclose(inspect(norms[-1]), expected, rtol=1e-12)
+        for p, q in zip(model.parameters(), local.parameters(), strict=True):
+            assert torch.allclose(inspect(p.grad), q.grad, rtol=1e-12, atol=1e-15)
+    assert counts[0] == counts[1] <= 10, counts
+
+
 def test_an_optimizer_that_chose_its_implementation_keeps_it(mesh: Any) -> None:
     model = module_to_mesh(mlp(layers=2), mesh)
     loop = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)

@@ -13,6 +13,10 @@ back, so the optimizer's ``state_dict`` stays the user's. A group that chose (``
 ``fused=True``, ``differentiable=True``) is left alone. The post-hook also marks the end of a
 training step in the stream of each mesh the step wrote to (``Stream.mark``): a step that
 repeats is then sent by reference (``programs.py``).
+
+``torch.nn.utils.clip_grad_norm_`` (and ``clip_grad_value_``) choose by the tensors' type: with
+MeshTensor among torch's foreach types they record a norm and a scale for all the gradients
+(8 ops) instead of one of each per parameter.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.utils import _foreach_utils
 
 from .tensor import MeshTensor
 
@@ -64,3 +69,8 @@ def install() -> None:
         _installed = True
         register_optimizer_step_pre_hook(_before_step)
         register_optimizer_step_post_hook(_after_step)
+        # clip_grad_norm_ (and clip_grad_value_) take their foreach path for the types torch
+        # lists here: a norm and a scale per device, not per parameter.
+        supported = _foreach_utils._foreach_supported_types  # noqa: SLF001  (torch's own list)
+        if MeshTensor not in supported:
+            supported.append(MeshTensor)
