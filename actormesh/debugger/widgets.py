@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import MeshError
 from ..kernel.magics import MeshMagics
-from ..kernel.panel.watch import activity
+from ..kernel.panel.watch import activity, busy_with
 from ..runtime.mesh_shape import with_shape
 from .cell_files import CellFiles
 from .dap import DapError
@@ -99,6 +99,9 @@ class DebuggerWidget:
         # debugger does not hold: the sidebar's words for them, where the debugger knows only
         # that they are not paused. Asked on each refresh, and every STATUS_AGAIN seconds.
         self._activity: dict[tuple[str, int], str] = {}
+        # (mesh id, rank) -> what the rank's last status answer said it runs (the sidebar's
+        # words: a tensor engine's mesh, pipeline stage and op), shown in the row's note
+        self._doing: dict[tuple[str, int], str] = {}
         self._asking: set[tuple[str, int]] = set()
         self._again: threading.Timer | None = None
         self.unsubscribe = self.debugger.add_listener(self._changed)
@@ -164,18 +167,22 @@ class DebuggerWidget:
         if self.debugger.is_dead(mesh_id, rank):
             return RankRow(rank, point, "dead", title=title, selected=selected)
         rd = self.debugger.ranks.get((mesh_id, rank))
-        if rd is None or rd.status == "running":
+        if rd is None or rd.status in ("running", "paused"):
             self._ask_status(tools, rank)
+        doing = self._doing.get((mesh_id, rank), "")
         if rd is None:
             return RankRow(
-                rank, point, self._state_of(mesh_id, rank), title=title, selected=selected
-            )
+                rank, point, self._state_of(mesh_id, rank), note=doing, title=title,
+                selected=selected,
+            )  # fmt: skip
         where = rd.location if rd.status == "paused" else None
         left = rd.timeout_left()
         if left is not None:
             detail = f"process group timeout in {left:.0f} s"
         elif rd.pause_requested and rd.status == "running":
             detail = "pause requested"
+        elif rd.status == "running" or doing.startswith("tensor engine"):
+            detail = doing  # a rank paused in a tensor op: the engine's slice, stage and op
         else:
             detail = ""
         return RankRow(
@@ -221,9 +228,10 @@ class DebuggerWidget:
             self._asking.discard(key)
             if done.exception() is not None:
                 return
-            state = activity(done.result())
-            if self._activity.get(key) != state:
+            state, doing = activity(done.result()), busy_with(done.result())
+            if self._activity.get(key) != state or self._doing.get(key) != doing:
                 self._activity[key] = state
+                self._doing[key] = doing
                 self._changed()
             if self._again is None:
                 self._again = threading.Timer(STATUS_AGAIN, self._ask_again)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 from kernel_support import Kernel
 from support import wait_until
@@ -111,3 +112,45 @@ def test_a_cell_whose_rank_pauses_ends_its_strip_paused_and_the_others_idle(
         lambda: table()[0][0] == "busy", 10, "the widget to show rank 0 busy in its new cell"
     )
     dbg4.ok("%mesh dbg continue -r 2")
+
+
+def test_the_widget_says_which_slice_and_op_a_rank_runs(dbg4: Kernel, tmp_path: Any) -> None:
+    """A rank busy in the tensor engine of a slice (a pipeline stage's): the widget's note says
+    which slice and which op, as the sidebar does, while another rank is paused."""
+    release = tmp_path / "release"
+    dbg4.ok(
+        "import os, time, torch\n"
+        "import actormesh as am\n"
+        "am.distribute(torch.ones(4), procs)  # the engine of the whole mesh, then a slice's\n"
+        "stage = procs.slice(gpus=2)\n"
+        "@am.remote(propagate=lambda t: t)\n"
+        "def wait_for_release(t):\n"
+        "    deadline = time.monotonic() + 60\n"
+        f"    while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
+        "    return t * 1\n"
+        "y = wait_for_release(am.distribute(torch.ones(2), stage))\n"
+    )
+    try:
+        dbg4.ok("%%mesh procs --ranks 0\nbreakpoint()\nx = 1\n")
+
+        def notes() -> dict[int, str]:
+            table = dbg4.ok(f"print({WIDGET}.table.value)").stream()
+            out = {}
+            for rank, body in re.findall(r"<tr data-rank='(\d+)'.*?>(.*?)</tr>", table):
+                cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", body)]
+                out[int(rank)] = cells[5] if len(cells) > 5 else ""
+            return out
+
+        def engine_ranks() -> list[int]:
+            return [r for r, n in notes().items() if n.startswith("tensor engine (")]
+
+        wait_until(lambda: engine_ranks() == [2], 20, "rank 2 shown in the slice's engine")
+        shown = notes()
+        assert shown[2].startswith("tensor engine (gpus=2): op "), shown
+        assert shown[2].endswith("wait_for_release"), shown
+        assert "gpus=2" not in shown[1] + shown[3], shown  # not on the slice
+    finally:
+        release.touch()
+        dbg4.ok("%mesh dbg continue -r 0")
+    assert dbg4.ok("print(am.inspect(y))").stream().strip() == "tensor([1., 1.])"

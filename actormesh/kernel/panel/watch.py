@@ -296,6 +296,13 @@ def activity(status: dict[str, Any]) -> str:
     return "busy" if _busy(status)[0] is not None else "idle"
 
 
+def busy_with(status: dict[str, Any]) -> str:
+    """What a status answer says the rank is busy with, as the sidebar writes it ("tensor
+    engine (pp=1, stage 1 of 2): op 12 aten.mm", "In [3]"); "" when it is idle."""
+    busy, _ = _busy(status)
+    return "" if busy is None else str(busy["what"])
+
+
 def _busy(status: dict[str, Any] | None) -> tuple[dict[str, Any] | None, float]:
     """What a status answer says the rank is busy with, and for how long (s)."""
     if status is None:
