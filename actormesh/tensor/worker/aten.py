@@ -185,9 +185,7 @@ def on_dtensors(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     except RuntimeError as exc:
         if name not in _VIEWS or "requires redistribution" not in str(exc):
             raise
-        # DTensor has no rule for this view of its split (a batch merged with another dim,
-        # split over two mesh dims, as in MultiheadAttention's backward), where the same
-        # program run SPMD views a plain local tensor: gather the split dims first (exact).
+        # Another split DTensor has no view rule for: gathered first too (exact).
         logger.debug("%s of %s: gathered first", name, _placed(args, kwargs))
         return tensor_leaves(func(_gathered(args[0]), *args[1:], **kwargs))
 
