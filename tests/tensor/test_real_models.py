@@ -177,17 +177,8 @@ def encoder_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x, padding), target)
 
 
-# Not yet: with a tp_plan, DTensor refuses a view in MultiheadAttention's backward (a batch
-# split over both mesh dims as strided shards: "would remove or reshape sharded dimension 0");
-# the error names the op and line, and the mesh stays usable.
-_ENCODER_TP = pytest.mark.xfail(strict=True, reason="DTensor refuses a view in MHA's backward")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "mode",
-    [m if "tp" not in m else pytest.param(m, marks=_ENCODER_TP) for m in modes(ENCODER_PLAN)],
-)
+@pytest.mark.parametrize("mode", list(modes(ENCODER_PLAN)))
 def test_transformer_encoder_trains_as_in_one_process(mesh: Any, mode: str) -> None:
     losses = compare_training(
         encoder, mesh, modes(ENCODER_PLAN)[mode], again(encoder_batches()), encoder_loss
