@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from actormesh.errors import MeshUsageError
-from actormesh.tensor import fetch, inspect, module_to_mesh
+from actormesh.tensor import distribute, fetch, inspect, module_to_mesh
 
 WAIT = 60
 HERE = Path(__file__).parent
@@ -63,6 +63,29 @@ def test_output_layouts_are_the_outputs_placements(mesh: Any) -> None:
     placements = model.in_proj.weight.placements().get(timeout=WAIT)
     assert placements == (Replicate(), Shard(0))
     assert model.out_proj.weight.placements().get(timeout=WAIT) == (Replicate(), Shard(1))
+
+
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [("tp", Replicate()), ("sp", Shard(0)), ("prepare", Shard(0))],
+    ids=["tp", "sp", "prepare"],
+)
+def test_an_input_gets_its_gradient_in_the_plans_input_layout(
+    mesh: Any, name: str, layout: Any
+) -> None:
+    # As SPMD: the gradient of a planned module's input comes back in the style's
+    # input_layouts (ColwiseParallel: Replicate, all-reduced over tp), not as the Partial sum
+    # the module's backward leaves. Left Partial, a LayerNorm's backward reduce-scattered it
+    # and split the batch over tp as well, which DTensor could not view back in
+    # nn.TransformerEncoder's attention (test_real_models.py).
+    local, batch = weights_and_batch(name)
+    x = batch.clone().requires_grad_()
+    loss_of(local(x)).backward()
+    model = module_to_mesh(copy.deepcopy(local), mesh, tp_plan=plans()[name][1])
+    mx = distribute(batch, mesh, ["dp", None]).requires_grad_()
+    loss_of(model(mx)).backward()
+    assert mx.grad.placements().get(timeout=WAIT) == (Shard(0), layout)
+    assert torch.allclose(inspect(mx.grad), x.grad, atol=1e-10, rtol=0)
 
 
 @pytest.mark.slow

@@ -100,6 +100,31 @@ def test_fast_path_gives_what_the_general_path_gives(mesh: Any) -> None:
             assert places == dt.placements().get(timeout=WAIT), spec  # pointwise keeps them
 
 
+ON_SHARDS = {
+    "pointwise": lambda q, k: q * 2,
+    "laid out otherwise": lambda q, k: q + k,
+    "like": lambda q, k: torch.zeros_like(q),
+    "foreach": lambda q, k: torch._foreach_mul([q], 2.0)[0],
+}
+
+
+@pytest.mark.parametrize("op", list(ON_SHARDS))
+def test_results_on_shards_are_laid_out_as_torch_lays_out_the_whole(mesh: Any, op: str) -> None:
+    # The query of a fused qkv projection, one token long (a generate step): cut from a wider
+    # tensor, so not dense; each rank's one row looks dense. The shard path gave its
+    # pointwise results (and *_like ones) the input's strides, and the ranks then refused the
+    # view the controller recorded on torch's own ("Cannot view a tensor with shape
+    # [2, 2, 1, 8] and strides (48, 8, 48, 1) as (4, 1, 8)": GPT-2's generate in train()).
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x[..., :16].view(2, 1, 2, 8).transpose(1, 2)
+
+    x, y = torch.randn(2, 1, 48, dtype=torch.float64), torch.randn(2, 1, 32, dtype=torch.float64)
+    spec = ["dp", None, None]
+    got = ON_SHARDS[op](heads(distribute(x, mesh, spec)), heads(distribute(y, mesh, spec)))
+    want = ON_SHARDS[op](heads(x), heads(y))
+    assert torch.equal(inspect(got.reshape(4, 1, 8)), want.reshape(4, 1, 8))
+
+
 def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     ints = distribute(torch.arange(6).reshape(3, 2), mesh, sharding_spec=["dp", None])
     flags = distribute(torch.tensor([True, False, True]), mesh)

@@ -11,7 +11,7 @@ of one process, as SPMD's are). What is left of a style is where the values sit,
 what this module keeps: the ranks place the parameters with torch's own ``parallelize_module``
 (``worker/module.py``), and hooks on the controller's submodules redistribute their inputs and
 outputs over the tp dimension to the style's layouts (one ``relayout`` op each, which changes
-placements, never values).
+placements, never values), and their gradients back to the layouts SPMD's have there.
 
 Refused here, at the user's line, naming the plan entry: a key that matches no submodule, a
 style that is not one of torch's (its hooks run SPMD code on local tensors, which has no meaning
@@ -101,6 +101,13 @@ def install_layouts(model: nn.Module, plan: dict[str, Any], tm: TensorMesh, tp_d
 
 
 def _hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> None:
+    # Each relayout's gradient goes back to the layout SPMD's gradient has at that boundary
+    # (``back``): a style's input hook turns the input's gradient into its ``input_layouts``,
+    # its output hook the output's into the layout the module computed in (Partial as Replicate,
+    # as DTensor's redistribute does in backward). Left as they came, the gradients took
+    # layouts SPMD never has: a Colwise input's Partial gradient, reduce-scattered by a
+    # LayerNorm's backward, split the batch over tp too, which DTensor cannot view back
+    # (nn.TransformerEncoder's attention).
     kind = type(style).__name__
     if kind == "PrepareModuleInputOutput":
         _hook(sub, style.prepare_module_input, tm, axis, key)
@@ -108,23 +115,27 @@ def _hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> No
         return
     if kind in ("ColwiseParallel", "RowwiseParallel", "SequenceParallel"):
         if kind == "SequenceParallel":
-            wanted = style.sequence_sharding[0]
-        elif kind == "ColwiseParallel" or isinstance(sub, nn.Embedding):
-            wanted = _replicate()
+            wanted = given = style.sequence_sharding[0]
         else:
-            wanted = _shard(-1)
+            given = style.input_layouts[0]
+            if kind == "ColwiseParallel" or isinstance(sub, nn.Embedding):
+                wanted = _replicate()
+            else:
+                wanted = _shard(-1)
 
         def first_input(_: Any, args: tuple[Any, ...]) -> Any:
             if args:
-                return (relayout(args[0], wanted, tm, axis), *args[1:])
+                return (relayout(args[0], wanted, tm, axis, back=given), *args[1:])
             return None
 
         sub.register_forward_pre_hook(first_input)
         if kind != "SequenceParallel":
             out_layout = style.output_layouts[0]
+            # Colwise computes its output split along the last dim; Rowwise a Partial sum
+            computed = _shard(-1) if kind == "ColwiseParallel" else _replicate()
 
             def output(_: Any, args: Any, out: Any) -> Any:
-                return relayout(out, out_layout, tm, axis)
+                return relayout(out, out_layout, tm, axis, back=computed)
 
             sub.register_forward_hook(output)
         return
@@ -140,11 +151,13 @@ def _hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> No
                         f"with {len(args)} positional inputs"
                     )
                 args = tuple(
-                    relayout(a, d, tm, axis) if i is not None else a
+                    relayout(a, d, tm, axis, back=i) if i is not None else a
                     for a, i, d in zip(args, style.input_layouts, desired, strict=True)
                 )
-            kw = style.desired_input_kwarg_layouts
-            kwargs = {k: relayout(v, kw.get(k), tm, axis) for k, v in kwargs.items()}
+            kw, given = style.desired_input_kwarg_layouts, style.input_kwarg_layouts
+            kwargs = {
+                k: relayout(v, kw.get(k), tm, axis, back=given.get(k)) for k, v in kwargs.items()
+            }
             return args, kwargs
 
         sub.register_forward_pre_hook(inputs, with_kwargs=True)
@@ -161,7 +174,7 @@ def _hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> No
                     f"{len(outs)} outputs"
                 )
             moved = tuple(
-                relayout(o, d, tm, axis) if i is not None else o
+                relayout(o, d, tm, axis, back=i) if i is not None else o
                 for o, i, d in zip(
                     outs, style.output_layouts, style.desired_output_layouts, strict=True
                 )
@@ -183,30 +196,45 @@ def _shard(dim: int) -> Any:
     return Shard(dim)
 
 
+def _record_relayout(x: Any, placement: Any, tm: TensorMesh, axis: int) -> Any:
+    if getattr(placement, "dim", None) is not None and placement.dim < 0:
+        placement = _shard(placement.dim + x.dim())
+    out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False, stride=x.stride())
+    meta = ((tuple(x.shape), x.dtype, False),)
+    tm.stream.record(
+        ("relayout", (out.value_id,), (x.value_id,), meta, (Ref(x.value_id), axis, placement),
+         issue_site())
+    )  # fmt: skip
+    return out
+
+
+def _placed(x: Any, tm: TensorMesh) -> bool:
+    return type(x) is MeshTensor and not x.per_rank and x.mesh is tm
+
+
 class _Relayout(torch.autograd.Function):
     """A new placement over one mesh dimension: the same global value, so its gradient is the
-    output's gradient as it is."""
+    output's gradient, placed as ``back`` says (as it came when ``back`` is None)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Any, placement: Any, tm: TensorMesh, axis: int) -> Any:
-        out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False, stride=x.stride())
-        meta = ((tuple(x.shape), x.dtype, False),)
-        tm.stream.record(
-            ("relayout", (out.value_id,), (x.value_id,), meta, (Ref(x.value_id), axis,
-             placement), issue_site())
-        )  # fmt: skip
-        return out
+    def forward(ctx: Any, x: Any, placement: Any, tm: TensorMesh, axis: int, back: Any) -> Any:
+        ctx.tm, ctx.axis, ctx.back = tm, axis, back
+        return _record_relayout(x, placement, tm, axis)
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        return grad, None, None, None
+        if ctx.back is not None and _placed(grad, ctx.tm):
+            grad = _record_relayout(grad, ctx.back, ctx.tm, ctx.axis)
+        return grad, None, None, None, None
 
 
-def relayout(x: Any, placement: Any, tm: TensorMesh, axis: int) -> Any:
+def relayout(x: Any, placement: Any, tm: TensorMesh, axis: int, back: Any = None) -> Any:
     """``x`` placed as ``placement`` over mesh dimension ``axis`` (other dimensions as they
-    are); anything but a global MeshTensor of ``tm``, or no placement, passes unchanged."""
-    if placement is None or type(x) is not MeshTensor or x.per_rank or x.mesh is not tm:
+    are), its gradient placed as ``back`` over it (a Partial one as Replicate: a gradient is
+    never wanted as unsummed parts; None: as it comes); anything but a global MeshTensor of
+    ``tm``, or no placement, passes unchanged."""
+    if placement is None or not _placed(x, tm):
         return x
-    if getattr(placement, "dim", None) is not None and placement.dim < 0:
-        placement = _shard(placement.dim + x.dim())
-    return _Relayout.apply(x, placement, tm, axis)
+    if back is not None and back.is_partial():
+        back = _replicate()
+    return _Relayout.apply(x, placement, tm, axis, back)

@@ -89,6 +89,8 @@ def foreach_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
             or (o.stride() != before.stride())
         ):
             return None  # not the input's spec (and not in place, so DTensor may run it again)
+        if not layout_kept(spec):
+            return None
         results.append(DTensor.__new__(DTensor, o, spec, requires_grad=False))
     return results
 
@@ -101,6 +103,31 @@ def placed_alike(spec: Any, first: Any) -> bool:
         and spec.placements == first.placements
         and spec.shape == first.shape
     )
+
+
+# spec -> whether a result computed from a tensor of that spec keeps its global strides
+_kept: tuple[dict[Any, bool], dict[Any, bool]] = ({}, {})
+
+
+def layout_kept(spec: Any, like: bool = False) -> bool:
+    """Whether torch gives an elementwise op's result on a tensor of ``spec``'s global shape
+    and strides (``like``: an ``*_like`` factory's) those same strides. A rank's result has
+    its shard's layout, so the result's spec may be the input's only then: a tensor that is
+    not dense (q of a fused qkv projection, split from a wider tensor) gives a dense result,
+    and a shard of it can look dense (a batch of one row per rank), so the local strides
+    alone do not tell. (A wrong global stride is no small thing: the ranks' views then
+    differ from the controller's, which reshaped on the true ones.)"""
+    cache = _kept[like]
+    known = cache.get(spec)
+    if known is None:
+        import torch
+
+        meta = torch.empty_strided(spec.shape, spec.stride, dtype=torch.float32, device="meta")
+        out = torch.empty_like(meta) if like else meta + meta
+        if len(cache) > 4096:
+            cache.clear()
+        known = cache[spec] = tuple(out.stride()) == tuple(spec.stride)
+    return known
 
 
 def _local(a: Any, dtensor: type, specs: list[Any] | None) -> tuple[Any] | None:
@@ -121,7 +148,12 @@ def _local(a: Any, dtensor: type, specs: list[Any] | None) -> tuple[Any] | None:
             if type(x) is not dtensor:
                 return None
             spec = x._spec  # noqa: SLF001
-            if specs is not None and spec is not specs[k] and not placed_alike(spec, specs[k]):
+            # (laid out alike too: then the result is laid out as each, see layout_kept)
+            if (
+                specs is not None
+                and spec is not specs[k]
+                and (not placed_alike(spec, specs[k]) or spec.stride != specs[k].stride)
+            ):
                 return None
             out.append(x._local_tensor)  # noqa: SLF001
         return (out,)

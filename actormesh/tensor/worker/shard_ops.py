@@ -6,7 +6,9 @@ Where the answer is known without it, the engine runs the op on the local tensor
 result with the spec it must have:
 
 - pointwise ops whose DTensor inputs share one mesh, shape and placements (none ``Partial``):
-  the op on each rank's shards is the op (AdamW's steps, activations, scaling);
+  the op on each rank's shards is the op (AdamW's steps, activations, scaling), where torch
+  lays out the whole result as the first input (``layout_kept``: not so for a tensor that is
+  not dense, such as a slice of a wider one);
 - ``detach``/``alias`` and ``*_like`` factories: the input's spec;
 - ``mse_loss`` and its backward on a sharded input and a target that is sharded alike or
   replicated (each rank takes its block): the local sum is a ``Partial`` sum over the sharded
@@ -48,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .dtensors import as_dtensor
-from .shard_foreach import foreach_on_shards, is_elementwise, placed_alike
+from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 from .shard_views import view_rows
 
 _pointwise: dict[Any, bool] = {}
@@ -88,6 +90,7 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     result of another dtype or layout): then DTensor runs it."""
     DTensor, plain = _classes or _import_classes()
     first = first_local = None
+    mixed = False  # DTensor inputs of different strides
     local_args = []
     for a in args:
         t = type(a)
@@ -98,8 +101,10 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
                 for p in spec.placements:
                     if p.is_partial():
                         return None
-            elif spec is not first and not placed_alike(spec, first):
-                return None
+            elif spec is not first:
+                if not placed_alike(spec, first):
+                    return None
+                mixed = mixed or spec.stride != first.stride
             local_args.append(a._local_tensor)  # noqa: SLF001
         elif t is list or t is tuple or issubclass(t, plain):
             return None
@@ -120,9 +125,37 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         or out.dtype != first.tensor_meta.dtype
         or out.stride() != first_local.stride()
         or out.shape != first_local.shape
+        or not (_mixed_layout_kept(func, args, kwargs) if mixed else layout_kept(first))
     ):
         return None  # not the input's spec (and not in place, so DTensor may run it again)
     return DTensor.__new__(DTensor, out, first, requires_grad=False)  # see as_dtensor
+
+
+_mixed_kept: dict[Any, bool] = {}
+
+
+def _mixed_layout_kept(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``layout_kept`` for an op on DTensors laid out differently (a residual added to a
+    transposed tensor): whether torch lays out the whole result as the first input, worked out
+    on meta tensors of the global shapes and strides (cached per op and specs)."""
+    import torch
+
+    DTensor, _ = _classes or _import_classes()
+    specs = tuple(a._spec for a in args if type(a) is DTensor)  # noqa: SLF001
+    key = (func, specs)
+    known = _mixed_kept.get(key)
+    if known is None:
+        metas = [
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+            if type(a) is DTensor
+            else a
+            for a in args
+        ]
+        out = func(*metas, **kwargs)
+        if len(_mixed_kept) > 4096:
+            _mixed_kept.clear()
+        known = _mixed_kept[key] = tuple(out.stride()) == tuple(specs[0].stride)
+    return known
 
 
 def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -190,7 +223,7 @@ def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             continue
         return None
     out = func(local)
-    if out.stride() != local.stride():
+    if out.stride() != local.stride() or not layout_kept(spec, like=True):
         return None
     return DTensor.__new__(DTensor, out, spec, requires_grad=False)
 
