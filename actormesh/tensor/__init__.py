@@ -51,7 +51,8 @@ the ranks' half never imports the controller's.
 ``controller/recovery.py``      ``FaultTolerant``: commit a step, recover, shrink, grow
 ``controller/recovery_plan.py`` which rank gives which value to which, from the ranks' reports
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
-``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
+``worker/engine.py``            ``_TensorEngine``: the actor that runs the batches, op by op
+``worker/state.py``             ``EngineState``: an engine's place, values and their failures
 ``worker/handlers.py``          which function runs each kind of op
 ``worker/aten.py``              aten ops on DTensors, and constants
 ``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
@@ -64,7 +65,8 @@ the ranks' half never imports the controller's.
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
 ``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
 ``worker/groups.py``            process groups of an engine on part of its group's processes
-``worker/transfer.py``          ``to_mesh`` on the ranks: the inbox, sending, assembling
+``worker/transfer.py``          ``to_mesh`` on the ranks: sending, assembling
+``worker/inbox.py``             where other engines' ``send`` ops deliver to this one
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
@@ -118,10 +120,11 @@ Worker, the engine's thread.
    unpickles the batch (``codec.loads``) and runs each op with ``_TensorEngine._execute``: the
    function ``handlers.HANDLERS`` (``worker/handlers.py``) names for the kind, here
    ``aten.run_aten`` (``worker/aten.py``). It finds the op (``aten.resolve_op``) and its inputs
-   in ``_TensorEngine.env``; ``shard_ops.on_shards`` (``worker/shard_ops.py``) runs it on the
-   local shards where that is known to be exact, else DTensor runs it (with its own collectives,
-   the same on every rank). The results go into ``env`` under the controller's ids. An op that
-   raises poisons them instead (``side_effects.written``, ``stand_ins.stand_in``).
+   in ``EngineState.env`` (``worker/state.py``); ``shard_ops.on_shards``
+   (``worker/shard_ops.py``) runs it on the local shards where that is known to be exact, else
+   DTensor runs it (with its own collectives, the same on every rank). The results go into
+   ``env`` under the controller's ids. An op that raises poisons them instead
+   (``side_effects.written``, ``stand_ins.stand_in``).
 5. ``_TensorEngine._fetch`` answers with ``fetch.answer_fetch`` (``worker/fetch.py``): each rank
    its failure if the value failed there; else, ``r`` being a small partial sum
    (``fetch.combinable``), each rank along ``tp`` its term.
