@@ -55,10 +55,14 @@ the ranks' half never imports the controller's.
 ``worker/state.py``             ``EngineState``: an engine's place, values and their failures
 ``worker/handlers.py``          which function runs each kind of op
 ``worker/aten.py``              aten ops on DTensors, and constants
-``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
+``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's: the routes
+``worker/shard_linear.py``      a linear layer's ops (``t``, ``mm``, ``addmm``, ``sum``, ``view``)
+``worker/shard_losses.py``      ``mse_loss``, mean ``nll_loss`` on a split batch
+``worker/shard_batch.py``       batch norm, a convolution's backward, the fused encoder layer
+``worker/shard_attention.py``   CPU attention and its backward
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
-``worker/dtensors.py``          a rank's local tensor wrapped as a DTensor, its spec cached
+``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
@@ -121,10 +125,12 @@ Worker, the engine's thread.
    function ``handlers.HANDLERS`` (``worker/handlers.py``) names for the kind, here
    ``aten.run_aten`` (``worker/aten.py``). It finds the op (``aten.resolve_op``) and its inputs
    in ``EngineState.env`` (``worker/state.py``); ``shard_ops.on_shards``
-   (``worker/shard_ops.py``) runs it on the local shards where that is known to be exact, else
-   DTensor runs it (with its own collectives, the same on every rank). The results go into
-   ``env`` under the controller's ids. An op that raises poisons them instead
-   (``side_effects.written``, ``stand_ins.stand_in``).
+   (``worker/shard_ops.py``) picks the op's route on the local shards where that is known to
+   be exact (``mm``'s is in ``shard_linear.ROUTES``, ``worker/shard_linear.py``: a ``Partial``
+   sum, as the contraction is split), else DTensor runs it (with its own collectives, the same
+   on every rank), as it does the ``permute``. The results go into ``env`` under the
+   controller's ids. An op that raises poisons them instead (``side_effects.written``,
+   ``stand_ins.stand_in``).
 5. ``_TensorEngine._fetch`` answers with ``fetch.answer_fetch`` (``worker/fetch.py``): each rank
    its failure if the value failed there; else, ``r`` being a small partial sum
    (``fetch.combinable``), each rank along ``tp`` its term.
