@@ -29,13 +29,14 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
                         calls and timers), ``wake_pipe`` (waking a thread asleep in
                         ``poll()``), ``open_files`` (the open-file limit, checked before a
-                        connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
-                        sends; built on ``io_loop``), ``node`` (a process's handlers, ports,
-                        deaths), ``actor_inbox``, ``reply_inbox``, ``datagrams`` (replies to
-                        a waiting thread of the same host, as unix datagrams),
-                        ``socket_waker`` (waking a thread asleep in a receive), ``tunnel``,
-                        ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``,
-                        batched).
+                        connection), ``outboxes`` (a socket per destination, the routes
+                        to them, one-way messages queued on them; built on ``io_loop``),
+                        ``transport`` (the inbox and the send paths, built on ``outboxes``),
+                        ``node`` (a process's handlers, ports, deaths), ``actor_inbox``,
+                        ``reply_inbox``, ``datagrams`` (replies to a waiting thread of the
+                        same host, as unix datagrams), ``socket_waker`` (waking a thread
+                        asleep in a receive), ``tunnel``, ``logs`` (rank-labelled output),
+                        ``metrics`` (``log_metrics``, batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         its parts ``lifecycle`` (its construction, stop, ``__cleanup__`` and
                         end), ``reentry`` (what runs at an await), ``ownership`` (who hears of
@@ -82,10 +83,11 @@ Controller, user thread:
    ``messaging/plain_pickle.py``), a reply address from the thread's
    ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
    reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
-   socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
-   signed once by ``codec.Signer.frames``; tensors of 64 KiB and more are copied once into a
-   shared-memory slot that every rank reads, ``messaging/shm_lane.py``); ranks on other hosts
-   through their host agent (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
+   socket (``Outboxes.route_to_actor`` in ``messaging/outboxes.py``, ``Transport.send_many``
+   in ``messaging/transport.py``, signed once by ``codec.Signer.frames``; tensors of 64 KiB
+   and more are copied once into a shared-memory slot that every rank reads,
+   ``messaging/shm_lane.py``); ranks on other hosts through their host agent (``relay.cast``
+   → ``Relayer.on_relay`` in ``meshes/relay.py``).
 
 Worker:
 
