@@ -27,7 +27,9 @@ the ranks' half never imports the controller's.
 ``wire/programs.py``            a repeated run of ops as a program: its template, ids and values
 ``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
-``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
+``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
+``controller/idle_flush.py``    the buffer sent once the controller records nothing for a while
+``controller/constants.py``     controller tensors as ops' arguments, uploaded once
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
 ``controller/lifetime.py``      what a user is told when a mesh's values are gone

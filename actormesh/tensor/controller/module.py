@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_map
 from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import Ref, issue_site
+from .constants import upload
 from .fetch import fetch_value
 from .mesh import TensorMesh, engine_mesh
 from .plans import check_plan, install_layouts, relayout
@@ -187,7 +188,7 @@ def _to_mesh(state: _Placement, x: Any) -> Any:
             return made
     tm = state.tm
     placements = tm.placements(x.dim(), _batch_spec(state, x), None)
-    cid = tm.stream.constant(x)  # uploaded once while x is unchanged (a reused batch)
+    cid = upload(tm.stream, x)  # uploaded once while x is unchanged (a reused batch)
     out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False)
     meta = ((tuple(x.shape), x.dtype, False),)
     tm.stream.record(

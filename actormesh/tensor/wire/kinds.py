@@ -37,7 +37,7 @@ from .ops import Op, Ref
 # The recording modules and handlers, as ``module`` or ``module:function`` under actormesh.tensor.
 _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller.activate"
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
-_TENSOR, _STREAM = "controller.tensor", "controller.stream"
+_TENSOR, _CONSTANTS = "controller.tensor", "controller.constants"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
@@ -71,7 +71,7 @@ _TABLE = [
          "(args, then kwargs) and which has no controller tensors. ``None``: the general path's, "
          "whose arguments hold ``Ref``s (controller tensors uploaded as ``constant`` ops). "
          "``seed``: one draw of the controller's generator for a random op."),
-    Kind("constant", ("tensor: tensor",), 1, (_STREAM,), "worker.aten:run_constant", True,
+    Kind("constant", ("tensor: tensor",), 1, (_CONSTANTS,), "worker.aten:run_constant", True,
          "A controller tensor that later ops read by id (``Stream.constant``): an op's "
          "argument, a module's input batch; uploaded once per version."),
     # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
