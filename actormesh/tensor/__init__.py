@@ -32,6 +32,7 @@ the ranks' half never imports the controller's.
 ``controller/constants.py``     controller tensors as ops' arguments, uploaded once
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
+``controller/dims.py``          its dimensions as users name them: coordinates, sharding specs
 ``controller/lifetime.py``      what a user is told when a mesh's values are gone
 ``controller/fetch.py``         sync points: values back to the controller
 ``controller/distribute.py``    global MeshTensors from controller tensors, random factories
