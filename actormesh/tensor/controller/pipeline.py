@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from .. import compat
+from .grad_sync import grad_syncs_put_off
 from .mesh import tensor_mesh
-from .module import grad_syncs_put_off
 from .tensor import MeshTensor
 from .transfer import Sent, send
 

@@ -43,6 +43,7 @@ _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
 _CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
 _PROGRAMS = "controller.programs"
+_GRADS = "controller.grad_sync"
 
 
 class Kind(NamedTuple):
@@ -148,7 +149,7 @@ _TABLE = [
          "A module (or a factory run under ``seed``) built on every rank, its parameters placed "
          "(``tp_plan``, ``fsdp``): out names its distinct parameters, then buffers (``names``: "
          "theirs on the controller, checked), then a report of their placements."),
-    Kind("grad_sync", ("pairs: tuple",), None, (_MOD,), "worker.module:run_grad_sync", True,
+    Kind("grad_sync", ("pairs: tuple",), None, (_GRADS,), "worker.module:run_grad_sync", True,
          "After a backward: each (gradient, parameter) pair's gradient moved to the "
          "parameter's placements under its own id (partial sums summed, bucketed)."),
     Kind("relayout", ("value: Ref", "axis: int", "placement: any"), 1, (_PLANS,),
