@@ -15,6 +15,7 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
 
 ====  ================  ==========================================================================
  0    ``extent.py``     ``Extent``, ``Point``: named sizes and coordinates. Pure.
+      ``strides.py``    the strides of a shape's views (slice, split, flatten). Pure.
       ``shape.py``      ``Shape``: a strided view of a rank space. Pure.
       ``mesh_shape.py`` ``MeshShape``: the slicing every mesh shares. Pure.
  1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),

@@ -16,7 +16,12 @@ from import_scan import PACKAGE, imports_in, package_sources
 LAYERS = [
     ("actormesh.cell_names",),  # imports nothing of actormesh: errors render with it
     ("actormesh.errors", "actormesh.config"),
-    ("actormesh.runtime.extent", "actormesh.runtime.shape", "actormesh.runtime.mesh_shape"),
+    (
+        "actormesh.runtime.extent",
+        "actormesh.runtime.strides",
+        "actormesh.runtime.shape",
+        "actormesh.runtime.mesh_shape",
+    ),
     ("actormesh.runtime.faults",),
     ("actormesh.runtime.messaging",),
     ("actormesh.runtime.actors",),
