@@ -49,7 +49,8 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``display`` (values as a notebook shows
                         them), ``collect`` (gathering replies), ``waits`` (who waits on whom,
-                        for timeouts), ``endpoint`` (the adverbs), ``actor_mesh``,
+                        for timeouts), ``arguments`` (a call's arguments pickled once, and
+                        who reads them), ``endpoint`` (the adverbs), ``actor_mesh``,
                         ``proc_mesh`` (its record: ``MeshOwner``), ``rank_table``
                         (``ProcMesh.to_table()``), ``ports``, ``tensor_seam`` (the one way up
                         into the tensor layer).
@@ -80,15 +81,15 @@ Controller, user thread:
 1. ``ActorMesh.__getattr__`` (``meshes/actor_mesh.py``) gives the mesh's ``Endpoint`` for
    ``step`` (``meshes/endpoint.py``), built once per mesh.
 2. ``Endpoint.call`` makes a ``Gather`` (``meshes/collect.py``: one slot per rank) and casts:
-   ``codec.dumps`` of the arguments (``messaging/codec.py``; plain values and tensors through
-   ``messaging/plain_pickle.py``), a reply address from the thread's
-   ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
-   reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
-   socket (``Outboxes.route_to_actor`` in ``messaging/outboxes.py``, ``Transport.send_many``
-   in ``messaging/transport.py``, signed once by ``codec.Signer.frames``; tensors of 64 KiB
-   and more are copied once into a shared-memory slot that every rank reads,
-   ``messaging/shm_lane.py``); ranks on other hosts through their host agent (``relay.cast``
-   → ``Relayer.on_relay`` in ``meshes/relay.py``).
+   ``codec.dumps`` of the arguments (``pickle_arguments`` in ``meshes/arguments.py``;
+   ``messaging/codec.py``; plain values and tensors through ``messaging/plain_pickle.py``), a
+   reply address from the thread's ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope
+   ``(CALL, key, endpoint, shape, reply)`` (``messaging/protocol.py``). Ranks on this host get
+   it straight on each actor's own socket (``Outboxes.route_to_actor`` in
+   ``messaging/outboxes.py``, ``Transport.send_many`` in ``messaging/transport.py``, signed
+   once by ``codec.Signer.frames``; tensors of 64 KiB and more are copied once into a
+   shared-memory slot that every rank reads, ``messaging/shm_lane.py``); ranks on other hosts
+   through their host agent (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
 
 Worker:
 

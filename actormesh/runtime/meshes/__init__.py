@@ -18,15 +18,8 @@ modules (``tests/unit/test_faces.py``).
 from .actor_mesh import ActorMesh, actor_key, new_actor_mesh
 from .collect import Collector, Gather
 from .display import value_cell
-from .endpoint import (
-    Endpoint,
-    as_endpoint,
-    message_readers,
-    no_values,
-    on_unsent,
-    pickle_arguments,
-    send,
-)
+from .arguments import message_readers, on_unsent, pickle_arguments
+from .endpoint import Endpoint, as_endpoint, no_values, send
 from .ports import Accumulator, Channel, Port, PortReceiver
 from .proc_mesh import (
     ActorSpawn,

@@ -37,7 +37,8 @@ from ..shape import Shape, unchecked_shape
 from . import relay
 from .actor_mesh import ActorMesh, new_actor_mesh
 from .collect import MISSING, Collector, Gather
-from .endpoint import no_values, pickle_arguments
+from .arguments import pickle_arguments
+from .endpoint import no_values
 from .proc_table import ProcTable, live_table
 from .rank_table import rank_table
 from .tensor_seam import tensor_layer
