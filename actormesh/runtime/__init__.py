@@ -51,9 +51,9 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         them), ``collect`` (gathering replies), ``waits`` (who waits on whom,
                         for timeouts), ``arguments`` (a call's arguments pickled once, and
                         who reads them), ``endpoint`` (the adverbs), ``actor_mesh``,
-                        ``proc_mesh`` (its record: ``MeshOwner``), ``rank_table``
-                        (``ProcMesh.to_table()``), ``ports``, ``tensor_seam`` (the one way up
-                        into the tensor layer).
+                        ``proc_mesh`` (its record: ``MeshOwner``), ``one_proc`` (a process
+                        as a one-proc mesh), ``rank_table`` (``ProcMesh.to_table()``),
+                        ``ports``, ``tensor_seam`` (the one way up into the tensor layer).
  5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
                         ``record_parts`` (the controller and the record as each other see
                         them), ``agent_handle`` (the controller's handle on a host agent),
