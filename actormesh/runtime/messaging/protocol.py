@@ -203,29 +203,29 @@ _TABLE = [
     Kind(AGENT_READY, ("host_rank", "address", "hostname"), (AGENT,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__", "A host agent is up and listening."),
     Kind(READY, ("mesh_id", "rank", "pid", "tcp_port?"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "A worker is up (``tcp_port``: the port it bound, when it listens on TCP)."),
     Kind(EXIT, ("mesh_id", "rank", "pid", "exitcode", "signal", "stderr_tail", "reason?"),
-         (AGENT,), (CONTROLLER,), "runtime.procs.controller:Controller.__init__",
+         (AGENT,), (CONTROLLER,), "runtime.procs.worker_reports:WorkerReports.__init__",
          "A worker ended; its agent says how, with the last lines of its stderr (and why, when "
          "it knows: ``reason``, e.g. its fork server died)."),
     Kind(LOG, ("mailbox", "label", "stream", "text"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Output a rank printed (sys.stdout/sys.stderr), labelled by rank."),
     Kind(FDLOG, ("mailbox", "label", "stream", "text"), (AGENT,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Output a rank wrote to its file descriptors 1/2 (C code, subprocesses), read by its "
          "agent."),
     Kind(UNHANDLED, ("mesh_id",), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "An actor failed where nobody was waiting (a broadcast): the payload is the failure, "
          "for the fault hook."),
     Kind(OWNED, ("mesh_id", "rank", "owner"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Rank ``rank`` of proc mesh ``mesh_id`` hosts an actor that the actor ``owner`` "
          "(ownership.Owner) spawned: if the rank is lost, that owner hears of it."),
     Kind(ACTOR_STOPPED, ("mesh_id", "rank", "key"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "The actor of mesh ``key`` on rank ``rank`` of proc mesh ``mesh_id`` was stopped "
          "(ActorMesh.stop, from any process): ``heal()`` does not bring it back."),
     Kind(SINGLETON, ("name", "reply"), (CONTROLLER, WORKER), (CONTROLLER,),
@@ -239,11 +239,11 @@ _TABLE = [
          "debugger.session:_install_handler",
          "A rank stopped in the debugger (``breakpoint()``, a breakpoint, a pause)."),
     Kind(METRICS, ("mesh_id", "rank", "calls"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Training metrics a rank logged (``log_metrics``), batched on the rank: calls are "
          "(step, time, names, values), one per call (``metrics.py``)."),
     Kind(RESOURCES, ("time", "samples"), (AGENT,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "A host agent's once-a-second sample of its workers: samples are (mesh_id, rank, cpu "
          "%, rss bytes, GPU memory bytes or None, GPU utilisation % or None) "
          "(``procs/sampling.py``)."),

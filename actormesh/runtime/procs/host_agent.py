@@ -48,6 +48,7 @@ from ..messaging.protocol import (
     SPAWN_PROCS,
     ReplyTo,
 )
+from .agent_handle import address_from_json
 from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
 from .sampling import ResourceSampler
 from .worker_output import Worker, WorkerOutput
@@ -56,15 +57,11 @@ from .zygote import FD_ENV
 logger = logging.getLogger(__name__)
 
 
-def _address(v: list[Any]) -> Address:
-    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
-
-
 class Agent:
     def __init__(self, node: Node, init: dict[str, Any]) -> None:
         self.node = node
         self.init = init
-        self.controller = _address(init["controller"])
+        self.controller = address_from_json(init["controller"])
         self.workers: dict[int, Worker] = {}  # by pid
         self.by_fork_id: dict[int, Worker] = {}
         self.next_fork_id = 0
