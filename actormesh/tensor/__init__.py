@@ -54,6 +54,7 @@ the ranks' half never imports the controller's.
 ``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
 ``controller/recovery.py``      ``FaultTolerant``: commit a step, recover, shrink, grow
 ``controller/recovery_plan.py`` which rank gives which value to which, from the ranks' reports
+``controller/restore.py``       the committed state put back, from the ranks' copies or a checkpoint
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
 ``worker/engine.py``            ``_TensorEngine``: the actor that runs the batches, op by op
 ``worker/state.py``             ``EngineState``: an engine's place, values and their failures

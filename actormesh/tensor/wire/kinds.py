@@ -42,6 +42,7 @@ _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
 _CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
+_RESTORE = "controller.restore"
 _PROGRAMS = "controller.programs"
 _GRADS = "controller.grad_sync"
 
@@ -174,11 +175,11 @@ _TABLE = [
          "each copied whole along that mesh dimension (before it changes size), and out names "
          "a receipt."),
     Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
-         (_RECOVERY,), "worker.recovery:run_restore", False,
+         (_RESTORE,), "worker.recovery:run_restore", False,
          "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
          "from its own copy or from a rank holding its shard (``transfers``: id, dst, src); the "
          "last output is a receipt the controller fetches."),
-    Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
+    Kind("allocate", ("metas: dict",), None, (_RESTORE,), "worker.recovery:run_allocate", False,
          "On a restarted engine: zeros under the ids of ``out`` placed as ``metas`` says (the "
          "survivors' snapshots), for a checkpoint load to fill."),
     # -- a repeated step sent by reference (controller/programs.py, wire/programs.py) ----------
