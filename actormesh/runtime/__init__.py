@@ -45,7 +45,8 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         see it as ``runner_parts.Runner``; ``stand_in`` (who reads its inbox
                         while a long ``__init__`` runs), ``failures`` (failures as text),
                         ``actor_host`` (the actors of one process, a proc mesh's bootstrap),
-                        ``actor_context`` (``context()``), ``future``.
+                        ``actor_context`` (``context()``), ``future``, ``combinators``
+                        (``then``, ``when_all``).
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``display`` (values as a notebook shows
                         them), ``collect`` (gathering replies), ``waits`` (who waits on whom,
