@@ -57,9 +57,9 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``ports``, ``tensor_seam`` (the one way up into the tensor layer).
  5    ``procs/``        ``controller``, ``worker_reports`` (what workers and agents report
                         to it), ``mesh_record`` (one proc mesh's start-up, exits, stop),
-                        ``record_parts`` (the controller and the record as each other see
-                        them), ``agent_handle`` (the controller's handle on a host agent,
-                        starting this machine's),
+                        ``spawn_request`` (what a rank starts with), ``record_parts`` (the
+                        controller and the record as each other see them), ``agent_handle``
+                        (the controller's handle on a host agent, starting this machine's),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``singletons``
                         (``get_or_spawn_controller``), ``worker``, ``rank_exit`` (what a worker
                         runs as a graceful stop ends it), ``host_agent``, ``worker_output`` (an
