@@ -34,10 +34,11 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         to them, one-way messages queued on them; built on ``io_loop``),
                         ``transport`` (the inbox and the send paths, built on ``outboxes``),
                         ``node`` (a process's handlers, ports, deaths), ``actor_inbox``,
-                        ``reply_inbox``, ``datagrams`` (replies to a waiting thread of the
-                        same host, as unix datagrams), ``socket_waker`` (waking a thread
-                        asleep in a receive), ``tunnel``, ``logs`` (rank-labelled output),
-                        ``metrics`` (``log_metrics``, batched).
+                        ``reply_inbox``, ``main_inbox`` (the main thread's), ``datagrams``
+                        (replies to a waiting thread of the same host, as unix datagrams),
+                        ``socket_waker`` (waking a thread asleep in a receive), ``tunnel``,
+                        ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``,
+                        batched).
  3    ``actors/``       ``actor`` (``Actor``, ``@endpoint``), ``runner`` (an actor's thread),
                         its parts ``lifecycle`` (its construction, stop, ``__cleanup__`` and
                         end), ``reentry`` (what runs at an await), ``ownership`` (who hears of
