@@ -50,7 +50,7 @@ from .node import (
 )
 from .plain_pickle import SIMPLE_TYPES
 from .reply_inbox import ReplyInbox
-from .run_dir import forget_shared_memory, make_run_dir
+from .run_dir import forget_shared_memory, make_run_dir, remove_segments
 from .shm_lane import SHM_DIR, NoRoom, map_reserved
 from .transport import Transport
 from .tunnel import TunnelEnds, open_tunnel
@@ -102,6 +102,7 @@ __all__ = [
     "port_of",
     "rank_label",
     "read_key_file",
+    "remove_segments",
     "reply_port",
     "sender_rank",
     "set_node",
