@@ -5,21 +5,21 @@ with the tool's helpers and this module, the package's bottom layer, imports not
 ```
 MeshError                 base of everything actormesh raises on purpose
 ├── ActorError            user code raised remotely (rank, actor, endpoint, remote traceback)
-│   ├── MeshCellError *   a %%mesh cell raised on some ranks (kernel/display.py)
+│   ├── MeshCellError *   a %%mesh cell raised on some ranks (kernel/cell_errors.py)
 │   └── ActorSupervisionError  ... and that ended the actor (also a SupervisionError, below)
 ├── SupervisionError      a worker died or stopped answering (rank, pid, exit code/signal, stderr)
 │   ├── ActorSupervisionError  an actor ended (a BaseException, abort, __supervise__, stop)
 │   └── MeshClosedError   the mesh was stopped, then used (also a RuntimeError)
 ├── MeshTimeoutError      a wait passed its deadline (also a TimeoutError)
-│   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/display.py)
+│   └── CellTimeout *     a %%mesh --timeout cell ran past it (kernel/cell_errors.py)
 ├── MeshUsageError        an API used in a way that cannot work, a bad slice (also a ValueError)
 │   ├── MeshIndexError    an index out of range (also an IndexError)
 │   ├── MeshTypeError     a value of the wrong type (also a TypeError)
 │   └── UnknownEndpointError  mesh.name with no such endpoint (also an AttributeError)
-├── CellSyntaxError *     a %%mesh cell does not compile (kernel/display.py)
+├── CellSyntaxError *     a %%mesh cell does not compile (kernel/cell_errors.py)
 ├── RanksPaused *         a notebook wait on ranks all paused in the debugger (debugger/session.py)
 └── DapError *            a debugger request to a rank failed (debugger/dap.py)
-CellInterrupted *         a %%mesh cell interrupted: a KeyboardInterrupt (kernel/display.py)
+CellInterrupted *         a %%mesh cell interrupted: a KeyboardInterrupt (kernel/cell_errors.py)
 ```
 
 ``ActorError`` and ``SupervisionError`` are also ``MeshFailure`` objects: what a mesh's owner

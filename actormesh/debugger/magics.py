@@ -37,9 +37,10 @@ from .cell_files import CellFiles
 from .dap import DapError
 from .dbg_args import COMMANDS, DbgArgs
 from .rank_debug import RankDebug
+from .rank_values import compare_on_ranks
 from .session import STEP_COMMANDS, Debugger, RanksPaused, enable_breakpoints, get_debugger
 from .stack_text import annotate_stacks, grouped
-from .tensors import DEFAULT_CAP, Comparison, check_name
+from .tensors import Comparison, check_name
 
 
 class DebugMagics:
@@ -332,28 +333,8 @@ class DebugMagics:
         ``%%mesh`` namespace of a running one. Blocks (at most a minute)."""
         check_name(name)
         tools = self._tools(mesh_id)
-        paused = self.debugger.paused_in(mesh_id)
-        summaries: dict[str, dict[str, Any] | str] = {}
-        running = {
-            r: self.debugger.agent(mesh_id, r).summarize.call_one(name, DEFAULT_CAP)
-            for r in ranks
-            if r not in paused
-        }
-        for r in ranks:
-            key = self._rank_label(tools, r)
-            try:
-                if r in paused:
-                    expression = (
-                        "__import__('actormesh.debugger.tensors', fromlist=['_'])"
-                        f".summarize_json({name}, {DEFAULT_CAP})"
-                    )
-                    body = paused[r].evaluate(expression, frame=frame, context="clipboard")
-                    summaries[key] = _json_result(body.get("result", ""))
-                else:
-                    summaries[key] = running[r].get(timeout=60)
-            except (MeshError, ValueError) as exc:
-                summaries[key] = str(exc).splitlines()[-1][:120]
-        return Comparison(name, summaries)
+        labels = {r: self._rank_label(tools, r) for r in ranks}
+        return compare_on_ranks(self.debugger, mesh_id, labels, name, frame)
 
     def _tools(self, mesh_id: str) -> Any:
         for tools in self.magics.registry.live():
@@ -382,18 +363,6 @@ def _value(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return Repr(text)
-
-
-def _json_result(text: str) -> dict[str, Any]:
-    import json
-
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(text) from exc
-    if not isinstance(value, str):
-        raise ValueError(f"unexpected summary {text[:80]!r}")
-    return dict(json.loads(value))
 
 
 def _shape_of(tools: Any, ranks: list[int], sel: str | None) -> Shape:

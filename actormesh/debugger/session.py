@@ -32,6 +32,7 @@ from ..runtime.messaging import Message
 from ..runtime.messaging.envelopes import DebuggerEnvelope
 from ..runtime.messaging.protocol import DEBUGGER
 from ..runtime.procs import MeshRecord, controller_if_started, get_controller, on_controller
+from .daemon_pool import DaemonPool
 from .dap import DapError
 from .rank import ATTACH_TIMEOUT, DEBUG_AGENT_NAME, DebugAgent
 from .rank_debug import Key, RankDebug
@@ -352,33 +353,6 @@ class RanksPaused(MeshError):
             *self.lines,
             "(the call goes on when they continue: %mesh dbg continue, then .get() again)",
         ]
-
-
-class DaemonPool:
-    """``submit(fn, *args) -> Future`` on a daemon thread per task.
-
-    Debugger work is rare and short (an attach, a refresh), but it may be waiting on a rank
-    when the kernel exits: a ``ThreadPoolExecutor`` would hold the exit until it finished."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        if self.closed:
-            future.set_exception(MeshError("the debugger is shut down"))
-            return future
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="actormesh-dbg", daemon=True).start()
-        return future
 
 
 def default_label(path: str) -> str:

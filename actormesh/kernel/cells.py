@@ -28,16 +28,8 @@ from ..runtime.messaging import Message, ReplyInbox, thread_reply_inbox
 from ..runtime.procs import get_controller
 from ..runtime.shape import Shape
 from . import debugger_seam
-from .display import (
-    CellInterrupted,
-    CellTimeout,
-    OutputGrouper,
-    StatusStrip,
-    cell_error,
-    interruption_report,
-    output_prefix,
-    prefix,
-)
+from .cell_errors import CellInterrupted, CellTimeout, cell_error, interruption_report
+from .display import OutputGrouper, StatusStrip, make_strip, output_prefix, prefix
 from .executor import CellFailure
 from .selection import Selection, values_of
 from .targets import Target
@@ -291,7 +283,7 @@ class CellRun:
             now = time.monotonic()
             if self._strip is None and self.options.strip and now - start > STRIP_AFTER:
                 self.options.strip = False  # one try
-                self._strip = _make_strip(title)
+                self._strip = make_strip(title)
             paused = self._paused_ranks()
             if self._strip is not None:
                 self._strip.update(self._shown_states(paused), now - start)
@@ -364,24 +356,6 @@ class _Deadline(Exception):
 
 class _Paused(Exception):
     """Every rank still running is paused in the debugger."""
-
-
-def _make_strip(title: str) -> StatusStrip | None:
-    shell = _shell()
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return None
-    try:
-        return StatusStrip(title)
-    except ImportError:
-        return None
-
-
-def _shell() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
 
 
 class PendingCell:

@@ -17,8 +17,8 @@ from ..runtime.faults import render_grouped
 from ..runtime.meshes import ValueMesh
 from ..runtime.messaging import node_if_started
 from . import debugger_seam
+from .cell_errors import CellInterrupted, CellSyntaxError
 from .cells import CellOptions, CellRun, PendingCell
-from .display import CellInterrupted, CellSyntaxError
 from .magic_args import CellArgs, identifier, usage
 from .selection import SelectionError, resolve_target, select, values_of
 from .status_table import show_table, status_rows

@@ -15,6 +15,7 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
 
 ====  ================  ==========================================================================
  0    ``extent.py``     ``Extent``, ``Point``: named sizes and coordinates. Pure.
+      ``strides.py``    the strides of a shape's views (slice, split, flatten). Pure.
       ``shape.py``      ``Shape``: a strided view of a rank space. Pure.
       ``mesh_shape.py`` ``MeshShape``: the slicing every mesh shares. Pure.
  1    ``faults/``       ``supervision`` (where failures nobody waits for go; exit status),
@@ -29,10 +30,12 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``run_dir``, ``io_loop`` (the I/O thread: sockets and fds polled,
                         calls and timers), ``wake_pipe`` (waking a thread asleep in
                         ``poll()``), ``open_files`` (the open-file limit, checked before a
-                        connection), ``transport`` (ZeroMQ sockets: the inbox, outboxes,
-                        sends; built on ``io_loop``), ``node`` (a process's handlers, ports,
-                        deaths), ``actor_inbox``, ``reply_inbox``, ``datagrams`` (replies to
-                        a waiting thread of the same host, as unix datagrams),
+                        connection), ``outboxes`` (a socket per destination, the routes
+                        to them, one-way messages queued on them; built on ``io_loop``),
+                        ``transport`` (the inbox and the send paths, built on ``outboxes``),
+                        ``node`` (a process's handlers, ports, deaths), ``actor_inbox``,
+                        ``reply_inbox``, ``main_inbox`` (the main thread's), ``datagrams``
+                        (replies to a waiting thread of the same host, as unix datagrams),
                         ``socket_waker`` (waking a thread asleep in a receive), ``tunnel``,
                         ``logs`` (rank-labelled output), ``metrics`` (``log_metrics``,
                         batched).
@@ -43,17 +46,21 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         see it as ``runner_parts.Runner``; ``stand_in`` (who reads its inbox
                         while a long ``__init__`` runs), ``failures`` (failures as text),
                         ``actor_host`` (the actors of one process, a proc mesh's bootstrap),
-                        ``actor_context`` (``context()``), ``future``.
+                        ``actor_context`` (``context()``), ``future``, ``combinators``
+                        (``then``, ``when_all``).
  4    ``meshes/``       ``proc_table`` (where ranks live), ``relay`` (fan-out through host
                         agents), ``value_mesh``, ``display`` (values as a notebook shows
                         them), ``collect`` (gathering replies), ``waits`` (who waits on whom,
-                        for timeouts), ``endpoint`` (the adverbs), ``actor_mesh``,
-                        ``proc_mesh`` (its record: ``MeshOwner``), ``rank_table``
-                        (``ProcMesh.to_table()``), ``ports``, ``tensor_seam`` (the one way up
-                        into the tensor layer).
- 5    ``procs/``        ``controller``, ``mesh_record`` (one proc mesh's start-up, exits, stop),
-                        ``record_parts`` (the controller and the record as each other see
-                        them), ``agent_handle`` (the controller's handle on a host agent),
+                        for timeouts), ``arguments`` (a call's arguments pickled once, and
+                        who reads them), ``endpoint`` (the adverbs), ``actor_mesh``,
+                        ``proc_mesh`` (its record: ``MeshOwner``), ``one_proc`` (a process
+                        as a one-proc mesh), ``rank_table`` (``ProcMesh.to_table()``),
+                        ``ports``, ``tensor_seam`` (the one way up into the tensor layer).
+ 5    ``procs/``        ``controller``, ``worker_reports`` (what workers and agents report
+                        to it), ``mesh_record`` (one proc mesh's start-up, exits, stop),
+                        ``spawn_request`` (what a rank starts with), ``record_parts`` (the
+                        controller and the record as each other see them), ``agent_handle``
+                        (the controller's handle on a host agent, starting this machine's),
                         ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``singletons``
                         (``get_or_spawn_controller``), ``worker``, ``rank_exit`` (what a worker
                         runs as a graceful stop ends it), ``host_agent``, ``worker_output`` (an
@@ -78,12 +85,13 @@ Controller, user thread:
 1. ``ActorMesh.__getattr__`` (``meshes/actor_mesh.py``) gives the mesh's ``Endpoint`` for
    ``step`` (``meshes/endpoint.py``), built once per mesh.
 2. ``Endpoint.call`` makes a ``Gather`` (``meshes/collect.py``: one slot per rank) and casts:
-   ``codec.dumps`` of the arguments (``messaging/codec.py``; plain values and tensors through
-   ``messaging/plain_pickle.py``), a reply address from the thread's
-   ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope ``(CALL, key, endpoint, shape,
-   reply)`` (``messaging/protocol.py``). Ranks on this host get it straight on each actor's own
-   socket (``Transport.route_to_actor``, ``Transport.send_many`` in ``messaging/transport.py``,
-   signed once by ``codec.Signer.frames``; tensors of 64 KiB and more are copied once into a
+   ``codec.dumps`` of the arguments (``pickle_arguments`` in ``meshes/arguments.py``;
+   ``messaging/codec.py``; plain values and tensors through ``messaging/plain_pickle.py``), a
+   reply address from the thread's ``ReplyInbox`` (``messaging/reply_inbox.py``), the envelope
+   ``(CALL, key, endpoint, shape, reply)`` (``messaging/protocol.py``). Ranks on this host get
+   it straight on each actor's own socket (``Outboxes.route_to_actor`` in
+   ``messaging/outboxes.py``, ``Transport.send_many`` in ``messaging/transport.py``, signed
+   once by ``codec.Signer.frames``; tensors of 64 KiB and more are copied once into a
    shared-memory slot that every rank reads, ``messaging/shm_lane.py``); ranks on other hosts
    through their host agent (``relay.cast`` → ``Relayer.on_relay`` in ``meshes/relay.py``).
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
-from ..errors import MeshIndexError, MeshTypeError, MeshUsageError
+from ..errors import MeshIndexError, MeshUsageError
 from .extent import (
     Extent,
     Point,
@@ -29,12 +28,11 @@ from .extent import (
     as_int,
     check_known,
     check_label,
-    check_labels,
-    normalize_index,
     render_extent,
     row_major_index,
     row_major_strides,
 )
+from .strides import check_strides, not_contiguous, sliced, spacing, split_dims
 
 __all__ = ["Shape", "unchecked_shape"]
 
@@ -74,31 +72,7 @@ class Shape:
         extent = Extent(labels, sizes)  # validates names and sizes
         strides_t = tuple(as_int(s, "stride") for s in strides)
         offset = as_int(offset, "offset")
-        if len(strides_t) != len(extent.sizes):
-            raise MeshUsageError(
-                f"got {len(strides_t)} strides {strides_t} for {len(extent.sizes)} dimensions "
-                f"{extent}; give one stride per dimension"
-            )
-        if offset < 0:
-            raise MeshUsageError(f"offset must be >= 0, got {offset}")
-        for label, stride in zip(extent.labels, strides_t, strict=True):
-            if stride < 1:
-                raise MeshUsageError(
-                    f"dimension {label!r} has stride {stride}; strides must be >= 1"
-                )
-        span = 0  # largest offset reachable through the dimensions inside the current one
-        for label, size, stride in reversed(
-            list(zip(extent.labels, extent.sizes, strides_t, strict=True))
-        ):
-            if size == 1:
-                continue
-            if stride <= span:
-                raise MeshUsageError(
-                    f"strides {strides_t} of extent {extent} overlap or are not ordered outer to "
-                    f"inner: dimension {label!r} has stride {stride} but the dimensions inside "
-                    f"it reach {span}"
-                )
-            span += (size - 1) * stride
+        check_strides(extent, offset, strides_t)
         self._init(extent.labels, offset, extent.sizes, strides_t, extent)
 
     def _init(
@@ -290,51 +264,8 @@ class Shape:
         """
         if not selectors:
             return self
-        check_known(list(selectors), self._labels, self._sizes)
-        labels: list[str] = []
-        sizes: list[int] = []
-        strides: list[int] = []
-        offset = self._offset
-        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
-            if label not in selectors:
-                labels.append(label)
-                sizes.append(size)
-                strides.append(stride)
-                continue
-            sel = selectors[label]
-            if isinstance(sel, builtins.slice):
-                start, step, count = self._resolve_slice(label, size, sel)
-                offset += start * stride
-                labels.append(label)
-                sizes.append(count)
-                strides.append(stride * step)
-            elif isinstance(sel, bool) or not hasattr(sel, "__index__"):
-                raise MeshTypeError(
-                    f"selector for dimension {label!r} must be an int or a slice, got "
-                    f"{type(sel).__name__} {sel!r}"
-                )
-            else:
-                offset += normalize_index(sel, label, size, self._labels, self._sizes) * stride
-        return self._view(tuple(labels), offset, tuple(sizes), tuple(strides))
-
-    def _resolve_slice(self, label: str, size: int, sel: builtins.slice) -> tuple[int, int, int]:
-        try:
-            start, stop, step = sel.indices(size)
-        except (TypeError, ValueError) as exc:
-            error = MeshTypeError if isinstance(exc, TypeError) else MeshUsageError
-            raise error(f"bad selector {sel!r} for dimension {label!r}: {exc}") from exc
-        if step < 0:
-            raise MeshUsageError(
-                f"selector {sel!r} for dimension {label!r} has a negative step; mesh views keep "
-                f"rank order, so use a positive step (extent {self})"
-            )
-        count = len(range(start, stop, step))
-        if count == 0:
-            raise MeshUsageError(
-                f"selector {sel!r} selects nothing from dimension {label!r} of size {size} "
-                f"(extent {self}); a mesh view must keep at least one rank"
-            )
-        return start, step, count
+        dims = sliced(self._labels, self._offset, self._sizes, self._strides, selectors, self)
+        return self._view(*dims)
 
     def flatten(self, name: str) -> Shape:
         """One dimension called ``name`` holding every rank of this view, in the same order.
@@ -344,23 +275,9 @@ class Shape:
                 sliced), so no single stride describes them.
         """
         check_label(name)
-        stride = self._spacing()
+        stride = spacing(self._sizes, self._strides)
         if stride is None:
-            big = [
-                (lbl, sz, st)
-                for lbl, sz, st in zip(self._labels, self._sizes, self._strides, strict=True)
-                if sz > 1
-            ]
-            for (outer, _, outer_stride), (inner, inner_size, inner_stride) in pairwise(big):
-                if outer_stride != inner_stride * inner_size:
-                    raise MeshUsageError(
-                        f"cannot flatten extent {self} into {name!r}: the view is not "
-                        f"contiguous, so no single stride describes its ranks (dimension "
-                        f"{outer!r} has stride {outer_stride}, but dimension {inner!r} spans "
-                        f"{inner_size} x {inner_stride} = {inner_size * inner_stride}); "
-                        f"flatten before slicing, or slice only the outermost dimension"
-                    )
-            raise AssertionError("unreachable: _spacing found a gap")  # pragma: no cover
+            not_contiguous(name, self._labels, self._sizes, self._strides, self)
         return self._view((name,), self._offset, (len(self),), (stride,))
 
     def rank_view(self, index: int) -> Shape:
@@ -376,22 +293,7 @@ class Shape:
     def uniform_stride(self) -> int | None:
         """The common difference of ``ranks()`` (1 for a single rank), or None if uneven (or
         mapped: then the ranks are a table's, ``of_ranks``)."""
-        return None if self._map is not None else self._spacing()
-
-    def _spacing(self) -> int | None:
-        """The common difference of the ranks the strides address (for a mapped shape, before
-        the mapping), or None if uneven."""
-        stride = None
-        span = 0  # the span that the next outer dimension's stride must equal
-        for size, st in zip(reversed(self._sizes), reversed(self._strides), strict=True):
-            if size == 1:  # size-1 dims do not affect spacing
-                continue
-            if stride is None:
-                stride = st
-            elif st != span:
-                return None
-            span = st * size
-        return 1 if stride is None else stride
+        return None if self._map is not None else spacing(self._sizes, self._strides)
 
     def rename(self, **old_to_new: str) -> Shape:
         """The same view with dimensions renamed (``rename(gpus="ranks")``)."""
@@ -415,43 +317,8 @@ class Shape:
         keyword naming an existing dimension gives its new names; any other gives the size of a
         new one. One new dimension per split may be left without a size: it takes what is left.
         """
-        splits: dict[str, tuple[str, ...]] = {}
-        given: dict[str, int] = {}
-        for key, value in spec.items():
-            if key in self._labels:
-                if isinstance(value, str) or not isinstance(value, Sequence):
-                    raise MeshTypeError(
-                        f"split({key}=...) takes a sequence of new dimension names, got {value!r}"
-                    )
-                splits[key] = tuple(check_label(v, "new dimension name") for v in value)
-            else:
-                given[check_label(key, "new dimension name")] = as_int(value, f"size of {key!r}")
-        labels: list[str] = []
-        sizes: list[int] = []
-        strides: list[int] = []
-        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
-            names = splits.get(label, (label,))
-            unknown = [n for n in names if n not in given]
-            known = math.prod(given[n] for n in names if n in given)
-            if len(unknown) > 1 or known < 1 or size % known or (not unknown and known != size):
-                shown = {n: given.get(n, "?") for n in names}
-                raise MeshUsageError(
-                    f"cannot split dimension {label!r} of size {size} into {shown}: give the "
-                    f"size of all but at most one new dimension, whose sizes multiply to {size}"
-                )
-            new_sizes = [given.pop(n) if n in given else size // known for n in names]
-            inner = stride
-            new_strides = []
-            for n in reversed(new_sizes):
-                new_strides.append(inner)
-                inner *= n
-            labels += names
-            sizes += new_sizes
-            strides += reversed(new_strides)
-        if given:
-            raise MeshUsageError(f"split: sizes given for no split dimension: {sorted(given)}")
-        check_labels(labels)
-        return self._view(tuple(labels), self._offset, tuple(sizes), tuple(strides))
+        labels, sizes, strides = split_dims(self._labels, self._sizes, self._strides, spec)
+        return self._view(labels, self._offset, sizes, strides)
 
     # -- value semantics -------------------------------------------------------------------------
 

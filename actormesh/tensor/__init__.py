@@ -27,9 +27,12 @@ the ranks' half never imports the controller's.
 ``wire/programs.py``            a repeated run of ops as a program: its template, ids and values
 ``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
-``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent, constants
+``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
+``controller/idle_flush.py``    the buffer sent once the controller records nothing for a while
+``controller/constants.py``     controller tensors as ops' arguments, uploaded once
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
+``controller/dims.py``          its dimensions as users name them: coordinates, sharding specs
 ``controller/lifetime.py``      what a user is told when a mesh's values are gone
 ``controller/fetch.py``         sync points: values back to the controller
 ``controller/distribute.py``    global MeshTensors from controller tensors, random factories
@@ -40,6 +43,7 @@ the ranks' half never imports the controller's.
 ``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
 ``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
+``controller/grad_sync.py``     a model's gradients to its parameters' placements per backward
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
 ``controller/programs.py``      a repeated step sent by reference (a ``program`` op)
@@ -50,21 +54,28 @@ the ranks' half never imports the controller's.
 ``controller/checkpoint_state.py`` a state dict in DCP's layout, MeshTensors as Refs, and back
 ``controller/recovery.py``      ``FaultTolerant``: commit a step, recover, shrink, grow
 ``controller/recovery_plan.py`` which rank gives which value to which, from the ranks' reports
+``controller/restore.py``       the committed state put back, from the ranks' copies or a checkpoint
 ``controller/seams.py``         binds MeshTensor's late-bound methods and the runtime's seam
-``worker/engine.py``            ``_TensorEngine``: runs the batches, keeps the values, poisons
+``worker/engine.py``            ``_TensorEngine``: the actor that runs the batches, op by op
+``worker/state.py``             ``EngineState``: an engine's place, values and their failures
 ``worker/handlers.py``          which function runs each kind of op
 ``worker/aten.py``              aten ops on DTensors, and constants
-``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's dispatch
+``worker/shard_ops.py``         ops run on the local shards, skipping DTensor's: the routes
+``worker/shard_linear.py``      a linear layer's ops (``t``, ``mm``, ``addmm``, ``sum``, ``view``)
+``worker/shard_losses.py``      ``mse_loss``, mean ``nll_loss`` on a split batch
+``worker/shard_batch.py``       batch norm, a convolution's backward, the fused encoder layer
+``worker/shard_attention.py``   CPU attention and its backward
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
-``worker/dtensors.py``          a rank's local tensor wrapped as a DTensor, its spec cached
+``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``
 ``worker/views.py``             a rename/flatten/split of the engine's mesh: its ``DeviceMesh``
 ``worker/groups.py``            process groups of an engine on part of its group's processes
-``worker/transfer.py``          ``to_mesh`` on the ranks: the inbox, sending, assembling
+``worker/transfer.py``          ``to_mesh`` on the ranks: sending, assembling
+``worker/inbox.py``             where other engines' ``send`` ops deliver to this one
 ``worker/module.py``            a module's build, forward and backward
 ``worker/remote.py``            remote functions' definitions, calls and results
 ``worker/rref.py``              an endpoint run on its actor's thread
@@ -119,10 +130,13 @@ Worker, the engine's thread.
    unpickles the batch (``codec.loads``) and runs each op with ``_TensorEngine._execute``: the
    function ``handlers.HANDLERS`` (``worker/handlers.py``) names for the kind, here
    ``aten.run_aten`` (``worker/aten.py``). It finds the op (``aten.resolve_op``) and its inputs
-   in ``_TensorEngine.env``; ``shard_ops.on_shards`` (``worker/shard_ops.py``) runs it on the
-   local shards where that is known to be exact, else DTensor runs it (with its own collectives,
-   the same on every rank). The results go into ``env`` under the controller's ids. An op that
-   raises poisons them instead (``side_effects.written``, ``stand_ins.stand_in``).
+   in ``EngineState.env`` (``worker/state.py``); ``shard_ops.on_shards``
+   (``worker/shard_ops.py``) picks the op's route on the local shards where that is known to
+   be exact (``mm``'s is in ``shard_linear.ROUTES``, ``worker/shard_linear.py``: a ``Partial``
+   sum, as the contraction is split), else DTensor runs it (with its own collectives, the same
+   on every rank), as it does the ``permute``. The results go into ``env`` under the
+   controller's ids. An op that raises poisons them instead (``side_effects.written``,
+   ``stand_ins.stand_in``).
 5. ``_TensorEngine._fetch`` answers with ``fetch.answer_fetch`` (``worker/fetch.py``): each rank
    its failure if the value failed there; else, ``r`` being a small partial sum
    (``fetch.combinable``), each rank along ``tp`` its term.

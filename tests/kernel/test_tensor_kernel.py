@@ -23,8 +23,8 @@ def test_kernel_mesh_tensor(panel_kernel: tuple[Kernel, Panel], tmp_path: Path) 
     kernel.ok("import sys\nassert 'actormesh.tensor' not in sys.modules, sorted(sys.modules)")
     kernel.ok(
         "import torch, actormesh as am\n"
-        "import actormesh.tensor.controller.stream as stream\n"
-        "stream.IDLE_FLUSH = 3600.0  # no idle flush: only the end of the cell sends the ops\n"
+        "import actormesh.tensor.controller.idle_flush as idle_flush\n"
+        "idle_flush.IDLE_FLUSH = 3600.0  # no idle flush: only the end of the cell sends the ops\n"
         "procs = am.this_host().spawn_procs(per_host={'dp': 2, 'tp': 2})\n"
         "x = torch.arange(64.0).reshape(8, 8)\n"
         "dt = am.distribute(x, procs, sharding_spec=['dp', None])\n"

@@ -13,16 +13,14 @@ import pytest
 
 from actormesh.errors import MeshTimeoutError
 from actormesh.runtime.actors import future as future_mod
+from actormesh.runtime.actors.combinators import settle, then, when_all
 from actormesh.runtime.actors.future import (
     Future,
     completed_future,
     failed_future,
     set_exception,
     set_result,
-    settle,
-    then,
     waiting_for,
-    when_all,
 )
 
 

@@ -16,7 +16,12 @@ from import_scan import PACKAGE, imports_in, package_sources
 LAYERS = [
     ("actormesh.cell_names",),  # imports nothing of actormesh: errors render with it
     ("actormesh.errors", "actormesh.config"),
-    ("actormesh.runtime.extent", "actormesh.runtime.shape", "actormesh.runtime.mesh_shape"),
+    (
+        "actormesh.runtime.extent",
+        "actormesh.runtime.strides",
+        "actormesh.runtime.shape",
+        "actormesh.runtime.mesh_shape",
+    ),
     ("actormesh.runtime.faults",),
     ("actormesh.runtime.messaging",),
     ("actormesh.runtime.actors",),
@@ -58,11 +63,6 @@ ALLOWED_TYPE_ONLY = {
     ),
 }
 
-# Packages whose ``TYPE_CHECKING`` imports are not counted yet: the ranks' half of the tensor
-# layer types its handlers against the engine that registers them (issue 37, tensor side).
-# Empty this to count them.
-TYPE_CHECKING_NOT_COUNTED = ("actormesh.tensor.worker",)
-
 
 def layer_of(module: str) -> int:
     best, best_len = -1, -1
@@ -100,13 +100,8 @@ Graph = dict[str, list[Edge]]
 def import_graph(root: pathlib.Path = PACKAGE) -> Graph:
     graph: Graph = {}
     for name, source, is_package in package_sources(root):
-        edges = imports_of(source, name, is_package)
-        graph[name] = [e for e in edges if not (e.type_only and _not_counted(name))]
+        graph[name] = list(imports_of(source, name, is_package))
     return graph
-
-
-def _not_counted(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in TYPE_CHECKING_NOT_COUNTED)
 
 
 def _allowed(module: str, edge: Edge) -> bool:

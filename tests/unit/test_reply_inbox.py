@@ -15,9 +15,10 @@ from collections.abc import Callable
 from actormesh.runtime.messaging.address import Address
 from actormesh.runtime.messaging.codec import Message, dumps
 from actormesh.runtime.messaging.datagrams import DATAGRAM_MAX, path_of
+from actormesh.runtime.messaging.main_inbox import thread_reply_inbox
 from actormesh.runtime.messaging.node import Node, Port
 from actormesh.runtime.messaging.protocol import OK, REPLY
-from actormesh.runtime.messaging.reply_inbox import ReplyInbox, thread_reply_inbox
+from actormesh.runtime.messaging.reply_inbox import ReplyInbox
 from actormesh.runtime.messaging.transport import Transport
 
 TIMEOUT_S = 10

@@ -47,12 +47,14 @@ def _candidates(root: str) -> list[Any]:
 
 
 def _attribute(obj: Any, name: str) -> Any:
-    """``obj.name``; for a class, an attribute its methods set on instances counts too."""
+    """``obj.name``; for a class, an attribute its methods (or its bases') set on instances
+    counts too."""
     try:
         return getattr(obj, name)
     except AttributeError:
-        if isinstance(obj, type) and re.search(rf"self\.{name}\b[^=\n]*=", inspect.getsource(obj)):
-            return None
+        for cls in obj.__mro__[:-1] if isinstance(obj, type) else ():
+            if re.search(rf"self\.{name}\b[^=\n]*=", inspect.getsource(cls)):
+                return None
         raise
 
 
@@ -98,5 +100,6 @@ def test_a_wrong_citation_is_caught() -> None:
     assert _resolves("recording.dispatch") and _resolves("MeshTensor.__torch_dispatch__")
     assert not _resolves("recording.dispatch_op") and not _resolves("Stream.send_batch")
     assert _resolves("_TensorEngine.env") and not _resolves("_TensorEngine.environment")
+    assert _resolves("EngineState.env") and _resolves("_TensorEngine.mesh")
     assert _path("worker/aten.py") and _path("worker/handlers.py")
     assert _path("worker/registry.py") is None

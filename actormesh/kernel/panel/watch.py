@@ -169,36 +169,7 @@ class MeshWatcher:
         if status is not None:
             row["rss"] = _mib(status.get("rss"))
             row["gpu_mem"] = _mib(status.get("gpu_mem"))
-        since = now
-        if death is not None:
-            row["state"] = "dead"
-            row["pid"] = death.pid or pid
-            row["dead"] = {
-                "exitcode": death.exitcode,
-                "signal": death.signal,
-                "reason": death.reason,
-            }
-            key: tuple[Any, ...] = ("dead", death.pid)
-        elif paused is not None:
-            row["state"] = "paused"
-            row["paused"] = {
-                "file": str(paused.file),
-                "line": int(paused.line),
-                "function": str(paused.function),
-            }
-            key = ("paused", paused.file, paused.line)
-        elif pid is None or (not ready and status is None):
-            row["state"] = "starting"
-            key = ("starting",)
-        else:
-            busy, busy_for = _busy(status)
-            if busy is not None:
-                row["state"] = "busy"
-                row["busy"] = busy
-                key = ("busy", busy["kind"], busy["what"])
-                since = rv.answered_at - busy_for
-            else:
-                key = ("idle",)
+        key, since = _state(row, rv, status, death, paused, ready, now)
         if key != rv.key:
             rv.key = key
             rv.since = since if key[0] == "busy" else now
@@ -273,6 +244,52 @@ class MeshWatcher:
                 self.changed.set()
 
         fut.add_done_callback(answered)
+
+
+def _state(
+    row: dict[str, Any],
+    rv: RankView,
+    status: Any,
+    death: Any,
+    paused: Any,
+    ready: bool,
+    now: float,
+) -> tuple[tuple[Any, ...], float]:
+    """A rank's state in ``row`` (dead, paused in the debugger, starting, busy or idle), and
+    the key that says when it changed, with the time it began (``now`` unless it was busy
+    before the answer that tells it)."""
+    pid = row["pid"]
+    since = now
+    if death is not None:
+        row["state"] = "dead"
+        row["pid"] = death.pid or pid
+        row["dead"] = {
+            "exitcode": death.exitcode,
+            "signal": death.signal,
+            "reason": death.reason,
+        }
+        key: tuple[Any, ...] = ("dead", death.pid)
+    elif paused is not None:
+        row["state"] = "paused"
+        row["paused"] = {
+            "file": str(paused.file),
+            "line": int(paused.line),
+            "function": str(paused.function),
+        }
+        key = ("paused", paused.file, paused.line)
+    elif pid is None or (not ready and status is None):
+        row["state"] = "starting"
+        key = ("starting",)
+    else:
+        busy, busy_for = _busy(status)
+        if busy is not None:
+            row["state"] = "busy"
+            row["busy"] = busy
+            key = ("busy", busy["kind"], busy["what"])
+            since = rv.answered_at - busy_for
+        else:
+            key = ("idle",)
+    return key, since
 
 
 def _recovery(mesh_id: str) -> dict[str, Any] | None:

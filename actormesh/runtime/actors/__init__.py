@@ -10,8 +10,8 @@ modules (``tests/unit/test_faces.py``).
 - ``context()``, ``current_rank()``...: which actor, rank and process code runs as
   (``actor_context``).
 - ``Future`` and its completion by the runtime (``set_result``, ``set_exception``,
-  ``completed_future``...), what a pending one waits for (``waiting_for``), ``then``,
-  ``when_all`` (``future``).
+  ``completed_future``...), what a pending one waits for (``waiting_for``) (``future``);
+  ``then``, ``when_all``, ``settle`` (``combinators``).
 """
 
 from .actor import Actor, concurrent_endpoint, endpoint, endpoint_names, plain_method_names
@@ -27,6 +27,7 @@ from .actor_context import (
     set_process_context,
 )
 from .actor_host import BOOTSTRAP_NAME, ActorHost, Bootstrap, local_actor_host
+from .combinators import settle, then, when_all
 from .failures import render_failure
 from .future import (
     Future,
@@ -35,11 +36,8 @@ from .future import (
     failed_future,
     set_exception,
     set_result,
-    settle,
-    then,
     wait_hooks,
     waiting_for,
-    when_all,
 )
 from .ownership import Owner, send_to_owner
 from .runner import ActorRunner, current_runner

@@ -56,6 +56,26 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 
 
+def _lendable(data: Any, transport: str) -> torch.Tensor:
+    """``data`` as a tensor a ``TensorBuffer`` can lend over ``transport``, or the error that
+    says why not."""
+    if transport not in ("auto", "shm", "socket"):
+        raise MeshUsageError(f"transport must be 'auto', 'shm' or 'socket', not {transport!r}")
+    tensor = _as_tensor(data)
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise MeshUsageError(
+            f"TensorBuffer holds CPU or CUDA tensors; this one is on {tensor.device}"
+        )
+    if tensor.is_cuda and transport == "shm":
+        raise MeshUsageError(
+            "transport='shm' is for CPU tensors; a CUDA tensor's readers on its GPU use "
+            "CUDA IPC ('auto'), others the socket"
+        )
+    if not tensor.is_contiguous():
+        raise MeshUsageError("TensorBuffer needs a contiguous tensor; call .contiguous()")
+    return tensor
+
+
 def _as_tensor(data: Any) -> torch.Tensor:
     import torch
 
@@ -77,20 +97,7 @@ class TensorBuffer:
     """
 
     def __init__(self, data: Any, transport: str = "auto") -> None:
-        if transport not in ("auto", "shm", "socket"):
-            raise MeshUsageError(f"transport must be 'auto', 'shm' or 'socket', not {transport!r}")
-        tensor = _as_tensor(data)
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise MeshUsageError(
-                f"TensorBuffer holds CPU or CUDA tensors; this one is on {tensor.device}"
-            )
-        if tensor.is_cuda and transport == "shm":
-            raise MeshUsageError(
-                "transport='shm' is for CPU tensors; a CUDA tensor's readers on its GPU use "
-                "CUDA IPC ('auto'), others the socket"
-            )
-        if not tensor.is_contiguous():
-            raise MeshUsageError("TensorBuffer needs a contiguous tensor; call .contiguous()")
+        tensor = _lendable(data, transport)
         node = current_node()
         self.buffer_id = next(_ids)
         self.owner: Address = node.address

@@ -31,7 +31,8 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ... import config
 from ...errors import (
@@ -170,11 +171,25 @@ def _run_on(
     envs = torchrun_envs(procs, addr, port, run_id or uuid.uuid4().hex[:12], omp)
     runners = helper_mesh(procs, "spmd", ScriptRunner)
     stream = runners.run.stream(script, list(args), envs, module)
+    codes, failures, deaths = _outcomes(stream, len(procs), left)
+    if deaths:
+        raise SupervisionError(deaths, f"{script} failed: a rank's process died")
+    if failures:
+        raise ActorError(failures)
+    return next((codes[r] for r in sorted(codes) if codes[r] != 0), 0)
+
+
+def _outcomes(
+    stream: Any, n: int, left: Callable[[], float | None]
+) -> tuple[dict[int, int], list[RemoteFailure], list[ProcDeath]]:
+    """The exit codes, failures and deaths of the ``n`` ranks as their results come off
+    ``stream`` (``left()``: the time left). Once one rank failed, the others get
+    ``FAILURE_GRACE`` seconds to end too before the run stops waiting for them."""
     codes: dict[int, int] = {}
     failures: list[RemoteFailure] = []
     deaths: list[ProcDeath] = []
     failed_at: float | None = None
-    for _ in range(len(procs)):
+    for _ in range(n):
         wait = left()
         if failed_at is not None:
             grace = failed_at + FAILURE_GRACE - time.monotonic()
@@ -205,11 +220,7 @@ def _run_on(
                 continue
         if failed_at is None:
             failed_at = time.monotonic()
-    if deaths:
-        raise SupervisionError(deaths, f"{script} failed: a rank's process died")
-    if failures:
-        raise ActorError(failures)
-    return next((codes[r] for r in sorted(codes) if codes[r] != 0), 0)
+    return codes, failures, deaths
 
 
 # -- command line ----------------------------------------------------------------------------------

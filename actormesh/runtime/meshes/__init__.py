@@ -16,24 +16,17 @@ modules (``tests/unit/test_faces.py``).
 """
 
 from .actor_mesh import ActorMesh, actor_key, new_actor_mesh
+from .arguments import message_readers, on_unsent, pickle_arguments
 from .collect import Collector, Gather
 from .display import value_cell
-from .endpoint import (
-    Endpoint,
-    as_endpoint,
-    message_readers,
-    no_values,
-    on_unsent,
-    pickle_arguments,
-    send,
-)
+from .endpoint import Endpoint, as_endpoint, no_values, send
+from .one_proc import one_proc_mesh
 from .ports import Accumulator, Channel, Port, PortReceiver
 from .proc_mesh import (
     ActorSpawn,
     MeshOwner,
     ProcMesh,
     new_proc_mesh,
-    one_proc_mesh,
     proc_table_of,
     subset,
     unrecorded,

@@ -7,7 +7,7 @@ import threading
 import weakref
 from typing import Any, Generic, TypeVar
 
-from ...errors import UnknownEndpointError
+from ...errors import MeshUsageError, UnknownEndpointError
 from ..actors import Future, completed_future
 from ..mesh_shape import MeshShape, NoPublicConstructor
 from ..messaging import current_node, node_if_started
@@ -226,3 +226,15 @@ def _release(procs: ProcTable, key: str) -> None:
             node.transport.release_actor(list(procs.addresses), key)
     except Exception:
         logger.debug("releasing the routes of actor mesh %s failed", key, exc_info=True)
+
+
+def refuse_hidden_endpoints(cls: type, endpoints: frozenset[str]) -> None:
+    """An endpoint named like an attribute of ``ActorMesh`` (``size``, ``slice``, ...) would be
+    unreachable: ``mesh.size`` finds the mesh's method first."""
+    hidden = sorted(n for n in endpoints if hasattr(ActorMesh, n))
+    if hidden:
+        raise MeshUsageError(
+            f"{cls.__qualname__} has endpoint {hidden[0]!r}, the name of an ActorMesh "
+            f"attribute (a mesh method): mesh.{hidden[0]} would reach the mesh, never the "
+            f"endpoint; rename it (taken: {', '.join(hidden)})"
+        )

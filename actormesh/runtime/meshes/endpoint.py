@@ -10,8 +10,6 @@ host, gathered by its agent: relay.py). A process that dies fails the collector 
 from __future__ import annotations
 
 import random
-import threading
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -27,10 +25,8 @@ from ...errors import (
 from ..actors import Future
 from ..faults import raise_pending
 from ..messaging import (
-    SIMPLE_TYPES,
     Port,
     current_node,
-    dumps,
     payload_digest,
     spawn_hint,
     thread_reply_inbox,
@@ -41,114 +37,16 @@ from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
+    from ..messaging import Node
     from ..shape import Shape
     from .proc_table import ProcTable
 
+from .arguments import pickle_arguments
 from .collect import Collector, Gather, GatherOne, Stream
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-
-
-class _Pickling(threading.local):
-    """What the arguments being pickled on this thread are for (``message_readers``)."""
-
-    to: tuple[ProcTable, tuple[int, ...]] | None = None
-    unsent: list[Callable[[], None]] | None = None
-
-
-_pickling = _Pickling()
-
-
-def message_readers() -> frozenset[bytes] | None:
-    """While this thread pickles the arguments of a call or a spawn: the mailboxes of the
-    processes that will unpickle them (one object each); else ``None``. An object that stands
-    for a value held on those processes (a MeshTensor) keeps it there until each has read it."""
-    to = _pickling.to
-    if to is None:
-        return None
-    procs, ranks = to
-    return frozenset(procs.addresses[r].mailbox for r in ranks)
-
-
-def on_unsent(callback: Callable[[], None]) -> None:
-    """Call ``callback`` if the arguments being pickled are not sent after all (pickling
-    another argument failed); nothing happens outside ``message_readers``'s window."""
-    if _pickling.unsent is not None:
-        _pickling.unsent.append(callback)
-
-
-def pickle_arguments(
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    what: str,
-    to: tuple[ProcTable, tuple[int, ...]] | None = None,
-) -> tuple[bytes, list[Any]]:
-    """Pickle call arguments, or raise what pickling raised, with a note (PEP 678) that says
-    which argument cannot be pickled (nothing is sent). The exception keeps its type, as
-    Monarch's does: code that catches pickle's ``TypeError`` keeps catching it. ``to``: the
-    processes (table and ranks) that will read them, for ``message_readers``."""
-    simple = _all_simple(args, kwargs)
-    if simple or to is None:
-        return _pickle(args, kwargs, what, simple)
-    before = _pickling.to, _pickling.unsent
-    unsent: list[Callable[[], None]] = []
-    _pickling.to, _pickling.unsent = to, unsent
-    try:
-        return _pickle(args, kwargs, what, simple)
-    except BaseException:
-        for callback in unsent:
-            callback()
-        raise
-    finally:
-        _pickling.to, _pickling.unsent = before
-
-
-def _pickle(
-    args: tuple[Any, ...], kwargs: dict[str, Any], what: str, simple: bool
-) -> tuple[bytes, list[Any]]:
-    try:
-        return dumps((args, kwargs), simple=simple)
-    except Exception as exc:
-        named = [(f"argument {i}", a) for i, a in enumerate(args)]
-        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-        for label, value in named:
-            try:
-                dumps(value)
-            except Exception as inner:
-                add_note(
-                    inner,
-                    f"{label} of {what} ({type(value).__module__}.{type(value).__qualname__}) "
-                    f"cannot be pickled, so it cannot be sent to an actor",
-                )
-                raise inner from None  # the failure of the whole tuple says the same again
-        add_note(exc, f"the arguments of {what} cannot be pickled")
-        raise
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (PEP 678), also on Python 3.10, which has only the attribute."""
-    notes = getattr(exc, "__notes__", None)
-    if not isinstance(notes, list):
-        notes = []
-        try:
-            exc.__notes__ = notes  # type: ignore[attr-defined]
-        except AttributeError:
-            return  # an exception type that refuses attributes keeps its message alone
-    notes.append(note)
-
-
-def _all_simple(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    simple = SIMPLE_TYPES
-    for a in args:
-        if type(a) not in simple:
-            return False
-    if kwargs:
-        for v in kwargs.values():
-            if type(v) not in simple:
-                return False
-    return True
 
 
 def _all_on(addresses: list[Any], ranks: tuple[int, ...], host: str) -> bool:
@@ -300,29 +198,13 @@ class Endpoint(Generic[P, R]):
         are made of it; tools use it with a collector of their own (the kernel's cells)."""
         raise_pending()
         procs = self._procs
-        if procs.closed:
-            raise MeshClosedError(
-                f"cannot call {self._what}: its proc mesh was stopped; {spawn_hint('a new one')}"
-            )
-        stopped = procs.stopped_actors.get(self._key) if procs.stopped_actors else None
-        if stopped and not stopped.isdisjoint(shape.ranks()):
-            raise MeshClosedError(f"cannot call {self._what}: its actor mesh was stopped")
+        if procs.closed or procs.stopped_actors:
+            self._refuse_if_stopped(shape)
         ranks = shape.ranks()
         payload, buffers = pickle_arguments(args, kwargs, self._what, (procs, ranks))
         node = current_node()
         transport = node.transport
-        reply: tuple[Any, ...] | None = None
-        if collector is not None:
-            inbox = None
-            if collector.read_by_waiter and _all_on(procs.addresses, ranks, transport.host_id):
-                inbox = thread_reply_inbox(node)  # replies read by this thread as it waits
-            if inbox is None:
-                port = collector.port = node.open_port(collector)
-                reply = (tuple(port.address), port.port_id)
-            else:
-                port = collector.port = node.open_port(collector, inbox.address)
-                # The repliers also learn this process's mailbox (see Node.in_order).
-                reply = (inbox.address_state, port.port_id, node.address.mailbox)
+        reply = None if collector is None else _reply_to(collector, node, procs, ranks)
         # Plain tuples pickle several times faster than the Shape and Port objects they stand for.
         state = self._state if shape is self._shape else shape_state(shape)
         envelope = (CALL, self._key, self._name, state, reply)
@@ -354,6 +236,32 @@ class Endpoint(Generic[P, R]):
             transport.send(dests[0], envelope, payload, buffers, digest)
         elif dests:
             transport.send_many(dests, envelope, payload, buffers, digest)
+
+    def _refuse_if_stopped(self, shape: Shape) -> None:
+        procs = self._procs
+        if procs.closed:
+            raise MeshClosedError(
+                f"cannot call {self._what}: its proc mesh was stopped; {spawn_hint('a new one')}"
+            )
+        stopped = procs.stopped_actors.get(self._key)
+        if stopped and not stopped.isdisjoint(shape.ranks()):
+            raise MeshClosedError(f"cannot call {self._what}: its actor mesh was stopped")
+
+
+def _reply_to(
+    collector: Collector[Any], node: Node, procs: ProcTable, ranks: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """Where the replies of a cast go: a port of this process for ``collector``, read by the
+    waiting thread itself (its reply inbox) when it waits and every rank is on this host."""
+    inbox = None
+    if collector.read_by_waiter and _all_on(procs.addresses, ranks, node.transport.host_id):
+        inbox = thread_reply_inbox(node)  # replies read by this thread as it waits
+    if inbox is None:
+        port = collector.port = node.open_port(collector)
+        return (tuple(port.address), port.port_id)
+    port = collector.port = node.open_port(collector, inbox.address)
+    # The repliers also learn this process's mailbox (see Node.in_order).
+    return (inbox.address_state, port.port_id, node.address.mailbox)
 
 
 class NotAnEndpoint:

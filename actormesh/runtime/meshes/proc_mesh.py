@@ -12,14 +12,12 @@ from ... import config
 from ...errors import MeshClosedError, MeshUsageError
 from ..actors import (
     Actor,
-    ActorRunner,
     Future,
     Owner,
     completed_future,
     current_runner,
     endpoint_names,
     plain_method_names,
-    proc_factory,
 )
 from ..faults import STOPPED_HINT, stopped
 from ..mesh_shape import MeshShape, NoPublicConstructor, view_shape
@@ -33,18 +31,18 @@ from ..messaging import (
     spawn_hint,
 )
 from ..messaging.protocol import INTERRUPT, SPAWN_ACTOR, STACKS, shape_state
-from ..shape import Shape, unchecked_shape
+from ..shape import Shape
 from . import relay
-from .actor_mesh import ActorMesh, new_actor_mesh
+from .actor_mesh import ActorMesh, new_actor_mesh, refuse_hidden_endpoints
+from .arguments import pickle_arguments
 from .collect import MISSING, Collector, Gather
-from .endpoint import no_values, pickle_arguments
-from .proc_table import ProcTable, live_table
+from .endpoint import no_values
+from .proc_table import ProcTable
 from .rank_table import rank_table
 from .tensor_seam import tensor_layer
 from .value_mesh import ValueMesh, new_value_mesh
 
 if TYPE_CHECKING:
-    from ..messaging import Address
     from ..procs import HostMesh  # the type users get from ProcMesh.host_mesh (see MeshOwner)
 
 A = TypeVar("A", bound=Actor)
@@ -173,7 +171,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
                 f"{spawn_hint('new procs with this_host().spawn_procs(...)')}"
             )
         endpoints = frozenset(endpoint_names(cls))
-        _refuse_hidden_endpoints(cls, endpoints)
+        refuse_hidden_endpoints(cls, endpoints)
         shape = self._shape
         to = (self._procs, shape.ranks())
         payload, buffers = pickle_arguments((cls, *args), kwargs, f"spawn of {name!r}", to)
@@ -327,26 +325,7 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
             raise MeshUsageError("metrics() is read in the process that spawned the mesh")
         else:
             log = local_log()  # this_proc(): what the controller logged itself
-        wanted = set(names)
-        shape = self._shape
-        labels = shape.labels
-        rows = []
-        for rank, name, value, step, t in list(log.rows):
-            if wanted and name not in wanted:
-                continue
-            index = shape.local_index(rank)
-            if index is None:
-                continue
-            row: dict[str, Any] = {"name": name, "value": value, "step": step, "time": t}
-            row["rank"] = index
-            row.update(zip(labels, shape.point(index).values(), strict=True))
-            rows.append(row)
-        try:
-            import pandas
-        except ImportError:
-            return rows
-        columns = ["name", "value", "step", "time", "rank", *labels]
-        return pandas.DataFrame(rows, columns=columns)
+        return log.table(self._shape, names)
 
     def logging_option(
         self,
@@ -377,42 +356,6 @@ class ProcMesh(MeshShape, metaclass=NoPublicConstructor):
         if self._record is None:
             raise MeshUsageError("only the process that spawned a proc mesh can stop it")
         return self._record.stop()
-
-
-def _refuse_hidden_endpoints(cls: type, endpoints: frozenset[str]) -> None:
-    """An endpoint named like an attribute of ``ActorMesh`` (``size``, ``slice``, ...) would be
-    unreachable: ``mesh.size`` finds the mesh's method first."""
-    hidden = sorted(n for n in endpoints if hasattr(ActorMesh, n))
-    if hidden:
-        raise MeshUsageError(
-            f"{cls.__qualname__} has endpoint {hidden[0]!r}, the name of an ActorMesh "
-            f"attribute (a mesh method): mesh.{hidden[0]} would reach the mesh, never the "
-            f"endpoint; rename it (taken: {', '.join(hidden)})"
-        )
-
-
-def _own_proc(runner: ActorRunner) -> ProcMesh:
-    """The process of ``runner`` as a one-proc mesh (``context().actor_instance.proc``), under
-    an id of its own (``this_proc()``'s is the same in every process)."""
-    node = runner.node
-    mesh_id = f"proc-{node.address.mailbox.hex()}"
-    label = node.mesh_id or "controller"
-    return one_proc_mesh(mesh_id, node.address, runner.proc_rank, label, live_table(mesh_id))
-
-
-def one_proc_mesh(
-    mesh_id: str, address: Address, rank: int, label: str, table: ProcTable | None = None
-) -> ProcMesh:
-    """The process at ``address``, rank ``rank`` of its proc mesh, as a one-proc mesh (on
-    ``table`` when one is known)."""
-    # Its one point is the process's own rank in its proc mesh (what its ActorHost accepts a
-    # spawn for); the table holds only that rank's address, at that index.
-    if table is None:
-        table = ProcTable(mesh_id, [address] * (rank + 1), [label] * (rank + 1))
-    return new_proc_mesh(table, unchecked_shape((), rank, (), ()), None)
-
-
-proc_factory[0] = _own_proc
 
 
 def new_proc_mesh(procs: ProcTable, shape: Shape, record: MeshOwner | None) -> ProcMesh:

@@ -31,6 +31,7 @@ from .address import Address, actor_address
 from .codec import Message, dumps, loads, new_id, new_key, payload_digest, read_key_file
 from .curve import curve_keys
 from .logs import TEE_MARK, LogSink, capture_output, flush_output, rank_label
+from .main_inbox import hand_back_replies, thread_reply_inbox, waiting_inbox
 from .metrics import MetricsLog, call_records, in_worker, local_log, log_metrics, start_outbox
 from .node import (
     FAILED_VALUE,
@@ -48,8 +49,8 @@ from .node import (
     spawn_hint,
 )
 from .plain_pickle import SIMPLE_TYPES
-from .reply_inbox import ReplyInbox, hand_back_replies, thread_reply_inbox, waiting_inbox
-from .run_dir import forget_shared_memory, make_run_dir
+from .reply_inbox import ReplyInbox
+from .run_dir import forget_shared_memory, make_run_dir, remove_segments
 from .shm_lane import SHM_DIR, NoRoom, map_reserved
 from .transport import Transport
 from .tunnel import TunnelEnds, open_tunnel
@@ -101,6 +102,7 @@ __all__ = [
     "port_of",
     "rank_label",
     "read_key_file",
+    "remove_segments",
     "reply_port",
     "sender_rank",
     "set_node",

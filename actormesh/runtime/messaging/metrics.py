@@ -21,13 +21,14 @@ from __future__ import annotations
 import numbers
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import MeshUsageError
 from .protocol import METRICS
 
 if TYPE_CHECKING:
+    from ..shape import Shape
     from .node import Node
 
 # One recorded value: (name, value, step or None, time.time()).
@@ -232,10 +233,35 @@ class MetricsLog:
         self._listeners.append(fn)
         return lambda: self._listeners.remove(fn) if fn in self._listeners else None
 
-
-# What the controller process itself logs (rank 0 of ``this_proc()``).
-_local = MetricsLog()
+    def table(self, shape: Shape, names: Sequence[str] = ()) -> Any:
+        """The rows of the ranks of ``shape`` (a view of the mesh), oldest first: one per
+        value, with ``name``, ``value``, ``step``, ``time``, ``rank`` (the flat rank in the
+        view) and one column per dimension; a pandas ``DataFrame`` when pandas is installed,
+        else a list of dicts (``ProcMesh.metrics``). ``names`` keeps only those metrics."""
+        wanted = set(names)
+        labels = shape.labels
+        rows = []
+        for rank, name, value, step, t in list(self.rows):
+            if wanted and name not in wanted:
+                continue
+            index = shape.local_index(rank)
+            if index is None:
+                continue
+            row: dict[str, Any] = {"name": name, "value": value, "step": step, "time": t}
+            row["rank"] = index
+            row.update(zip(labels, shape.point(index).values(), strict=True))
+            rows.append(row)
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        columns = ["name", "value", "step", "time", "rank", *labels]
+        return pandas.DataFrame(rows, columns=columns)
 
 
 def local_log() -> MetricsLog:
     return _local
+
+
+# What the controller process itself logs (rank 0 of ``this_proc()``).
+_local = MetricsLog()

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-# Nothing of the package at import time: scripts/write_envelopes.py loads this file alone.
+# Nothing of the package at import time: scripts/write_envelopes.py loads this file alone, and
+# writes envelopes.py from its table.
 if TYPE_CHECKING:
     from ..shape import Shape
 
@@ -203,29 +204,29 @@ _TABLE = [
     Kind(AGENT_READY, ("host_rank", "address", "hostname"), (AGENT,), (CONTROLLER,),
          "runtime.procs.controller:Controller.__init__", "A host agent is up and listening."),
     Kind(READY, ("mesh_id", "rank", "pid", "tcp_port?"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "A worker is up (``tcp_port``: the port it bound, when it listens on TCP)."),
     Kind(EXIT, ("mesh_id", "rank", "pid", "exitcode", "signal", "stderr_tail", "reason?"),
-         (AGENT,), (CONTROLLER,), "runtime.procs.controller:Controller.__init__",
+         (AGENT,), (CONTROLLER,), "runtime.procs.worker_reports:WorkerReports.__init__",
          "A worker ended; its agent says how, with the last lines of its stderr (and why, when "
          "it knows: ``reason``, e.g. its fork server died)."),
     Kind(LOG, ("mailbox", "label", "stream", "text"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Output a rank printed (sys.stdout/sys.stderr), labelled by rank."),
     Kind(FDLOG, ("mailbox", "label", "stream", "text"), (AGENT,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Output a rank wrote to its file descriptors 1/2 (C code, subprocesses), read by its "
          "agent."),
     Kind(UNHANDLED, ("mesh_id",), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "An actor failed where nobody was waiting (a broadcast): the payload is the failure, "
          "for the fault hook."),
     Kind(OWNED, ("mesh_id", "rank", "owner"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Rank ``rank`` of proc mesh ``mesh_id`` hosts an actor that the actor ``owner`` "
          "(ownership.Owner) spawned: if the rank is lost, that owner hears of it."),
     Kind(ACTOR_STOPPED, ("mesh_id", "rank", "key"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "The actor of mesh ``key`` on rank ``rank`` of proc mesh ``mesh_id`` was stopped "
          "(ActorMesh.stop, from any process): ``heal()`` does not bring it back."),
     Kind(SINGLETON, ("name", "reply"), (CONTROLLER, WORKER), (CONTROLLER,),
@@ -239,11 +240,11 @@ _TABLE = [
          "debugger.session:_install_handler",
          "A rank stopped in the debugger (``breakpoint()``, a breakpoint, a pause)."),
     Kind(METRICS, ("mesh_id", "rank", "calls"), (WORKER,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "Training metrics a rank logged (``log_metrics``), batched on the rank: calls are "
          "(step, time, names, values), one per call (``metrics.py``)."),
     Kind(RESOURCES, ("time", "samples"), (AGENT,), (CONTROLLER,),
-         "runtime.procs.controller:Controller.__init__",
+         "runtime.procs.worker_reports:WorkerReports.__init__",
          "A host agent's once-a-second sample of its workers: samples are (mesh_id, rank, cpu "
          "%, rss bytes, GPU memory bytes or None, GPU utilisation % or None) "
          "(``procs/sampling.py``)."),
@@ -283,80 +284,6 @@ def class_name(kind: Kind) -> str:
     """``SPAWN_ACTOR`` -> ``SpawnActorEnvelope``: the envelope class of a kind."""
     constant = next(k for k, v in globals().items() if k.isupper() and v == kind.name)
     return "".join(part.capitalize() for part in constant.split("_")) + "Envelope"
-
-
-def envelopes_source() -> str:
-    """The text of envelopes.py, from the table."""
-    import textwrap
-
-    out = [
-        '"""Every message kind\'s envelope by field name, generated from the table in',
-        "``protocol.py`` by ``scripts/write_envelopes.py``: do not edit.",
-        "",
-        "A handler reads ``CallEnvelope.of(msg).endpoint``, not ``msg.envelope[2]``; ``read`` does",
-        "the same for an envelope that is not (yet) a message (one a relay passes on): the",
-        "envelope's fields as the kind's ``NamedTuple``, optional trailing fields that it leaves",
-        'out as ``None``."""',
-        "",
-        "from __future__ import annotations",
-        "",
-        "from typing import TYPE_CHECKING, Any, NamedTuple",
-        "",
-        "if TYPE_CHECKING:",
-        "    from .codec import Message",
-        "",
-        "_new = tuple.__new__",
-        "_PADS = ((), (None,), (None, None), (None, None, None))  # for missing optional fields",
-    ]
-    for kind in _TABLE:
-        name = class_name(kind)
-        fields = [f.rstrip("?") for f in kind.fields]
-        optional = sum(f.endswith("?") for f in kind.fields)
-        size = len(fields) + 1
-        doc = textwrap.wrap(f"{kind.name!r}: {kind.doc}", 91)
-        out += ["", "", f"class {name}(NamedTuple):", f'    """{doc[0]}']
-        out += [f"    {line}" for line in doc[1:]]
-        out[-1] += '"""'
-        out += ["", "    kind: str"]
-        out += [f"    {f}: Any" for f in fields[: len(fields) - optional]]
-        out += [f"    {f}: Any = None" for f in fields[len(fields) - optional :]]
-        for method, arg, env in (("of", "msg: Message", "msg.envelope"),
-                                 ("read", "envelope: tuple[Any, ...]", "envelope")):  # fmt: skip
-            out += ["", "    @classmethod", f"    def {method}(cls, {arg}) -> {name}:"]
-            if optional:
-                out += [
-                    f"        env = {env}",
-                    f"        if len(env) < {size}:",
-                    f"            env += _PADS[{size} - len(env)]",
-                    "        return _new(cls, env)",
-                ]
-            else:
-                out += [f"        return _new(cls, {env})"]
-    to_port = [k.name for k in _TABLE if k.fields[:1] == ("port_id",)]
-    out += [
-        "",
-        "",
-        "def kind_of(envelope: tuple[Any, ...]) -> str:",
-        '    """The kind of an envelope that is not (yet) a message (one a relay passes on): its',
-        '    first field, in every kind (a message has it as ``Message.kind``)."""',
-        "    return envelope[0]  # type: ignore[no-any-return]",
-        "",
-        "",
-        "def port_id_of(msg: Message) -> Any:",
-        '    """The port a message goes to (Node.to_port): the first field of '
-        + ", ".join(to_port)
-        + '."""',
-        "    return msg.envelope[1]",
-    ]
-    return "\n".join(out) + "\n"
-
-
-def write_envelopes() -> None:
-    """Write envelopes.py from the table (``python scripts/write_envelopes.py``)."""
-    source = envelopes_source()
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "envelopes.py")
-    with open(path, "w") as f:
-        f.write(source)
 
 
 # -- field forms -----------------------------------------------------------------------------

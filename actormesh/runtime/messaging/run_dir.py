@@ -103,9 +103,17 @@ def _remove_shared_memory(path: str) -> None:
             continue
         if _running(int(pid)):
             continue
-        for name in glob.glob(f"/dev/shm/actormesh-{mailbox}-{pid}-*"):
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+        remove_segments(mailbox, int(pid))
+
+
+def remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
+    """The shared-memory files of a process (of every incarnation of its mailbox when ``pid``
+    is None): its TensorBuffers' and its message lane's slots (buffer_owner.py and shm_lane.py
+    name them)."""
+    pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
+    for name in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _running(pid: int) -> bool:

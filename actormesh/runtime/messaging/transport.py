@@ -3,20 +3,23 @@
 Socket ownership (ZeroMQ sockets are not thread-safe):
 - The *inbox* (a PULL socket bound on ``ipc://`` for this host and, when asked, ``tcp://`` for
   other hosts) is read only by the I/O thread.
-- An *outbox* (a PUSH socket connected to one destination) is written by whichever thread sends,
-  always under the transport's send lock. The lock is a full memory barrier, which is what
-  ZeroMQ asks for when a socket moves between threads, and it also makes "draw a sequence
-  number, then send" atomic, so per-sender FIFO order holds. One lock rather than one per
-  destination, because a cast to many receivers is signed once with one sequence number.
+- An *outbox* (a PUSH socket connected to one destination: ``outboxes.py``) is written by
+  whichever thread sends, always under the transport's send lock. The lock is a full memory
+  barrier, which is what ZeroMQ asks for when a socket moves between threads, and it also makes
+  "draw a sequence number, then send" atomic, so per-sender FIFO order holds. One lock rather
+  than one per destination, because a cast to many receivers is signed once with one sequence
+  number.
 - An actor's own inbox and a thread's reply inbox (``actor_inbox.py``, ``reply_inbox.py``) are
   read by their own threads, so calls and replies skip the I/O thread.
 - A thread's reply inbox is not a ZeroMQ socket but a unix datagram socket (``datagrams.py``):
   replies from processes of this host reach the waiting thread without waking an I/O thread
   on either side. A reply that cannot go as a datagram comes through the process inbox.
 
-The I/O thread (``io_loop.py``, which ``Transport`` is built on) never runs user code: it
-authenticates, decodes envelopes and dispatches to the handler, which must only do short work
-(complete a future, queue a message for an actor).
+``Transport`` is built on ``Outboxes`` (the outboxes, their routes and the one-way messages
+queued on them) and adds the inbox, the send paths (one destination, many, a reply inbox) and
+closing. The I/O thread (``io_loop.py``, under both) never runs user code: it authenticates,
+decodes envelopes and dispatches to the handler, which must only do short work (complete a
+future, queue a message for an actor).
 """
 
 from __future__ import annotations
@@ -24,20 +27,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
 from . import protocol
-from .address import DATAGRAM_SCHEME, Address, actor_address, local_host_id, process_of_inbox
-from .codec import Message, Signer, Verifier, new_id
+from .address import Address, local_host_id, process_of_inbox
+from .codec import Message, Verifier, new_id
 from .curve import CurveKeys
-from .datagrams import DatagramSender, path_of
+from .datagrams import DatagramSender
 from .envelopes import ReplyEnvelope
-from .io_loop import IoLoop
-from .open_files import files_short, make_room
+from .outboxes import Outboxes, zmq_send
 from .receive import receive
 from .run_dir import forget_shared_memory, note_shared_memory
 from .shm_lane import SendLane
@@ -45,11 +46,6 @@ from .shm_lane import SendLane
 logger = logging.getLogger(__name__)
 
 _DRAIN_BATCH = 512
-_SNDMORE = int(zmq.SNDMORE)
-_MAX_BATCH = 256
-# pyzmq's send without its Python wrapper (which only adds the routing_id and group options of
-# draft sockets): one Python frame less for every message sent.
-_zmq_send = zmq.backend.Socket.send
 
 
 def _all_here(dests: Sequence[Address], host: str) -> bool:
@@ -73,7 +69,7 @@ def _unattached(msg: Message) -> None:
     logger.warning("dropped a %r message: no node handles this transport's messages", msg.kind)
 
 
-class Transport(IoLoop):
+class Transport(Outboxes):
     """The inbox, the outboxes and the I/O thread of one process."""
 
     def __init__(
@@ -89,17 +85,10 @@ class Transport(IoLoop):
         curve: CurveKeys | None = None,
         shm_lane: bool = False,
     ) -> None:
-        super().__init__(f"actormesh-io-{name}")
-        self.ctx = zmq.Context()
+        super().__init__(name, key, host_id or local_host_id(), curve)
         self.key = key
         self.run_dir = run_dir
-        # Across hosts, tcp:// traffic may be encrypted (ipc:// never is: it stays on the host).
-        self._curve = curve
         self.mailbox = mailbox or new_id()
-        self.host_id = host_id or local_host_id()
-        # The sender id is new for every process incarnation (a healed rank reuses its mailbox,
-        # and receivers must not take its fresh sequence numbers for replays).
-        self._signer = Signer(key, new_id())
         self._verifier = Verifier(key, self.mailbox)
         # Large tensors to processes of this host go through shared memory (shm_lane.py).
         self._lane = SendLane(self.mailbox) if shm_lane else None
@@ -119,25 +108,12 @@ class Transport(IoLoop):
         if tcp_host is not None:
             tcp = self._bind_tcp(tcp_host, tcp_port)
         self.address = Address(self.host_id, ipc, tcp, self.mailbox)
-        self._outboxes: dict[str, zmq.Socket[Any]] = {}
-        # dest -> (endpoint, outbox), so a send skips working out the endpoint. An entry may
-        # hold a socket closed since (it is then dropped and looked up again, under the lock).
-        self._outbox_of: dict[Address, tuple[str, zmq.Socket[Any] | None]] = {}
-        self._send_lock = threading.Lock()
         self._datagrams = DatagramSender()  # replies to reply inboxes of this host
         # reply inbox's path -> sequence number of the last datagram sent to it
         self._last_datagram: dict[str, int] = {}
-        # receiver's mailbox -> sequence number of the last message sent to it (see last_seq_to)
-        self._last_seq: dict[bytes, int] = {}
         # Called on the I/O thread after each message off the process inbox is handled.
         self.on_handled: Callable[[Message], None] | None = None
-        # One-way messages waiting to go, per endpoint (guarded by that endpoint's lock).
-        self._batches: dict[str, tuple[bytes, list[tuple[tuple[Any, ...], bytes]]]] = {}
-        self._outbox_lock = threading.Lock()
-        self._actor_routes: dict[tuple[Address, str], Address] = {}
-        self._released: deque[tuple[Sequence[Address], str]] = deque()  # see release_actor
         self.add_reader(self._inbox, self._drain)
-        self._closed = False
         self._closing = False
         self._closers: list[Callable[[], None]] = []  # see on_close
 
@@ -234,14 +210,14 @@ class Transport(IoLoop):
                 with self._send_lock:
                     if sock.closed:
                         self._outbox_of.pop(dest, None)
-                        continue  # closed since: see the note after send_one_way
+                        continue  # closed since: see outboxes.py
                     if self._batches:  # earlier one-way messages first (causal order)
                         self._send_batches()
                     frames = self._signer.frames(
                         dest.mailbox, envelope, payload, buffers, digest, lane
                     )
                     if len(frames) == 1:
-                        _zmq_send(sock, frames[0])
+                        zmq_send(sock, frames[0])
                     else:
                         self._send_frames(sock, frames)
                     self._last_seq[dest.mailbox] = self._signer.last_seq
@@ -343,7 +319,7 @@ class Transport(IoLoop):
                 if closed:
                     for dest in closed:
                         known.pop(dest, None)
-                    continue  # closed since: see the note after send_one_way
+                    continue  # closed since: see outboxes.py
                 if self._batches:  # earlier one-way messages first (causal order)
                     self._send_batches()
                 mailboxes = [dest.mailbox for dest in dests]
@@ -352,10 +328,10 @@ class Transport(IoLoop):
                     frame = frames[0]
                     if lane is None:
                         for _, sock in routes:
-                            _zmq_send(sock, frame)
+                            zmq_send(sock, frame)
                     else:  # each receiver not reached must not hold the slot (send_many)
                         for _, sock in routes:
-                            _zmq_send(sock, frame)
+                            zmq_send(sock, frame)
                             sent[0] += 1
                 else:
                     for _, sock in routes:
@@ -364,192 +340,6 @@ class Transport(IoLoop):
                 for mailbox in mailboxes:
                     self._last_seq[mailbox] = seq
                 return
-
-    def _remember_outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any] | None]:
-        """The (endpoint, outbox) of ``dest``, kept for the next sends to it; for a reply
-        inbox, sent datagrams, (its socket's path, no outbox)."""
-        route: tuple[str, zmq.Socket[Any] | None]
-        if dest.ipc is not None and dest.ipc.startswith(DATAGRAM_SCHEME):
-            if dest.host != self.host_id:
-                raise ConnectionError(f"reply inbox {dest.ipc} is on another host")
-            route = (path_of(dest.ipc), None)
-        else:
-            route = self._outbox(dest)
-        if len(self._outbox_of) > 65536:
-            self._outbox_of.clear()
-        self._outbox_of[dest] = route
-        return route
-
-    def send_one_way(self, dest: Address, envelope: tuple[Any, ...], payload: bytes) -> None:
-        """Send a message nobody answers (a broadcast), possibly batched with the next ones.
-
-        Back-to-back one-way messages to one process travel as one signed ZeroMQ message:
-        the I/O thread sends what has accumulated as soon as it gets to it, and any other send
-        of this process (to any process) sends the batches first, so per-sender order is kept,
-        and so is causal order: what this message makes happen elsewhere cannot reach a
-        receiver of the batch before the batch does.
-        """
-        if protocol.CHECK:
-            protocol.check_envelope(envelope)
-        while True:
-            endpoint, sock = self._outbox(dest)
-            with self._send_lock:
-                if sock.closed:
-                    continue  # closed since: see the note after send_one_way
-                pending = self._batches.get(endpoint)
-                if pending is not None:
-                    pending[1].append((envelope, payload))
-                    if len(pending[1]) >= _MAX_BATCH:
-                        self._send_batch(sock, endpoint)
-                    return
-                self._batches[endpoint] = (dest.mailbox, [(envelope, payload)])
-                break
-        self.call_soon(lambda: self._flush(endpoint))
-
-    # An outbox is taken before the send lock, and may be closed in between (its
-    # process died, or no handle on its actor mesh is left here): the send starts again, with
-    # a new one. Closing happens under the send lock, so what is checked under it holds.
-
-    def _flush(self, endpoint: str) -> None:
-        with self._send_lock:
-            sock = self._outboxes.get(endpoint)
-            if sock is None:
-                self._batches.pop(endpoint, None)
-            elif endpoint in self._batches:
-                self._send_batch(sock, endpoint)
-
-    def _send_batches(self) -> None:
-        # Caller holds the send lock. Every batch, not only one to the same process: a message
-        # to anyone may start a chain (a call to an actor that calls the batch's receiver) that
-        # must not overtake what this process sent before it (Monarch's causal order).
-        for endpoint in list(self._batches):
-            sock = self._outboxes.get(endpoint)
-            if sock is None:
-                self._batches.pop(endpoint, None)
-            else:
-                self._send_batch(sock, endpoint)
-
-    def _send_batch(self, sock: zmq.Socket[Any], endpoint: str) -> None:
-        # Caller holds the send lock.
-        mailbox, items = self._batches.pop(endpoint)
-        if len(items) == 1:
-            envelope, payload = items[0]
-        else:
-            envelope, payload = (protocol.BATCH, items), b""
-        self._send_frames(sock, self._signer.frames(mailbox, envelope, payload))
-        self._last_seq[mailbox] = self._signer.last_seq
-
-    @staticmethod
-    def _send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
-        # Small frames are cheaper copied; only bulk buffers go zero-copy.
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            flags = 0 if i == last else _SNDMORE
-            if i == 0:
-                _zmq_send(sock, frame, flags)
-            else:
-                _zmq_send(sock, frame, flags, False)
-
-    def last_seq_to(self, mailbox: bytes) -> int:
-        """The sequence number of the last message this process sent to ``mailbox`` (0: none).
-
-        A reply that travels by another socket than earlier messages to the caller's process
-        carries it, so the caller handles those messages first (see ``Node.in_order``).
-        """
-        if not self._batches:
-            # Every message this thread sent is recorded; one that another thread is sending
-            # now is not ordered before this reply either way.
-            return self._last_seq.get(mailbox, 0)
-        with self._send_lock:
-            for endpoint, (to, _) in list(self._batches.items()):
-                if to == mailbox:  # queued one-way messages go first
-                    self._send_batch(self._outboxes[endpoint], endpoint)
-            return self._last_seq.get(mailbox, 0)
-
-    def route_to_actor(self, proc: Address, key: str) -> Address:
-        """Where to send calls for actor ``key`` living in ``proc``: its own inbox when it is on
-        this host, else the process inbox (whose I/O thread hands them over).
-
-        For one sender and one actor the answer never changes, so per-sender FIFO holds.
-        """
-        route = self._actor_routes.get((proc, key))
-        if route is None:
-            direct = actor_address(proc, key) if proc.host == self.host_id else None
-            if len(self._actor_routes) > 65536:  # meshes come and go in a long notebook
-                self._actor_routes.clear()
-            route = self._actor_routes[(proc, key)] = direct or proc
-        return route
-
-    def release_actor(self, procs: Sequence[Address], key: str) -> None:
-        """No handle on actor mesh ``key`` is left here: close the outboxes straight to its
-        actors in ``procs``. Any thread, even one in the middle of a send (the garbage
-        collector calls it): the I/O thread does it, or the next connection short of files."""
-        self._released.append((procs, key))
-        self.call_soon(self._forget_released)
-
-    def _forget_released(self) -> None:
-        while self._released:
-            procs, key = self._released.popleft()
-            self._forget_actor(procs, key)
-
-    def _forget_actor(self, procs: Sequence[Address], key: str) -> None:
-        # Unlike ``forget``, what was sent still goes: the socket lingers.
-        for proc in procs:
-            route = self._actor_routes.pop((proc, key), None)
-            if route is None or route is proc:
-                continue
-            endpoint = route.endpoint_from(self.host_id)
-            with self._outbox_lock, self._send_lock:
-                sock = self._outboxes.pop(endpoint, None)
-                if sock is not None:
-                    if endpoint in self._batches:
-                        self._send_batch(sock, endpoint)
-                    sock.close()
-
-    def _outbox(self, dest: Address) -> tuple[str, zmq.Socket[Any]]:
-        endpoint = dest.endpoint_from(self.host_id)
-        sock = self._outboxes.get(endpoint)
-        if sock is None:
-            sock = self._connect(endpoint)
-        return endpoint, sock
-
-    def _connect(self, endpoint: str) -> zmq.Socket[Any]:
-        if endpoint not in self._outboxes and files_short() is not None:
-            make_room(endpoint, self._forget_released)
-        with self._outbox_lock:
-            existing = self._outboxes.get(endpoint)
-            if existing is None:
-                if self._closed:
-                    raise ConnectionError("transport is closed")
-                sock = self.ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 2000)
-                sock.setsockopt(zmq.SNDHWM, 10000)
-                # An actor's own inbox is bound when its spawn arrives, which can be just after
-                # the first call to it connects: retry soon, then back off.
-                sock.setsockopt(zmq.RECONNECT_IVL, 2)
-                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
-                if self._curve is not None and endpoint.startswith("tcp://"):
-                    sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
-                    sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
-                    sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.client_secret)
-                sock.connect(endpoint)
-                self._outboxes[endpoint] = existing = sock
-            return existing
-
-    def forget(self, dest: Address) -> None:
-        """Close the outboxes to a process that is gone and to its actors (queued messages are
-        dropped: a healed rank must not receive calls meant for its previous incarnation)."""
-        routes = [route for (proc, _), route in list(self._actor_routes.items()) if proc == dest]
-        for address in (dest, *routes):
-            try:
-                endpoint = address.endpoint_from(self.host_id)
-            except ConnectionError:
-                continue
-            with self._outbox_lock, self._send_lock:
-                sock = self._outboxes.pop(endpoint, None)
-                self._batches.pop(endpoint, None)
-                if sock is not None:
-                    sock.close(linger=0)
 
     def on_close(self, close: Callable[[], None]) -> None:
         """Run ``close`` (safe from any thread) when the transport closes, however the process

@@ -7,12 +7,9 @@ first use; host agents report process starts and exits here, and workers send th
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +23,6 @@ from ...errors import (
     SupervisionError,
 )
 from ..actors import ActorHost, Future, completed_future, failed_future, set_exception, set_result
-from ..faults import failure_of_broadcast, unhandled_fault_hook
 from ..messaging import (
     SHUT_DOWN,
     Address,
@@ -34,42 +30,24 @@ from ..messaging import (
     Message,
     Node,
     Transport,
-    call_records,
     make_run_dir,
     new_key,
     node_if_started,
     set_node_factory,
 )
 from ..messaging.envelopes import (
-    ActorStoppedEnvelope,
     AgentReadyEnvelope,
-    ExitEnvelope,
-    LogEnvelope,
-    MetricsEnvelope,
-    OwnedEnvelope,
-    ReadyEnvelope,
-    ResourcesEnvelope,
-    UnhandledEnvelope,
 )
 from ..messaging.protocol import (
-    ACTOR_STOPPED,
     AGENT_READY,
     DIED,
-    EXIT,
-    FDLOG,
-    LOG,
-    METRICS,
     MOVED,
-    OWNED,
-    READY,
-    RESOURCES,
-    UNHANDLED,
 )
-from .agent_handle import AgentHandle
+from .agent_handle import AgentHandle, send_start_up, start_local_agent
 from .mesh_record import MeshRecord
 from .osutil import raise_fd_limit
-from .sampling import Sample
 from .tensorboard import TensorBoardExport
+from .worker_reports import WorkerReports
 
 logger = logging.getLogger(__name__)
 
@@ -107,18 +85,9 @@ class Controller:
         self.find_spare: Callable[[], AgentHandle | None] | None = None
         self._local_agent: AgentHandle | None = None
         self._lock = threading.Lock()
-        register = self.node.register
-        register(AGENT_READY, self._on_agent_ready)
-        register(READY, self._on_ready)
-        register(EXIT, self._on_exit)
-        register(LOG, self._on_log)
-        register(FDLOG, self._on_log)
-        register(UNHANDLED, self._on_unhandled)
-        register(OWNED, self._on_owned)
-        register(ACTOR_STOPPED, self._on_actor_stopped)
-        register(METRICS, self._on_metrics)
-        register(RESOURCES, self._on_resources)
         self.tensorboard = TensorBoardExport.from_environment()
+        self.node.register(AGENT_READY, self._on_agent_ready)
+        WorkerReports(self.node, self.meshes, self.logs, self.stopped_ids, self.tensorboard)
         if existing is None:
             self.node.start()
         self._closed = False
@@ -144,39 +113,15 @@ class Controller:
             return agent
 
     def _start_local_agent(self) -> AgentHandle:
-        r, w = os.pipe()
-        # The agent holds the write end of `watch` and never writes: end-of-file on our side
-        # means the agent is gone (killed), and so are its workers.
-        watch_r, watch_w = os.pipe()
-        env = dict(os.environ)
-        env.pop("ACTORMESH_KEY", None)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "actormesh.runtime.procs.host_agent", "--lifeline-fd", str(r)],
-            pass_fds=(r, watch_w),
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(r)
-        os.close(watch_w)
-        handle = AgentHandle(len(self.agents), proc, w)
+        handle, watch_r = start_local_agent(len(self.agents))
         self.agents.append(handle)
         transport = self.node.transport
         transport.call_soon(
             lambda: transport.add_reader(watch_r, lambda: self._on_agent_eof(handle, watch_r))
         )
-        init = {
-            "key": self.key.hex(),
-            "controller": _address_to_json(self.node.address),
-            "run_dir": self.run_dir,
-            "host_rank": handle.host_rank,
-            "preload": config.PRELOAD,
-            "start_method": config.START_METHOD,
-            "worker_sched": config.WORKER_SCHED,
-            "controller_pid": os.getpid(),
-            # Removed by the agent if we are killed; not when we only borrow a worker's.
-            "owns_run_dir": self.node.role == "controller",
-        }
-        os.write(w, (json.dumps(init) + "\n").encode())
+        # Removed by the agent if we are killed; not when we only borrow a worker's.
+        owns = self.node.role == "controller"
+        send_start_up(handle, self.key, self.node.address, self.run_dir, owns)
         return handle
 
     def _on_agent_eof(self, agent: AgentHandle, fd: int) -> None:
@@ -252,33 +197,6 @@ class Controller:
         while meshes come and go on the I/O thread)."""
         return [r for r in list(self.meshes.values()) if not (r.stopping or r.table.closed)]
 
-    def _on_ready(self, msg: Message) -> None:
-        ready = ReadyEnvelope.of(msg)
-        rank = ready.rank
-        record = self.meshes.get(ready.mesh_id)
-        if record is not None:
-            if ready.tcp_port is not None:  # a worker on another host: known only now
-                addresses = record.table.addresses
-                addresses[rank] = addresses[rank]._replace(tcp=ready.tcp_port)
-            record.on_ready(rank, ready.pid)
-
-    def _on_exit(self, msg: Message) -> None:
-        ended = ExitEnvelope.of(msg)
-        record = self.meshes.get(ended.mesh_id)
-        if record is None:
-            return
-        address = record.table.addresses[ended.rank]
-        death = ProcDeath(
-            rank=record.table.labels[ended.rank],
-            host=address.host,
-            pid=ended.pid,
-            exitcode=ended.exitcode,
-            signal=ended.signal,
-            stderr_tail=tuple(ended.stderr_tail) or self.logs.stderr_tail(address.mailbox),
-            reason="mesh stopped" if record.stopping else (ended.reason or ""),
-        )
-        record.on_exit(ended.rank, death)
-
     def notify_death(self, record: MeshRecord, address: Address, death: ProcDeath) -> None:
         """Tell every other live worker (their pending calls to it must fail too)."""
         self.broadcast_to_workers((DIED, address.mailbox, death))
@@ -310,60 +228,6 @@ class Controller:
             for rank in sorted(rec.moved):
                 relay = table.relays[rank] if table.relays is not None else None
                 self.node.send(address, (MOVED, table.mesh_id, rank, table.addresses[rank], relay))
-
-    def _on_log(self, msg: Message) -> None:
-        # "log" comes from a worker's sys.stdout/stderr, "fdlog" from its file descriptors
-        # (through the agent); both carry the worker's mailbox, which keys its stderr tail.
-        log = LogEnvelope.of(msg)  # an FDLOG has the same fields
-        self.logs.write(log.mailbox, log.label, log.stream, log.text)
-
-    def _on_metrics(self, msg: Message) -> None:
-        logged = MetricsEnvelope.of(msg)
-        record = self.meshes.get(logged.mesh_id)
-        if record is not None:
-            records = call_records(logged.calls)
-            record.metrics.add(logged.rank, records)
-            if self.tensorboard is not None:
-                label = record.table.labels[logged.rank]
-                self.tensorboard.write(logged.mesh_id, label, records)
-
-    def _on_resources(self, msg: Message) -> None:
-        sampled = ResourcesEnvelope.of(msg)
-        meshes = self.meshes
-        for mesh_id, rank, *reading in sampled.samples:
-            record = meshes.get(mesh_id)
-            if record is not None:
-                record.resources.add(rank, Sample(sampled.time, *reading))
-
-    def _on_owned(self, msg: Message) -> None:
-        owned = OwnedEnvelope.of(msg)
-        record = self.meshes.get(owned.mesh_id)
-        if record is not None:
-            record.on_owned(owned.rank, owned.owner)
-
-    def _on_actor_stopped(self, msg: Message) -> None:
-        stopped = ActorStoppedEnvelope.of(msg)
-        record = self.meshes.get(stopped.mesh_id)
-        if record is not None:
-            record.table.stopped_actors.setdefault(stopped.key, set()).add(stopped.rank)
-
-    def _on_unhandled(self, msg: Message) -> None:
-        """A broadcast raised, or an owner actor escalated a failure it did not handle."""
-        mesh_id = UnhandledEnvelope.of(msg).mesh_id
-        try:
-            failure = failure_of_broadcast(msg.value())
-        except Exception:
-            logger.exception("an unhandled failure report could not be read")
-            return
-        record = self.meshes.get(mesh_id) if mesh_id else None
-        if mesh_id in self.stopped_ids:
-            # A rank that is being stopped lost what it owned (its own meshes go with it):
-            # the stop's doing, not a failure to report.
-            logger.info("a stopping rank of %s reported: %s", mesh_id, failure)
-        elif record is not None:
-            record.report_unhandled(failure)
-        else:
-            unhandled_fault_hook(failure)
 
     # -- shutdown --------------------------------------------------------------------------------
 
@@ -403,14 +267,6 @@ def job_key() -> bytes:
     from ..messaging import read_key_file
 
     return read_key_file(path)
-
-
-def _address_to_json(a: Address) -> list[Any]:
-    return [a.host, a.ipc, a.tcp, a.mailbox.hex()]
-
-
-def address_from_json(v: list[Any]) -> Address:
-    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
 
 
 _controller: Controller | None = None

@@ -25,6 +25,7 @@ import sys
 import threading
 from typing import Any
 
+from ..extent import Extent, Point
 from ..faults import STOPPED_HINT, stopped
 from ..messaging import (
     Address,
@@ -34,6 +35,7 @@ from ..messaging import (
     TunnelEnds,
     dumps,
     forget_shared_memory,
+    remove_segments,
     set_node,
 )
 from ..messaging.envelopes import DumpEnvelope, ReapEnvelope, SignalEnvelope, SpawnProcsEnvelope
@@ -48,7 +50,15 @@ from ..messaging.protocol import (
     SPAWN_PROCS,
     ReplyTo,
 )
-from .osutil import GOODBYE, describe_status, exit_if_orphaned, raise_fd_limit, visible_gpus
+from .agent_handle import address_from_json
+from .osutil import (
+    GOODBYE,
+    describe_status,
+    exit_if_orphaned,
+    kill_quietly,
+    raise_fd_limit,
+    visible_gpus,
+)
 from .sampling import ResourceSampler
 from .worker_output import Worker, WorkerOutput
 from .zygote import FD_ENV
@@ -56,15 +66,11 @@ from .zygote import FD_ENV
 logger = logging.getLogger(__name__)
 
 
-def _address(v: list[Any]) -> Address:
-    return Address(v[0], v[1], v[2], bytes.fromhex(v[3]))
-
-
 class Agent:
     def __init__(self, node: Node, init: dict[str, Any]) -> None:
         self.node = node
         self.init = init
-        self.controller = _address(init["controller"])
+        self.controller = address_from_json(init["controller"])
         self.workers: dict[int, Worker] = {}  # by pid
         self.by_fork_id: dict[int, Worker] = {}
         self.next_fork_id = 0
@@ -143,7 +149,7 @@ class Agent:
         )
         sigkill = int(signal.SIGKILL)  # a wait status: what their parent-death signal is
         for w in [w for w in self.workers.values() if w.popen is None]:
-            _kill(w.pid, signal.SIGKILL)
+            kill_quietly(w.pid, signal.SIGKILL)
             self._on_worker_exit(w.pid, sigkill, "its fork server died")
         for fork_id, w in list(self.by_fork_id.items()):  # forks it never answered
             del self.by_fork_id[fork_id]
@@ -187,7 +193,7 @@ class Agent:
         gpus = visible_gpus()
         if "gpus" not in labels or not gpus:
             return {}
-        point_index = _coords(spec["rank"], spec["extent"])["gpus"]
+        point_index = Point(spec["rank"], Extent(*spec["extent"]))["gpus"]
         return {"CUDA_VISIBLE_DEVICES": gpus[point_index % len(gpus)]}
 
     def _popen(self, spec: dict[str, Any], worker: Worker) -> None:
@@ -224,7 +230,7 @@ class Agent:
         def kill_leftovers() -> None:
             for w in list(self.workers.values()):
                 if w.mesh_id == mesh_id and w.exit_status is None:
-                    _kill(w.pid, signal.SIGKILL)
+                    kill_quietly(w.pid, signal.SIGKILL)
 
         self.node.transport.call_later(reap.grace, kill_leftovers)
 
@@ -233,7 +239,7 @@ class Agent:
         ranks = sent.ranks
         for w in self.workers.values():
             if w.mesh_id == sent.mesh_id and (ranks is None or w.rank in ranks):
-                _kill(w.pid, sent.signum)
+                kill_quietly(w.pid, sent.signum)
 
     def _on_dump(self, msg: Message) -> None:
         """Stacks of a worker whose message thread cannot answer (the GIL is held in C code):
@@ -251,7 +257,7 @@ class Agent:
             self.node.send(Address(*to.address), (REPLY, to.port_id, index, 0), payload, buffers)
             return
         worker.capture = []
-        _kill(worker.pid, signal.SIGUSR1)
+        kill_quietly(worker.pid, signal.SIGUSR1)
 
         def answer() -> None:
             captured = b"".join(worker.capture or [])
@@ -281,7 +287,7 @@ class Agent:
         # What it leaves behind dies with it: its shared memory (TensorBuffers, lane slots),
         # and its sockets' files (its inbox and its actors' own, named after it: see
         # actor_address), which ZeroMQ leaves when a process ends without closing them.
-        _remove_segments(worker.mailbox.hex(), pid)
+        remove_segments(worker.mailbox.hex(), pid)
         forget_shared_memory(self.init["run_dir"], worker.mailbox.hex(), pid)
         if worker.ipc:
             for name in (worker.ipc, *glob.glob(glob.escape(worker.ipc) + ".*")):
@@ -307,47 +313,20 @@ class Agent:
         the shared memory of every process of this host and, when it made it, the run
         directory."""
         for w in [*self.workers.values(), *self.by_fork_id.values()]:
-            _remove_segments(w.mailbox.hex())
-        _remove_segments(self.controller.mailbox.hex(), self.init["controller_pid"])
+            remove_segments(w.mailbox.hex())
+        remove_segments(self.controller.mailbox.hex(), self.init["controller_pid"])
         if self.init.get("owns_run_dir"):
             shutil.rmtree(self.init["run_dir"], ignore_errors=True)
 
     def kill_all(self) -> None:
         for w in list(self.workers.values()):
-            _kill(w.pid, signal.SIGKILL)
+            kill_quietly(w.pid, signal.SIGKILL)
         for w in list(self.by_fork_id.values()):
             if w.pid:
-                _kill(w.pid, signal.SIGKILL)
+                kill_quietly(w.pid, signal.SIGKILL)
         if self.zygote is not None and self.zygote.poll() is None:
             self.zygote.kill()
             self.zygote.wait(5)
-
-
-def _remove_segments(mailbox_hex: str, pid: int | None = None) -> None:
-    """The shared-memory files of a process: its TensorBuffers' and its message lane's slots
-    (buffer_owner.py and shm_lane.py name them)."""
-    pattern = f"/dev/shm/actormesh-{mailbox_hex}-{pid if pid is not None else '*'}-*"
-    for name in glob.glob(pattern):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
-
-
-def _kill(pid: int, sig: int) -> None:
-    if pid <= 0:
-        return
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _coords(rank: int, extent: list[list[Any]]) -> dict[str, int]:
-    labels, sizes = extent
-    coords: dict[str, int] = {}
-    for label, size in reversed(list(zip(labels, sizes, strict=True))):
-        coords[label] = rank % size
-        rank //= size
-    return coords
 
 
 def _read_init(fd: int) -> tuple[dict[str, Any], bytes]:

@@ -19,7 +19,8 @@ from ..messaging import Address, new_id, rank_label
 from ..shape import Shape
 from .agent_handle import AgentHandle
 from .controller import Controller, get_controller
-from .mesh_record import MeshRecord, SpawnRequest
+from .mesh_record import MeshRecord
+from .spawn_request import SpawnRequest
 
 _names_taken: set[str] = set()
 _names_lock = threading.Lock()
@@ -141,10 +142,7 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         if bootstrap is not None and not callable(bootstrap):
             raise MeshTypeError(f"bootstrap must be a callable, got {bootstrap!r}")
         per_host = self._procs_per_host(per_host)
-        if env is not None and not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise MeshUsageError("env must map str to str")
+        request_env = _spawn_env(env)
         host_extent = self._shape.extent
         extent = Extent(
             list(host_extent.labels) + list(per_host),
@@ -152,38 +150,11 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         )
         per = Extent(list(per_host), list(per_host.values())).nelem
         self._ctl.raise_if_shut_down()
-        agents = [self._agents[r] for r in self._shape.ranks()]
-        for agent in agents:
-            agent.ready.get(timeout=config.SPAWN_TIMEOUT)
-            if agent.dead:
-                again = "call this_host() again" if agent.run_dir is None else "get new hosts"
-                raise SupervisionError(
-                    [], f"the host agent of {agent.name} in this host mesh died; {again}"
-                )
+        agents = self._ready_agents()
         ctl = self._ctl
-        mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
         shape = Shape.from_extent(extent)
-        addresses: list[Address] = []
-        labels: list[str] = []
-        # Casts from other hosts reach a remote host's ranks through its agent (relay.py).
-        relays: list[Address | None] = []
-        for rank in range(len(shape)):
-            agent = agents[rank // per]
-            assert agent.address is not None
-            run_dir = agent.run_dir or ctl.run_dir
-            addresses.append(
-                Address(agent.address.host, f"ipc://{run_dir}/{mesh_id}-{rank}", None, new_id())
-            )
-            labels.append(rank_label(shape.point(rank)))
-            relays.append(agent.address if agent.run_dir is not None else None)
-        table = ProcTable(
-            mesh_id, addresses, labels, relays if any(relays) else None, _unique_name(name)
-        )
-        spawn_env = dict(env or {})
-        hook = os.environ.get("PYTHONBREAKPOINT")
-        if hook:  # breakpoint() on ranks of other hosts too (the debugger sets it)
-            spawn_env.setdefault("PYTHONBREAKPOINT", hook)
-        request = SpawnRequest(os.getcwd(), list(sys.path), spawn_env, extent)
+        table = _proc_table(ctl.run_dir, agents, shape, per, name)
+        request = SpawnRequest(os.getcwd(), list(sys.path), request_env, extent)
         record = MeshRecord(ctl, table, agents, per, request)
         ctl.register(record)
         record.spawn_ranks(list(range(len(shape))))
@@ -196,13 +167,68 @@ class HostMesh(MeshShape, metaclass=NoPublicConstructor):
         self._spawned.append(record)
         procs = new_proc_mesh(table, shape, record)
         if bootstrap is not None:
-            # The first actor of every process: the ones spawned after it wait for it there.
-            boot: ActorMesh[Any] = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap)
-            booted = boot.initialized
-            initialized: Future[bool] = Future(lambda: f"the bootstrap of {mesh_id} to run")
-            booted.add_done_callback(lambda f: settle(f, initialized, True))
-            record.initialized = initialized
+            record.initialized = _bootstrap(procs, bootstrap, table.mesh_id)
         return procs
+
+    def _ready_agents(self) -> list[AgentHandle]:
+        """The agents of this mesh's hosts, once each is up (raises for one that died)."""
+        agents = [self._agents[r] for r in self._shape.ranks()]
+        for agent in agents:
+            agent.ready.get(timeout=config.SPAWN_TIMEOUT)
+            if agent.dead:
+                again = "call this_host() again" if agent.run_dir is None else "get new hosts"
+                raise SupervisionError(
+                    [], f"the host agent of {agent.name} in this host mesh died; {again}"
+                )
+        return agents
+
+
+def _spawn_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """What every process of a new proc mesh adds to its environment: ``env`` (checked), and
+    this process's ``PYTHONBREAKPOINT``, so that ``breakpoint()`` works on ranks of other hosts
+    too (the debugger sets it)."""
+    if env is not None and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise MeshUsageError("env must map str to str")
+    spawn_env = dict(env or {})
+    hook = os.environ.get("PYTHONBREAKPOINT")
+    if hook:
+        spawn_env.setdefault("PYTHONBREAKPOINT", hook)
+    return spawn_env
+
+
+def _proc_table(
+    run_dir: str, agents: list[AgentHandle], shape: Shape, per: int, name: str
+) -> ProcTable:
+    """Where each rank of a new proc mesh of ``shape`` will live (``per`` ranks per host, in
+    its agent's run directory, or the controller's ``run_dir``), under a new mesh id."""
+    mesh_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    addresses: list[Address] = []
+    labels: list[str] = []
+    # Casts from other hosts reach a remote host's ranks through its agent (relay.py).
+    relays: list[Address | None] = []
+    for rank in range(len(shape)):
+        agent = agents[rank // per]
+        assert agent.address is not None
+        where = agent.run_dir or run_dir
+        addresses.append(
+            Address(agent.address.host, f"ipc://{where}/{mesh_id}-{rank}", None, new_id())
+        )
+        labels.append(rank_label(shape.point(rank)))
+        relays.append(agent.address if agent.run_dir is not None else None)
+    return ProcTable(
+        mesh_id, addresses, labels, relays if any(relays) else None, _unique_name(name)
+    )
+
+
+def _bootstrap(procs: ProcMesh, bootstrap: Callable[[], object], mesh_id: str) -> Future[bool]:
+    """Run ``bootstrap`` as the first actor of every process of ``procs`` (the ones spawned
+    after it wait for it there): what ``ProcMesh.initialized`` completes with."""
+    boot: ActorMesh[Any] = procs.spawn(BOOTSTRAP_NAME, Bootstrap, bootstrap)
+    initialized: Future[bool] = Future(lambda: f"the bootstrap of {mesh_id} to run")
+    boot.initialized.add_done_callback(lambda f: settle(f, initialized, True))
+    return initialized
 
 
 def new_host_mesh(ctl: Controller, agents: list[AgentHandle], shape: Shape) -> HostMesh:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import config
@@ -29,45 +28,21 @@ from ..actors import (
     settle,
     when_all,
 )
-from ..extent import Extent
 from ..faults import unhandled_fault_hook
 from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
-from ..messaging import LogSink, MetricsLog, new_id, spawn_hint
+from ..messaging import Address, LogSink, MetricsLog, new_id, spawn_hint
 from ..messaging.protocol import DUMP, MOVED, REAP, SPAWN_ACTOR, SPAWN_PROCS, STOP
 from ..shape import Shape
 from . import rehost
 from .agent_handle import AgentHandle
 from .record_parts import MeshController
 from .sampling import ResourceHistory
+from .spawn_request import SpawnRequest, rank_request
 
 if TYPE_CHECKING:
     from .host_mesh import HostMesh
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SpawnRequest:
-    """What every process of one proc mesh starts with; each rank adds its own part
-    (``MeshRecord.proc_request``). Kept to start a rank again when it is healed.
-
-    It goes to host agents as the plain dict of ``wire()``: the agent merges it with each
-    rank's part into the JSON line a worker reads at start-up (``worker.main``), so the dict
-    *is* the form the far end uses, and an agent needs no class of ours to read it.
-    """
-
-    cwd: str
-    sys_path: list[str]
-    env: dict[str, str]  # added to each worker's environment
-    extent: Extent  # of the whole proc mesh: host dimensions, then per-host ones
-
-    def wire(self) -> dict[str, Any]:
-        return {
-            "cwd": self.cwd,
-            "sys_path": self.sys_path,
-            "env": self.env,
-            "extent": [list(self.extent.labels), list(self.extent.sizes)],
-        }
 
 
 class MeshRecord:
@@ -227,17 +202,9 @@ class MeshRecord:
             unhandled_fault_hook(failure)
 
     def proc_request(self, rank: int) -> dict[str, Any]:
-        address = self.table.addresses[rank]
-        return {
-            "rank": rank,
-            "label": self.table.labels[rank],
-            "mailbox": address.mailbox.hex(),
-            "ipc": address.ipc,
-            # A rank healed in place binds its old tcp port again, so copies of the proc table
-            # held by other processes stay valid.
-            "tcp_port": int(address.tcp.rsplit(":", 1)[1]) if address.tcp else 0,
-            **((self.ctl.local_tcp or {}) if self.agent_of(rank).run_dir is None else {}),
-        }
+        remote = self.agent_of(rank).run_dir is not None
+        extra = {} if remote else (self.ctl.local_tcp or {})
+        return rank_request(rank, self.table.addresses[rank], self.table.labels[rank], extra)
 
     def spawn_ranks(self, ranks: list[int]) -> None:
         by_agent: dict[int, tuple[AgentHandle, list[dict[str, Any]]]] = {}
@@ -259,7 +226,6 @@ class MeshRecord:
         except MeshError as exc:
             set_exception(healed, exc)
             return healed
-        node = self.ctl.node
         table = self.table
         with self.lock:
             if self.stopping:
@@ -285,22 +251,41 @@ class MeshRecord:
             except SupervisionError as exc:
                 set_exception(healed, exc)
                 return healed
-            keys = {spawn.key for spawn in self.actor_spawns}
-            for rank in dead:
-                self.exited.discard(rank)
-                self._is_ready[rank] = False
-                self.lacking[rank] = set(keys)
-            self.moved.update(dead)
-            # What this heal waits for: its ranks that have not started yet (some an earlier,
-            # failed heal restarted may be starting still), along with any heal under way.
-            if self.ready.done():
-                self.ready = Future(self._describe_missing)
-                self._starting = set()
-            self._starting.update(r for r in restore if not self._is_ready[r])
-            self._start_failure = "a process that heal() restarted failed to start"
-            ready = self.ready
-            # Only actors to re-create, on processes that are up: nothing to wait for.
-            up = not self._starting
+            ready, up = self._expect_restarts(dead, restore)
+        self._readdress(dead, previous)
+        logger.info("healing ranks %s of %s", restore, self.table.mesh_id)
+        self.spawn_ranks(dead)
+        if up:
+            set_result(ready, None)
+        ready.add_done_callback(
+            lambda ready: self._respawn_actors(ready, restore, earlier, healed, moved)
+        )
+        return healed
+
+    def _expect_restarts(self, dead: list[int], restore: list[int]) -> tuple[Future[None], bool]:
+        """Under the lock: the ranks ``dead`` restart (and lack every actor), the heal waits
+        for those of ``restore`` not up yet; the future of that, and whether all are up."""
+        keys = {spawn.key for spawn in self.actor_spawns}
+        for rank in dead:
+            self.exited.discard(rank)
+            self._is_ready[rank] = False
+            self.lacking[rank] = set(keys)
+        self.moved.update(dead)
+        # What this heal waits for: its ranks that have not started yet (some an earlier,
+        # failed heal restarted may be starting still), along with any heal under way.
+        if self.ready.done():
+            self.ready = Future(self._describe_missing)
+            self._starting = set()
+        self._starting.update(r for r in restore if not self._is_ready[r])
+        self._start_failure = "a process that heal() restarted failed to start"
+        # Only actors to re-create, on processes that are up: nothing to wait for.
+        return self.ready, not self._starting
+
+    def _readdress(self, dead: list[int], previous: list[Address]) -> None:
+        """Bury the incarnations ``previous`` of the ranks ``dead``, give each rank a new
+        mailbox, and tell the workers where the ranks live now."""
+        node = self.ctl.node
+        table = self.table
         for old in previous:
             # Buried before it is replaced (on_exit may be doing the same on the I/O thread):
             # what waits on the old incarnation fails, here and in the workers, before anyone
@@ -325,14 +310,6 @@ class MeshRecord:
             self.ctl.broadcast_to_workers(
                 (MOVED, table.mesh_id, rank, table.addresses[rank], relay)
             )
-        logger.info("healing ranks %s of %s", restore, self.table.mesh_id)
-        self.spawn_ranks(dead)
-        if up:
-            set_result(ready, None)
-        ready.add_done_callback(
-            lambda ready: self._respawn_actors(ready, restore, earlier, healed, moved)
-        )
-        return healed
 
     def _restart_local_agent(self) -> None:
         """This host's agent died: its ranks heal in place under a new one (started here, as
@@ -360,27 +337,9 @@ class MeshRecord:
         rehost.announce(self, moved)
         node = self.ctl.node
         pending = list(earlier)  # re-creations an earlier heal sent: this one waits for them too
-        sends: list[tuple[ActorSpawn, list[int]]] = []
         with self.lock:
             lost = [self.deaths[self.table.addresses[r].mailbox] for r in ranks if r in self.exited]
-            for spawn in self.actor_spawns:
-                # An actor that ActorMesh.stop stopped stays stopped: healing brings back what
-                # died. Each spawn goes once to each process: its key leaves ``lacking`` as it
-                # is sent (a rank that dies again is given every key by the next heal).
-                stopped = self.table.stopped_actors.get(spawn.key, ())
-                mine = []
-                for rank in ranks:
-                    keys = self.lacking.get(rank)
-                    if keys is None or spawn.key not in keys or rank in self.exited:
-                        continue
-                    keys.discard(spawn.key)
-                    if spawn.shape.local_index(rank) is not None and rank not in stopped:
-                        mine.append(rank)
-                if mine:
-                    sends.append((spawn, mine))
-            for rank in ranks:
-                if not self.lacking.get(rank, True):
-                    del self.lacking[rank]
+            sends = self._spawns_to_send(ranks)
         if lost:
             summary = "a process that heal() restarted died before its actors were re-created"
             pending.append(failed_future(SupervisionError(lost, summary)))
@@ -405,6 +364,29 @@ class MeshRecord:
                 self._respawning.append(gather.future)
         all_done = when_all(pending)
         all_done.add_done_callback(lambda f: settle(f, healed, None))
+
+    def _spawns_to_send(self, ranks: list[int]) -> list[tuple[ActorSpawn, list[int]]]:
+        """Under the lock: each actor spawn with the ranks of ``ranks`` it goes to again. An
+        actor that ActorMesh.stop stopped stays stopped: healing brings back what died. Each
+        spawn goes once to each process: its key leaves ``lacking`` as it is sent (a rank that
+        dies again is given every key by the next heal)."""
+        sends = []
+        for spawn in self.actor_spawns:
+            stopped = self.table.stopped_actors.get(spawn.key, ())
+            mine = []
+            for rank in ranks:
+                keys = self.lacking.get(rank)
+                if keys is None or spawn.key not in keys or rank in self.exited:
+                    continue
+                keys.discard(spawn.key)
+                if spawn.shape.local_index(rank) is not None and rank not in stopped:
+                    mine.append(rank)
+            if mine:
+                sends.append((spawn, mine))
+        for rank in ranks:
+            if not self.lacking.get(rank, True):
+                del self.lacking[rank]
+        return sends
 
     def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
         agent = self.agent_of(rank)

@@ -68,3 +68,13 @@ def visible_gpus() -> list[str]:
     if visible is not None:
         return [v.strip() for v in visible.split(",") if v.strip()][:count]
     return [str(i) for i in range(count)]
+
+
+def kill_quietly(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` unless it is gone already (or not a process id)."""
+    if pid <= 0:
+        return
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -58,6 +58,49 @@ def _address(v: list[Any]) -> Address:
 
 def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     """Run this process as the worker described by ``spec``; returns when told to stop."""
+    _enter(spec, init)
+    node = _worker_node(spec, key, init)
+    host = ActorHost(node, proc_rank=spec["rank"])
+    controls = _Controls(node, host, spec["rank"])
+    node.register(STOP, controls.on_stop)
+    node.register(STACKS, controls.on_stacks)
+    node.register(INTERRUPT, controls.on_interrupt)
+    node.register(WAITS, controls.on_waits)
+    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank's new address
+    labels, sizes = spec["extent"]
+    point = Point(spec["rank"], Extent(labels, sizes))
+    set_process_context(Context(ActorInstance(spec["label"], point, spec["mesh_id"]), point))
+    capture_output(node, spec["label"])
+    _deliver_output_before_exit(node)
+    # The worker is an entry point: its own warnings go to the controller, labelled by rank.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    package_logger = logging.getLogger("actormesh")
+    package_logger.addHandler(handler)
+    package_logger.setLevel(logging.WARNING)
+    node.start()
+    ready: tuple[Any, ...] = (READY, spec["mesh_id"], spec["rank"], os.getpid())
+    if node.address.tcp is not None:
+        ready += (node.address.tcp,)  # the port was picked at bind time: tell the controller
+    assert node.controller is not None  # _worker_node set it
+    node.send(node.controller, ready)
+    parent = os.getppid()
+    while not controls.stop.wait(0.5):
+        if os.getppid() != parent:
+            os._exit(1)  # orphaned: whoever started us is gone
+    host.stop_all(timeout=config.STOP_GRACE / 2)
+    # An actor here spawned proc meshes: they stop with this rank, while its node still runs
+    # (at exit, the controller's own handler would find it closed and leave them behind).
+    nested = controller_if_started()
+    if nested is not None:
+        nested.shutdown()
+    flush_output()
+    node.close()
+
+
+def _enter(spec: dict[str, Any], init: dict[str, Any]) -> None:
+    """This process as the spec says: its scheduling, environment, directory, ``sys.path``,
+    and faulthandler's stack dumps."""
     _set_scheduling_policy(init.get("worker_sched", "batch"))  # before any thread starts
     for k, v in spec["env"].items():
         os.environ[k] = v
@@ -71,8 +114,10 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     faulthandler.enable(file=sys.__stderr__ or sys.stderr, all_threads=False)
     # The agent's fallback for stack dumps of a process whose GIL is held in C code.
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
-    labels, sizes = spec["extent"]
-    point = Point(spec["rank"], Extent(labels, sizes))
+
+
+def _worker_node(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> Node:
+    """This worker's node (not started), at the address its controller gave it."""
     transport = Transport(
         key,
         init["run_dir"],
@@ -93,66 +138,44 @@ def run(spec: dict[str, Any], key: bytes, init: dict[str, Any]) -> None:
     node.controller = _address(init["controller"])
     node.mesh_id = spec["mesh_id"]
     start_outbox(node, spec["rank"])
-    host = ActorHost(node, proc_rank=spec["rank"])
-    stop = threading.Event()
-    main_thread = threading.get_ident()  # only waits for "stop": not worth showing in stacks
+    return node
 
-    def on_stop(_: Message) -> None:
-        stop.set()
 
-    def on_stacks(msg: Message) -> None:
+class _Controls:
+    """What is asked of this worker's process as a whole (on the I/O thread): stop, its
+    stacks, what its actors wait on, an interrupt."""
+
+    def __init__(self, node: Node, host: ActorHost, rank: int) -> None:
+        self.node = node
+        self.host = host
+        self.rank = rank
+        self.stop = threading.Event()
+        self.main_thread = threading.get_ident()  # only waits for "stop": not worth showing
+
+    def on_stop(self, _: Message) -> None:
+        self.stop.set()
+
+    def on_stacks(self, msg: Message) -> None:
         asked = StacksEnvelope.of(msg)
-        index = shape_from_state(asked.shape).local_index(spec["rank"])
-        text = format_stacks(host.actors.values(), skip=[main_thread])
+        index = shape_from_state(asked.shape).local_index(self.rank)
+        text = format_stacks(self.host.actors.values(), skip=[self.main_thread])
         port = reply_port(asked.reply)
-        node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
+        self.node.send(port.address, (REPLY, port.port_id, index, OK), *dumps(text))
 
-    def on_waits(msg: Message) -> None:
+    def on_waits(self, msg: Message) -> None:
         reply = WaitsEnvelope.of(msg).reply
         waits = []
-        for runner in list(host.actors.values()):
+        for runner in list(self.host.actors.values()):
             on = blocked_on(runner.thread.ident)
             if on:
                 busy = runner.busy
                 waits.append((runner.name, busy[0] if busy else "?", on))
         port = reply_port(reply)
-        node.send(port.address, (REPLY, port.port_id, 0, OK), *dumps(waits))
+        self.node.send(port.address, (REPLY, port.port_id, 0, OK), *dumps(waits))
 
-    def on_interrupt(msg: Message) -> None:
-        for runner in host.actors.values():
+    def on_interrupt(self, msg: Message) -> None:
+        for runner in self.host.actors.values():
             runner.interrupt(msg)
-
-    node.register(STOP, on_stop)
-    node.register(STACKS, on_stacks)
-    node.register(INTERRUPT, on_interrupt)
-    node.register(WAITS, on_waits)
-    node.register(MOVED, partial(rehost.on_moved, node))  # a healed rank's new address
-    set_process_context(Context(ActorInstance(spec["label"], point, spec["mesh_id"]), point))
-    capture_output(node, spec["label"])
-    _deliver_output_before_exit(node)
-    # The worker is an entry point: its own warnings go to the controller, labelled by rank.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    package_logger = logging.getLogger("actormesh")
-    package_logger.addHandler(handler)
-    package_logger.setLevel(logging.WARNING)
-    node.start()
-    ready: tuple[Any, ...] = (READY, spec["mesh_id"], spec["rank"], os.getpid())
-    if node.address.tcp is not None:
-        ready += (node.address.tcp,)  # the port was picked at bind time: tell the controller
-    node.send(node.controller, ready)
-    parent = os.getppid()
-    while not stop.wait(0.5):
-        if os.getppid() != parent:
-            os._exit(1)  # orphaned: whoever started us is gone
-    host.stop_all(timeout=config.STOP_GRACE / 2)
-    # An actor here spawned proc meshes: they stop with this rank, while its node still runs
-    # (at exit, the controller's own handler would find it closed and leave them behind).
-    nested = controller_if_started()
-    if nested is not None:
-        nested.shutdown()
-    flush_output()
-    node.close()
 
 
 def _set_scheduling_policy(policy: str) -> None:

@@ -31,11 +31,10 @@ step (bench/bench_tensor.py) the recorded forward costs the same (see bench/RESU
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -46,7 +45,9 @@ from torch.utils._pytree import tree_map
 from .. import compat
 from ..wire.errors import RemoteTensorError
 from ..wire.ops import Ref, issue_site
+from .constants import upload
 from .fetch import fetch_value
+from .grad_sync import sync_after_backward
 from .mesh import TensorMesh, engine_mesh
 from .plans import check_plan, install_layouts, relayout
 from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
@@ -187,7 +188,7 @@ def _to_mesh(state: _Placement, x: Any) -> Any:
             return made
     tm = state.tm
     placements = tm.placements(x.dim(), _batch_spec(state, x), None)
-    cid = tm.stream.constant(x)  # uploaded once while x is unchanged (a reused batch)
+    cid = upload(tm.stream, x)  # uploaded once while x is unchanged (a reused batch)
     out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False)
     meta = ((tuple(x.shape), x.dtype, False),)
     tm.stream.record(
@@ -251,22 +252,42 @@ def module_to_mesh(
     plan = check_plan(model, dict(tp_plan or {}))
     params = _unique(model.named_parameters(remove_duplicate=False))
     buffers = _unique(model.named_buffers(remove_duplicate=False))
-    meshed: dict[int, Any] = {}  # id(original tensor) -> its MeshTensor (tied ones share)
-    out_ids, out_meta = [], []
-    for originals in (params, buffers):
-        for _name, t in originals:
-            m = new_mesh_tensor(tm, t.shape, t.dtype, per_rank=False)
-            if isinstance(t, nn.Parameter):
-                m.requires_grad_(t.requires_grad)
-                # torch's mark for a tensor subclass acting as a Parameter (isinstance holds,
-                # register_parameter accepts it): what nn.Parameter(t) sets on subclasses.
-                m._is_param = True  # noqa: SLF001
-            meshed[id(t)] = m
-            out_ids.append(m.value_id)
-            out_meta.append((tuple(t.shape), t.dtype, False))
-    report = tm.stream.new_id()
+    meshed = {id(t): _mesh_tensor(tm, t) for _, t in [*params, *buffers]}  # tied ones share
     names = ([n for n, _ in params], [n for n, _ in buffers])
     source = module_or_factory if is_factory else _unmeshed(model)
+    build = (source, is_factory, names, data_dim, fsdp, plan, tp_dim)
+    placements = _build_on_ranks(tm, list(meshed.values()), build)
+    # The controller's model: a copy whose parameters and buffers are the MeshTensors (deepcopy
+    # with them in its memo keeps ties and every other attribute).
+    result = copy.deepcopy(model, dict(meshed))
+    cls = type(result)
+    state = _Placement(tm, data_dim, fsdp, cls, placements)
+    object.__setattr__(result, "_actormesh", state)
+    result.__class__ = mesh_class(cls)
+    state.grad_sync = sync_after_backward(tm, [p for p in result.parameters() if p.requires_grad])
+    if plan:
+        install_layouts(result, plan, tm, tp_dim)
+    return result
+
+
+def _mesh_tensor(tm: TensorMesh, t: torch.Tensor) -> MeshTensor:
+    """The MeshTensor that stands for parameter or buffer ``t`` (the ranks build its value)."""
+    m = new_mesh_tensor(tm, t.shape, t.dtype, per_rank=False)
+    if isinstance(t, nn.Parameter):
+        m.requires_grad_(t.requires_grad)
+        # torch's mark for a tensor subclass acting as a Parameter (isinstance holds,
+        # register_parameter accepts it): what nn.Parameter(t) sets on subclasses.
+        m._is_param = True  # noqa: SLF001
+    return m
+
+
+def _build_on_ranks(tm: TensorMesh, tensors: list[MeshTensor], build: tuple[Any, ...]) -> Any:
+    """Record the ``module_build`` op whose outputs are ``tensors`` and wait for the ranks to
+    build the module: the placements they gave each parameter, by name."""
+    source, is_factory, names, data_dim, fsdp, plan, tp_dim = build
+    report = tm.stream.new_id()
+    out_ids = tuple(m.value_id for m in tensors)
+    out_meta = tuple((tuple(m.shape), m.dtype, False) for m in tensors)
     seed = int(torch.randint(0, 2**62, ()).item())
     payload = (source, is_factory, seed, names, data_dim, fsdp, plan, tp_dim)
     tm.stream.record(
@@ -274,21 +295,11 @@ def module_to_mesh(
     )
     ref = OpaqueRef(tm, report, per_rank=False)
     try:
-        placements = fetch_value(ref, tm, 0).get(timeout=BUILD_TIMEOUT)
+        return fetch_value(ref, tm, 0).get(timeout=BUILD_TIMEOUT)
     except RemoteTensorError as exc:
         raise compat.MeshUsageError(
             f"module_to_mesh: the ranks could not build the module: {exc}"
         ) from exc
-    # The controller's model: a copy whose parameters and buffers are the MeshTensors (deepcopy
-    # with them in its memo keeps ties and every other attribute).
-    result = copy.deepcopy(model, dict(meshed))
-    cls = type(result)
-    object.__setattr__(result, "_actormesh", _Placement(tm, data_dim, fsdp, cls, placements))
-    result.__class__ = mesh_class(cls)
-    _sync_gradients_after_backward(result)
-    if plan:
-        install_layouts(result, plan, tm, tp_dim)
-    return result
 
 
 def _controller_copy(source: Any, is_factory: bool) -> nn.Module:
@@ -334,81 +345,6 @@ def _unique(named: Any) -> list[tuple[str, torch.Tensor]]:
         seen.add(id(t))
         out.append((name, t))
     return out
-
-
-def _sync_gradients_after_backward(model: nn.Module) -> None:
-    """After each backward that reached the model's parameters, one ``grad_sync`` op brings
-    their gradients to the parameters' placements (``worker/module.py``). A post-accumulate
-    hook per parameter queues it once per backward, to run as the backward ends (autograd's
-    ``queue_callback``, as torch's DDP does): by then every gradient has accumulated."""
-    state = placement(model)
-    sync = _GradSync(state.tm, [p for p in model.parameters() if p.requires_grad])
-    state.grad_sync = sync  # the model keeps it; the hooks only refer to it weakly
-    ref = weakref.ref(sync)
-    for p in sync.params():
-        p.register_post_accumulate_grad_hook(partial(_queue_sync, ref))
-
-
-def _queue_sync(ref: weakref.ref[_GradSync], _: Any) -> None:
-    sync = ref()
-    if sync is None or getattr(sync.queued, "value", False):
-        return
-    put_off = getattr(_put_off, "syncs", None)
-    if put_off is not None:  # inside grad_syncs_put_off(): once, as the block ends
-        put_off[id(sync)] = sync
-        return
-    sync.queued.value = True
-    # torch's way to run code when the current backward pass ends (DDP and FSDP use it).
-    torch.autograd.Variable._execution_engine.queue_callback(sync.record)  # noqa: SLF001
-
-
-_put_off = threading.local()  # .syncs: the models whose grad_sync waits for the block's end
-
-
-@contextlib.contextmanager
-def grad_syncs_put_off() -> Iterator[None]:
-    """Within the block, the ``grad_sync`` a backward queues for a model waits until the block
-    ends, where each such model's runs once (as DDP's ``no_sync`` then a last backward): the
-    backwards of several microbatches accumulate partial sums on each rank, and the gradients
-    are summed over the data dimension once, not once per microbatch. The values are the same.
-    Per thread, as a backward runs on the caller's thread; nested blocks end at the
-    outermost."""
-    outer = getattr(_put_off, "syncs", None)
-    if outer is not None:
-        yield
-        return
-    syncs: dict[int, _GradSync] = {}
-    _put_off.syncs = syncs
-    try:
-        yield
-    finally:
-        _put_off.syncs = None
-        for sync in syncs.values():
-            sync.record()
-
-
-class _GradSync:
-    """The ``grad_sync`` op of one model. Holds its parameters weakly: a hook a tensor holds
-    (in C++, where the garbage collector cannot see it) must not keep that tensor alive."""
-
-    def __init__(self, tm: TensorMesh, params: list[Any]) -> None:
-        self.tm = tm
-        self.refs = [weakref.ref(p) for p in params]
-        self.queued = threading.local()  # per thread: a backward runs on the caller's thread
-
-    def params(self) -> list[Any]:
-        return [p for p in (r() for r in self.refs) if p is not None]
-
-    def record(self) -> None:
-        self.queued.value = False
-        pairs = [(p.grad, p) for p in self.params() if type(p.grad) is MeshTensor]
-        if not pairs:
-            return
-        grads = tuple(g.value_id for g, _ in pairs)
-        ins = (*grads, *(p.value_id for _, p in pairs))
-        payload = (tuple((Ref(g.value_id), Ref(p.value_id)) for g, p in pairs),)
-        meta = tuple((tuple(g.shape), g.dtype, False) for g, _ in pairs)
-        self.tm.stream.record(("grad_sync", grads, ins, meta, payload, issue_site()))
 
 
 def _dims(

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from .. import compat
+from .grad_sync import grad_syncs_put_off
 from .mesh import tensor_mesh
-from .module import grad_syncs_put_off
 from .tensor import MeshTensor
 from .transfer import Sent, send
 
@@ -129,25 +129,31 @@ def pipeline_step(
         if tm.base.role != role:
             tm.base.role = role
             tm.engine.set_role.broadcast(role)
-    pending = [deque(steps) for steps in plan]
     # A stage's gradients are summed over its data dimension once, after its last backward.
     with grad_syncs_put_off():
-        while any(pending):
-            progressed = False
-            for s, steps in enumerate(pending):
-                while steps and run.ready(s, *steps[0]):
-                    run.do(s, *steps.popleft())
-                    progressed = True
-            if not progressed:
-                stuck = {s: steps[0] for s, steps in enumerate(pending) if steps}
-                raise compat.MeshUsageError(
-                    f"this schedule cannot go on: each stage's next step waits for one that "
-                    f"comes after it ({stuck}); a stage's backward of a microbatch needs the "
-                    "next stage's, its forward the previous stage's"
-                )
+        _record_steps(run, plan)
     for mesh in run.meshes:  # every stage starts now, not at its idle flush
         mesh.stream.flush()
     return run.total()
+
+
+def _record_steps(run: _Run, plan: Schedule) -> None:
+    """Record each stage's steps in the schedule's order, each as soon as what it needs is
+    recorded (a forward, the previous stage's; a backward, the next stage's)."""
+    pending = [deque(steps) for steps in plan]
+    while any(pending):
+        progressed = False
+        for s, steps in enumerate(pending):
+            while steps and run.ready(s, *steps[0]):
+                run.do(s, *steps.popleft())
+                progressed = True
+        if not progressed:
+            stuck = {s: steps[0] for s, steps in enumerate(pending) if steps}
+            raise compat.MeshUsageError(
+                f"this schedule cannot go on: each stage's next step waits for one that "
+                f"comes after it ({stuck}); a stage's backward of a microbatch needs the "
+                "next stage's, its forward the previous stage's"
+            )
 
 
 def _split(batch: Any, microbatches: int, what: str) -> list[Any]:

@@ -112,76 +112,87 @@ def _hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> No
     if kind == "PrepareModuleInputOutput":
         _hook(sub, style.prepare_module_input, tm, axis, key)
         _hook(sub, style.prepare_module_output, tm, axis, key)
-        return
-    if kind in ("ColwiseParallel", "RowwiseParallel", "SequenceParallel"):
-        if kind == "SequenceParallel":
-            wanted = given = style.sequence_sharding[0]
+    elif kind in ("ColwiseParallel", "RowwiseParallel", "SequenceParallel"):
+        _parallel_hooks(sub, style, kind, tm, axis)
+    elif kind == "PrepareModuleInput":
+        _input_hook(sub, style, tm, axis, key)
+    elif kind == "PrepareModuleOutput":
+        _output_hook(sub, style, tm, axis, key)
+
+
+def _parallel_hooks(sub: nn.Module, style: Any, kind: str, tm: TensorMesh, axis: int) -> None:
+    """A parallel style's layouts: its first input as the style wants it, its output as the
+    style's ``output_layouts`` say (a ``SequenceParallel`` output stays as it is)."""
+    if kind == "SequenceParallel":
+        wanted = given = style.sequence_sharding[0]
+    else:
+        given = style.input_layouts[0]
+        if kind == "ColwiseParallel" or isinstance(sub, nn.Embedding):
+            wanted = _replicate()
         else:
-            given = style.input_layouts[0]
-            if kind == "ColwiseParallel" or isinstance(sub, nn.Embedding):
-                wanted = _replicate()
-            else:
-                wanted = _shard(-1)
+            wanted = _shard(-1)
 
-        def first_input(_: Any, args: tuple[Any, ...]) -> Any:
-            if args:
-                return (relayout(args[0], wanted, tm, axis, back=given), *args[1:])
-            return None
+    def first_input(_: Any, args: tuple[Any, ...]) -> Any:
+        if args:
+            return (relayout(args[0], wanted, tm, axis, back=given), *args[1:])
+        return None
 
-        sub.register_forward_pre_hook(first_input)
-        if kind != "SequenceParallel":
-            out_layout = style.output_layouts[0]
-            # Colwise computes its output split along the last dim; Rowwise a Partial sum
-            computed = _shard(-1) if kind == "ColwiseParallel" else _replicate()
+    sub.register_forward_pre_hook(first_input)
+    if kind != "SequenceParallel":
+        out_layout = style.output_layouts[0]
+        # Colwise computes its output split along the last dim; Rowwise a Partial sum
+        computed = _shard(-1) if kind == "ColwiseParallel" else _replicate()
 
-            def output(_: Any, args: Any, out: Any) -> Any:
-                return relayout(out, out_layout, tm, axis, back=computed)
+        def output(_: Any, args: Any, out: Any) -> Any:
+            return relayout(out, out_layout, tm, axis, back=computed)
 
-            sub.register_forward_hook(output)
-        return
-    if kind == "PrepareModuleInput":
+        sub.register_forward_hook(output)
 
-        def inputs(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            desired = style.desired_input_layouts
-            if style.input_layouts is not None:
-                if len(args) != len(style.input_layouts):
-                    raise compat.MeshUsageError(
-                        f"tp_plan entry {key!r}: PrepareModuleInput has "
-                        f"{len(style.input_layouts)} input_layouts, but the module was called "
-                        f"with {len(args)} positional inputs"
-                    )
-                args = tuple(
-                    relayout(a, d, tm, axis, back=i) if i is not None else a
-                    for a, i, d in zip(args, style.input_layouts, desired, strict=True)
-                )
-            kw, given = style.desired_input_kwarg_layouts, style.input_kwarg_layouts
-            kwargs = {
-                k: relayout(v, kw.get(k), tm, axis, back=given.get(k)) for k, v in kwargs.items()
-            }
-            return args, kwargs
 
-        sub.register_forward_pre_hook(inputs, with_kwargs=True)
-        return
-    if kind == "PrepareModuleOutput":
+def _input_hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> None:
+    """``PrepareModuleInput``: the inputs (positional and keyword) in the desired layouts."""
 
-        def outputs(_: Any, args: Any, out: Any) -> Any:
-            single = not isinstance(out, tuple)
-            outs = (out,) if single else out
-            if len(outs) != len(style.output_layouts):
+    def inputs(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        desired = style.desired_input_layouts
+        if style.input_layouts is not None:
+            if len(args) != len(style.input_layouts):
                 raise compat.MeshUsageError(
-                    f"tp_plan entry {key!r}: PrepareModuleOutput has "
-                    f"{len(style.output_layouts)} output_layouts, but the module returned "
-                    f"{len(outs)} outputs"
+                    f"tp_plan entry {key!r}: PrepareModuleInput has "
+                    f"{len(style.input_layouts)} input_layouts, but the module was called "
+                    f"with {len(args)} positional inputs"
                 )
-            moved = tuple(
-                relayout(o, d, tm, axis, back=i) if i is not None else o
-                for o, i, d in zip(
-                    outs, style.output_layouts, style.desired_output_layouts, strict=True
-                )
+            args = tuple(
+                relayout(a, d, tm, axis, back=i) if i is not None else a
+                for a, i, d in zip(args, style.input_layouts, desired, strict=True)
             )
-            return moved[0] if single else moved
+        kw, given = style.desired_input_kwarg_layouts, style.input_kwarg_layouts
+        kwargs = {k: relayout(v, kw.get(k), tm, axis, back=given.get(k)) for k, v in kwargs.items()}
+        return args, kwargs
 
-        sub.register_forward_hook(outputs)
+    sub.register_forward_pre_hook(inputs, with_kwargs=True)
+
+
+def _output_hook(sub: nn.Module, style: Any, tm: TensorMesh, axis: int, key: str) -> None:
+    """``PrepareModuleOutput``: the outputs in the desired layouts."""
+
+    def outputs(_: Any, args: Any, out: Any) -> Any:
+        single = not isinstance(out, tuple)
+        outs = (out,) if single else out
+        if len(outs) != len(style.output_layouts):
+            raise compat.MeshUsageError(
+                f"tp_plan entry {key!r}: PrepareModuleOutput has "
+                f"{len(style.output_layouts)} output_layouts, but the module returned "
+                f"{len(outs)} outputs"
+            )
+        moved = tuple(
+            relayout(o, d, tm, axis, back=i) if i is not None else o
+            for o, i, d in zip(
+                outs, style.output_layouts, style.desired_output_layouts, strict=True
+            )
+        )
+        return moved[0] if single else moved
+
+    sub.register_forward_hook(outputs)
 
 
 def _replicate() -> Any:

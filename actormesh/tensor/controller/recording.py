@@ -21,6 +21,7 @@ from .. import compat
 from ..wire.ops import IN, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
 from . import lifetime
+from .constants import upload
 from .fetch import get
 from .mesh import TensorMesh
 from .tensor import (
@@ -232,7 +233,7 @@ def _constants(x: Any, tm: TensorMesh, ins: list[int]) -> Any:
     if type(x) is list or type(x) is tuple:
         return type(x)(_constants(e, tm, ins) for e in x)
     if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
-        cid = tm.stream.constant(x)
+        cid = upload(tm.stream, x)
         ins.append(cid)
         return Ref(cid)
     return x

@@ -55,15 +55,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from .. import compat
 from ..wire.ops import issue_site
@@ -72,6 +69,7 @@ from . import checkpoint, checkpoint_state, recovery_plan
 from .fetch import fetch_value
 from .mesh import SETUP_TIMEOUT
 from .module import MeshModule, forget_engine_values, placement
+from .restore import from_checkpoint, from_replicas
 from .tensor import OpaqueRef
 
 logger = logging.getLogger(__name__)
@@ -320,10 +318,14 @@ class FaultTolerant:
             forget_engine_values(module)
         plan = recovery_plan.restore_plan(reports, list(self._commits), tm.labels, tm.sizes)
         if plan is not None and not set(self._commits[plan.gen].spec.ids) - plan.metas.keys():
-            self._restore(plan, timeout)
+            commit = self._commits[plan.gen]
+            from_replicas(tm, self.state, self.lineage, commit.gen, commit.spec, plan, timeout)
+            self.step = commit.step
             source = "replicas"
         else:
-            self._from_checkpoint(recovery_plan.every_meta(reports), timeout)
+            metas = recovery_plan.every_meta(reports)
+            path = self.checkpoint_id
+            self.step = from_checkpoint(tm, self.state, self.step, path, metas, timeout)
             source = "checkpoint"
         seconds = time.time() - change.started
         report = RecoveryReport(change.kind, change.ranks, self.step, source, self.sizes,
@@ -362,56 +364,6 @@ class FaultTolerant:
     def _modules(self) -> list[Any]:
         return [v for v in self.state.values() if isinstance(v, MeshModule)]
 
-    def _restore(self, plan: recovery_plan.Plan, timeout: float) -> None:
-        tm = self.mesh
-        commit = self._commits[plan.gen]
-        ids = list(commit.spec.ids)
-        receipt = OpaqueRef(tm, tm.stream.new_id(), per_rank=True)
-        metas = {i: plan.metas[i] for i in ids}
-        meta = (*((tuple(metas[i].shape), metas[i].dtype, False) for i in ids), None)
-        payload = (self.lineage, commit.gen, metas, plan.transfers)
-        tm.stream.keep(ids)
-        tm.stream.record(
-            ("restore", (*ids, receipt.value_id), tuple(ids), meta, payload, issue_site())
-        )
-        fetch_value(receipt, tm, 0).get(timeout=timeout)
-        _prune_optimizers(self.state, commit.spec.tree)
-        checkpoint_state.write_back(self.state, commit.spec.tree)
-        self.step = commit.step
-
-    def _from_checkpoint(self, metas: dict[int, Any], timeout: float) -> None:
-        # What is at checkpoint_id is complete (a save is put there only once written): a save
-        # whose end the controller did not hear of (a rank died meanwhile) may be there.
-        path = self.checkpoint_id
-        if path is None or not os.path.exists(os.path.join(os.fspath(path), ".metadata")):
-            raise RuntimeError(
-                "recovery needs the values of a rank that no surviving rank holds (FSDP shards "
-                "have no replica, or the mesh changed size along the dimension that splits "
-                "them), and no checkpoint was written yet: pass checkpoint_id= and "
-                "checkpoint_every= to FaultTolerant"
-            )
-        for value in self.state.values():
-            if isinstance(value, torch.optim.Optimizer):
-                value.state.clear()  # its tensors were on the lost engine; load makes them anew
-        # The load writes into the state's values in place: they must exist on the new engine
-        # first, with the placements they had (the survivors' snapshots say them).
-        ids = checkpoint_state.build(self.state, "FaultTolerant.recover").ids
-        unknown = [i for i in ids if i not in metas]
-        if unknown:
-            raise RuntimeError(
-                f"recovery cannot place {len(unknown)} value(s) of the state again: no surviving "
-                "rank snapshotted them (was a step committed since they were made?)"
-            )
-        tm = self.mesh
-        meta = tuple((tuple(metas[i].shape), metas[i].dtype, False) for i in ids)
-        tm.stream.keep(ids)
-        tm.stream.record(
-            ("allocate", tuple(ids), (), meta, ({i: metas[i] for i in ids},), issue_site())
-        )
-        state = {**self.state, "fault_tolerant_step": self.step}
-        checkpoint.load(state, checkpoint_id=self.checkpoint_id, timeout=timeout)
-        self.step = int(state["fault_tolerant_step"])
-
 
 def _drop_anchor(mesh: Any, anchor: int) -> None:
     mesh.stream.died(anchor)  # any thread, any time (a finalizer): only appends to a list
@@ -423,19 +375,3 @@ def _data_dim(state: dict[str, Any]) -> str | None:
         if isinstance(value, MeshModule):
             return placement(value).data_dim
     return None
-
-
-def _prune_optimizers(state: dict[str, Any], tree: dict[str, Any]) -> None:
-    """Drop optimizer state made after the commit (its tensors were on the lost engine): the
-    optimizer then holds what it held at the commit, which the restore put back."""
-    for key, value in state.items():
-        if isinstance(value, torch.optim.Optimizer):
-            committed = tree[key]["state"]
-            names = [n for g in tree[key]["param_groups"] for n in g["params"]]
-            params = [p for g in value.param_groups for p in g["params"]]
-            for name, p in zip(names, params, strict=True):
-                if name not in committed:
-                    value.state.pop(p, None)
-                else:
-                    for k in [k for k in value.state[p] if k not in committed[name]]:
-                        del value.state[p][k]

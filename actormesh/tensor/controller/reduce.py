@@ -45,29 +45,10 @@ def reduce(
 ) -> MeshTensor:
     """The implementation of ``MeshTensor.reduce`` (see the module's docstring)."""
     what = "reduce_" if _inplace else "reduce"
-    if not isinstance(t, MeshTensor):
-        raise compat.MeshUsageError(
-            f"{what}() takes a MeshTensor, got {type(t).__name__}; make it under "
-            "`with procs.activate():`"
-        )
+    _check_input(t, what)
     tm = t.mesh
-    if not t.per_rank:
-        raise compat.MeshUsageError(
-            f"{what}() combines the values of a per-rank MeshTensor (from activate()); a global "
-            "MeshTensor is already one value: use redistribute(...) to change its placements"
-        )
     names = _dims(tm, dims, what)
-    if reduction not in REDUCTIONS:
-        raise compat.MeshUsageError(
-            f"{what}: unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}"
-        )
-    if torch.is_grad_enabled() and t.requires_grad:
-        raise compat.MeshUsageError(
-            f"{what}() of a tensor that requires grad: the collective is not recorded by "
-            "autograd, so its gradient would be lost; reduce under `with torch.no_grad():` "
-            "(gradients from grad_generator or .grad need it) or reduce t.detach()"
-        )
-    _check_dtype(t.dtype, reduction, what)
+    _check_reduction(t, reduction, what)
     n = math.prod(tm.sizes[tm.labels.index(d)] for d in names)
     if scatter and len(names) > 1:
         raise compat.MeshUsageError(
@@ -77,23 +58,7 @@ def reduce(
     shape = _result_shape(tuple(t.shape), n, reduction, scatter, what)
     target = _target_mesh(tm, mesh, what)
     if _inplace:
-        if out is not None:
-            raise compat.MeshUsageError("reduce_() writes into its input: it takes no out=")
-        if reduction == "stack" and not scatter:
-            raise compat.MeshUsageError(
-                "reduce_(..., 'stack') cannot write in place: its result has a new leading "
-                f"dimension of {n}; use t.reduce(...) for a new tensor"
-            )
-        if scatter and reduction != "stack":
-            raise compat.MeshUsageError(
-                f"reduce_(..., {reduction!r}, scatter=True) cannot write in place: its result "
-                f"drops the leading dimension of {n}; use t.reduce(...) for a new tensor"
-            )
-        if target is not tm:
-            raise compat.MeshUsageError(
-                "reduce_(mesh=...) cannot move its input to another mesh in place; use "
-                "t.reduce(..., mesh=...)"
-            )
+        _check_in_place(out, reduction, scatter, n, target is tm)
         result = t
     elif out is not None:
         result = _check_out(out, target, shape, t.dtype)
@@ -109,6 +74,59 @@ def reduce(
         # Written in place: autograd's check that a saved tensor was not changed sees it.
         torch.autograd.graph.increment_version(result)
     return result
+
+
+def _check_input(t: Any, what: str) -> None:
+    """A per-rank MeshTensor."""
+    if not isinstance(t, MeshTensor):
+        raise compat.MeshUsageError(
+            f"{what}() takes a MeshTensor, got {type(t).__name__}; make it under "
+            "`with procs.activate():`"
+        )
+    if not t.per_rank:
+        raise compat.MeshUsageError(
+            f"{what}() combines the values of a per-rank MeshTensor (from activate()); a global "
+            "MeshTensor is already one value: use redistribute(...) to change its placements"
+        )
+
+
+def _check_reduction(t: MeshTensor, reduction: str, what: str) -> None:
+    """A reduction that exists and that ``t``'s dtype allows, of a tensor that needs no
+    gradient."""
+    if reduction not in REDUCTIONS:
+        raise compat.MeshUsageError(
+            f"{what}: unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}"
+        )
+    if torch.is_grad_enabled() and t.requires_grad:
+        raise compat.MeshUsageError(
+            f"{what}() of a tensor that requires grad: the collective is not recorded by "
+            "autograd, so its gradient would be lost; reduce under `with torch.no_grad():` "
+            "(gradients from grad_generator or .grad need it) or reduce t.detach()"
+        )
+    _check_dtype(t.dtype, reduction, what)
+
+
+def _check_in_place(
+    out: MeshTensor | None, reduction: str, scatter: bool, n: int, same_mesh: bool
+) -> None:
+    """``reduce_`` writes its result into its input: one of the input's shape, on its mesh."""
+    if out is not None:
+        raise compat.MeshUsageError("reduce_() writes into its input: it takes no out=")
+    if reduction == "stack" and not scatter:
+        raise compat.MeshUsageError(
+            "reduce_(..., 'stack') cannot write in place: its result has a new leading "
+            f"dimension of {n}; use t.reduce(...) for a new tensor"
+        )
+    if scatter and reduction != "stack":
+        raise compat.MeshUsageError(
+            f"reduce_(..., {reduction!r}, scatter=True) cannot write in place: its result "
+            f"drops the leading dimension of {n}; use t.reduce(...) for a new tensor"
+        )
+    if not same_mesh:
+        raise compat.MeshUsageError(
+            "reduce_(mesh=...) cannot move its input to another mesh in place; use "
+            "t.reduce(..., mesh=...)"
+        )
 
 
 def _dims(tm: TensorMesh, dims: Any, what: str) -> tuple[str, ...]:

@@ -4,21 +4,15 @@ Ids are allocated here and never reused, so naming a result never waits for a wo
 appended to a buffer that goes out as *one* ``engine.run.broadcast(ops, drops)``: one pickle,
 one message per process, and per-sender FIFO keeps the order. The buffer is sent at a sync
 point, at ``BATCH_OPS`` ops, at the end of a notebook cell, and once the controller recorded
-nothing for a whole ``IDLE_FLUSH`` window (a timer thread, so that the workers start on the ops
-while the controller computes the next step; it compares an op count across the window, so that
-recording an op reads no clock). Ids of garbage-collected MeshTensors are sent as ``drops``
-in the same message, *after* its ops: an op already buffered may still read them.
+nothing for a whole ``IDLE_FLUSH`` window (``idle_flush.py``: the workers start on the ops while
+the controller computes the next step). Ids of garbage-collected MeshTensors are sent as
+``drops`` in the same message, *after* its ops: an op already buffered may still read them.
+Controller tensors used as arguments are uploaded once (``constants.py``).
 
 The kernel tells a stream when it launches a ``%%mesh`` cell (``cell_launched``); the stream's
 next message to the engine names that cell, and each rank's engine runs it only once the cell
 took its turn there (``local.wait_for_cell``). So a cell and the ops issued while it runs keep
 the controller's order on every rank.
-
-"Idle" means the user's thread did not *want* to run: on a loaded machine (the workers busy
-with the last batch on the same cores) it is often descheduled for tens of milliseconds in the
-middle of a loop of ops, and flushing then would split one burst into many messages. So before
-an idle flush the timer checks, where Linux says so (``/proc/self/task/<tid>/schedstat``),
-whether that thread spent the quiet window waiting for a CPU; if it did, it is not idle.
 
 Every recorded op reaches every rank exactly once, or the mesh's values are declared unusable:
 never a silent divergence. A batch is taken out of the buffer, packed and sent with Ctrl-C held
@@ -33,32 +27,26 @@ import copyreg
 import io
 import itertools
 import logging
-import os
 import pickle
 import threading
-import time
 import weakref
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
 
-from ...errors import MeshClosedError, MeshUsageError, SupervisionError
+from ...errors import MeshClosedError, SupervisionError
 from .. import compat
 from ..wire.kinds import CHECK, PLAIN_KINDS, checked
-from ..wire.ops import Op, issue_site, torch_constant
+from ..wire.ops import Op, torch_constant
 from . import lifetime
+from .idle_flush import native_id, start_timer
 from .interrupts import held
 from .programs import Programs
 
 logger = logging.getLogger(__name__)
 
 BATCH_OPS = 256
-# Seconds without a recorded op before the buffer goes out by itself. The design said 2 ms; on
-# a loaded 2-core host a loop of ops has GIL and scheduling gaps of 2-40 ms, and at 2 ms (even
-# with the starvation check below) 500 ops took up to 5 messages; at 10 ms they took 1-2.
-IDLE_FLUSH = 0.01
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
@@ -142,38 +130,6 @@ class Stream:
     def new_id(self) -> int:
         return next(self._ids)  # itertools.count is atomic under the GIL
 
-    def constant(self, x: Any) -> int:
-        """The id of the workers' copy of controller tensor ``x`` (an op's argument), uploaded
-        with the first op that uses it and again only after ``x`` changed in place; the copy is
-        dropped when ``x`` is collected. A training loop's inputs and targets are sent once,
-        not with every op."""
-        if x.is_meta:
-            raise MeshUsageError(
-                f"a tensor on the meta device {tuple(x.shape)} met a MeshTensor: it has no "
-                "values to send. A module built by a factory is built on the meta device on "
-                "the controller: register such a tensor as a buffer (it is then built on the "
-                "ranks), or create it in forward"
-            )
-        key = id(x)
-        entry = self.consts.get(key)
-        # Inference tensors have no version counter: those are sent with each op.
-        version = None if x.is_inference() else x._version  # noqa: SLF001
-        if entry is not None and entry[0]() is x:
-            if entry[1] == version:
-                return entry[2]
-            self.died(entry[2])  # dropped after the ops already buffered that read it
-        cid = self.new_id()
-        # A snapshot: the op is pickled later, and x may change in place before that.
-        data = x.detach().clone()
-        self.record(("constant", (cid,), (), ((tuple(x.shape), x.dtype, True),), (data,),
-                     issue_site()))  # fmt: skip
-        if version is None:
-            self.died(cid)
-        else:
-            gone = partial(_constant_gone, weakref.ref(self), key, cid)
-            self.consts[key] = (weakref.ref(x, gone), version, cid)
-        return cid
-
     def check(self) -> None:
         """Raise what makes this mesh's values unusable: stopped, or a rank lost (since healed
         or not), each saying what to do."""
@@ -197,7 +153,7 @@ class Stream:
             full = len(ops) >= BATCH_OPS
             if not self.armed and not full:
                 self.armed = True
-                self.recorder_tid = _native_id()
+                self.recorder_tid = native_id()
                 if self._timer is None:
                     with held():  # a thread half started would never flush
                         self._start_timer()
@@ -386,10 +342,7 @@ class Stream:
 
     def _start_timer(self) -> None:
         if self._timer is None:
-            self._timer = threading.Thread(
-                target=_idle_loop, args=(weakref.ref(self),), name="tensor-stream", daemon=True
-            )
-            self._timer.start()
+            self._timer = start_timer(self)
 
     def timer_ends_if_idle(self) -> bool:
         """Called by the idle timer after a second with nothing recorded: it ends (the next
@@ -408,56 +361,6 @@ class Stream:
 
 if CHECK:  # the test suite: every op recorded is checked against the table of kinds
     Stream.record = checked(Stream.record)  # type: ignore[method-assign,assignment]
-
-
-def _constant_gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None:
-    stream = ref()
-    if stream is None:
-        return
-    entry = stream.consts.get(key)
-    if entry is not None and entry[2] == cid:
-        del stream.consts[key]
-    stream.died(cid)
-
-
-def _idle_loop(ref: weakref.ref[Stream]) -> None:
-    """Flush a stream once nothing was recorded for IDLE_FLUSH seconds (holds no strong ref
-    while it sleeps, so a dropped mesh's stream can go); end after a second of nothing."""
-    while True:
-        stream = ref()
-        if stream is None or stream.closed:
-            return
-        wake = stream.wake_event
-        del stream
-        wake.wait(1.0)
-        stream = ref()
-        if stream is None or stream.closed:
-            return
-        if not wake.is_set() and not stream.ops:
-            # (armed, but an interrupt came before the event was set: ops say it)
-            if stream.timer_ends_if_idle():
-                return
-            continue
-        while True:
-            seen = stream.recorded
-            # A timer, not synchronisation: the count decides whether the window was quiet.
-            time.sleep(IDLE_FLUSH)
-            if stream.closed:
-                return
-            if stream.recorded != seen:
-                continue
-            with stream.lock:
-                if not stream.ops:
-                    stream.armed = False
-                    wake.clear()
-                    break
-            if _starved(stream):
-                continue
-            try:
-                stream.send_now()
-            except BaseException as exc:
-                stream.error = exc  # raised by the next sync point on the user's thread
-        del stream
 
 
 def _pack(ops: list[Op]) -> list[Op] | bytes:
@@ -483,42 +386,6 @@ class _BatchPickler(pickle.Pickler):
     a training step's whole batch of 41 ops 25."""
 
     dispatch_table = {**copyreg.dispatch_table, torch.memory_format: _by_name}
-
-
-_tls = threading.local()
-
-
-def _native_id() -> int:
-    tid: int | None = getattr(_tls, "tid", None)
-    if tid is None:
-        tid = _tls.tid = threading.get_native_id()
-    return tid
-
-
-def _runqueue_wait(tid: int) -> float | None:
-    """Seconds thread ``tid`` of this process has spent runnable but waiting for a CPU."""
-    try:
-        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _starved(stream: Stream) -> bool:
-    """Watch the recording thread for one more idle window: True if it recorded meanwhile or
-    spent most of the window waiting for a CPU (then it is busy, not idle)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return False
-    before = _runqueue_wait(stream.recorder_tid)
-    if before is None:
-        return False
-    seen = stream.recorded
-    start = time.monotonic()
-    time.sleep(IDLE_FLUSH)
-    if stream.recorded != seen:
-        return True
-    after = _runqueue_wait(stream.recorder_tid)
-    return after is not None and after - before > (time.monotonic() - start) / 2
 
 
 def flush_all(*_: Any) -> None:

@@ -37,12 +37,14 @@ from .ops import Op, Ref
 # The recording modules and handlers, as ``module`` or ``module:function`` under actormesh.tensor.
 _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller.activate"
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
-_TENSOR, _STREAM = "controller.tensor", "controller.stream"
+_TENSOR, _CONSTANTS = "controller.tensor", "controller.constants"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
 _PLANS = "controller.plans"
 _MOVE = "controller.transfer"
 _CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
+_RESTORE = "controller.restore"
 _PROGRAMS = "controller.programs"
+_GRADS = "controller.grad_sync"
 
 
 class Kind(NamedTuple):
@@ -71,7 +73,7 @@ _TABLE = [
          "(args, then kwargs) and which has no controller tensors. ``None``: the general path's, "
          "whose arguments hold ``Ref``s (controller tensors uploaded as ``constant`` ops). "
          "``seed``: one draw of the controller's generator for a random op."),
-    Kind("constant", ("tensor: tensor",), 1, (_STREAM,), "worker.aten:run_constant", True,
+    Kind("constant", ("tensor: tensor",), 1, (_CONSTANTS,), "worker.aten:run_constant", True,
          "A controller tensor that later ops read by id (``Stream.constant``): an op's "
          "argument, a module's input batch; uploaded once per version."),
     # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
@@ -148,7 +150,7 @@ _TABLE = [
          "A module (or a factory run under ``seed``) built on every rank, its parameters placed "
          "(``tp_plan``, ``fsdp``): out names its distinct parameters, then buffers (``names``: "
          "theirs on the controller, checked), then a report of their placements."),
-    Kind("grad_sync", ("pairs: tuple",), None, (_MOD,), "worker.module:run_grad_sync", True,
+    Kind("grad_sync", ("pairs: tuple",), None, (_GRADS,), "worker.module:run_grad_sync", True,
          "After a backward: each (gradient, parameter) pair's gradient moved to the "
          "parameter's placements under its own id (partial sums summed, bucketed)."),
     Kind("relayout", ("value: Ref", "axis: int", "placement: any"), 1, (_PLANS,),
@@ -174,11 +176,11 @@ _TABLE = [
          "each copied whole along that mesh dimension (before it changes size), and out names "
          "a receipt; ``anchor``: the id whose drop frees the copy (worker/snapshots.py)."),
     Kind("restore", ("lineage: str", "gen: int", "metas: dict", "transfers: tuple"), None,
-         (_RECOVERY,), "worker.recovery:run_restore", False,
+         (_RESTORE,), "worker.recovery:run_restore", False,
          "On a restarted engine: the values of snapshot ``gen`` under their ids (out), each rank "
          "from its own copy or from a rank holding its shard (``transfers``: id, dst, src); the "
          "last output is a receipt the controller fetches."),
-    Kind("allocate", ("metas: dict",), None, (_RECOVERY,), "worker.recovery:run_allocate", False,
+    Kind("allocate", ("metas: dict",), None, (_RESTORE,), "worker.recovery:run_allocate", False,
          "On a restarted engine: zeros under the ids of ``out`` placed as ``metas`` says (the "
          "survivors' snapshots), for a checkpoint load to fill."),
     # -- a repeated step sent by reference (controller/programs.py, wire/programs.py) ----------

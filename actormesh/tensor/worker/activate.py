@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from .aten import tensor_leaves
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
 _RANDOM = frozenset({"rand", "randn", "randint"})
 
 
-def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_factory(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
     name, args, kwargs = payload
@@ -26,7 +26,7 @@ def run_factory(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     return tensor_leaves(getattr(torch, name)(*engine.resolve(args), **engine.resolve(kwargs)))
 
 
-def run_rank(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_rank(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
     dims, view_id = payload

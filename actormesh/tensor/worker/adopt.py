@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 from .. import compat
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 # What adopt_value tells the controller: (per_rank, shape, dtype, stride).
 Adopted = tuple[bool, tuple[int, ...], Any, tuple[int, ...]]
 
 
-def adopt_value(engine: _TensorEngine, id: int, name: str) -> Adopted:
+def adopt_value(engine: EngineState, id: int, name: str) -> Adopted:
     """Make ``name`` from this process's ``%%mesh`` namespace engine value ``id``: a DTensor is
     a global value (moved onto the engine's DeviceMesh if the cell made its own of the same
     shape), a tensor a per-rank one. ``(per_rank, global shape, dtype, stride)`` for the

@@ -18,7 +18,7 @@ from .dtensors import as_dtensor
 from .shard_ops import TAKES_CONSTANTS, on_shards
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _flat(args: Any, kwargs: dict[str, Any]) -> Iterator[Any]:
             yield x
 
 
-def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def lift_constants(engine: EngineState, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """Controller tensors in an op with DTensors become Replicate DTensors (DTensor rejects
     mixed Tensor/DTensor arguments); on the DTensor arguments' mesh."""
     import torch
@@ -126,7 +126,7 @@ def lift_constants(engine: _TensorEngine, args: Any, kwargs: dict[str, Any]) -> 
     return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
 
 
-def run_aten(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_aten(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     name, args, kwargs, seed, inputs = payload  # one shape for both paths (wire/kinds.py)
     func = resolve_op(name)
     if inputs is not None:  # from the controller's fast path: inputs as IN, in the order of ins
@@ -284,7 +284,7 @@ def _plain(placements: Sequence[Any]) -> list[Any]:
     return [p if type(p) is Shard else Replicate() for p in placements]
 
 
-def run_constant(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_constant(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     # A controller tensor that ops read by id (Stream.constant): kept plain, and lifted to a
     # Replicate DTensor where an op mixes it with DTensors (lift_constants).
     (tensor,) = payload

@@ -34,7 +34,7 @@ from ..compat import Actor, endpoint
 from ..wire.ops import Ref
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 # (engine key, token) -> the background save's future on this rank (the watcher waits on it).
 SAVES: dict[tuple[str, str], Future[Any]] = {}
@@ -49,7 +49,7 @@ def staging_path(path: str, token: str) -> str:
     return f"{path.rstrip(os.sep)}.partial-{token}"
 
 
-def _group(engine: _TensorEngine) -> Any:
+def _group(engine: EngineState) -> Any:
     group = _groups.get(engine.key)
     if group is None:
         import torch.distributed as dist
@@ -58,7 +58,7 @@ def _group(engine: _TensorEngine) -> Any:
     return group
 
 
-def _wait_for_previous(engine: _TensorEngine) -> None:
+def _wait_for_previous(engine: EngineState) -> None:
     """A background save still writing finishes first (its outcome is reported to whoever
     waits on it; this op does not inherit its failure)."""
     previous = _in_flight.pop(engine.key, None)
@@ -66,14 +66,14 @@ def _wait_for_previous(engine: _TensorEngine) -> None:
         previous.exception()  # waits; never raises
 
 
-def _poisoned(engine: _TensorEngine, spec: Any) -> list[int]:
+def _poisoned(engine: EngineState, spec: Any) -> list[int]:
     from torch.utils._pytree import tree_flatten
 
     leaves = tree_flatten(spec, is_leaf=lambda x: type(x) is Ref)[0]
     return [x.id for x in leaves if type(x) is Ref and x.id in engine.poison]
 
 
-def _refusal(engine: _TensorEngine, ids: list[int]) -> RuntimeError:
+def _refusal(engine: EngineState, ids: list[int]) -> RuntimeError:
     root = engine.poison[ids[0]]
     return RuntimeError(
         f"not saved: {len(ids)} value(s) of this state failed on {engine.rank_str} "
@@ -82,7 +82,7 @@ def _refusal(engine: _TensorEngine, ids: list[int]) -> RuntimeError:
     )
 
 
-def _save_planner(engine: _TensorEngine, spec: Any) -> Any:
+def _save_planner(engine: EngineState, spec: Any) -> Any:
     from torch.distributed.checkpoint import DefaultSavePlanner
 
     class Planner(DefaultSavePlanner):
@@ -96,7 +96,7 @@ def _save_planner(engine: _TensorEngine, spec: Any) -> Any:
     return Planner()
 
 
-def run_save(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_save(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch.distributed.checkpoint as dcp
 
     spec, path, token, background = payload
@@ -165,7 +165,7 @@ def _failed(done: str, path: str, exc: BaseException) -> CheckpointFailed:
     return CheckpointFailed(f"{full}the checkpoint at {path} could not be {done}: {exc}")
 
 
-def _publish(engine: _TensorEngine, staging: str, path: str, token: str) -> None:
+def _publish(engine: EngineState, staging: str, path: str, token: str) -> None:
     """Rank 0 puts the finished checkpoint at ``path`` (the previous one, if any, moves aside
     first and is removed last: a crash between the two renames leaves it whole beside)."""
     if engine.index != 0:
@@ -182,7 +182,7 @@ def _publish(engine: _TensorEngine, staging: str, path: str, token: str) -> None
         os.rename(staging, path)
 
 
-def _discard(engine: _TensorEngine, staging: str) -> None:
+def _discard(engine: EngineState, staging: str) -> None:
     if engine.index == 0:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -210,7 +210,7 @@ class _NotLoaded(Exception):
     """A load that failed before writing into any value: the values stay as they were."""
 
 
-def run_load(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_load(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """Load in place; rank 0 answers the loaded non-``Ref`` leaves (the spec's shape, ``None``
     where a Ref was) for the controller to write back into its own objects. A failure before
     any value was written is the output's (nothing is poisoned); one after poisons every value

@@ -11,10 +11,10 @@ from ..wire.shapes import contiguous_strides
 from .dtensors import as_dtensor
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
-def run_distribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_distribute(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     from torch.distributed.tensor import distribute_tensor
 
     tensor, placements, view_id = payload
@@ -44,9 +44,7 @@ def _own_block(tensor: Any, mesh: Any, placements: Any) -> Any:
     return as_dtensor(local.contiguous(), mesh, placements, whole, contiguous_strides(whole))
 
 
-def run_distribute_staged(
-    engine: _TensorEngine, payload: Any, out: tuple[int, ...]
-) -> Sequence[Any]:
+def run_distribute_staged(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -62,7 +60,7 @@ def run_distribute_staged(
     ]  # fmt: skip
 
 
-def run_random(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_random(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
     from torch.distributed.tensor import distribute_tensor
 
@@ -88,12 +86,12 @@ def _dtensor_random(mesh: Any, fn: str, shape: Any, dtype: Any, seed: int, place
         return getattr(dtensor, fn)(*shape, device_mesh=mesh, placements=placements, dtype=dtype)
 
 
-def run_redistribute(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_redistribute(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, placements = payload
     v = engine.resolve(ref)
     return [v.redistribute(v.device_mesh, placements)]  # its own mesh: the engine's, or a view
 
 
-def run_placements(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_placements(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     (ref,) = payload
     return [tuple(engine.resolve(ref).placements)]

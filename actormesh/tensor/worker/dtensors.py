@@ -1,5 +1,7 @@
-"""Wrapping a rank's local tensor as a DTensor, fast: the one constructor every worker module
-uses for the values it makes (shard routes, views, distribute, modules, recovery)."""
+"""DTensors on a rank, fast: ``as_dtensor`` wraps a local tensor (the one constructor every worker
+module uses for the values it makes: shard routes, views, distribute, modules, recovery), and
+what the shard routes ask of a spec (its local layout, whether its placements are plain) is
+cached per spec, as the engine reuses specs."""
 
 from __future__ import annotations
 
@@ -30,3 +32,41 @@ def as_dtensor(
         )
     # DTensor.__new__ is torch's C constructor; DTensor(...) adds a decorated no-op __init__.
     return DTensor.__new__(DTensor, local, spec, requires_grad=False)
+
+
+def plain_spec(spec: Any) -> bool:
+    """Only Shard and Replicate placements (no Partial, no strided shards)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return all(type(p) is Shard or type(p) is Replicate for p in spec.placements)
+
+
+# id(spec) -> (spec, this rank's local shape and global offset): DTensor computes them in Python
+# (tens of µs), and a training loop's loss asks for the same spec every step.
+_blocks: dict[int, tuple[Any, Any]] = {}
+
+
+def local_layout(spec: Any) -> Any:
+    """This rank's local shape and global offset of a value laid out as ``spec`` (cached)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    found = _blocks.get(id(spec))
+    if found is None or found[0] is not spec:
+        if len(_blocks) > 4096:
+            _blocks.clear()
+        found = _blocks[id(spec)] = (spec, compute_local_shape_and_global_offset(
+            spec.shape, spec.mesh, spec.placements))  # fmt: skip
+    return found[1]
+
+
+_SUM: Any = None
+
+
+def partial_sum() -> Any:
+    """``Partial("sum")``, made once."""
+    global _SUM
+    if _SUM is None:
+        from torch.distributed.tensor import Partial
+
+        _SUM = Partial("sum")
+    return _SUM

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 # A Partial value up to this many elements is fetched as every rank's term, added up on the
 # controller: no collective (DTensor's redistribute costs a few hundred µs of Python on each rank
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 COMBINE_ON_CONTROLLER = 1 << 16
 
 
-def answer_fetch(engine: _TensorEngine, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
+def answer_fetch(engine: EngineState, requests: list[tuple[int, int | None]]) -> dict[str, Any]:
     """Per requested ``(id, want)``: this rank's poison, or its data when wanted.
 
     ``want`` is a rank index (that rank's local value) or ``None`` (the global value: every
@@ -58,7 +58,7 @@ def answer_fetch(engine: _TensorEngine, requests: list[tuple[int, int | None]]) 
     return {"poison": poison, "data": data}
 
 
-def _piece(engine: _TensorEngine, v: Any, divisor: int | None) -> tuple[Any, ...] | None:
+def _piece(engine: EngineState, v: Any, divisor: int | None) -> tuple[Any, ...] | None:
     """This rank's block of ``v`` with its global offset, or ``None`` when another rank sends
     the same block. ``divisor``: ``v`` is a partial sum that the controller adds up (then
     divides by it), so every rank along its Partial dimensions sends its term."""

@@ -22,9 +22,10 @@ from . import (
     transfer,
     views,
 )
+from .state import EngineState
 
 # (engine, payload, output ids) -> one value per output id
-Handler = Callable[[Any, Any, tuple[int, ...]], Sequence[Any]]
+Handler = Callable[[EngineState, Any, tuple[int, ...]], Sequence[Any]]
 
 HANDLERS: dict[str, Handler] = {
     "aten": aten.run_aten,

@@ -25,14 +25,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 # How long an actor or a cell waits for the engine to run the ops issued before it, and the
 # engine for a cell launched before its message to take its turn.
 LOCAL_VALUE_WAIT = 300.0
 
 # This process's engines by key (each registers itself as it starts).
-REGISTRY: dict[str, _TensorEngine] = {}
+REGISTRY: dict[str, EngineState] = {}
 
 
 # The newest %%mesh cell (the kernel's number) that took its turn in this process. One number
@@ -50,7 +50,7 @@ def release_cell(cell: int) -> None:
             _released_cond.notify_all()
 
 
-def wait_for_cell(engine: _TensorEngine, cell: int, name: str) -> None:
+def wait_for_cell(engine: EngineState, cell: int, name: str) -> None:
     """On the engine's thread, before it takes its lock for a message sent after cell ``cell``
     (called ``name``) was launched: wait until that cell took its turn in this process."""
     with _released_cond:
@@ -62,7 +62,7 @@ def wait_for_cell(engine: _TensorEngine, cell: int, name: str) -> None:
             )
 
 
-def _wait_for_batch(engine: _TensorEngine, seq: int) -> None:
+def _wait_for_batch(engine: EngineState, seq: int) -> None:
     with engine.cond:
         if not engine.cond.wait_for(lambda: engine.done >= seq, timeout=LOCAL_VALUE_WAIT):
             raise TimeoutError(
@@ -71,7 +71,7 @@ def _wait_for_batch(engine: _TensorEngine, seq: int) -> None:
             )
 
 
-def run_pin(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_pin(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """A MeshTensor went into a message for the actors of ``ranks`` (MeshTensor.__reduce_ex__):
     those ranks keep its value under the pin's own id until their actor read it (local_value),
     however soon the MeshTensor itself is dropped; the others drop the pin at once."""
@@ -105,7 +105,7 @@ def local_value(key: str, id: int, seq: int, dtensor: bool = False, pinned: bool
             engine.read_pins.append(id)  # the engine drops it between batches
 
 
-def _read(engine: _TensorEngine, id: int, dtensor: bool) -> Any:
+def _read(engine: EngineState, id: int, dtensor: bool) -> Any:
     from torch.distributed.tensor import DTensor
 
     root = engine.poison.get(id)
@@ -119,7 +119,7 @@ def _read(engine: _TensorEngine, id: int, dtensor: bool) -> Any:
     return v.to_local() if isinstance(v, DTensor) and not dtensor else v
 
 
-def _engine_value(engine: _TensorEngine, v: Any) -> bool:
+def _engine_value(engine: EngineState, v: Any) -> bool:
     """Whether a cell using ``v`` may run collectives of this process's group, or change what
     the engine holds: any DTensor (whichever DeviceMesh: they share the process group), a module
     with DTensor parameters, or a value the engine holds itself."""
@@ -147,7 +147,7 @@ class CellTurn:
         self.cell = cell
         self.values = [namespace[n] for n in set(names) if n in namespace]
         self.after = after
-        self.held: list[_TensorEngine] = []
+        self.held: list[EngineState] = []
 
     def __enter__(self) -> None:
         try:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from .dtensors import as_dtensor
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 BUCKET_BYTES = 25 * 2**20
 
 
-def run_build(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_build(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
     source, is_factory, seed, names, data_dim, fsdp, tp_plan, tp_dim = payload
@@ -88,7 +88,7 @@ def _check_names(names: Any, params: Any, buffers: Any) -> None:
             )
 
 
-def _over_mesh(engine: _TensorEngine, t: Any, tp_dim: str | None) -> Any:
+def _over_mesh(engine: EngineState, t: Any, tp_dim: str | None) -> Any:
     """``t`` as a DTensor over the whole mesh: a DTensor over the tp dimension keeps its
     placement there (replicated over the others); a plain tensor is replicated. No
     communication: each rank already holds its block."""
@@ -104,7 +104,7 @@ def _over_mesh(engine: _TensorEngine, t: Any, tp_dim: str | None) -> Any:
     return as_dtensor(t, engine.mesh, placements)
 
 
-def _split_over(engine: _TensorEngine, v: Any, dim: str) -> Any:
+def _split_over(engine: EngineState, v: Any, dim: str) -> Any:
     """``v`` also split along its dim 0 over mesh dimension ``dim`` (a local slice)."""
     from torch.distributed.tensor import Shard
 
@@ -113,7 +113,7 @@ def _split_over(engine: _TensorEngine, v: Any, dim: str) -> Any:
     return v.redistribute(engine.mesh, placements)
 
 
-def run_relayout(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_relayout(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, axis, placement = payload
     v = engine.resolve(ref)
     placements = list(v.placements)
@@ -123,7 +123,7 @@ def run_relayout(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
     return [v.redistribute(v.device_mesh, placements)]
 
 
-def run_grad_sync(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_grad_sync(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """Each gradient moved to its parameter's placements, in place (the same ids).
 
     A gradient that is a partial sum where its parameter is replicated (the usual case: the

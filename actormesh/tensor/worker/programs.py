@@ -22,7 +22,7 @@ from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
 from .shard_ops import route_for
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
 class _Step:
@@ -91,7 +91,7 @@ def compile_program(ops: Sequence[Any]) -> list[_Step]:
     return steps
 
 
-def run_program(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_program(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     index, definition, ids, values = payload
     if definition is not None:
         engine.programs[index] = compile_program(definition)

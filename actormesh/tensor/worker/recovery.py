@@ -31,7 +31,7 @@ from .local import REGISTRY
 from .snapshots import ANCHORS, SNAPSHOTS
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
 class ValueMeta(NamedTuple):
@@ -58,7 +58,7 @@ class Generation:
     values: dict[int, tuple[Any, ValueMeta]]
 
 
-def _snap(engine: _TensorEngine, v: Any, gather: str | None) -> tuple[Any, ValueMeta]:
+def _snap(engine: EngineState, v: Any, gather: str | None) -> tuple[Any, ValueMeta]:
     from torch.distributed.tensor import DTensor, Replicate
 
     if not isinstance(v, DTensor):
@@ -77,7 +77,7 @@ def _snap(engine: _TensorEngine, v: Any, gather: str | None) -> tuple[Any, Value
     return v.to_local().detach().clone(), meta
 
 
-def run_snapshot(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_snapshot(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """``payload``: (lineage, gen, ids, gather, anchor): ``gather`` names a mesh dimension whose
     size changes next (``FaultTolerant.grow``), along which each value is copied whole;
     ``anchor``: the id whose drop frees the copy (snapshots.py). ``out``: a receipt, when the
@@ -97,15 +97,15 @@ def run_snapshot(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> S
     return [True] * len(out)
 
 
-def _sizes(engine: _TensorEngine) -> dict[str, int]:
+def _sizes(engine: EngineState) -> dict[str, int]:
     return dict(zip(engine.labels, engine.sizes, strict=True))
 
 
-def _mesh_for(engine: _TensorEngine, dims: tuple[str, ...]) -> Any:
+def _mesh_for(engine: EngineState, dims: tuple[str, ...]) -> Any:
     return engine.mesh if dims == tuple(engine.labels) else engine.mesh[dims]
 
 
-def run_restore(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_restore(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """``payload``: (lineage, gen, metas, transfers). ``metas[id]``: a ``ValueMeta``;
     ``transfers``: ``(id, dst, src)`` engine indices, the same list on every rank (a rank that
     is no ``dst`` of a value has it in its own snapshot). Answers the restored values, in
@@ -151,7 +151,7 @@ def run_restore(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Se
     return [*values, True]
 
 
-def run_allocate(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_allocate(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """On a restarted engine: a value under each id of ``out`` placed as ``metas[id]`` (a
     ``ValueMeta``; its ``target``) says, holding zeros: a checkpoint load writes into it next."""
     import torch

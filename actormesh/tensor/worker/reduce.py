@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
 def _op(reduction: str) -> Any:
@@ -26,7 +26,7 @@ def _op(reduction: str) -> Any:
     }[reduction]  # fmt: skip
 
 
-def run_reduce(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_reduce(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, dims, reduction, scatter, view_id, inplace, into = payload
     local = engine.resolve(ref)
     view = engine.view(view_id)

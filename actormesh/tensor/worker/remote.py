@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 from .aten import tensor_leaves
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
-def run_define(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_define(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     fn_id, fn = payload
     engine.fns[fn_id] = fn
     return []
 
 
-def run_call(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_call(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
 
     fn_id, name, args, kwargs, structured = payload
@@ -56,6 +56,6 @@ def _check_as_described(name: str, values: Sequence[Any], meta: Sequence[Any]) -
             )
 
 
-def run_unpack(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_unpack(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     (whole,) = payload
     return tensor_leaves(engine.resolve(whole))

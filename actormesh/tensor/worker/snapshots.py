@@ -1,7 +1,7 @@
 """The in-memory snapshots a rank keeps for live recovery (``recovery.py`` writes and reads
 them), and what frees them: each ``FaultTolerant`` names its snapshots by a lineage and holds an
 anchor id; when it is collected on the controller the anchor is dropped like a MeshTensor's
-value, and the rank forgets that lineage's copy (``forget_anchor``, from ``_TensorEngine._drop``).
+value, and the rank forgets that lineage's copy (``forget_anchor``, from ``EngineState._drop``).
 
 Module-level, not the engine's: a snapshot outlives the engine that took it (recovery restarts
 the engines and restores from the copies that survived).

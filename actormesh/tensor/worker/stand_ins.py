@@ -1,4 +1,4 @@
-"""Stand-ins: what a failed op's outputs become on this rank (engine.py's poisoned values).
+"""Stand-ins: what a failed op's outputs become on this rank (state.py's poisoned values).
 
 A stand-in is a zero value of the shape the controller computed for the output (and the
 placements of an input of that shape), so that later ops on this rank still run, for real, on
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.shapes import contiguous_strides
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class StoodIn(Exception):
         self.cause = cause
 
 
-def stand_in(engine: _TensorEngine, meta: Any, ins: tuple[int, ...]) -> Any:
+def stand_in(engine: EngineState, meta: Any, ins: tuple[int, ...]) -> Any:
     """A zero value of the shape the op would have had; ``None`` when that is unknown."""
     if meta is None:
         return None

@@ -27,17 +27,16 @@ that does not come within the op's timeout, fails the receive instead.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..compat import in_this_process, open_port
+from ..compat import in_this_process
 from ..wire.ops import FailureInfo
+from .inbox import inboxes
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
 class Inherited(Exception):
@@ -50,58 +49,7 @@ class Inherited(Exception):
         self.root = root
 
 
-_inboxes: dict[int, Inbox] = {}  # this process's, by port id
-
-
-class Inbox:
-    """One engine's messages from other engines' ``send`` ops, by transfer key (a port handler:
-    ``on_message`` runs on the I/O thread and only files the message)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.messages: dict[int, list[Any]] = {}
-        self.dead: set[bytes] = set()
-        self.port = open_port(self)
-        _inboxes[self.port.port_id] = self
-
-    def on_message(self, msg: Any) -> None:
-        self.put(msg.value())
-
-    def put(self, message: tuple[Any, ...]) -> None:
-        with self.cond:
-            self.messages.setdefault(message[0], []).append(message)
-            self.cond.notify_all()
-
-    def on_death(self, mailbox: bytes, death: Any) -> bool:
-        with self.cond:
-            self.dead.add(mailbox)
-            self.cond.notify_all()
-        return False  # others waiting on that process hear of it too
-
-    def take(self, key: int, count: int, senders: set[bytes], timeout: float) -> list[Any]:
-        """The ``count`` messages of transfer ``key``; raise if one of ``senders`` (mailboxes)
-        died first, or after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while len(self.messages.get(key, ())) < count:
-                gone = senders & self.dead
-                if gone:
-                    raise RuntimeError(
-                        f"a process of the sending mesh died before its part of this to_mesh "
-                        f"came ({len(self.messages.get(key, ()))} of {count} messages arrived)"
-                    )
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(
-                        f"to_mesh waited {timeout:g} s for the sending mesh and got "
-                        f"{len(self.messages.get(key, ()))} of {count} messages; is that mesh "
-                        "blocked, or did its op stream stop?"
-                    )
-                self.cond.wait(left)
-            return self.messages.pop(key)
-
-
-def run_link(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_link(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     """Remember the inboxes of engine ``peer`` (by its index), where ``send`` ops go."""
     peer, ports = payload
     engine.peers[peer] = ports
@@ -111,7 +59,7 @@ def run_link(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
 # -- sending -------------------------------------------------------------------------------------
 
 
-def run_send(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_send(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     ref, peer, key, placements, dst_labels, dst_sizes, targets = payload
     ports = engine.peers[peer]
     root = engine.poison.get(ref.id)
@@ -141,11 +89,11 @@ def _post(port: Any, message: tuple[Any, ...]) -> None:
     # In this process (an engine over a slice of this one's processes): a copy, not a pickle.
     key, index, placed, pieces, failure = message
     copies = [(o, t.detach().clone()) for o, t in pieces]
-    _inboxes[port.port_id].put((key, index, placed, copies, failure))
+    inboxes[port.port_id].put((key, index, placed, copies, failure))
 
 
 def _global_messages(
-    engine: _TensorEngine,
+    engine: EngineState,
     value: Any,
     key: int,
     placements: tuple[Any, ...] | None,
@@ -254,7 +202,7 @@ def _coords(index: int, sizes: Sequence[int]) -> list[int]:
 # -- receiving -----------------------------------------------------------------------------------
 
 
-def run_recv(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_recv(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     key, sender, count, view_id, shape, dtype, timeout = payload
     mailboxes = {port.address.mailbox for port in engine.peers[sender]}
     engine.span_close()  # waiting is not being busy
@@ -280,7 +228,7 @@ def run_recv(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Seque
 
 
 def _assemble(
-    engine: _TensorEngine, view_id: int, messages: list[Any], shape: tuple[int, ...], dtype: Any
+    engine: EngineState, view_id: int, messages: list[Any], shape: tuple[int, ...], dtype: Any
 ) -> Any:
     import torch
 
@@ -322,7 +270,7 @@ def _assemble(
     return as_dtensor(local, mesh, list(placements), size, contiguous_strides(size))
 
 
-def _local_copy(engine: _TensorEngine, failure: FailureInfo) -> FailureInfo:
+def _local_copy(engine: EngineState, failure: FailureInfo) -> FailureInfo:
     """The source rank's failure under a serial of this engine's (serials are per engine: the
     count of values holding a failure is kept by it). Counted as reported already: a fetch
     here raises it, but its values going unread here is not news; the source engine reports

@@ -14,39 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..compat import Extent, Point
+from .state import MeshView
 
 if TYPE_CHECKING:
-    from .engine import _TensorEngine
+    from .state import EngineState
 
 
-class MeshView:
-    """One shape of the engine's processes: its ``DeviceMesh``, labels, sizes and this rank's
-    coordinates in it."""
-
-    __slots__ = ("coords", "labels", "mesh", "sizes")
-
-    def __init__(self, mesh: Any, labels: tuple[str, ...], sizes: tuple[int, ...], index: int):
-        self.mesh = mesh
-        self.labels = labels
-        self.sizes = sizes
-        self.coords: dict[str, int] = dict(Point(index, Extent(list(labels), list(sizes))))
-
-    def size(self, dims: Sequence[str]) -> int:
-        n = 1
-        for d in dims:
-            n *= self.sizes[self.labels.index(d)]
-        return n
-
-    def index(self, dims: Sequence[str]) -> int:
-        """This rank's position among the ranks along ``dims``, row-major in the given order."""
-        value = 0
-        for d in dims:
-            value = value * self.sizes[self.labels.index(d)] + self.coords[d]
-        return value
-
-
-def run_mesh_view(engine: _TensorEngine, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
+def run_mesh_view(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 

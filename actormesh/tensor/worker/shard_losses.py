@@ -1,0 +1,129 @@
+"""Losses on each rank's local shards (a route of ``shard_ops.py``).
+
+- ``mse_loss`` and its backward on a sharded input and a target that is sharded alike or
+  replicated (each rank takes its block): the local sum is a ``Partial`` sum over the sharded
+  mesh dimensions. (DTensor's own rule for it gave wrong values, see aten.py.)
+- ``nll_loss`` (``cross_entropy``) with mean reduction on a split batch: DTensor's rule (torch
+  2.13) averages the ranks' means, which is wrong whenever their counts of counted targets
+  differ (``ignore_index``, padding, class weights); it is computed here as the sum over the
+  counted targets divided by their count, each summed over the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dtensors import as_dtensor, local_layout, plain_spec
+
+
+def _block(target: Any, spec: Any) -> Any:
+    """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
+    local tensor when its spec matches, its slice when it is replicated or a plain tensor (a
+    controller constant: every rank holds all of it); else ``None``."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if type(target) is DTensor:
+        if target.shape != spec.shape:
+            return None
+        tspec = target._spec  # noqa: SLF001
+        if tspec.mesh is not spec.mesh:
+            return None
+        if tspec.placements == spec.placements:
+            return target._local_tensor  # noqa: SLF001
+        if not all(p.is_replicate() for p in tspec.placements):
+            return None
+        block = target._local_tensor  # noqa: SLF001
+    elif type(target) is torch.Tensor and target.shape == spec.shape:
+        block = target
+    else:
+        return None
+    shape, offset = local_layout(spec)
+    for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
+        if size != block.shape[dim]:  # (a dim not split over the mesh needs no narrow)
+            block = block.narrow(dim, start, size)
+    return block
+
+
+def _reduction(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> Any:
+    return args[position] if len(args) > position else kwargs.get("reduction", 1)
+
+
+def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import math
+
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    x = args[0]
+    reduction = _reduction(args, kwargs, 2)
+    if type(x) is not DTensor or reduction not in (1, 2) or not plain_spec(x._spec):  # noqa: SLF001
+        return None
+    spec = x._spec  # noqa: SLF001
+    target = _block(args[1], spec)
+    if target is None:
+        return None
+    diff = x._local_tensor - target  # noqa: SLF001
+    total = (diff * diff).sum()
+    if reduction == 1:  # mean over the global tensor
+        total = total / math.prod(spec.shape)
+    placements = [Partial("sum") if p.is_shard() else Replicate() for p in spec.placements]
+    return as_dtensor(total, spec.mesh, placements, (), ())
+
+
+def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import math
+
+    from torch.distributed.tensor import DTensor
+
+    grad, x = args[0], args[1]
+    reduction = _reduction(args, kwargs, 3)
+    if type(x) is not DTensor or type(grad) is not DTensor or reduction not in (1, 2):
+        return None
+    spec = x._spec  # noqa: SLF001
+    if (
+        not plain_spec(spec)
+        or grad.dim() != 0
+        or not all(
+            p.is_replicate()
+            for p in grad._spec.placements  # noqa: SLF001
+        )
+    ):
+        return None
+    target = _block(args[2], spec)
+    if target is None:
+        return None
+    local = x._local_tensor  # noqa: SLF001
+    scale = 2 * grad._local_tensor  # noqa: SLF001
+    if reduction == 1:
+        scale = scale / math.prod(spec.shape)
+    out = (local - target) * scale
+    if out.dtype != local.dtype or out.stride() != local.stride():
+        return None
+    return DTensor.__new__(DTensor, out, spec, requires_grad=False)
+
+
+def _nll_loss_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Mean ``nll_loss`` of a DTensor whose batch is split: the summed loss and the summed
+    weight of the counted targets, both made whole (all-reduced), then divided."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    x = args[0]
+    reduction = args[3] if len(args) > 3 else kwargs.get("reduction", 1)
+    if type(x) is not DTensor or reduction != 1 or kwargs:
+        return None
+    split = [a for a in args[:3] if type(a) is DTensor and any(p.is_shard() for p in a.placements)]
+    if not split:
+        return None  # nothing split: DTensor's mean is the mean
+    total, weight = func(*args[:3], 2, *args[4:])  # reduction=sum: partial sums, exact
+    whole = [Replicate()] * x.device_mesh.ndim
+    total = total.redistribute(x.device_mesh, whole)
+    weight = weight.redistribute(x.device_mesh, whole)
+    return total / weight, weight
+
+
+ROUTES = {
+    "aten.mse_loss.default": _mse_loss,
+    "aten.mse_loss_backward.default": _mse_loss_backward,
+    "aten.nll_loss_forward.default": _nll_loss_mean,
+    "aten.nll_loss2d_forward.default": _nll_loss_mean,
+}
