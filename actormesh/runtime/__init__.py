@@ -61,7 +61,8 @@ that run as ``python -m`` are imported by name. The table lists every module (a 
                         ``spawn_request`` (what a rank starts with), ``record_parts`` (the
                         controller and the record as each other see them), ``agent_handle``
                         (the controller's handle on a host agent, starting this machine's),
-                        ``rehost`` (healed ranks elsewhere), ``host_mesh``, ``singletons``
+                        ``rehost`` (healed ranks elsewhere), ``respawn`` (a heal's actors
+                        created again), ``host_mesh``, ``singletons``
                         (``get_or_spawn_controller``), ``worker``, ``rank_exit`` (what a worker
                         runs as a graceful stop ends it), ``host_agent``, ``worker_output`` (an
                         agent's workers and their pipes), ``zygote`` (the fork server),

@@ -33,10 +33,6 @@ LONG_MODULES = {
         "response_port: runner_parts.Runner); what is left is its thread's loop and the "
         "handling of one call"
     ),
-    "runtime/procs/mesh_record.py": (
-        "not split yet: heal's re-creation of actors (_respawn_actors, _spawns_to_send) is the "
-        "piece to move out, typed against record_parts as rehost.py is"
-    ),
 }
 
 # "module:Class.function" (or "module:function") -> why it is right as it is.

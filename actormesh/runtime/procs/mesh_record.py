@@ -31,9 +31,9 @@ from ..actors import (
 from ..faults import unhandled_fault_hook
 from ..meshes import ActorSpawn, ProcMesh, ProcTable, new_proc_mesh
 from ..messaging import Address, LogSink, MetricsLog, new_id, spawn_hint
-from ..messaging.protocol import DUMP, MOVED, REAP, SPAWN_ACTOR, SPAWN_PROCS, STOP
+from ..messaging.protocol import DUMP, MOVED, REAP, SPAWN_PROCS, STOP
 from ..shape import Shape
-from . import rehost
+from . import rehost, respawn
 from .agent_handle import AgentHandle
 from .record_parts import MeshController
 from .sampling import ResourceHistory
@@ -335,58 +335,21 @@ class MeshRecord:
             set_exception(healed, exc)
             return
         rehost.announce(self, moved)
-        node = self.ctl.node
         pending = list(earlier)  # re-creations an earlier heal sent: this one waits for them too
         with self.lock:
             lost = [self.deaths[self.table.addresses[r].mailbox] for r in ranks if r in self.exited]
-            sends = self._spawns_to_send(ranks)
+            sends = respawn.spawns_to_send(
+                self.actor_spawns, self.table.stopped_actors, self.lacking, self.exited, ranks
+            )
         if lost:
             summary = "a process that heal() restarted died before its actors were re-created"
             pending.append(failed_future(SupervisionError(lost, summary)))
-        from ..meshes import Gather, no_values
-
-        for spawn, mine in sends:
-            shape = spawn.shape
-            gather: Gather[None] = Gather(f"{spawn.name}.__init__", self.table, shape, no_values)
-            # Only the respawned ranks answer; the others count as done already.
-            for index, rank in enumerate(shape.ranks()):
-                if rank not in mine:
-                    gather.deliver(index, False, None)
-            reply = gather.port = node.open_port(gather)
-            envelope: tuple[Any, ...] = (SPAWN_ACTOR, spawn.key, spawn.name, shape, reply)
-            if spawn.owner is not None:
-                envelope += (spawn.owner,)
-            for rank in mine:
-                address = self.table.addresses[rank]
-                node.send(address, envelope, spawn.payload, spawn.buffers, spawn.digest)
-            pending.append(gather.future)
+        for gathered in respawn.send_spawns(self.ctl.node, self.table, sends):
+            pending.append(gathered)
             with self.lock:
-                self._respawning.append(gather.future)
+                self._respawning.append(gathered)
         all_done = when_all(pending)
         all_done.add_done_callback(lambda f: settle(f, healed, None))
-
-    def _spawns_to_send(self, ranks: list[int]) -> list[tuple[ActorSpawn, list[int]]]:
-        """Under the lock: each actor spawn with the ranks of ``ranks`` it goes to again. An
-        actor that ActorMesh.stop stopped stays stopped: healing brings back what died. Each
-        spawn goes once to each process: its key leaves ``lacking`` as it is sent (a rank that
-        dies again is given every key by the next heal)."""
-        sends = []
-        for spawn in self.actor_spawns:
-            stopped = self.table.stopped_actors.get(spawn.key, ())
-            mine = []
-            for rank in ranks:
-                keys = self.lacking.get(rank)
-                if keys is None or spawn.key not in keys or rank in self.exited:
-                    continue
-                keys.discard(spawn.key)
-                if spawn.shape.local_index(rank) is not None and rank not in stopped:
-                    mine.append(rank)
-            if mine:
-                sends.append((spawn, mine))
-        for rank in ranks:
-            if not self.lacking.get(rank, True):
-                del self.lacking[rank]
-        return sends
 
     def dump_stacks(self, rank: int, reply: tuple[Any, ...], index: int) -> None:
         agent = self.agent_of(rank)
