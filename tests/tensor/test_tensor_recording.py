@@ -125,6 +125,36 @@ def test_results_on_shards_are_laid_out_as_torch_lays_out_the_whole(mesh: Any, o
     assert torch.equal(inspect(got.reshape(4, 1, 8)), want.reshape(4, 1, 8))
 
 
+LAYOUTS: list[list[Any]] = [[None, None], ["dp", None], [None, "tp"], ["tp", "dp"]]
+
+
+def test_a_linear_layers_ops_on_shards_follow_each_layout_step_after_step(mesh: Any) -> None:
+    # The linear routes (t, mm, addmm, sum over dims) find their result's layout once per
+    # input layouts and reuse it: every pair of layouts, three times over, interleaved so that
+    # each call meets layouts another call cached, gives the one-process values and layouts.
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    bias = torch.randn(8, dtype=torch.float64)
+    for _ in range(3):
+        for sa in LAYOUTS:
+            for sb in LAYOUTS:
+                da, db = distribute(a, mesh, sa), distribute(b, mesh, sb)
+                dbias = distribute(bias, mesh)
+                got = [da.t(), da @ db, torch.addmm(dbias, da, db), da.sum(dim=[0]),
+                       db.sum(dim=[1], keepdim=True)]  # fmt: skip
+                want = [a.t(), a @ b, torch.addmm(bias, a, b), a.sum(dim=[0]),
+                        b.sum(dim=[1], keepdim=True)]  # fmt: skip
+                for g, w, value in zip(got, want, inspect(got), strict=True):
+                    assert g.shape == w.shape and g.stride() == w.stride(), (sa, sb)
+                    assert torch.allclose(value, w), (sa, sb)
+    ints = distribute(torch.arange(12).reshape(3, 4), mesh, ["dp", None])
+    flags = distribute(torch.tensor([[True, False], [True, True]]), mesh, ["dp", None])
+    for _ in range(2):  # a sum promotes bools to int64: the result's dtype, not the input's
+        got = inspect([ints.sum(dim=[0]), flags.sum(dim=[1])])
+        assert got[0].dtype == torch.int64 and torch.equal(got[0], torch.tensor([12, 15, 18, 21]))
+        assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.tensor([1, 2]))
+
+
 def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     ints = distribute(torch.arange(6).reshape(3, 2), mesh, sharding_spec=["dp", None])
     flags = distribute(torch.tensor([True, False, True]), mesh)

@@ -78,13 +78,26 @@ def resolve_op(name: str) -> Any:
     return op
 
 
+_TensorBase: Any = None  # torch's C tensor class, found on the first op (see _pointwise_on_shards)
+
+
 def tensor_leaves(result: Any) -> list[Any]:
     """The tensors in an op's result, in pytree order (the controller numbers them the same)."""
+    global _TensorBase
+    if _TensorBase is None:
+        import torch
+
+        _TensorBase = torch._C.TensorBase  # noqa: SLF001
+    t = type(result)
+    if issubclass(t, _TensorBase):
+        return [result]
+    if t is list or t is tuple:  # a _foreach_ op's tensors (none for an in-place one)
+        flat = [x for x in result if issubclass(type(x), _TensorBase)]
+        if len(flat) == len(result):
+            return flat
     import torch
     from torch.utils._pytree import tree_leaves
 
-    if issubclass(type(result), torch._C.TensorBase):  # noqa: SLF001  (see _pointwise_on_shards)
-        return [result]
     return [x for x in tree_leaves(result) if isinstance(x, torch.Tensor)]
 
 

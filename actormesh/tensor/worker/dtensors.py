@@ -8,6 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 _specs: dict[Any, Any] = {}
+# torch's classes, imported on first use (the module loads before any process group exists):
+# a function-level import costs about half a microsecond per name on every call, which is a
+# quarter of what wrapping a tensor costs here.
+_torch: Any = None
+
+
+def _load() -> Any:
+    global _torch
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    _torch = (torch.Size, DTensor, DTensor.__new__, DTensorSpec, TensorMeta)
+    return _torch
 
 
 def as_dtensor(
@@ -15,23 +29,68 @@ def as_dtensor(
 ) -> Any:
     """``DTensor.from_local(local, ..., run_check=False)`` without autograd (the engine runs
     under no_grad) and with its spec cached: from_local costs 140 µs of Python on a CPU, this
-    about 5. ``shape``/``stride``: the global ones (default: the local ones, as for Replicate)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-    shape = local.shape if shape is None else torch.Size(shape)
+    about 2. ``shape``/``stride``: the global ones (default: the local ones, as for Replicate)."""
+    size, _, _, _, _ = _torch or _load()
+    shape = local.shape if shape is None else size(shape)
     stride = local.stride() if stride is None else tuple(stride)
-    key = (id(mesh), tuple(placements), shape, stride, local.dtype)
+    return wrap(local, spec_of(mesh, placements, shape, stride, local.dtype))
+
+
+def spec_of(mesh: Any, placements: Any, shape: Any, stride: tuple[int, ...], dtype: Any) -> Any:
+    """The one spec of a global value so laid out (``shape`` a ``torch.Size``)."""
+    _, _, _, spec_class, meta_class = _torch or _load()
+    key = (id(mesh), tuple(placements), shape, stride, dtype)
     spec = _specs.get(key)
     if spec is None or spec.mesh is not mesh:
         if len(_specs) > 4096:
             _specs.clear()
-        spec = _specs[key] = DTensorSpec(
-            mesh, tuple(placements), tensor_meta=TensorMeta(shape, stride, local.dtype)
+        spec = _specs[key] = spec_class(
+            mesh, tuple(placements), tensor_meta=meta_class(shape, stride, dtype)
         )
+    return spec
+
+
+def wrap(local: Any, spec: Any) -> Any:
+    """``local`` as this rank's part of a DTensor of ``spec``."""
+    _, dtensor, new, _, _ = _torch or _load()
     # DTensor.__new__ is torch's C constructor; DTensor(...) adds a decorated no-op __init__.
-    return DTensor.__new__(DTensor, local, spec, requires_grad=False)
+    return new(dtensor, local, spec, requires_grad=False)
+
+
+def dtensor_class() -> Any:
+    return (_torch or _load())[1]
+
+
+UNKNOWN = object()
+
+
+class OutSpecs:
+    """A shard route's output spec by its inputs' specs (and the op's other arguments), found
+    once: working it out again (placement objects, shapes, a spec lookup) costs several times
+    the local op on small tensors, and the engine reuses specs, so a training loop's op meets
+    the same ones every step. Keyed by the specs' identity, each kept alive by its entry so that
+    no other spec takes its id. ``None`` is kept too: the op does not qualify."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[Any, tuple[tuple[Any, ...], Any]] = {}
+
+    def get(self, specs: tuple[Any, ...], extra: Any = None) -> Any:
+        """The spec found for these inputs, None, or ``UNKNOWN``."""
+        found = self.table.get((tuple(map(id, specs)), extra))
+        if found is None:
+            return UNKNOWN
+        for kept, spec in zip(found[0], specs, strict=True):
+            if kept is not spec:
+                return UNKNOWN
+        return found[1]
+
+    def put(self, specs: tuple[Any, ...], extra: Any, out: Any) -> Any:
+        if len(self.table) > 4096:
+            self.table.clear()
+        self.table[(tuple(map(id, specs)), extra)] = (specs, out)
+        return out
 
 
 def plain_spec(spec: Any) -> bool:

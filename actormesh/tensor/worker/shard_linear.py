@@ -12,18 +12,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtensors import as_dtensor, partial_sum
+from .dtensors import UNKNOWN, OutSpecs, as_dtensor, dtensor_class, partial_sum, spec_of, wrap
 from .shard_views import view_rows
+
+_T_SPECS = OutSpecs()
+_MM_SPECS = OutSpecs()
+_ADDMM_SPECS = OutSpecs()
+_SUM_SPECS = OutSpecs()
 
 
 def _transpose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t`` of a 2-D DTensor: Shard(0) and Shard(1) swap, the rest stays."""
-    from torch.distributed.tensor import DTensor, Shard
-
     x = args[0]
-    if type(x) is not DTensor or x.dim() != 2 or kwargs or len(args) != 1:
+    if type(x) is not dtensor_class() or kwargs or len(args) != 1:
         return None
     spec = x._spec  # noqa: SLF001
+    out = _T_SPECS.get((spec,))
+    if out is UNKNOWN:
+        out = _T_SPECS.put((spec,), None, _transposed(spec))
+    return None if out is None else wrap(func(x._local_tensor), out)  # noqa: SLF001
+
+
+def _transposed(spec: Any) -> Any:
+    from torch.distributed.tensor import Shard
+
+    if len(spec.shape) != 2:
+        return None
     placements: list[Any] = []
     for p in spec.placements:
         if type(p) is Shard:
@@ -32,9 +46,9 @@ def _transpose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             placements.append(p)
         else:
             return None
-    local = func(x._local_tensor)  # noqa: SLF001
     shape, stride = spec.shape, spec.stride
-    return as_dtensor(local, spec.mesh, placements, (shape[1], shape[0]), (stride[1], stride[0]))
+    return spec_of(spec.mesh, placements, type(shape)((shape[1], shape[0])),
+                   (stride[1], stride[0]), spec.tensor_meta.dtype)  # fmt: skip
 
 
 def _mm_placements(a: Any, b: Any) -> list[Any] | None:
@@ -59,60 +73,100 @@ def _mm_placements(a: Any, b: Any) -> list[Any] | None:
     return out
 
 
-def _mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torch.distributed.tensor import DTensor
-
-    if len(args) != 2 or kwargs:
-        return None
-    a, b = args
-    if type(a) is not DTensor or type(b) is not DTensor or a.device_mesh is not b.device_mesh:
+def _product_spec(a: Any, b: Any, with_bias: Any = None) -> Any:
+    """The spec of ``a @ b`` (plus ``with_bias``, a spec) where the ranks' local products are
+    its blocks, else None. ``a``, ``b``: specs."""
+    if a.mesh is not b.mesh or len(a.shape) != 2 or len(b.shape) != 2:
         return None
     placements = _mm_placements(a, b)
     if placements is None:
         return None
+    if with_bias is not None:
+        # each rank adds the whole bias to its rows: a bias replicated over the columns, a
+        # product that needs no sum and whose columns are whole
+        if with_bias.mesh is not a.mesh or len(with_bias.shape) != 1:
+            return None
+        if not all(p.is_replicate() for p in with_bias.placements):
+            return None
+        if any(not (p.is_replicate() or p.is_shard(0)) for p in placements):
+            return None
+    shape = type(a.shape)((a.shape[0], b.shape[1]))
+    return spec_of(a.mesh, placements, shape, (shape[1], 1), a.tensor_meta.dtype)
+
+
+def _mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(args) != 2 or kwargs:
+        return None
+    a, b = args
+    dtensor = dtensor_class()
+    if type(a) is not dtensor or type(b) is not dtensor:
+        return None
+    specs = (a._spec, b._spec)  # noqa: SLF001
+    out = _MM_SPECS.get(specs)
+    if out is UNKNOWN:
+        out = _MM_SPECS.put(specs, None, _product_spec(*specs))
+    if out is None:
+        return None
     local = func(a._local_tensor, b._local_tensor)  # noqa: SLF001
-    shape = (a.shape[0], b.shape[1])
-    return as_dtensor(local, a.device_mesh, placements, shape, (shape[1], 1))
+    return _checked(local, out)
 
 
 def _addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``bias + a @ b`` with a replicated bias over the columns, where ``a @ b`` needs no sum
     and its columns are whole (each rank adds the whole bias to its rows)."""
-    from torch.distributed.tensor import DTensor
-
     if len(args) != 3 or kwargs:
         return None
     bias, a, b = args
-    if any(type(t) is not DTensor for t in args) or bias.dim() != 1:
+    dtensor = dtensor_class()
+    if type(bias) is not dtensor or type(a) is not dtensor or type(b) is not dtensor:
         return None
-    if a.device_mesh is not b.device_mesh or bias.device_mesh is not a.device_mesh:
-        return None
-    placements = _mm_placements(a, b)
-    if placements is None or not all(p.is_replicate() for p in bias.placements):
-        return None
-    if any(not (p.is_replicate() or p.is_shard(0)) for p in placements):
+    specs = (bias._spec, a._spec, b._spec)  # noqa: SLF001
+    out = _ADDMM_SPECS.get(specs)
+    if out is UNKNOWN:
+        out = _ADDMM_SPECS.put(specs, None, _product_spec(specs[1], specs[2], specs[0]))
+    if out is None:
         return None
     local = func(bias._local_tensor, a._local_tensor, b._local_tensor)  # noqa: SLF001
-    shape = (a.shape[0], b.shape[1])
-    return as_dtensor(local, a.device_mesh, placements, shape, (shape[1], 1))
+    return _checked(local, out)
+
+
+def _checked(local: Any, spec: Any) -> Any:
+    """``local`` wrapped as ``spec``, or None where torch gave a dtype the spec does not have
+    (mixed dtypes promote): then DTensor runs the op."""
+    if local.dtype is not spec.tensor_meta.dtype:
+        return None
+    return wrap(local, spec)
 
 
 def _sum_dims(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``sum`` over dims: a split dim summed over gives a Partial sum, other split dims move
     down past the removed ones (unless keepdim); Partial sums stay Partial sums."""
-    import torch
-    from torch.distributed.tensor import DTensor, Shard
-
     if kwargs or len(args) < 2 or len(args) > 3:
         return None
     x, dims = args[0], args[1]
     keepdim = args[2] if len(args) > 2 else False
-    if type(x) is not DTensor or dims is None or not dims:
+    if type(x) is not dtensor_class() or dims is None or not dims:
         return None
-    nd = x.dim()
+    spec = x._spec  # noqa: SLF001
+    extra = (tuple(dims), keepdim)
+    out = _SUM_SPECS.get((spec,), extra)
+    if out is UNKNOWN:
+        out = _SUM_SPECS.put((spec,), extra, _summed_spec(spec, dims, keepdim))
+    if out is None:
+        return None
+    return _checked(func(x._local_tensor, dims, keepdim), out)  # noqa: SLF001
+
+
+def _summed_spec(spec: Any, dims: Any, keepdim: bool) -> Any:
+    import torch
+    from torch.distributed.tensor import Shard
+
+    from ..wire.shapes import contiguous_strides
+
+    nd = len(spec.shape)
     reduced = sorted({d % nd for d in dims}) if nd else []
     placements = []
-    for p in x.placements:
+    for p in spec.placements:
         if type(p) is Shard:
             if p.dim in reduced:
                 placements.append(partial_sum())
@@ -123,14 +177,11 @@ def _sum_dims(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             placements.append(p)
         else:
             return None
-    local = func(x._local_tensor, dims, keepdim)  # noqa: SLF001
-    shape = [n if i not in reduced else 1 for i, n in enumerate(x.shape)]
+    shape = [n if i not in reduced else 1 for i, n in enumerate(spec.shape)]
     if not keepdim:
-        shape = [n for i, n in enumerate(x.shape) if i not in reduced]
-    from ..wire.shapes import contiguous_strides
-
-    return as_dtensor(local, x.device_mesh, placements, torch.Size(shape),
-                      contiguous_strides(shape))  # fmt: skip
+        shape = [n for i, n in enumerate(spec.shape) if i not in reduced]
+    return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape),
+                   spec.tensor_meta.dtype)  # fmt: skip
 
 
 def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
