@@ -14,6 +14,7 @@ the results, failures and what the sidebar shows are those of the ops themselves
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN, Ref
@@ -56,7 +57,7 @@ class _Step:
         self.direct = True
         self.func = resolve_op(name)
         self.route = route_for(name, self.func)
-        self.args = args
+        self.args = tuple(_runs(a) for a in args)
         self.kwargs = dict(kwargs[1:])
         self.simple = all(a is IN or _literal(a) for a in args)
 
@@ -151,11 +152,34 @@ def _op(step: _Step, ids: Sequence[int], values: Sequence[Any]) -> Any:
     return rebuild_op(step.op, out, ins, iter(values[step.var0 : step.var0 + step.nvars]))
 
 
+class _Run:
+    """A list argument of ``n`` inputs (a ``Tensor[]``: a foreach op's parameters) or ``n``
+    values (a ``Scalar[]``), taken from the run's in one C-level slice each."""
+
+    __slots__ = ("n", "of_inputs")
+
+    def __init__(self, n: int, of_inputs: bool) -> None:
+        self.n, self.of_inputs = n, of_inputs
+
+
+def _runs(a: Any) -> Any:
+    """A template argument with its lists of only inputs, or only values, as ``_Run``s."""
+    if type(a) is tuple and len(a) > 1 and a[0] is LIST:
+        body = a[1:]
+        if all(e is IN for e in body):
+            return _Run(len(body), True)
+        if all(e is VAR for e in body):
+            return _Run(len(body), False)
+    return a
+
+
 def _arg(a: Any, inputs: Any, vals: Any) -> Any:
     if a is IN:
         return next(inputs)
     if a is VAR:
         return next(vals)
+    if type(a) is _Run:
+        return list(islice(inputs if a.of_inputs else vals, a.n))
     if type(a) is tuple:
         if a and a[0] is LIST:
             return [_arg(e, inputs, vals) for e in a[1:]]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .dtensors import dtensor_class
+
 # The elementwise _foreach_ families: those whose per-tensor op torch tags pointwise (see
 # ``_elementwise``), without max (a reduction per tensor) and with zero_/copy_.
 _NOT_ELEMENTWISE = frozenset({"max", "norm", "mm", "powsum"})
@@ -54,8 +56,7 @@ def foreach_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     """An elementwise ``_foreach_`` op on the local shards: ``[]`` for an in-place one (it
     returns nothing), the list of result DTensors for another; ``None`` when the op does not
     qualify (then DTensor runs it)."""
-    from torch.distributed.tensor import DTensor
-
+    DTensor = dtensor_class()
     specs: list[Any] | None = None  # per position, the spec of the first list's tensor
     local_args = []
     for a in args:

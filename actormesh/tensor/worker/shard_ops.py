@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses
+from .dtensors import dtensor_class, wrap
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 
 _pointwise: dict[Any, bool] = {}
@@ -161,20 +162,17 @@ def route_for(name: str, func: Any) -> Any:
 
 
 def _same_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torch.distributed.tensor import DTensor
-
     x = args[0]
-    if type(x) is not DTensor or len(args) != 1 or kwargs:
+    if type(x) is not dtensor_class() or len(args) != 1 or kwargs:
         return None
-    return DTensor.__new__(DTensor, func(x._local_tensor), x._spec, requires_grad=False)  # noqa: SLF001
+    return wrap(func(x._local_tensor), x._spec)  # noqa: SLF001
 
 
 def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     import torch
-    from torch.distributed.tensor import DTensor
 
     x = args[0]
-    if type(x) is not DTensor or len(args) != 1:
+    if type(x) is not dtensor_class() or len(args) != 1:
         return None
     spec = _without_partial(x._spec)  # noqa: SLF001
     if spec is None:
@@ -195,7 +193,7 @@ def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = func(local)
     if out.stride() != local.stride() or not layout_kept(spec, like=True):
         return None
-    return DTensor.__new__(DTensor, out, spec, requires_grad=False)
+    return wrap(out, spec)
 
 
 _replicated: dict[int, tuple[Any, Any]] = {}
