@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .dtensors import local_layout
+
 if TYPE_CHECKING:
     from .state import EngineState
 
@@ -63,7 +65,6 @@ def _piece(engine: EngineState, v: Any, divisor: int | None) -> tuple[Any, ...] 
     the same block. ``divisor``: ``v`` is a partial sum that the controller adds up (then
     divides by it), so every rank along its Partial dimensions sends its term."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     mesh = v.device_mesh
     coords = mesh.get_coordinate()
@@ -72,8 +73,8 @@ def _piece(engine: EngineState, v: Any, divisor: int | None) -> tuple[Any, ...] 
             return None  # rank 0 along this dimension sends the same piece
     if not _first_copy(mesh, engine.ranks[0] if engine.ranks else 0):
         return None  # a sub-mesh (a TP plan's): the one with rank 0 sends the same pieces
-    _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
-    return ("piece", v.to_local(), tuple(offset), tuple(v.shape), divisor)
+    _, offset = local_layout(v._spec)  # noqa: SLF001
+    return ("piece", v._local_tensor, tuple(offset), tuple(v.shape), divisor)  # noqa: SLF001
 
 
 _first: dict[int, tuple[Any, bool]] = {}
