@@ -141,12 +141,19 @@ def _record_steps(run: _Run, plan: Schedule) -> None:
     """Record each stage's steps in the schedule's order, each as soon as what it needs is
     recorded (a forward, the previous stage's; a backward, the next stage's)."""
     pending = [deque(steps) for steps in plan]
+    started: set[int] = set()
     while any(pending):
         progressed = False
         for s, steps in enumerate(pending):
             while steps and run.ready(s, *steps[0]):
                 run.do(s, *steps.popleft())
                 progressed = True
+                if s not in started:
+                    # The stage starts its first step while the rest of the schedule is
+                    # recorded: waiting for the whole step's recording put it (tens of ms)
+                    # on every step's critical path.
+                    started.add(s)
+                    run.meshes[s].stream.flush()
         if not progressed:
             stuck = {s: steps[0] for s, steps in enumerate(pending) if steps}
             raise compat.MeshUsageError(
