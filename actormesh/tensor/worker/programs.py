@@ -153,8 +153,8 @@ def _settle_collector() -> None:
     """The first program on this rank: what the first steps left alive (torch's lazily
     imported modules, DTensor's caches, the compiled steps) is exempt from the collector, as
     what a module's build loaded is (``module.py``): left to it, each full collection walked
-    it all (T1: 23 ms every hundred steps, a tenth of a rank's CPU). Once, after a collection,
-    so that no garbage of those steps is kept."""
+    it all (T1: 23-26 ms every 100 to 300 steps, up to a tenth of a rank's CPU). Once, after
+    a collection, so that no garbage of those steps is kept."""
     global _settled
     if not _settled:
         _settled = True
