@@ -94,6 +94,7 @@ class Probe(am.Actor):
             return out
 
         time_collections(parts)
+        _time_dtensor_dispatch(ops)
         cls._execute = timed_execute  # type: ignore[method-assign]
         cls._run_batch = timed_run_batch  # type: ignore[method-assign]
         cls._fetch = timed_fetch  # type: ignore[method-assign]
@@ -139,6 +140,25 @@ class Probe(am.Actor):
         cls._run_batch = self._plain  # type: ignore[method-assign]
         assert self.profile is not None
         return _top(self.profile, 30)
+
+
+def _time_dtensor_dispatch(ops: dict[str, list[int]]) -> None:
+    """Count and time, by op name, the ops no shard route took (DTensor's own dispatch ran
+    them), under ``DTensor: <op>``: what a new route would save."""
+    from actormesh.tensor.worker import aten, programs
+
+    plain = aten.on_dtensors
+
+    def timed(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list[Any]:
+        t0 = _T()
+        out = plain(name, func, args, kwargs)
+        cell = ops[f"DTensor: {name}"]
+        cell[0] += 1
+        cell[1] += _T() - t0
+        return out
+
+    aten.on_dtensors = timed
+    programs.on_dtensors = timed  # type: ignore[attr-defined]
 
 
 def time_collections(parts: dict[str, int]) -> None:
@@ -253,7 +273,7 @@ def main() -> None:
                 "process_cpu_ms": (cpu - start) * 1e3 / n,
                 "batch_us": batch_us,
                 "unpickle_us": parts.get("unpickle", 0) / 1e3 / n,
-                "ops_us": sum(t for _, t in op_us.values()),
+                "ops_us": sum(t for k, (_, t) in op_us.items() if not k.startswith("DTensor: ")),
                 "fetch_us": parts.get("fetch", 0) / 1e3 / n,
                 "gc_us": {k: v / 1e3 / n for k, v in parts.items() if k.startswith("gc")},
                 "batches_per_step": parts.get("batches", 0) / n,

@@ -18,7 +18,9 @@ family of op they take:
 - ``shard_losses.py``: ``mse_loss`` and its backward, ``nll_loss`` with mean reduction;
 - ``shard_batch.py``: ops on a batch split over dim 0 (batch norm, a convolution's backward,
   torch's fused encoder layer);
-- ``shard_attention.py``: CPU attention and its backward.
+- ``shard_attention.py``: CPU attention and its backward;
+- ``shard_rows.py``: ops that leave dim 0 alone on a batch split by rows (transposes, slices,
+  splits and views per head, ``layer_norm`` and its backward, ``cat``, ``log_softmax``).
 
 Each returns ``None`` when the op does not qualify, and DTensor runs it as before.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import shard_attention, shard_batch, shard_linear, shard_losses
+from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
 from .dtensors import dtensor_class, wrap
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 
@@ -225,8 +227,19 @@ def _without_partial(spec: Any) -> Any:
     return out
 
 
+def _either(first: Any, then: Any) -> Any:
+    """A route that tries ``first``, then ``then`` (two families taking the same op)."""
+
+    def route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = first(func, args, kwargs)
+        return out if out is not None else then(func, args, kwargs)
+
+    return route
+
+
 # Ops with a route of their own, by name; each family module says which it takes.
 _SPECIAL: dict[str, Any] = {
+    **shard_rows.ROUTES,
     **shard_batch.ROUTES,
     **shard_linear.ROUTES,
     **shard_losses.ROUTES,
@@ -237,6 +250,9 @@ _SPECIAL: dict[str, Any] = {
     "aten.zeros_like.default": _like,
     "aten.empty_like.default": _like,
 }
+for _name, _route in shard_rows.ROUTES.items():  # the other family's first (its own tests)
+    if _name in shard_linear.ROUTES:
+        _SPECIAL[_name] = _either(shard_linear.ROUTES[_name], _route)
 
 # Ops whose shard path takes a controller tensor (a loss's target) as it is: run_aten tries it
 # before making such arguments Replicate DTensors.
