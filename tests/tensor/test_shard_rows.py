@@ -42,7 +42,7 @@ def _differences(name: str, got: Any, want: Any) -> list[str]:
 
 
 @remote(propagate="inspect")
-def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any) -> str:
+def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> str:
     """On a rank: each route's result against DTensor's dispatch of the same op and inputs."""
     from torch.distributed.tensor import DTensor
 
@@ -78,6 +78,10 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any) -> str:
             "aten.native_layer_norm_backward.default",
             (ln, x, [16], mean, rstd, w, b, [True, False, True]),
         ),
+        ("aten.embedding.default", (w2, tokens)),
+        ("aten.embedding_dense_backward.default", (x, tokens, 64, -1, False)),
+        ("aten.sum.default", (x,)),
+        ("aten.sum.default", (tokens,)),
         ("aten.cat.default", ([q, k, x], 2)),
         ("aten.cat.default", ([q, x], -1)),
     ]
@@ -120,7 +124,9 @@ def test_row_routes_give_what_dtensor_gives(mesh: Any, rows: int, split: list[An
     qkv = distribute(torch.randn(rows, 8, 48, dtype=torch.float64), mesh, split)
     w = distribute(torch.randn(16, dtype=torch.float64), mesh)
     b = distribute(torch.randn(16, dtype=torch.float64), mesh)
-    result = _against_dtensor(x, qkv, w, b)
+    w2 = distribute(torch.randn(64, 16, dtype=torch.float64), mesh)
+    tokens = distribute(torch.randint(0, 64, (rows, 8)), mesh, split[:2])
+    result = _against_dtensor(x, qkv, w, b, w2, tokens)
     for dp in range(2):
         for tp in range(2):
             assert fetch(result, dp=dp, tp=tp).get(timeout=WAIT) == "", (dp, tp)

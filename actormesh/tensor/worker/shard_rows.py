@@ -3,11 +3,13 @@ rank's rows (a route of ``shard_ops.py``).
 
 A transformer's step on a batch split over dim 0 transposes, slices, splits and views its
 activations per head, normalises each token (``layer_norm`` and its backward), concatenates the
-gradients of a fused projection and takes a log-softmax per row: none of these mixes rows, so
-each rank's rows are the op's rows. DTensor works that out per op in Python (80-150 µs each on a
-CPU; in Hugging Face's GPT-2 step a quarter of a rank's time). Here the result's specs are found
-once per input specs and arguments, from the op run on meta tensors of the global shapes and
-strides (so they are torch's, as DTensor's are), and then only the local op runs.
+gradients of a fused projection, looks up token embeddings and takes a log-softmax per row:
+none of these mixes rows, so each rank's rows are the op's rows (and the sums over rows, the
+embedding's gradient and ``sum``, are the ranks' partial sums). DTensor works that out per op
+in Python (80-150 µs each on a CPU; in Hugging Face's GPT-2 step a quarter of a rank's time).
+Here the result's specs are found once per input specs and arguments, from the op run on meta
+tensors of the global shapes and strides (so they are torch's, as DTensor's are), and then only
+the local op runs.
 
 Taken: every DTensor input split over dim 0 alike (``Shard(0)`` over some mesh dims, evenly or
 not, ``Replicate`` over the rest; the same global rows), the op's dims other than 0, and
@@ -59,6 +61,10 @@ def _hashable(a: Any) -> Any:
 # None; partial: results summed over the rows; ok: whether the op leaves dim 0 alone)
 
 
+def _always(args: tuple[Any, ...], x: Any) -> bool:
+    return True
+
+
 def _ok_transpose(args: tuple[Any, ...], x: Any) -> bool:
     return len(args) == 3 and 0 not in (_dim(args, 1, 0, x.dim()), _dim(args, 2, 0, x.dim()))
 
@@ -81,6 +87,9 @@ _OPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]] =
     "aten.split.Tensor": ((0,), (), (), _ok_dim_at(2, 0)),
     "aten._log_softmax.default": ((0,), (), (), _ok_dim_at(1, 0)),
     "aten._log_softmax_backward_data.default": ((0, 1), (), (), _ok_dim_at(2, 0)),
+    "aten.embedding.default": ((1,), (0,), (), _always),
+    "aten.embedding_dense_backward.default": ((0, 1), (), (0,), _always),
+    "aten.sum.default": ((0,), (), (0,), _always),
     "aten.native_layer_norm.default": ((0,), (2, 3), (), _ok_layer_norm),
     "aten.native_layer_norm_backward.default": (
         (0, 1, 3, 4),
