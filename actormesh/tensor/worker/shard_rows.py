@@ -26,23 +26,35 @@ from .dtensors import UNKNOWN, OutSpecs, dtensor_class, partial_sum, spec_of, wr
 _found = OutSpecs()
 
 
+# (DTensor, Shard, Replicate, torch's C tensor class), imported on the first op: a route here
+# costs a few µs beyond the local op, and each function-level import adds about half of one.
+_classes: tuple[Any, Any, Any, Any] | None = None
+
+
+def _load() -> tuple[Any, Any, Any, Any]:
+    global _classes
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    _classes = (DTensor, Shard, Replicate, torch._C.TensorBase)  # noqa: SLF001  (C base class)
+    return _classes
+
+
 def _row_split(spec: Any) -> bool:
     """Split over dim 0 by some mesh dim and replicated over the others (nothing else)."""
-    from torch.distributed.tensor import Replicate, Shard
-
+    _, shard, replicate, _ = _classes or _load()
     split = False
     for p in spec.placements:
-        if type(p) is Shard and p.dim == 0:
+        if type(p) is shard and p.dim == 0:
             split = True
-        elif type(p) is not Replicate:
+        elif type(p) is not replicate:
             return False
     return split
 
 
 def _replicated(spec: Any) -> bool:
-    from torch.distributed.tensor import Replicate
-
-    return all(type(p) is Replicate for p in spec.placements)
+    replicate = (_classes or _load())[2]
+    return all(type(p) is replicate for p in spec.placements)
 
 
 def _dim(args: tuple[Any, ...], at: int, default: int, ndim: int) -> int:
@@ -134,7 +146,7 @@ def _specs_of(func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...]
 
 def _inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, ...]) -> Any:
     """The DTensor inputs' specs, if laid out as the route needs (else None)."""
-    DTensor = dtensor_class()
+    DTensor, _, _, base = _classes or _load()
     first = args[rows[0]]
     if type(first) is not DTensor or not _row_split(first._spec):  # noqa: SLF001
         return None
@@ -154,21 +166,9 @@ def _inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, 
             specs.append(s)
         elif i in rows or (isinstance(a, (list, tuple)) and any(type(v) is DTensor for v in a)):
             return None
-        elif t is not list and t is not tuple and issubclass(t, _tensor_base()):
+        elif t is not list and t is not tuple and issubclass(t, base):
             return None  # a plain tensor among DTensors: DTensor decides
     return tuple(specs)
-
-
-_base: Any = None
-
-
-def _tensor_base() -> Any:
-    global _base
-    if _base is None:
-        import torch
-
-        _base = torch._C.TensorBase  # noqa: SLF001  (the C base class)
-    return _base
 
 
 def _local(a: Any) -> Any:
@@ -191,7 +191,10 @@ def rows(name: str) -> Any:
         specs = _inputs_ok(args, row_at, params)
         if specs is None:
             return None
-        extra = (func, _hashable([None if type(a) is dtensor_class() else a for a in args]))
+        D = (_classes or _load())[0]
+        # (lists here hold ints or bools: _inputs_ok refused any holding a DTensor)
+        extra = (func, tuple([None if type(a) is D else tuple(a) if type(a) is list else a
+                              for a in args]))  # fmt: skip
         out = _found.get(specs, extra)
         if out is UNKNOWN:
             x = args[row_at[0]]
@@ -199,7 +202,7 @@ def rows(name: str) -> Any:
             out = _found.put(specs, extra, found)
         if out is None:
             return None
-        return _wrapped(func(*[_local(a) for a in args]), out)
+        return _wrapped(func(*[a._local_tensor if type(a) is D else a for a in args]), out)  # noqa: SLF001
 
     return route
 
