@@ -155,6 +155,30 @@ def test_a_linear_layers_ops_on_shards_follow_each_layout_step_after_step(mesh: 
         assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.tensor([1, 2]))
 
 
+def test_sums_of_one_tensor_over_different_dims_keep_their_own_layouts(mesh: Any) -> None:
+    # The sum route's layout is found once per input layout *and* dims and keepdim: one
+    # tensor (one layout on the ranks) summed over each dim in turn, with and without keepdim,
+    # step after step, gives the one-process values, shapes and strides every time.
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 8, dtype=torch.float64)
+    for spec in (["dp", "tp", None], [None, "dp", "tp"]):
+        dx = distribute(x, mesh, spec)
+        calls = [
+            ([0], False),
+            ([1], False),
+            ([2], True),
+            ([0, 2], False),
+            ([1], True),
+            ([-1], False),
+        ]
+        for _ in range(2):
+            got = [dx.sum(dim=dims, keepdim=keep) for dims, keep in calls]
+            want = [x.sum(dim=dims, keepdim=keep) for dims, keep in calls]
+            for g, w, value in zip(got, want, inspect(got), strict=True):
+                assert g.shape == w.shape and g.stride() == w.stride(), spec
+                assert value.shape == w.shape and torch.allclose(value, w), spec
+
+
 def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     ints = distribute(torch.arange(6).reshape(3, 2), mesh, sharding_spec=["dp", None])
     flags = distribute(torch.tensor([True, False, True]), mesh)
