@@ -191,6 +191,24 @@ def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
 
 
 @remote(propagate="inspect")
+def _rank_strides(*ts: Any) -> list[tuple[int, ...]]:
+    return [tuple(t.stride()) for t in ts]  # a DTensor's: its spec's, the global layout
+
+
+def test_a_product_with_no_columns_has_torchs_strides_on_the_ranks(mesh: Any) -> None:
+    # The mm and addmm routes give their result the strides torch gives the whole product;
+    # with no columns those are (1, 1), not (0, 1) (DTensor's own rule, and the controller's
+    # shape propagation, say (1, 1) too).
+    a = distribute(torch.ones(4, 3, dtype=torch.float64), mesh, ["dp", None])
+    b = distribute(torch.ones(3, 0, dtype=torch.float64), mesh)
+    bias = distribute(torch.ones(0, dtype=torch.float64), mesh)
+    got = [a @ b, torch.addmm(bias, a, b)]
+    want = torch.ones(4, 0).stride()
+    assert [g.stride() for g in got] == [want, want]  # the controller's view
+    assert fetch(_rank_strides(*got), dp=1, tp=1).get(timeout=WAIT) == [want, want]
+
+
+@remote(propagate="inspect")
 def _threads(t: Any) -> int:
     return torch.get_num_threads()
 
