@@ -209,6 +209,34 @@ def test_a_product_with_no_columns_has_torchs_strides_on_the_ranks(mesh: Any) ->
 
 
 @remote(propagate="inspect")
+def _summed_on_shards(t: Any) -> list[Any]:
+    # What the sum route (the engine's shard path) gives for this rank's part of ``t``: None
+    # where it leaves the op to DTensor.
+    from actormesh.tensor.worker.aten import resolve_op
+    from actormesh.tensor.worker.shard_ops import route_for
+
+    op = resolve_op("aten.sum.dim_IntList")
+    out = [route_for("aten.sum.dim_IntList", op)(op, (t, [1], keep), {}) for keep in (False, True)]
+    return [None if o is None else (o.dtype, tuple(o.shape)) for o in out]
+
+
+def test_integer_and_bool_sums_run_on_the_shards(mesh: Any) -> None:
+    # torch sums bools and integers as int64: the sum route gives its result that dtype
+    # rather than computing the local sum, finding the dtype is not the input's, and leaving
+    # the op to DTensor (which ran it a second time, on every step).
+    ints = distribute(torch.arange(12).reshape(4, 3), mesh, ["dp", None])
+    flags = distribute(torch.arange(12).reshape(4, 3) % 2 == 0, mesh, ["dp", None])
+    for t in (ints, flags):
+        got = fetch(_summed_on_shards(t), dp=1, tp=0).get(timeout=WAIT)
+        assert got == [(torch.int64, (4,)), (torch.int64, (4, 1))], t.dtype
+    want = [torch.tensor([3, 12, 21, 30]), torch.tensor([[2], [1], [2], [1]])]
+    for _ in range(2):
+        got = inspect([ints.sum(dim=[1]), flags.sum(dim=[1], keepdim=True)])
+        assert [g.dtype for g in got] == [torch.int64, torch.int64]
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@remote(propagate="inspect")
 def _threads(t: Any) -> int:
     return torch.get_num_threads()
 

@@ -180,8 +180,10 @@ def _summed_spec(spec: Any, dims: Any, keepdim: bool) -> Any:
     shape = [n if i not in reduced else 1 for i, n in enumerate(spec.shape)]
     if not keepdim:
         shape = [n for i, n in enumerate(spec.shape) if i not in reduced]
-    return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape),
-                   spec.tensor_meta.dtype)  # fmt: skip
+    dtype = spec.tensor_meta.dtype
+    if not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.int64  # torch sums bools and integers as int64 (_checked sees the rest)
+    return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape), dtype)
 
 
 def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
