@@ -271,7 +271,9 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     stacks = page.locator(f"{SIDEBAR} .jp-actormesh-stacks")
     expect(stacks.locator("pre").first).to_contain_text("time.sleep(0.1)")
     stacks.scroll_into_view_if_needed()
-    stacks.screenshot(path=str(tmp_path / "charts-narrow-stacks.png"))
+    # The sidebar whole, not the stacks element: live updates re-render that one, which
+    # detached it mid-screenshot ("Element is not attached to the DOM") under load.
+    page.locator(SIDEBAR).screenshot(path=str(tmp_path / "charts-narrow-stacks.png"))
     assert (bad := cut_off(page)) == [], bad
     assert (bad := layout_faults(page)) == [], bad
     page.locator(SIDEBAR).evaluate("el => el.scrollTo(0, 0)")
