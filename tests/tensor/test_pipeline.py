@@ -322,3 +322,47 @@ class _HeldThrough(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
         return g, None
+
+
+@am.remote(propagate=lambda x, path: x)
+def _mark(x: Any, path: str) -> Any:
+    Path(path).touch()
+    return x * 1
+
+
+class _Marked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, path: str) -> Any:
+        return _mark(x, path)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        return g, None
+
+
+def test_a_stage_starts_while_the_rest_of_the_step_is_recorded(
+    procs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stage 0's first forward must reach its ranks as soon as it is recorded: waiting for the
+    # whole schedule's recording put it on every step's critical path. No idle flush here (it
+    # would send the ops after a pause in the recording, whatever pipeline_step did).
+    from actormesh.tensor.controller import stream as stream_mod
+
+    monkeypatch.setattr(stream_mod.Stream, "_start_timer", lambda self: None)
+    meshes = [procs.slice(pp=s) for s in range(2)]
+    ran = tmp_path / "stage-0-ran"
+    seen: list[bool] = []
+
+    def stage_1(h: Any) -> Any:  # recorded on the controller, after stage 0's forwards
+        if not seen:
+            deadline = time.monotonic() + 20
+            while not ran.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # a poll of the ranks' mark, bounded
+            seen.append(ran.exists())
+        return h * 2
+
+    x = am.distribute(torch.ones(4, 2, dtype=torch.float64), meshes[0]).requires_grad_()
+    stages = [lambda h: _Marked.apply(h, str(ran)), stage_1]
+    loss = pipeline_step(stages, meshes, x, x, lambda out, t: out.sum(), microbatches=2)
+    assert loss.item() == 8.0  # two microbatches of 2 x 2 ones, doubled, summed, averaged
+    assert seen == [True]  # stage 0 ran before the step's recording was over

@@ -60,6 +60,34 @@ def test_a_reply_waits_for_what_its_sender_sent_before_and_is_then_handled_once(
     assert not node.in_order(_reply(A, port.port_id, 9, 5))
 
 
+class _Overtaker(_Recorder):
+    """Handles reply 1 (released when seq 3 is handled) slowly: while it does, another thread
+    reads reply 2 of the same sender, which names the same predecessor, and handles it at once
+    if ``in_order`` lets it."""
+
+    def __init__(self, node: Node, port_id: int) -> None:
+        super().__init__()
+        self.node, self.port_id = node, port_id
+
+    def on_message(self, msg: Message) -> None:
+        if msg.envelope[2] == 1 and self.node.in_order(_reply(A, self.port_id, 2, 3)):
+            self.got.append(2)  # the other thread handled reply 2 first
+        super().on_message(msg)
+
+
+def test_a_reply_read_while_held_ones_are_released_does_not_overtake_them(node: Node) -> None:
+    # Seen in a whole-suite run (test_reply_routes): replies completed as ..., 40, 39, ...
+    # The I/O thread counted the large reply before them as handled, then handled the reply
+    # it had held (39); the waiting thread read 40 in between, found the predecessor handled,
+    # and handled it at once.
+    overtaker = _Overtaker(node, 0)
+    port = node.open_port(overtaker)
+    overtaker.port_id = port.port_id
+    assert not node.in_order(_reply(A, port.port_id, 1, 3))
+    _handled_off_the_inbox(node, A, 3)
+    assert overtaker.got == [1, 2]
+
+
 def test_held_replies_wait_for_their_own_sender_only(node: Node) -> None:
     recorder = _Recorder()
     port = node.open_port(recorder)

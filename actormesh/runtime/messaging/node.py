@@ -263,15 +263,17 @@ class Node:
             return False
 
     def _note_handled(self, msg: Message) -> None:
-        with self._held_lock:
-            self._handled[msg.sender] = msg.seq
-            if not self._held:
-                return
-            ready = [m for s, seq, m in self._held if s == msg.sender and seq <= msg.seq]
-            if ready:
+        # The held replies it releases are handled before it counts as handled: a reply read
+        # meanwhile on another thread must be held behind them too, not overtake them.
+        while True:
+            with self._held_lock:
+                ready = [m for s, seq, m in self._held if s == msg.sender and seq <= msg.seq]
+                if not ready:
+                    self._handled[msg.sender] = msg.seq
+                    return
                 self._held = [h for h in self._held if h[2] not in ready]
-        for reply in ready:
-            self.dispatch(reply)
+            for reply in ready:
+                self.dispatch(reply)
 
     def _release_held(self) -> None:
         # The sender died: what it sent before the reply will not come.
