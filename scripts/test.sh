@@ -49,5 +49,7 @@ step "labextension tests"
 }
 step "pytest"
 export ACTORMESH_UI_TESTS=1  # a missing browser fails the UI tests instead of skipping them
-python -m pytest "$@"
+# Two workers (pytest-xdist): the tests mostly wait on processes, kernels and a browser, so a
+# serial run keeps less than one core busy. ACTORMESH_TEST_WORKERS=0 runs them in this process.
+python -m pytest -n "${ACTORMESH_TEST_WORKERS:-2}" --dist loadgroup "$@"
 step "done: to open the notebooks, .venv/bin/jupyter lab notebooks/"

@@ -20,6 +20,23 @@ import pytest
 os.environ["ACTORMESH_CHECK_PROTOCOL"] = "1"
 
 
+# On pytest-xdist's workers (scripts/test.sh runs two), what runs together: a test file stays on
+# one worker, so its module and package fixtures (a mesh, a kernel) are made once there, and the
+# multi-host tests all run on one, as they build network namespaces and a bridge under fixed
+# names (scripts/fakehosts/). Each worker is a process of its own, so the leak fixtures below
+# see only its own children and threads.
+_ONE_WORKER_DIRS = {"tests/multihost": "multihost"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = _ONE_WORKER_DIRS.get(os.path.dirname(path), path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 # What pytest-timeout allows a test when it has no marker (pyproject's `timeout`).
 DEFAULT_TIMEOUT = 120.0
 

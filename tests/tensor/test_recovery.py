@@ -201,7 +201,10 @@ def test_a_rank_killed_mid_step_is_recovered_and_training_goes_on_identically(
     (error, seconds), *more = run.errors
     assert not more
     assert "dp=1,tp=1" in str(error) and "SIGKILL" in str(error)
-    assert seconds < 1.0, f"the sync point took {seconds:.2f} s to report the death"
+    # Reported by the death itself, not by a deadline (a sync point's is 300 s): how soon is
+    # bench_recovery's to measure (under 1 s on a quiet machine; 1.4 s at load 20, two suites
+    # and two developers' tests on 2 cores).
+    assert seconds < 30, f"the sync point took {seconds:.2f} s to report the death"
     (report,) = run.ft.recoveries
     assert report.ranks == ["{dp=1, tp=1}"] and report.kind == "recover"
     # FSDP with tensor parallelism keeps no replica of a shard: the last checkpoint instead.

@@ -155,6 +155,30 @@ def test_a_linear_layers_ops_on_shards_follow_each_layout_step_after_step(mesh: 
         assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.tensor([1, 2]))
 
 
+def test_sums_of_one_tensor_over_different_dims_keep_their_own_layouts(mesh: Any) -> None:
+    # The sum route's layout is found once per input layout *and* dims and keepdim: one
+    # tensor (one layout on the ranks) summed over each dim in turn, with and without keepdim,
+    # step after step, gives the one-process values, shapes and strides every time.
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 8, dtype=torch.float64)
+    for spec in (["dp", "tp", None], [None, "dp", "tp"]):
+        dx = distribute(x, mesh, spec)
+        calls = [
+            ([0], False),
+            ([1], False),
+            ([2], True),
+            ([0, 2], False),
+            ([1], True),
+            ([-1], False),
+        ]
+        for _ in range(2):
+            got = [dx.sum(dim=dims, keepdim=keep) for dims, keep in calls]
+            want = [x.sum(dim=dims, keepdim=keep) for dims, keep in calls]
+            for g, w, value in zip(got, want, inspect(got), strict=True):
+                assert g.shape == w.shape and g.stride() == w.stride(), spec
+                assert value.shape == w.shape and torch.allclose(value, w), spec
+
+
 def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     ints = distribute(torch.arange(6).reshape(3, 2), mesh, sharding_spec=["dp", None])
     flags = distribute(torch.tensor([True, False, True]), mesh)
@@ -164,6 +188,52 @@ def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     li, lf = torch.arange(6).reshape(3, 2), torch.tensor([True, False, True])
     for g, w in zip(got, [li * 2, li * 2.5, lf + True, lf + 1], strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@remote(propagate="inspect")
+def _rank_strides(*ts: Any) -> list[tuple[int, ...]]:
+    return [tuple(t.stride()) for t in ts]  # a DTensor's: its spec's, the global layout
+
+
+def test_a_product_with_no_columns_has_torchs_strides_on_the_ranks(mesh: Any) -> None:
+    # The mm and addmm routes give their result the strides torch gives the whole product;
+    # with no columns those are (1, 1), not (0, 1) (DTensor's own rule, and the controller's
+    # shape propagation, say (1, 1) too).
+    a = distribute(torch.ones(4, 3, dtype=torch.float64), mesh, ["dp", None])
+    b = distribute(torch.ones(3, 0, dtype=torch.float64), mesh)
+    bias = distribute(torch.ones(0, dtype=torch.float64), mesh)
+    got = [a @ b, torch.addmm(bias, a, b)]
+    want = torch.ones(4, 0).stride()
+    assert [g.stride() for g in got] == [want, want]  # the controller's view
+    assert fetch(_rank_strides(*got), dp=1, tp=1).get(timeout=WAIT) == [want, want]
+
+
+@remote(propagate="inspect")
+def _summed_on_shards(t: Any) -> list[Any]:
+    # What the sum route (the engine's shard path) gives for this rank's part of ``t``: None
+    # where it leaves the op to DTensor.
+    from actormesh.tensor.worker.aten import resolve_op
+    from actormesh.tensor.worker.shard_ops import route_for
+
+    op = resolve_op("aten.sum.dim_IntList")
+    out = [route_for("aten.sum.dim_IntList", op)(op, (t, [1], keep), {}) for keep in (False, True)]
+    return [None if o is None else (o.dtype, tuple(o.shape)) for o in out]
+
+
+def test_integer_and_bool_sums_run_on_the_shards(mesh: Any) -> None:
+    # torch sums bools and integers as int64: the sum route gives its result that dtype
+    # rather than computing the local sum, finding the dtype is not the input's, and leaving
+    # the op to DTensor (which ran it a second time, on every step).
+    ints = distribute(torch.arange(12).reshape(4, 3), mesh, ["dp", None])
+    flags = distribute(torch.arange(12).reshape(4, 3) % 2 == 0, mesh, ["dp", None])
+    for t in (ints, flags):
+        got = fetch(_summed_on_shards(t), dp=1, tp=0).get(timeout=WAIT)
+        assert got == [(torch.int64, (4,)), (torch.int64, (4, 1))], t.dtype
+    want = [torch.tensor([3, 12, 21, 30]), torch.tensor([[2], [1], [2], [1]])]
+    for _ in range(2):
+        got = inspect([ints.sum(dim=[1]), flags.sum(dim=[1], keepdim=True)])
+        assert [g.dtype for g in got] == [torch.int64, torch.int64]
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @remote(propagate="inspect")

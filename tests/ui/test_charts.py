@@ -258,8 +258,10 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     steps = last_steps(page)
     assert steps[3] <= 25 and min(steps[r] for r in (0, 1, 2)) >= 40, steps
 
-    # The main thread's time on updates while 3 ranks train and log (budget: 20 ms/s).
-    spent = update_ms_per_s(page, 8.0)
+    # The main thread's time on updates while 3 ranks train and log (budget: 20 ms/s), printed,
+    # not asserted (it moves with the load): 3 s hold 30 steps of each rank, enough to see
+    # redraws; bench/sidebar_ab.py is the measurement.
+    spent = update_ms_per_s(page, 3.0)
     per_s = spent["total"] / spent["seconds"]
     print(f"\nmain-thread time on panel updates: {per_s:.2f} ms/s over {spent}")
     assert spent.get("actormesh-charts", 0) > 0, spent  # it did measure redraws
@@ -269,7 +271,9 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     stacks = page.locator(f"{SIDEBAR} .jp-actormesh-stacks")
     expect(stacks.locator("pre").first).to_contain_text("time.sleep(0.1)")
     stacks.scroll_into_view_if_needed()
-    stacks.screenshot(path=str(tmp_path / "charts-narrow-stacks.png"))
+    # The sidebar whole, not the stacks element: live updates re-render that one, which
+    # detached it mid-screenshot ("Element is not attached to the DOM") under load.
+    page.locator(SIDEBAR).screenshot(path=str(tmp_path / "charts-narrow-stacks.png"))
     assert (bad := cut_off(page)) == [], bad
     assert (bad := layout_faults(page)) == [], bad
     page.locator(SIDEBAR).evaluate("el => el.scrollTo(0, 0)")
@@ -365,7 +369,9 @@ FEED_64 = """async ([seconds, history]) => {
 
 def test_64_ranks_10_metrics_are_drawn_as_bands(page: Any, lab: Lab, tmp_path: Path) -> None:
     open_sidebar(page, lab, 420)
-    spent = page.evaluate(FEED_64, [10, 300])
+    # 3 s of updates after the history: the drawing, the bands and the strays checked below
+    # (the figure printed is bench/sidebar_ab.py's to measure, over 10 s).
+    spent = page.evaluate(FEED_64, [3, 300])
     per_s = spent["total"] / spent["seconds"]
     print(f"\n64 ranks, 10 metrics: {per_s:.2f} ms/s of main-thread time on updates: {spent}")
     save(page, tmp_path, "charts-64-ranks")

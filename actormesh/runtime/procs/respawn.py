@@ -7,6 +7,7 @@ and gathering the answers is not (``send_spawns``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from ..actors import Future
@@ -47,9 +48,10 @@ def spawns_to_send(
 
 def send_spawns(
     node: Node, table: ProcTable, sends: list[tuple[ActorSpawn, list[int]]]
-) -> list[Future[None]]:
-    """Send each spawn to its ranks; a future per spawn, done when those ranks answered."""
-    gathered = []
+) -> Iterator[Future[None]]:
+    """Send each spawn to its ranks, yielding its future (done when those ranks answered) as
+    soon as it is sent: the caller records it before the next goes, so a heal that starts
+    meanwhile waits for it."""
     for spawn, mine in sends:
         shape = spawn.shape
         gather: Gather[None] = Gather(f"{spawn.name}.__init__", table, shape, no_values)
@@ -63,5 +65,4 @@ def send_spawns(
             envelope += (spawn.owner,)
         for rank in mine:
             node.send(table.addresses[rank], envelope, spawn.payload, spawn.buffers, spawn.digest)
-        gathered.append(gather.future)
-    return gathered
+        yield gather.future

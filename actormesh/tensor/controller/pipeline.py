@@ -132,7 +132,7 @@ def pipeline_step(
     # A stage's gradients are summed over its data dimension once, after its last backward.
     with grad_syncs_put_off():
         _record_steps(run, plan)
-    for mesh in run.meshes:  # every stage starts now, not at its idle flush
+    for mesh in run.meshes:  # the rest of each stage's steps (its first went as recorded)
         mesh.stream.flush()
     return run.total()
 

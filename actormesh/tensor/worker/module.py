@@ -146,7 +146,8 @@ def run_grad_sync(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Se
             buckets.setdefault(dims, []).append(k)
     for dims, members in buckets.items():
         for bucket in _bucketed(grads, members):
-            # (the local tensors themselves: to_local is an autograd function, 7 µs a call)
+            # (the local tensors themselves: the engine runs under no_grad, where to_local
+            # returns this same tensor after a grad-mode check, 0.2 µs; 7 µs only with grad on)
             locals_ = [grads[k]._local_tensor for k in bucket]  # noqa: SLF001
             summed = _all_reduce(locals_, [engine.mesh.get_group(d) for d in dims])
             for k, local in zip(bucket, summed, strict=True):

@@ -197,7 +197,14 @@ def _arg(a: Any, inputs: Any, vals: Any) -> Any:
     if a is VAR:
         return next(vals)
     if type(a) is _Run:
-        return list(islice(inputs if a.of_inputs else vals, a.n))
+        run = list(islice(inputs if a.of_inputs else vals, a.n))
+        if len(run) != a.n:
+            raise RuntimeError(
+                f"a program's step takes a list of {a.n} {'inputs' if a.of_inputs else 'values'}"
+                f" but its run has {len(run)} left; the controller and this rank disagree on "
+                "the program (a bug)"
+            )
+        return run
     if type(a) is tuple:
         if a and a[0] is LIST:
             return [_arg(e, inputs, vals) for e in a[1:]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..wire.shapes import contiguous_strides
 from .dtensors import UNKNOWN, OutSpecs, as_dtensor, dtensor_class, partial_sum, spec_of, wrap
 from .shard_views import view_rows
 
@@ -91,7 +92,8 @@ def _product_spec(a: Any, b: Any, with_bias: Any = None) -> Any:
         if any(not (p.is_replicate() or p.is_shard(0)) for p in placements):
             return None
     shape = type(a.shape)((a.shape[0], b.shape[1]))
-    return spec_of(a.mesh, placements, shape, (shape[1], 1), a.tensor_meta.dtype)
+    # torch's strides for a new product: (1, 1), not (0, 1), when it has no columns
+    return spec_of(a.mesh, placements, shape, contiguous_strides(shape), a.tensor_meta.dtype)
 
 
 def _mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -161,8 +163,6 @@ def _summed_spec(spec: Any, dims: Any, keepdim: bool) -> Any:
     import torch
     from torch.distributed.tensor import Shard
 
-    from ..wire.shapes import contiguous_strides
-
     nd = len(spec.shape)
     reduced = sorted({d % nd for d in dims}) if nd else []
     placements = []
@@ -180,8 +180,10 @@ def _summed_spec(spec: Any, dims: Any, keepdim: bool) -> Any:
     shape = [n if i not in reduced else 1 for i, n in enumerate(spec.shape)]
     if not keepdim:
         shape = [n for i, n in enumerate(spec.shape) if i not in reduced]
-    return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape),
-                   spec.tensor_meta.dtype)  # fmt: skip
+    dtype = spec.tensor_meta.dtype
+    if not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.int64  # torch sums bools and integers as int64 (_checked sees the rest)
+    return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape), dtype)
 
 
 def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
