@@ -100,6 +100,8 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten.native_layer_norm.default", (x, [rows, 8, 16], None, None, 1e-5)),
         ("aten.cat.default", ([x, x], 0)),
         ("aten.view.default", (x, [rows * 8, 16])),  # dim 0 merged: not this family's
+        # scaled by each index's count over the whole batch, which no rank has
+        ("aten.embedding_dense_backward.default", (x, tokens, 64, -1, True)),
     ]
     for name, args in declined:
         func = _op(name)

@@ -85,6 +85,12 @@ def _ok_dim_at(at: int, default: int) -> Any:
     return lambda args, x: _dim(args, at, default, x.dim()) != 0
 
 
+def _ok_unscaled(args: tuple[Any, ...], x: Any) -> bool:
+    # scale_grad_by_freq divides by each index's count over the whole batch, which no rank
+    # has: that one is DTensor's.
+    return len(args) < 5 or not args[4]
+
+
 def _ok_layer_norm(args: tuple[Any, ...], x: Any) -> bool:
     return len(args) >= 2 and len(args[1]) < x.dim()
 
@@ -100,7 +106,7 @@ _OPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]] =
     "aten._log_softmax.default": ((0,), (), (), _ok_dim_at(1, 0)),
     "aten._log_softmax_backward_data.default": ((0, 1), (), (), _ok_dim_at(2, 0)),
     "aten.embedding.default": ((1,), (0,), (), _always),
-    "aten.embedding_dense_backward.default": ((0, 1), (), (0,), _always),
+    "aten.embedding_dense_backward.default": ((0, 1), (), (0,), _ok_unscaled),
     "aten.sum.default": ((0,), (), (0,), _always),
     "aten.native_layer_norm.default": ((0,), (2, 3), (), _ok_layer_norm),
     "aten.native_layer_norm_backward.default": (
