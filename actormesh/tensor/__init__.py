@@ -67,6 +67,7 @@ the ranks' half never imports the controller's.
 ``worker/shard_attention.py``   CPU attention and its backward
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
+``worker/shard_rows.py``        ops that leave dim 0 alone on a batch split by rows (GPT-2's)
 ``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
