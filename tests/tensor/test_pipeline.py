@@ -301,7 +301,7 @@ def test_the_sidebar_says_which_mesh_and_stage_a_rank_serves(procs: Any, tmp_pat
     meshes = [procs.slice(pp=s) for s in range(2)]
     gate = str(tmp_path / "go")
     x = am.distribute(torch.ones(2, 2, dtype=torch.float64), meshes[0]).requires_grad_()
-    held = [lambda h: h * 2, lambda h: _HeldThrough.apply(h, gate)]
+    held = [lambda h: h * 2, lambda h: _Through.apply(h, _hold, gate)]
     loss = pipeline_step(held, meshes, x, x, lambda out, t: out.sum(), microbatches=1)
     peek = meshes[1].spawn("peek", _Peek)
     try:
@@ -319,30 +319,22 @@ def test_the_sidebar_says_which_mesh_and_stage_a_rank_serves(procs: Any, tmp_pat
     assert loss.item() == 8.0
 
 
-class _HeldThrough(torch.autograd.Function):
+class _Through(torch.autograd.Function):
+    """``fn(x, path)`` (a remote function of the ranks) in a stage, its gradient passed on."""
+
     @staticmethod
-    def forward(ctx: Any, x: Any, path: str) -> Any:
-        return _hold(x, path)
+    def forward(ctx: Any, x: Any, fn: Any, path: str) -> Any:
+        return fn(x, path)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
-        return g, None
+        return g, None, None
 
 
 @am.remote(propagate=lambda x, path: x)
 def _mark(x: Any, path: str) -> Any:
     Path(path).touch()
     return x * 1
-
-
-class _Marked(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, path: str) -> Any:
-        return _mark(x, path)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> Any:
-        return g, None
 
 
 def test_a_stage_starts_while_the_rest_of_the_step_is_recorded(
@@ -367,7 +359,7 @@ def test_a_stage_starts_while_the_rest_of_the_step_is_recorded(
         return h * 2
 
     x = am.distribute(torch.ones(4, 2, dtype=torch.float64), meshes[0]).requires_grad_()
-    stages = [lambda h: _Marked.apply(h, str(ran)), stage_1]
+    stages = [lambda h: _Through.apply(h, _mark, str(ran)), stage_1]
     loss = pipeline_step(stages, meshes, x, x, lambda out, t: out.sum(), microbatches=2)
     assert loss.item() == 8.0  # two microbatches of 2 x 2 ones, doubled, summed, averaged
     assert seen == [True]  # stage 0 ran before the step's recording was over
