@@ -18,12 +18,11 @@ segment in two. Anything else goes as it is too: a run seen once (a cell run onc
 batch the idle timer cut elsewhere). The ranks run exactly the ops that would have been sent: a
 failed op names its rank, op and line as before.
 
-The structure of a segment is cheap to find: an op of the recorder's fast path with outputs is
-keyed by the identity of its plan's ``meta`` and of its site (each plan, per op, signatures and
-scalars, makes its own ``meta`` tuple, and there is one string per line: ``recording.py``,
-``ops.issue_site``), which the kept segments hold alive so that no other object takes their ids;
-any other op (one with no outputs has the one empty tuple as its ``meta``: an in-place
-``_foreach_`` op) by its whole template.
+The structure of a segment is cheap to find: an op of the recorder's fast path is keyed by the
+identity of its plan's ``meta`` and of its site (each plan, per op, signatures and scalars,
+makes its own ``meta``: a tuple, or ``ops.NoOutputs`` for an op with no outputs; and there is
+one string per line: ``recording.py``, ``ops.issue_site``), which the kept segments hold alive
+so that no other object takes their ids; any other op by its whole template.
 """
 
 from __future__ import annotations
@@ -124,7 +123,7 @@ def _structure(
     while end < stop:
         op = ops[end]
         kind, out, ins, meta, payload, site = op
-        if kind == "aten" and payload[4] is not None and meta:  # the fast path's: one plan
+        if kind == "aten" and payload[4] is not None:  # the fast path's: one plan
             key.append((id(meta), id(site)))
             fast_values(op, values)
         else:

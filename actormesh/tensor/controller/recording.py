@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from .. import compat
-from ..wire.ops import IN, Ref, issue_site
+from ..wire.ops import IN, NoOutputs, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
 from . import lifetime
 from .constants import upload
@@ -271,7 +271,7 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     name = _names.get(func)
     if name is None:
         name = _names[func] = str(func)
-    plan = (name, tuple(outs), tuple(meta), single, spec, name in _RANDOM)
+    plan = (name, tuple(outs), tuple(meta) or NoOutputs(), single, spec, name in _RANDOM)
     if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)
     if constants:

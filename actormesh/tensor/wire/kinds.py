@@ -228,7 +228,7 @@ def check_op(op: Op, emitter: str | None = None) -> None:
             raise OpKindError(f"{where}: {name} must be a tuple of ids, got {ids!r:.200}")
     if entry.outputs is not None and len(out) != entry.outputs:
         raise OpKindError(f"{where} names {entry.outputs} output(s), got out={out!r}")
-    if type(meta) is not tuple or len(meta) != len(out):
+    if not isinstance(meta, tuple) or len(meta) != len(out):
         raise OpKindError(f"{where}: meta needs one entry per output id, got {meta!r:.200}")
     for m in meta:
         if m is not None and not (type(m) is tuple and 3 <= len(m) <= 4):

@@ -70,6 +70,14 @@ class _Input:
 IN = _Input()
 
 
+class NoOutputs(tuple):
+    """The ``meta`` of an op that has no outputs (an in-place ``_foreach_`` op), one object per
+    plan of the recorder's fast path: its identity then names the plan, as a plan's own ``meta``
+    tuple does for an op with outputs (the one empty tuple could not; controller/programs.py)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class FailureInfo:
     """One rank's record of the op that originally failed (text only, see errors.py)."""
