@@ -57,6 +57,11 @@ def wrap(local: Any, spec: Any) -> Any:
     return new(dtensor, local, spec, requires_grad=False)
 
 
+def size_of(shape: Any) -> Any:
+    """``torch.Size(shape)``."""
+    return (_torch or _load())[0](shape)
+
+
 def dtensor_class() -> Any:
     return (_torch or _load())[1]
 

@@ -103,6 +103,7 @@ class _TensorEngine(EngineState, Actor):
         # A batch the controller pickled itself (stream._pack) arrived inside a signed message;
         # the runtime's codec unpickles it, as it does every payload.
         batch: list[Op] = loads(ops) if isinstance(ops, bytes) else ops
+        self.batch_ops, self.batch_drops = batch, drops  # (programs.py: what outlives a program)
         try:
             with torch.no_grad():
                 for op in batch:
@@ -114,6 +115,7 @@ class _TensorEngine(EngineState, Actor):
             self._drop_read_pins()
         finally:
             self.current = None
+            self.batch_ops, self.batch_drops = (), ()
             self.span_close()
             with self.cond:
                 self.done += 1

@@ -9,6 +9,11 @@ DTensor running what the route does not take, as ``aten.run_aten`` does; everyth
 every step while a value of this rank is poisoned (or its process group failed), is rebuilt as
 the op it stands for and run by ``_TensorEngine._execute`` as if it had been sent. Either way
 the results, failures and what the sidebar shows are those of the ops themselves.
+
+After its first run, a direct step whose route computes the op on the local tensors runs on
+them alone while its inputs are laid out as then (``lowered.py``); what such steps make stays
+a local tensor until a step that is not lowered reads it or the program ends (then it becomes a
+DTensor, unless the batch drops it).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.ops import IN, Ref
 from ..wire.programs import DICT, INS, LIST, VAR, count_values, rebuild_op, shape_op
 from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
+from .lowered import Lowered, lower, release
 from .shard_ops import route_for
 
 if TYPE_CHECKING:
@@ -31,7 +37,8 @@ class _Step:
     """One op of a program, with what running it needs worked out once."""
 
     __slots__ = (
-        "args", "at", "direct", "func", "kwargs", "name", "nvars", "op", "route", "simple", "var0"
+        "args", "at", "direct", "func", "kwargs", "lowerable", "lowered", "name", "nvars", "op",
+        "route", "simple", "var0",
     )  # fmt: skip
 
     def __init__(self, op: Any, at: int, var0: int) -> None:
@@ -45,6 +52,8 @@ class _Step:
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.simple = False
+        self.lowerable = False  # its route may let later runs skip it (lowered.py)
+        self.lowered: Lowered | None = None
         self.name: tuple[str] = ("",)
         kind, payload = op[0], op[4]
         if kind != "aten":
@@ -58,6 +67,7 @@ class _Step:
         self.direct = True
         self.func = resolve_op(name)
         self.route = route_for(name, self.func)
+        self.lowerable = bool(getattr(self.route, "on_locals", False))
         self.args = tuple(_runs(a) for a in args)
         self.kwargs = dict(kwargs[1:])
         self.simple = all(a is IN or _literal(a) for a in args)
@@ -105,48 +115,119 @@ def run_program(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequ
             "of it before its definition"
         )
     env = engine.env
+    this = engine.current  # this program's op, in its batch
+    held: dict[int, Any] = {}  # what lowered steps made: id -> (local tensor, spec)
     for step in steps:
+        at = step.at
+        n_out, n_in = step.op[1], step.op[2]
+        in_ids = ids[at + n_out : at + n_out + n_in]
         if not step.direct or engine.poison or engine.broken is not None:
+            if held:
+                release(in_ids, env, held)
             engine._execute(_op(step, ids, values))  # noqa: SLF001  (the engine's own path)
             continue
-        at = step.at
-        n_out = step.op[1]
-        try:
-            inputs = iter([env[i] for i in ids[at + n_out : at + n_out + step.op[2]]])
-        except KeyError:
-            engine._execute(_op(step, ids, values))  # noqa: SLF001  (raises, naming the value)
-            continue
-        if step.simple:
-            args = tuple([next(inputs) if a is IN else a for a in step.args])
-        else:
-            vals = iter(values[step.var0 : step.var0 + step.nvars])
-            args = tuple([_arg(a, inputs, vals) for a in step.args])
         outs = ids[at : at + n_out]
         engine.current = ("aten", outs, (), (), step.name, step.op[5])
-        try:
-            route = step.route
-            result = None if route is None else route(step.func, args, step.kwargs)
-            if result is None:  # not on the shards: DTensor runs it, as run_aten would
-                leaves = on_dtensors(step.name[0], step.func, args, step.kwargs)
-            else:
-                leaves = tensor_leaves(result)
-            if len(leaves) != n_out:
-                raise RuntimeError(
-                    f"{step.name[0]} gave {len(leaves)} results where the controller expected "
-                    f"{n_out}; the controller's shape propagation and this rank disagree"
-                )
-        except Exception as exc:
-            engine.failed(_op(step, ids, values), exc)
+        if step.lowered is not None and _run_lowered(engine, step, in_ids, outs, ids, values, held):
             continue
-        for o, v in zip(outs, leaves, strict=True):
-            env[o] = v
-        if n_out > 1:
-            for o in outs:
-                engine.siblings[o] = outs
+        if held:
+            release(in_ids, env, held)
+        _run_direct(engine, step, in_ids, outs, ids, values)
+    if held:
+        release(_outliving(engine, this, held), env, held)
     return []
 
 
+def _run_lowered(
+    engine: EngineState, step: _Step, in_ids: Any, outs: Any, ids: Any, values: Any, held: Any
+) -> bool:
+    """Run a lowered step on the local tensors; False when its inputs (or a result) are not
+    laid out as on its first run: then nothing ran, or nothing was kept, and the route runs it."""
+    lowered = step.lowered
+    assert lowered is not None
+    env = engine.env
+    locals_ = lowered.locals_of(in_ids, env, held)
+    if locals_ is None:
+        return False
+    try:
+        out = step.func._op(*_args(step, locals_, values), **step.kwargs)  # noqa: SLF001
+        if not lowered.keep(out, locals_, in_ids, outs, env, held):
+            return False
+    except Exception as exc:
+        release(in_ids, env, held)  # a failure poisons what the op wrote
+        engine.failed(_op(step, ids, values), exc)
+        return True
+    if len(outs) > 1:
+        for o in outs:
+            engine.siblings[o] = outs
+    return True
+
+
+def _run_direct(
+    engine: EngineState, step: _Step, in_ids: Any, outs: Any, ids: Any, values: Any
+) -> None:
+    """Run a step by its route (lowering it for the next runs, where the route allows), or by
+    DTensor where the route does not take it."""
+    env = engine.env
+    try:
+        inputs = [env[i] for i in in_ids]
+    except KeyError:
+        engine._execute(_op(step, ids, values))  # noqa: SLF001  (raises, naming the value)
+        return
+    args = _args(step, inputs, values)
+    try:
+        route = step.route
+        result = None if route is None else route(step.func, args, step.kwargs)
+        if result is None:  # not on the shards: DTensor runs it, as run_aten would
+            leaves = on_dtensors(step.name[0], step.func, args, step.kwargs)
+        else:
+            leaves = tensor_leaves(result)
+            if step.lowerable:
+                step.lowered = lower(route, inputs, result)
+        if len(leaves) != len(outs):
+            raise RuntimeError(
+                f"{step.name[0]} gave {len(leaves)} results where the controller expected "
+                f"{len(outs)}; the controller's shape propagation and this rank disagree"
+            )
+    except Exception as exc:
+        engine.failed(_op(step, ids, values), exc)
+        return
+    for o, v in zip(outs, leaves, strict=True):
+        env[o] = v
+    if len(outs) > 1:
+        for o in outs:
+            engine.siblings[o] = outs
+
+
+def _outliving(engine: EngineState, this: Any, held: dict[int, Any]) -> list[int]:
+    """Of the ids in ``held``, those read after this program: by a later op of its batch, or
+    after the batch (it does not drop them)."""
+    dropped = set(engine.batch_drops)
+    if not dropped:
+        return list(held)
+    batch = engine.batch_ops
+    later: set[int] = set()
+    for k, op in enumerate(batch):
+        if op is this:
+            for after in batch[k + 1 :]:
+                later.update(after[4][2] if after[0] == "program" else after[2])
+            break
+    else:
+        return list(held)  # not run from a batch: keep all
+    return [i for i in held if i not in dropped or i in later]
+
+
 _settled = False
+
+
+def _args(step: _Step, inputs: list[Any], values: Sequence[Any]) -> tuple[Any, ...]:
+    """A direct step's arguments in this run: its template filled with ``inputs`` (DTensors,
+    or their local tensors for a lowered step) and the run's values."""
+    it = iter(inputs)
+    if step.simple:
+        return tuple([next(it) if a is IN else a for a in step.args])
+    vals = iter(values[step.var0 : step.var0 + step.nvars])
+    return tuple([_arg(a, it, vals) for a in step.args])
 
 
 def _settle_collector() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .dtensors import dtensor_class
+from .lowered import computes_on_locals
 
 # The elementwise _foreach_ families: those whose per-tensor op torch tags pointwise (see
 # ``_elementwise``), without max (a reduction per tensor) and with zero_/copy_.
@@ -52,6 +53,7 @@ def _elementwise(packet: str) -> bool:
     return False
 
 
+@computes_on_locals
 def foreach_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """An elementwise ``_foreach_`` op on the local shards: ``[]`` for an in-place one (it
     returns nothing), the list of result DTensors for another; ``None`` when the op does not

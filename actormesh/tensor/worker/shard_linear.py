@@ -14,6 +14,7 @@ from typing import Any
 
 from ..wire.shapes import contiguous_strides
 from .dtensors import UNKNOWN, OutSpecs, as_dtensor, dtensor_class, partial_sum, spec_of, wrap
+from .lowered import computes_on_locals
 from .shard_views import view_rows
 
 _T_SPECS = OutSpecs()
@@ -22,6 +23,7 @@ _ADDMM_SPECS = OutSpecs()
 _SUM_SPECS = OutSpecs()
 
 
+@computes_on_locals
 def _transpose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t`` of a 2-D DTensor: Shard(0) and Shard(1) swap, the rest stays."""
     x = args[0]
@@ -96,6 +98,7 @@ def _product_spec(a: Any, b: Any, with_bias: Any = None) -> Any:
     return spec_of(a.mesh, placements, shape, contiguous_strides(shape), a.tensor_meta.dtype)
 
 
+@computes_on_locals
 def _mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args) != 2 or kwargs:
         return None
@@ -113,6 +116,7 @@ def _mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _checked(local, out)
 
 
+@computes_on_locals
 def _addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``bias + a @ b`` with a replicated bias over the columns, where ``a @ b`` needs no sum
     and its columns are whole (each rank adds the whole bias to its rows)."""
@@ -140,6 +144,7 @@ def _checked(local: Any, spec: Any) -> Any:
     return wrap(local, spec)
 
 
+@computes_on_locals
 def _sum_dims(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``sum`` over dims: a split dim summed over gives a Partial sum, other split dims move
     down past the removed ones (unless keepdim); Partial sums stay Partial sums."""

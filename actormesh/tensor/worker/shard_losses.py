@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtensors import as_dtensor, local_layout, plain_spec
+from .dtensors import (
+    UNKNOWN,
+    OutSpecs,
+    dtensor_class,
+    local_layout,
+    partial_sum,
+    plain_spec,
+    size_of,
+    spec_of,
+    wrap,
+)
 
 
 def _block(target: Any, spec: Any) -> Any:
@@ -49,35 +59,54 @@ def _reduction(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> 
     return args[position] if len(args) > position else kwargs.get("reduction", 1)
 
 
+_LOSS_SPECS = OutSpecs()
+
+
 def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The local sum of squares (one op), divided by the global count for a mean: a Partial
+    sum over the split mesh dimensions."""
     import math
 
-    from torch.distributed.tensor import DTensor, Partial, Replicate
+    import torch
 
     x = args[0]
     reduction = _reduction(args, kwargs, 2)
-    if type(x) is not DTensor or reduction not in (1, 2) or not plain_spec(x._spec):  # noqa: SLF001
+    if type(x) is not dtensor_class() or reduction not in (1, 2):
         return None
     spec = x._spec  # noqa: SLF001
+    out = _LOSS_SPECS.get((spec,))
+    if out is UNKNOWN:
+        out = _LOSS_SPECS.put((spec,), None, _loss_spec(spec))
+    if out is None:
+        return None
     target = _block(args[1], spec)
     if target is None:
         return None
-    diff = x._local_tensor - target  # noqa: SLF001
-    total = (diff * diff).sum()
+    total = torch.ops.aten.mse_loss.default(x._local_tensor, target, 2)  # noqa: SLF001  (sum)
     if reduction == 1:  # mean over the global tensor
-        total = total / math.prod(spec.shape)
-    placements = [Partial("sum") if p.is_shard() else Replicate() for p in spec.placements]
-    return as_dtensor(total, spec.mesh, placements, (), ())
+        total.div_(math.prod(spec.shape))
+    return wrap(total, out)
+
+
+def _loss_spec(spec: Any) -> Any:
+    """A 0-dim loss of a value of ``spec``: summed over the split mesh dims (None: not plain)."""
+    from torch.distributed.tensor import Replicate
+
+    if not plain_spec(spec):
+        return None
+    placements = [partial_sum() if p.is_shard() else Replicate() for p in spec.placements]
+    return spec_of(spec.mesh, placements, size_of(()), (), spec.tensor_meta.dtype)
 
 
 def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``2 (x - target) grad``, with ``grad / count`` for a mean (one or two ops on the local
+    blocks), where the loss's gradient is replicated."""
     import math
 
-    from torch.distributed.tensor import DTensor
-
+    dtensor = dtensor_class()
     grad, x = args[0], args[1]
     reduction = _reduction(args, kwargs, 3)
-    if type(x) is not DTensor or type(grad) is not DTensor or reduction not in (1, 2):
+    if type(x) is not dtensor or type(grad) is not dtensor or reduction not in (1, 2):
         return None
     spec = x._spec  # noqa: SLF001
     if (
@@ -93,13 +122,13 @@ def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     if target is None:
         return None
     local = x._local_tensor  # noqa: SLF001
-    scale = 2 * grad._local_tensor  # noqa: SLF001
+    scale = grad._local_tensor  # noqa: SLF001
     if reduction == 1:
         scale = scale / math.prod(spec.shape)
-    out = (local - target) * scale
+    out = func(scale, local, target, 2)  # reduction=sum: 2 (x - target) scale
     if out.dtype != local.dtype or out.stride() != local.stride():
         return None
-    return DTensor.__new__(DTensor, out, spec, requires_grad=False)
+    return wrap(out, spec)
 
 
 def _nll_loss_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
 from .dtensors import dtensor_class, wrap
+from .lowered import computes_on_locals
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 
 _pointwise: dict[Any, bool] = {}
@@ -62,6 +63,7 @@ def _import_classes() -> tuple[Any, Any]:
     return _classes
 
 
+@computes_on_locals
 def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
     is the same op on each rank's shards: run it on the local tensors, and skip DTensor's
@@ -163,6 +165,7 @@ def route_for(name: str, func: Any) -> Any:
     return None
 
 
+@computes_on_locals
 def _same_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     if type(x) is not dtensor_class() or len(args) != 1 or kwargs:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, partial_sum, spec_of, wrap
+from .lowered import computes_on_locals
 
 _found = OutSpecs()
 
@@ -210,9 +211,10 @@ def rows(name: str) -> Any:
             return None
         return _wrapped(func(*[a._local_tensor if type(a) is D else a for a in args]), out)  # noqa: SLF001
 
-    return route
+    return computes_on_locals(route)
 
 
+@computes_on_locals
 def _cat(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``cat`` of tensors split by rows alike along a dim other than 0."""
     if kwargs or not args or not isinstance(args[0], (list, tuple)) or len(args[0]) < 2:

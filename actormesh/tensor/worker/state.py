@@ -150,6 +150,9 @@ class EngineState:
         self.staged: dict[int, Any] = {}  # id -> this rank's block of a large distribute()
         self.fns: dict[int, Any] = {}
         self.programs: dict[int, Any] = {}  # index -> a program's decoded steps (programs.py)
+        # the running batch's ops, and the ids it drops after them (programs.py)
+        self.batch_ops: Any = ()
+        self.batch_drops: Any = ()
         # to_mesh (transfer.py): where other engines' sends arrive, and where ours go.
         self.inbox = Inbox()
         self.peers: dict[str, tuple[Any, ...]] = {}

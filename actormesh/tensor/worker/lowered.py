@@ -1,0 +1,144 @@
+"""A program's step run on the local tensors alone, once its first run has shown how (issue 43).
+
+Many shard routes (``shard_ops.py``) compute an op as the op itself on the local tensors of its
+DTensor arguments, and give the result a spec that depends only on the arguments' specs and the
+op's fixed arguments: pointwise and ``_foreach_`` ops, ``t``, ``mm``, ``addmm``, ``sum`` over
+dims, ``detach``, and the ops of a batch split by rows. Such a route says so
+(``computes_on_locals``). A program runs the same step with the same kinds of values every
+time, so after a step's first run by such a route it keeps (``lower``) the specs its inputs
+had and, for each result, the spec the route gave it (or the input it wrote in place). On a
+later run whose inputs have the same specs (by identity: the engine reuses specs) and local
+strides (any other, or a value that is not a DTensor, runs the route again), the op runs on the
+local tensors: no route, no spec work and no checks per argument. Its results stay local
+tensors, each with its kept spec, while only lowered steps read them; one becomes a DTensor in
+the engine's values when another step reads it or when it outlives the program (it is not
+among the ids the batch drops). A result laid out unlike the first run's (strides) runs the route
+instead, as a route declines such a result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dtensors import dtensor_class, wrap
+
+
+def computes_on_locals(route: Any) -> Any:
+    """Mark ``route`` as computing ``func(*args, **kwargs)`` with each DTensor argument (in a
+    list too) replaced by its local tensor, whether it takes the op and its results' specs
+    decided by the arguments' specs and local strides, the op's arguments that are not floats,
+    and its local results' strides."""
+    route.on_locals = True
+    return route
+
+
+class Lowered:
+    """How a step ran on its first run, for the runs after it."""
+
+    __slots__ = ("outs", "specs", "strides")
+
+    def __init__(self, specs: tuple[Any, ...], strides: tuple[Any, ...], outs: tuple[Any, ...]):
+        self.specs = specs  # the input DTensors' specs, in the order of the step's inputs
+        self.strides = strides  # and their local tensors' strides
+        # per result in pytree order: an int (the input it wrote in place), None (no tensor at
+        # that place), or (spec, local strides)
+        self.outs = outs
+
+    def locals_of(self, in_ids: Any, env: dict[int, Any], held: dict[int, Any]) -> Any:
+        """The inputs' local tensors, or None when one is not laid out as on the first run. An
+        input made by an earlier lowered step of this run is in ``held`` (local, spec)."""
+        dtensor = dtensor_class()
+        locals_ = []
+        for i, spec, stride in zip(in_ids, self.specs, self.strides, strict=True):
+            made = held.get(i)
+            if made is not None:  # its strides were checked when it was made
+                if made[1] is not spec:
+                    return None
+                locals_.append(made[0])
+                continue
+            x: Any = env.get(i)
+            if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
+                return None
+            local = x._local_tensor  # noqa: SLF001
+            if local.stride() != stride:
+                return None
+            locals_.append(local)
+        return locals_
+
+    def keep(
+        self, out: Any, locals_: list[Any], in_ids: Any, out_ids: Any, env: Any, held: Any
+    ) -> bool:
+        """Keep the op's results under ``out_ids``: a new one in ``held`` (local, spec), one
+        written in place as its input. False, keeping nothing, when torch laid a result out
+        unlike on the first run (the route then decides)."""
+        outs = self.outs
+        if out is None:  # an in-place _foreach_ op
+            return not outs
+        parts = (out,) if type(out) is not list and type(out) is not tuple else out
+        if len(parts) != len(outs):
+            return False
+        for o, kept in zip(parts, outs, strict=True):
+            if kept is None:
+                if o is not None:
+                    return False
+            elif type(kept) is int:
+                if o is not locals_[kept]:
+                    raise RuntimeError("an in-place op on local tensors returned another tensor")
+            elif o is None or o.stride() != kept[1]:
+                return False
+        ids = iter(out_ids)
+        for o, kept in zip(parts, outs, strict=True):
+            if kept is None:
+                continue
+            i = next(ids)
+            if type(kept) is int:  # the input, written: under the output's id too
+                source = in_ids[kept]
+                if source in held:
+                    held[i] = held[source]
+                else:
+                    env[i] = env[source]
+            else:
+                held[i] = (o, kept[0])
+        return True
+
+
+def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:
+    """The values of ``ids`` that lowered steps made, as DTensors in ``env`` (for a step that
+    is not lowered, a failure's bookkeeping, or what outlives the program)."""
+    for i in ids:
+        made = held.pop(i, None)
+        if made is not None:
+            env[i] = wrap(*made)
+
+
+def lower(route: Any, inputs: list[Any], result: Any) -> Lowered | None:
+    """What a step's first run by ``route`` shows about the next ones, or None when they
+    cannot skip the route (a route that does not compute on the locals, or an input or result
+    that is not a DTensor)."""
+    if not getattr(route, "on_locals", False):
+        return None
+    dtensor = dtensor_class()
+    if not inputs or any(type(x) is not dtensor for x in inputs):
+        return None
+    specs = tuple(x._spec for x in inputs)  # noqa: SLF001
+    strides = tuple(x._local_tensor.stride() for x in inputs)  # noqa: SLF001
+    if type(result) is list and not result:
+        outs: tuple[Any, ...] = ()
+    else:
+        parts = result if type(result) is list or type(result) is tuple else (result,)
+        kept: list[Any] = []
+        for r in parts:
+            if r is None:
+                kept.append(None)
+            elif type(r) is not dtensor:
+                return None
+            else:
+                alias = next((k for k, x in enumerate(inputs) if x is r), None)
+                if alias is not None:
+                    kept.append(alias)
+                else:
+                    kept.append((r._spec, r._local_tensor.stride()))  # noqa: SLF001
+        if any(type(k) is int for k in kept) and any(type(k) is tuple for k in kept):
+            return None  # a later run that had to decline a result would write twice
+        outs = tuple(kept)
+    return Lowered(specs, strides, outs)

@@ -1,0 +1,162 @@
+"""A program's steps run on the local tensors once their first run has shown how
+(``worker/lowered.py``, issue 43), and the gradient sync's plan (``worker/module.py``): each
+checked on the ranks, where they run, and against one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_tensor_step import WARM, Trainer, batches, steps_as_batches  # noqa: F401  (fixture)
+
+import actormesh as am
+from actormesh.tensor import distribute
+from actormesh.tensor.controller.mesh import tensor_mesh
+
+
+class Steps(am.Actor):
+    """What this rank's engine knows about its programs, and its guards tried on real DTensors."""
+
+    def _engine(self) -> Any:
+        from actormesh.tensor.worker.local import REGISTRY
+
+        return next(iter(REGISTRY.values()))
+
+    @am.endpoint
+    def lowered(self) -> dict[str, int]:
+        """Per op name, how many steps of this rank's programs run on the local tensors."""
+        out: dict[str, int] = {}
+        for steps in self._engine().programs.values():
+            for step in steps:
+                if step.lowered is not None:
+                    out[step.name[0]] = out.get(step.name[0], 0) + 1
+        return out
+
+    @am.endpoint
+    def guards(self) -> dict[str, bool]:
+        from torch.distributed.tensor import Replicate, Shard
+
+        from actormesh.tensor.worker import shard_ops
+        from actormesh.tensor.worker.dtensors import as_dtensor, wrap
+        from actormesh.tensor.worker.lowered import lower, release
+
+        mesh = self._engine().mesh
+        whole = [Replicate(), Replicate()]
+        x = as_dtensor(torch.arange(16.0).reshape(4, 4), mesh, whole)
+        y = as_dtensor(torch.ones(4, 4), mesh, whole)
+        add = torch.ops.aten.add.Tensor
+        route = shard_ops.route_for("aten.add.Tensor", add)
+        low = lower(route, [x, y], route(add, (x, y), {}))
+        target = as_dtensor(torch.zeros(4, 4), mesh, whole)
+        in_place = torch.ops.aten.add_.Tensor
+        route_ = shard_ops.route_for("aten.add_.Tensor", in_place)
+        wrote = lower(route_, [target, y], route_(in_place, (target, y), {}))
+        assert low is not None and wrote is not None
+        env = {
+            1: x,
+            2: y,
+            3: as_dtensor(torch.ones(2, 4), mesh, [Shard(0), Replicate()], (4, 4), (4, 1)),
+            4: torch.ones(4, 4),
+            # the same spec (the same object) over a transposed local tensor: other strides
+            5: wrap(torch.ones(4, 4).t().contiguous().t(), y._spec),
+            10: target,
+        }
+        made = torch.full((4, 4), 3.0)
+        locals_ = low.locals_of((1, 2), env, {})
+        assert locals_ is not None
+        held: dict[int, Any] = {}
+        dense = torch.zeros(4, 4)
+        other = torch.empty_strided((4, 4), (1, 4))  # laid out unlike the first run's result
+        kept_other = low.keep(other, locals_, (1, 2), (9,), env, held) or bool(held)
+        kept_dense = low.keep(dense, locals_, (1, 2), (9,), env, held)
+        held_dense = held.get(9, (None, None))
+        wrote_kept = wrote.keep(target._local_tensor, [target._local_tensor, y._local_tensor],
+                                (10, 2), (11,), env, held)  # fmt: skip
+        release([9], env, held)
+        return {
+            "same specs run on the locals": locals_ == [x._local_tensor, y._local_tensor],
+            "another spec runs the route": low.locals_of((3, 2), env, {}) is None,
+            "a plain tensor runs the route": low.locals_of((4, 2), env, {}) is None,
+            "other local strides run the route": low.locals_of((1, 5), env, {}) is None,
+            "a value a lowered step made is taken as it is": (
+                low.locals_of((7, 2), env, {7: (made, x._spec)}) == [made, y._local_tensor]
+            ),
+            "a made value of another spec runs the route": (
+                low.locals_of((7, 2), env, {7: (made, env[3]._spec)}) is None
+            ),
+            "a result laid out otherwise runs the route, nothing kept": not kept_other,
+            "a result as on the first run is kept with its spec": (
+                kept_dense and held_dense[0] is dense and held_dense[1] is x._spec
+            ),
+            "a kept result becomes a DTensor when released": (
+                env[9]._local_tensor is dense and env[9]._spec is x._spec
+            ),
+            "an in-place result is its input": wrote_kept and env[11] is target,
+        }
+
+    @am.endpoint
+    def summed_layouts(self) -> list[bool]:
+        """Gradients summed over the data dimension keep their layouts (dense and not)."""
+        from actormesh.tensor.worker.module import _all_reduce
+
+        engine = self._engine()
+        group = engine.mesh.get_group("dp")
+        dense, odd = torch.ones(3, 4), torch.ones(4, 3).t()
+        out = _all_reduce([dense, odd], [group])
+        return [
+            out[0].stride() == dense.stride() and bool((out[0] == 2).all()),
+            out[1].stride() == odd.stride() and bool((out[1] == 2).all()),
+            out[0].data_ptr() != dense.data_ptr(),  # a new tensor, not the gradient's memory
+        ]
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: Any) -> None:
+    trainer = Trainer(mesh)
+    x, y = batches(1)[0]
+    for _ in range(WARM + 2):
+        trainer.step(x, y)  # each compared with one process
+    trainer.check_weights()
+    steps = mesh.spawn("lowered_steps", Steps)
+    for rank, lowered in steps.lowered.call().get(timeout=60).items():
+        # the linear layers' ops, the activation and AdamW's foreach ops; not mse_loss (not a
+        # direct step) nor the views of a batch split by rows (another local shape)
+        for name in ("aten.t.default", "aten.addmm.default", "aten._foreach_addcdiv_.ScalarList"):
+            assert lowered.get(name, 0) >= 1, (rank, lowered)
+        assert "aten.mse_loss.default" not in lowered, (rank, lowered)
+
+
+def test_a_lowered_step_runs_its_route_for_inputs_laid_out_otherwise(mesh: Any) -> None:
+    tensor_mesh(mesh)  # the ranks' engines (started on a mesh's first tensor op)
+    steps = mesh.spawn("lowered_guards", Steps)
+    for rank, checks in steps.guards.call().get(timeout=60).items():
+        assert all(checks.values()), (rank, checks)
+
+
+def test_summed_gradients_keep_their_layouts(mesh: Any) -> None:
+    tensor_mesh(mesh)
+    steps = mesh.spawn("summed_layouts", Steps)
+    for rank, checks in steps.summed_layouts.call().get(timeout=60).items():
+        assert all(checks), (rank, checks)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_value_a_program_made_stays_for_a_later_op_of_its_batch(mesh: Any) -> None:
+    # The program's last value is freed on the controller before the batch goes, and an op
+    # after the program (past the step's mark) reads it: the batch drops it only after its ops.
+    w = distribute(torch.arange(4.0, dtype=torch.float64), mesh)
+    stream = tensor_mesh(mesh).stream
+    sent = stream.programs.sent
+    totals = []
+    for _ in range(WARM):
+        v = w
+        for _ in range(10):
+            v = v * 1.5
+        stream.mark()
+        last = v.detach()
+        del v
+        totals.append(last.sum().item())
+    assert stream.programs.sent - sent >= 2  # run by reference, the steps lowered
+    want = float((torch.arange(4.0, dtype=torch.float64) * 1.5**10).sum())
+    assert totals == [want] * WARM
