@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN
-from .dtensors import as_dtensor
+from .dtensors import as_dtensor, torch_classes
 from .shard_ops import TAKES_CONSTANTS, on_shards
 
 if TYPE_CHECKING:
@@ -78,21 +78,14 @@ def resolve_op(name: str) -> Any:
     return op
 
 
-_TensorBase: Any = None  # torch's C tensor class, found on the first op (see _pointwise_on_shards)
-
-
 def tensor_leaves(result: Any) -> list[Any]:
     """The tensors in an op's result, in pytree order (the controller numbers them the same)."""
-    global _TensorBase
-    if _TensorBase is None:
-        import torch
-
-        _TensorBase = torch._C.TensorBase  # noqa: SLF001
+    base = torch_classes().tensor_base
     t = type(result)
-    if issubclass(t, _TensorBase):
+    if issubclass(t, base):
         return [result]
     if t is list or t is tuple:  # a _foreach_ op's tensors (none for an in-place one)
-        flat = [x for x in result if issubclass(type(x), _TensorBase)]
+        flat = [x for x in result if issubclass(type(x), base)]
         if len(flat) == len(result):
             return flat
     import torch

@@ -5,22 +5,41 @@ cached per spec, as the engine reuses specs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 _specs: dict[Any, Any] = {}
-# torch's classes, imported on first use (the module loads before any process group exists):
-# a function-level import costs about half a microsecond per name on every call, which is a
-# quarter of what wrapping a tensor costs here.
-_torch: Any = None
 
 
-def _load() -> Any:
+class TorchClasses(NamedTuple):
+    """torch's classes the ranks' hot paths check types against and construct."""
+
+    size: Any  # torch.Size
+    dtensor: Any  # DTensor: exact type checks (isinstance runs a Python __instancecheck__)
+    new: Any  # DTensor.__new__, torch's C constructor
+    spec: Any  # DTensorSpec
+    meta: Any  # TensorMeta
+    tensor_base: Any  # torch._C.TensorBase, the C base of every tensor class
+    shard: Any
+    replicate: Any
+
+
+_torch: TorchClasses | None = None
+
+
+def torch_classes() -> TorchClasses:
+    """``TorchClasses``, imported on first use (this module loads before any process group
+    exists): a function-level import costs about half a microsecond per name on every call,
+    which is a quarter of what wrapping a tensor costs here."""
     global _torch
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    if _torch is None:
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    _torch = (torch.Size, DTensor, DTensor.__new__, DTensorSpec, TensorMeta)
+        _torch = TorchClasses(
+            torch.Size, DTensor, DTensor.__new__, DTensorSpec, TensorMeta,
+            torch._C.TensorBase, Shard, Replicate,  # noqa: SLF001  (the C base class)
+        )  # fmt: skip
     return _torch
 
 
@@ -30,40 +49,39 @@ def as_dtensor(
     """``DTensor.from_local(local, ..., run_check=False)`` without autograd (the engine runs
     under no_grad) and with its spec cached: from_local costs 140 µs of Python on a CPU, this
     about 2. ``shape``/``stride``: the global ones (default: the local ones, as for Replicate)."""
-    size, _, _, _, _ = _torch or _load()
-    shape = local.shape if shape is None else size(shape)
+    shape = local.shape if shape is None else (_torch or torch_classes()).size(shape)
     stride = local.stride() if stride is None else tuple(stride)
     return wrap(local, spec_of(mesh, placements, shape, stride, local.dtype))
 
 
 def spec_of(mesh: Any, placements: Any, shape: Any, stride: tuple[int, ...], dtype: Any) -> Any:
     """The one spec of a global value so laid out (``shape`` a ``torch.Size``)."""
-    _, _, _, spec_class, meta_class = _torch or _load()
     key = (id(mesh), tuple(placements), shape, stride, dtype)
     spec = _specs.get(key)
     if spec is None or spec.mesh is not mesh:
         if len(_specs) > 4096:
             _specs.clear()
-        spec = _specs[key] = spec_class(
-            mesh, tuple(placements), tensor_meta=meta_class(shape, stride, dtype)
+        classes = _torch or torch_classes()
+        spec = _specs[key] = classes.spec(
+            mesh, tuple(placements), tensor_meta=classes.meta(shape, stride, dtype)
         )
     return spec
 
 
 def wrap(local: Any, spec: Any) -> Any:
     """``local`` as this rank's part of a DTensor of ``spec``."""
-    _, dtensor, new, _, _ = _torch or _load()
+    classes = _torch or torch_classes()
     # DTensor.__new__ is torch's C constructor; DTensor(...) adds a decorated no-op __init__.
-    return new(dtensor, local, spec, requires_grad=False)
+    return classes.new(classes.dtensor, local, spec, requires_grad=False)
 
 
 def size_of(shape: Any) -> Any:
     """``torch.Size(shape)``."""
-    return (_torch or _load())[0](shape)
+    return (_torch or torch_classes()).size(shape)
 
 
 def dtensor_class() -> Any:
-    return (_torch or _load())[1]
+    return (_torch or torch_classes()).dtensor
 
 
 UNKNOWN = object()

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
-from .dtensors import dtensor_class, wrap
+from .dtensors import dtensor_class, torch_classes, wrap
 from .lowered import computes_on_locals
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 
@@ -48,21 +48,6 @@ def _is_pointwise(func: Any) -> bool:
     return known
 
 
-# (DTensor, torch._C.TensorBase), imported on the first op: the shard path runs for most ops of
-# an optimizer step, and two imports per op cost more than some of the ops. Exact type checks
-# against these: isinstance against torch.Tensor classes runs a Python __instancecheck__.
-_classes: tuple[Any, Any] | None = None
-
-
-def _import_classes() -> tuple[Any, Any]:
-    global _classes
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    _classes = (DTensor, torch._C.TensorBase)  # noqa: SLF001  (the C base class)
-    return _classes
-
-
 @computes_on_locals
 def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A pointwise op whose DTensor inputs share one mesh, shape and placements (none Partial)
@@ -70,7 +55,8 @@ def _pointwise_on_shards(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     sharding propagation (about 100 µs of Python per op on a CPU, several times the op).
     ``None`` when the op does not qualify (broadcasting, mixed placements, plain tensors, a
     result of another dtype or layout): then DTensor runs it."""
-    DTensor, plain = _classes or _import_classes()
+    classes = torch_classes()
+    DTensor, plain = classes.dtensor, classes.tensor_base
     first = first_local = None
     mixed = False  # DTensor inputs of different strides
     local_args = []
@@ -122,7 +108,7 @@ def _mixed_layout_kept(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     on meta tensors of the global shapes and strides (cached per op and specs)."""
     import torch
 
-    DTensor, _ = _classes or _import_classes()
+    DTensor = dtensor_class()
     specs = tuple(a._spec for a in args if type(a) is DTensor)  # noqa: SLF001
     key = (func, specs)
     known = _mixed_kept.get(key)

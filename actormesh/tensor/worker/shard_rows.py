@@ -21,29 +21,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtensors import UNKNOWN, OutSpecs, dtensor_class, partial_sum, spec_of, wrap
+from .dtensors import (
+    UNKNOWN,
+    OutSpecs,
+    dtensor_class,
+    partial_sum,
+    spec_of,
+    torch_classes,
+    wrap,
+)
 from .lowered import computes_on_locals
 
 _found = OutSpecs()
 
 
-# (DTensor, Shard, Replicate, torch's C tensor class), imported on the first op: a route here
-# costs a few µs beyond the local op, and each function-level import adds about half of one.
-_classes: tuple[Any, Any, Any, Any] | None = None
-
-
-def _load() -> tuple[Any, Any, Any, Any]:
-    global _classes
-    import torch
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    _classes = (DTensor, Shard, Replicate, torch._C.TensorBase)  # noqa: SLF001  (C base class)
-    return _classes
-
-
 def _row_split(spec: Any) -> bool:
     """Split over dim 0 by some mesh dim and replicated over the others (nothing else)."""
-    _, shard, replicate, _ = _classes or _load()
+    classes = torch_classes()
+    shard, replicate = classes.shard, classes.replicate
     split = False
     for p in spec.placements:
         if type(p) is shard and p.dim == 0:
@@ -54,7 +49,7 @@ def _row_split(spec: Any) -> bool:
 
 
 def _replicated(spec: Any) -> bool:
-    replicate = (_classes or _load())[2]
+    replicate = torch_classes().replicate
     return all(type(p) is replicate for p in spec.placements)
 
 
@@ -153,7 +148,8 @@ def _specs_of(func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...]
 
 def _inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, ...]) -> Any:
     """The DTensor inputs' specs, if laid out as the route needs (else None)."""
-    DTensor, _, _, base = _classes or _load()
+    classes = torch_classes()
+    DTensor, base = classes.dtensor, classes.tensor_base
     first = args[rows[0]]
     if type(first) is not DTensor or not _row_split(first._spec):  # noqa: SLF001
         return None
@@ -198,7 +194,7 @@ def rows(name: str) -> Any:
         specs = _inputs_ok(args, row_at, params)
         if specs is None:
             return None
-        D = (_classes or _load())[0]
+        D = torch_classes().dtensor
         # (lists here hold ints or bools: _inputs_ok refused any holding a DTensor)
         extra = (func, tuple([None if type(a) is D else tuple(a) if type(a) is list else a
                               for a in args]))  # fmt: skip
