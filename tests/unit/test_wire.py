@@ -195,3 +195,15 @@ def test_code_sent_by_value_keeps_its_file_name() -> None:
     inner = next(c for c in step.__code__.co_consts if isinstance(c, types.CodeType))
     assert inner.co_filename == filename
     assert step(1) == 2
+
+
+def test_torch_ops_pickle_by_name() -> None:
+    import torch
+
+    # (what a remote function or an actor's method that calls torch.ops.aten... carries)
+    for op in (torch.ops, torch.ops.aten, torch.ops.aten.mm, torch.ops.aten.mm.default,
+               torch.ops.aten.add.Tensor):  # fmt: skip
+        assert _round_trip([op, lambda: 1])[0] is op
+    mm = torch.ops.aten.mm.default
+    fn = _round_trip(lambda a, b: mm(a, b))
+    assert torch.equal(fn(torch.eye(2), torch.ones(2, 2)), torch.ones(2, 2))

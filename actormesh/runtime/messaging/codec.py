@@ -117,11 +117,40 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
             make, args = self.dispatch_table[types.CodeType](obj)
             return _code_in_file, (make, args, obj.co_filename)
         torch = sys.modules.get("torch")
-        if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
-            reduced = reduce_tensor(obj, torch)
-            if reduced is not None:
-                return reduced
+        if torch is not None:
+            if kind in (torch.Tensor, torch.nn.Parameter):
+                reduced = reduce_tensor(obj, torch)
+                if reduced is not None:
+                    return reduced
+            path = _torch_op_path(obj, kind, torch)
+            if path is not None:
+                return _torch_op, path
         return super().reducer_override(obj)
+
+
+def _torch_op_path(obj: Any, kind: type, torch: Any) -> tuple[str, ...] | None:
+    """``torch.ops``, a namespace of it or an op (``torch.ops.aten.mm.default``), as the names
+    that find it again: they hold C++ handles that do not pickle, and a function that uses
+    ``torch.ops.aten...`` (a remote function's body) pickles them with it."""
+    ops = torch._ops  # noqa: SLF001
+    if kind is ops._Ops:  # noqa: SLF001
+        return ()
+    if kind is ops._OpNamespace:  # noqa: SLF001
+        return (obj.name,)
+    if kind is ops.OpOverloadPacket:
+        return tuple(obj._qualified_op_name.split("::", 1))  # noqa: SLF001
+    if kind is ops.OpOverload:
+        return (obj.namespace, obj._overloadpacket.__name__, obj._overloadname)  # noqa: SLF001
+    return None
+
+
+def _torch_op(*path: str) -> Any:
+    import torch
+
+    found: Any = torch.ops
+    for name in path:
+        found = getattr(found, name)
+    return found
 
 
 def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
