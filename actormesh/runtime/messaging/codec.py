@@ -122,9 +122,10 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
                 reduced = reduce_tensor(obj, torch)
                 if reduced is not None:
                     return reduced
-            path = _torch_op_path(obj, kind, torch)
-            if path is not None:
-                return _torch_op, path
+            elif kind.__module__ == "torch._ops":
+                path = _torch_op_path(obj, kind, torch)
+                if path is not None:
+                    return _torch_op, path
         return super().reducer_override(obj)
 
 
