@@ -13,6 +13,7 @@ import torch
 
 from actormesh.tensor import distribute, fetch, inspect, live, remote
 from actormesh.tensor.compat import loads
+from actormesh.tensor.controller import constants
 from actormesh.tensor.controller.mesh import tensor_mesh
 from actormesh.tensor.controller.stream import _pack
 from actormesh.tensor.wire.errors import RemoteTensorError
@@ -35,7 +36,7 @@ def kinds(procs: Any) -> list[str]:
 
 def test_controller_tensor_is_uploaded_once_per_version(mesh: Any) -> None:
     x = torch.arange(16.0).reshape(4, 4)
-    c = torch.full((4, 4), 2.0)
+    c = torch.full((64, 4, 4), 2.0)  # larger than the pool takes (its test is below)
     dt = distribute(x, mesh, sharding_spec=["dp", None])
     inspect(dt)
     gc.collect()
@@ -47,13 +48,54 @@ def test_controller_tensor_is_uploaded_once_per_version(mesh: Any) -> None:
     r3 = dt - c
     assert kinds(mesh).count("constant") == 2
     got = inspect([r1, r2, r3])
-    assert torch.equal(got[0], x + 2) and torch.equal(got[1], x * 2)  # the old value's ops
-    assert torch.equal(got[2], x - 3)
+    assert torch.equal(got[0], (x + 2).expand(64, 4, 4))  # the old value's ops
+    assert torch.equal(got[1], (x * 2).expand(64, 4, 4))
+    assert torch.equal(got[2], (x - 3).expand(64, 4, 4))
     # A module's batch is a constant too: the same batch, step after step, is sent once.
     del r1, r2, r3, c
     gc.collect()
     tensor_mesh(mesh).stream.flush()
     assert live(mesh).values() == baseline  # the controller tensor went: its copies too
+
+
+def test_small_tensors_an_op_only_reads_are_found_by_their_contents(
+    mesh: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A forward that makes the same small tensors every step (a mask, positions) sends them
+    # once: a new tensor with the same contents reads the copy already on the ranks.
+    x = torch.arange(16.0).reshape(4, 4)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    inspect(dt)
+    sent = []
+    for _ in range(3):
+        mask, positions = torch.arange(4.0) > 1, torch.arange(4.0)
+        r = torch.where(mask, dt + positions, dt)
+        sent.append(kinds(mesh).count("constant"))
+        assert torch.equal(inspect(r), torch.where(mask, x + positions, x))
+    assert sent == [2, 0, 0], sent
+    # Other contents, another dtype or layout, a tensor changed in place: a copy of its own.
+    positions = torch.arange(4.0)
+    got = [dt + positions]  # the pool's copy
+    assert kinds(mesh).count("constant") == 0
+    positions.add_(1)
+    got += [dt + positions, dt + torch.arange(4), dt + torch.arange(4.0).reshape(1, 4)]
+    assert kinds(mesh).count("constant") == 3
+    ramp = torch.arange(4.0)
+    want = [x + ramp, x + ramp + 1, x + torch.arange(4), x + ramp]
+    assert all(torch.equal(g, w) for g, w in zip(inspect(got), want, strict=True))
+    # The pool keeps its most recently used copies; the older ones are dropped on the ranks.
+    stream = tensor_mesh(mesh).stream
+    monkeypatch.setattr(constants, "POOL_SIZE", len(stream.pool) + 2)
+    gc.collect()
+    baseline = live(mesh).values()
+    scales = [dt * torch.full((4,), 100.0 + k) for k in range(5)]
+    assert len(stream.pool) == constants.POOL_SIZE
+    # 5 results, 5 copies sent, the 3 oldest copies dropped (the mask among them)
+    assert [v - b for v, b in zip(live(mesh).values(), baseline, strict=True)] == [7] * 4
+    assert all(torch.equal(s, x * (100 + k)) for k, s in enumerate(inspect(scales)))
+    again = torch.where(torch.arange(4.0) > 1, dt, -dt)
+    assert kinds(mesh).count("constant") == 1  # the mask, sent again
+    assert torch.equal(inspect(again), torch.where(torch.arange(4.0) > 1, x, -x))
 
 
 def test_fast_path_gives_what_the_general_path_gives(mesh: Any) -> None:

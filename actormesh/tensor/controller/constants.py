@@ -2,6 +2,13 @@
 and named by reference after that, until it changes in place; its copy is dropped when the
 tensor is collected. A training loop's inputs and targets are sent once, not with every op.
 A stream keeps what it uploaded in ``Stream.consts``.
+
+A small tensor read by an op that writes none of its arguments is also found by its contents
+(``Stream.pool``): a model's forward makes the same small tensors every step (Hugging Face's
+GPT-2: positions, a mask, the fill values of a mask, 13 tensors of at most 64 elements), each a
+new object, so each step sent them again, and each ``constant`` op cut the step's program in
+two. A pooled copy stays on the workers while the pool keeps it (its ``POOL_SIZE`` most recently
+used), whatever happens to the tensors that had its contents.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ...errors import MeshUsageError
 from ..wire.ops import issue_site
 
@@ -17,10 +26,15 @@ if TYPE_CHECKING:
     from .stream import Stream
 
 
-def upload(stream: Stream, x: Any) -> int:
+POOL_BYTES = 1024  # a tensor this small may be found by its contents
+POOL_SIZE = 256  # copies a stream's pool keeps on the workers
+
+
+def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
     """The id of the workers' copy of controller tensor ``x`` (an op's argument) on
     ``stream``'s mesh, uploaded with the first op that uses it and again only after ``x``
-    changed in place."""
+    changed in place. ``read_only``: the op writes none of its arguments, so a small ``x``
+    may share the copy of another tensor with the same contents."""
     if x.is_meta:
         raise MeshUsageError(
             f"a tensor on the meta device {tuple(x.shape)} met a MeshTensor: it has no "
@@ -35,17 +49,48 @@ def upload(stream: Stream, x: Any) -> int:
     if entry is not None and entry[0]() is x:
         if entry[1] == version:
             return entry[2]
-        stream.died(entry[2])  # dropped after the ops already buffered that read it
+        if entry[2] not in stream.pool_ids:
+            stream.died(entry[2])  # dropped after the ops already buffered that read it
+    small = read_only and x.layout is torch.strided and x.nbytes <= POOL_BYTES
+    cid = _pooled(stream, x) if small else _sent(stream, x)
+    if version is None:
+        if cid not in stream.pool_ids:
+            stream.died(cid)
+    else:  # (a pooled copy is not dropped with x: _gone)
+        gone = partial(_gone, weakref.ref(stream), key, cid)
+        stream.consts[key] = (weakref.ref(x, gone), version, cid)
+    return cid
+
+
+def _sent(stream: Stream, x: Any) -> int:
+    """A new copy of ``x`` on the workers (a ``constant`` op): its id."""
     cid = stream.new_id()
     # A snapshot: the op is pickled later, and x may change in place before that.
     data = x.detach().clone()
     meta = ((tuple(x.shape), x.dtype, True),)
     stream.record(("constant", (cid,), (), meta, (data,), issue_site()))
-    if version is None:
-        stream.died(cid)
-    else:
-        gone = partial(_gone, weakref.ref(stream), key, cid)
-        stream.consts[key] = (weakref.ref(x, gone), version, cid)
+    return cid
+
+
+def _pooled(stream: Stream, x: Any) -> int:
+    """The pool's copy of ``x``'s contents (its bytes, dtype, shape and strides), sent now if
+    the pool has none; the least recently used copy is dropped past ``POOL_SIZE``."""
+    flat = x.detach().resolve_conj().resolve_neg().contiguous().view(-1)
+    key = (x.dtype, tuple(x.shape), x.stride(), flat.view(torch.uint8).numpy().tobytes())
+    pool = stream.pool
+    cid = pool.get(key)
+    if cid is not None:
+        pool.move_to_end(key)
+        return cid
+    cid = pool[key] = _sent(stream, x)
+    stream.pool_ids.add(cid)
+    if len(pool) > POOL_SIZE:
+        _, old = pool.popitem(last=False)
+        stream.pool_ids.discard(old)
+        for tensor_id, entry in list(stream.consts.items()):
+            if entry[2] == old:  # (a tensor uploaded whole before, since found in the pool)
+                del stream.consts[tensor_id]
+        stream.died(old)
     return cid
 
 
@@ -56,4 +101,5 @@ def _gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None:
     entry = stream.consts.get(key)
     if entry is not None and entry[2] == cid:
         del stream.consts[key]
-    stream.died(cid)
+    if cid not in stream.pool_ids:
+        stream.died(cid)

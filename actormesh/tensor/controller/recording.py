@@ -228,12 +228,13 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bo
     return x
 
 
-def _constants(x: Any, tm: TensorMesh, ins: list[int]) -> Any:
-    """``x`` with each controller tensor replaced by its copy on the workers."""
+def _constants(x: Any, tm: TensorMesh, ins: list[int], read_only: bool) -> Any:
+    """``x`` with each controller tensor replaced by its copy on the workers (``read_only``:
+    the op writes none of its arguments)."""
     if type(x) is list or type(x) is tuple:
-        return type(x)(_constants(e, tm, ins) for e in x)
+        return type(x)(_constants(e, tm, ins, read_only) for e in x)
     if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
-        cid = upload(tm.stream, x)
+        cid = upload(tm.stream, x, read_only)
         ins.append(cid)
         return Ref(cid)
     return x
@@ -275,8 +276,9 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)
     if constants:
-        eargs = _constants(eargs, tm, ins)
-        ekwargs = {k: _constants(v, tm, ins) for k, v in ekwargs.items()}
+        read_only = not func._schema.is_mutable  # noqa: SLF001
+        eargs = _constants(eargs, tm, ins, read_only)
+        ekwargs = {k: _constants(v, tm, ins, read_only) for k, v in ekwargs.items()}
     out_ids = []
     leaves: list[Any] = []
     meshes = _meshes(found)
