@@ -29,7 +29,7 @@ the ranks' half never imports the controller's.
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
 ``controller/idle_flush.py``    the buffer sent once the controller records nothing for a while
-``controller/constants.py``     controller tensors as ops' arguments, uploaded once
+``controller/constants.py``     controller tensors as arguments: sent once (small ones by contents)
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
 ``controller/dims.py``          its dimensions as users name them: coordinates, sharding specs
