@@ -98,6 +98,21 @@ def test_small_tensors_an_op_only_reads_are_found_by_their_contents(
     assert torch.equal(inspect(again), torch.where(torch.arange(4.0) > 1, x, -x))
 
 
+def test_an_op_that_may_write_a_pooled_tensor_gets_a_copy_of_its_own(mesh: Any) -> None:
+    # A tensor first read by an op that writes nothing shares the pool's copy; an op that may
+    # write its arguments (a _foreach_ op writes its first list, here a controller tensor) must
+    # not get that copy: written on the ranks, it would change every tensor with the same
+    # contents (before: another zeros(4) read x + x instead of 0).
+    x = torch.arange(4.0)
+    dx = distribute(x, mesh, sharding_spec=[None])
+    a = torch.zeros(4)
+    first = dx + a  # a: the pool's copy of zeros(4)
+    torch._foreach_add_([a], [dx])  # writes the ranks' copy of a (not a itself)
+    later = dx + torch.zeros(4)  # another tensor with a's contents: the pool's copy
+    got = inspect([first, later])
+    assert torch.equal(got[0], x) and torch.equal(got[1], x), got
+
+
 def test_fast_path_gives_what_the_general_path_gives(mesh: Any) -> None:
     for rows in (4, 3):  # 3: uneven shards over dp
         x = torch.arange(rows * 4, dtype=torch.float64).reshape(rows, 4) - 5

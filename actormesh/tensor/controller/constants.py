@@ -47,9 +47,12 @@ def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
     # Inference tensors have no version counter: those are sent with each op.
     version = None if x.is_inference() else x._version  # noqa: SLF001
     if entry is not None and entry[0]() is x:
-        if entry[1] == version:
+        pooled = entry[2] in stream.pool_ids
+        # (an op that may write its arguments gets a copy of its own, never the pool's: the
+        # pool's copy is read by every tensor with those contents)
+        if entry[1] == version and (read_only or not pooled):
             return entry[2]
-        if entry[2] not in stream.pool_ids:
+        if not pooled:
             stream.died(entry[2])  # dropped after the ops already buffered that read it
     small = read_only and x.layout is torch.strided and x.nbytes <= POOL_BYTES
     cid = _pooled(stream, x) if small else _sent(stream, x)
