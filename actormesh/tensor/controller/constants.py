@@ -79,7 +79,9 @@ def _pooled(stream: Stream, x: Any) -> int:
     """The pool's copy of ``x``'s contents (its bytes, dtype, shape and strides), sent now if
     the pool has none; the least recently used copy is dropped past ``POOL_SIZE``."""
     flat = x.detach().resolve_conj().resolve_neg().contiguous().view(-1)
-    key = (x.dtype, tuple(x.shape), x.stride(), flat.view(torch.uint8).numpy().tobytes())
+    # (its bytes on the CPU: a tensor of a GPU mesh's device has no numpy view)
+    data = flat.view(torch.uint8).cpu().numpy().tobytes()
+    key = (x.dtype, tuple(x.shape), x.stride(), data)
     pool = stream.pool
     cid = pool.get(key)
     if cid is not None:
