@@ -8,7 +8,10 @@ A small tensor read by an op that writes none of its arguments is also found by 
 GPT-2: positions, a mask, the fill values of a mask, 13 tensors of at most 64 elements), each a
 new object, so each step sent them again, and each ``constant`` op cut the step's program in
 two. A pooled copy stays on the workers while the pool keeps it (its ``POOL_SIZE`` most recently
-used), whatever happens to the tensors that had its contents.
+used), whatever happens to the tensors that had its contents. Contents enter the pool the second
+time they are seen (``Stream.pool_seen``): the first tensor with them gets a copy of its own,
+dropped with it, so that contents that never come back (a training loop's random targets) are
+not kept on the workers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
 POOL_BYTES = 1024  # a tensor this small may be found by its contents
 POOL_SIZE = 256  # copies a stream's pool keeps on the workers
+SEEN_SIZE = 4 * POOL_SIZE  # contents seen once that the controller remembers (not the workers)
 
 
 def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
@@ -77,7 +81,8 @@ def _sent(stream: Stream, x: Any) -> int:
 
 def _pooled(stream: Stream, x: Any) -> int:
     """The pool's copy of ``x``'s contents (its bytes, dtype, shape and strides), sent now if
-    the pool has none; the least recently used copy is dropped past ``POOL_SIZE``."""
+    the pool has none; the least recently used copy is dropped past ``POOL_SIZE``. Contents
+    seen for the first time get a copy of their tensor's own (not the pool's)."""
     flat = x.detach().resolve_conj().resolve_neg().contiguous().view(-1)
     # (its bytes on the CPU: a tensor of a GPU mesh's device has no numpy view)
     data = flat.view(torch.uint8).cpu().numpy().tobytes()
@@ -87,6 +92,13 @@ def _pooled(stream: Stream, x: Any) -> int:
     if cid is not None:
         pool.move_to_end(key)
         return cid
+    seen = stream.pool_seen
+    if key not in seen:
+        seen[key] = None
+        if len(seen) > SEEN_SIZE:
+            seen.popitem(last=False)
+        return _sent(stream, x)
+    del seen[key]
     cid = pool[key] = _sent(stream, x)
     stream.pool_ids.add(cid)
     if len(pool) > POOL_SIZE:
