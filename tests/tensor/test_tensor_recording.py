@@ -125,8 +125,10 @@ def test_an_op_that_may_write_a_pooled_tensor_gets_a_copy_of_its_own(mesh: Any) 
     # contents (before: another zeros(4) read x + x instead of 0).
     x = torch.arange(4.0)
     dx = distribute(x, mesh, sharding_spec=[None])
+    inspect(dx + torch.zeros(4))  # zeros(4) seen once: the next tensor with them is pooled
     a = torch.zeros(4)
     first = dx + a  # a: the pool's copy of zeros(4)
+    assert tensor_mesh(mesh).stream.consts[id(a)][2] in tensor_mesh(mesh).stream.pool_ids
     torch._foreach_add_([a], [dx])  # writes the ranks' copy of a (not a itself)
     later = dx + torch.zeros(4)  # another tensor with a's contents: the pool's copy
     got = inspect([first, later])
