@@ -96,6 +96,12 @@ class Steps(am.Actor):
         }
 
     @am.endpoint
+    def dtypes(self, id: int) -> tuple[str, str]:
+        """Value ``id``'s dtype as its spec says, and its local tensor's."""
+        value = self._engine().env[id]
+        return str(value._spec.tensor_meta.dtype), str(value._local_tensor.dtype)
+
+    @am.endpoint
     def summed_layouts(self) -> list[bool]:
         """Gradients summed over the data dimension keep their layouts (dense and not)."""
         from actormesh.tensor.worker.module import _all_reduce
@@ -160,3 +166,14 @@ def test_a_value_a_program_made_stays_for_a_later_op_of_its_batch(mesh: Any) -> 
     assert stream.programs.sent - sent >= 2  # run by reference, the steps lowered
     want = float((torch.arange(4.0, dtype=torch.float64) * 1.5**10).sum())
     assert totals == [want] * WARM
+
+
+def test_a_loss_of_mixed_dtypes_has_the_dtype_of_its_values(mesh: Any) -> None:
+    # mse_loss of a float32 input and a float64 target (a controller tensor) is a float64 sum:
+    # its spec said float32 (the input's), over a float64 local tensor.
+    x, target = torch.randn(8, 4), torch.randn(8, 4, dtype=torch.float64)
+    loss = torch.nn.functional.mse_loss(distribute(x, mesh, sharding_spec=["dp", None]), target)
+    assert torch.allclose(am.tensor.inspect(loss), torch.nn.functional.mse_loss(x, target))
+    steps = mesh.spawn("loss_dtypes", Steps)
+    for rank, dtypes in steps.dtypes.call(loss.value_id).get(timeout=60).items():
+        assert dtypes == ("torch.float64", "torch.float64"), (rank, dtypes)

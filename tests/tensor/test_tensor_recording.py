@@ -62,7 +62,8 @@ def test_small_tensors_an_op_only_reads_are_found_by_their_contents(
     mesh: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A forward that makes the same small tensors every step (a mask, positions) sends them
-    # once: a new tensor with the same contents reads the copy already on the ranks.
+    # twice (the first tensor with some contents gets a copy of its own, dropped with it: see
+    # the next test), then a new tensor with the same contents reads the pool's copy.
     x = torch.arange(16.0).reshape(4, 4)
     dt = distribute(x, mesh, sharding_spec=["dp", None])
     inspect(dt)
@@ -72,7 +73,7 @@ def test_small_tensors_an_op_only_reads_are_found_by_their_contents(
         r = torch.where(mask, dt + positions, dt)
         sent.append(kinds(mesh).count("constant"))
         assert torch.equal(inspect(r), torch.where(mask, x + positions, x))
-    assert sent == [2, 0, 0], sent
+    assert sent == [2, 2, 0], sent
     # Other contents, another dtype or layout, a tensor changed in place: a copy of its own.
     positions = torch.arange(4.0)
     got = [dt + positions]  # the pool's copy
@@ -88,14 +89,50 @@ def test_small_tensors_an_op_only_reads_are_found_by_their_contents(
     monkeypatch.setattr(constants, "POOL_SIZE", len(stream.pool) + 2)
     gc.collect()
     baseline = live(mesh).values()
-    scales = [dt * torch.full((4,), 100.0 + k) for k in range(5)]
+    scales = [dt * torch.full((4,), 100.0 + k) for k in range(5) for _ in range(2)]
     assert len(stream.pool) == constants.POOL_SIZE
-    # 5 results, 5 copies sent, the 3 oldest copies dropped (the mask among them)
-    assert [v - b for v, b in zip(live(mesh).values(), baseline, strict=True)] == [7] * 4
-    assert all(torch.equal(s, x * (100 + k)) for k, s in enumerate(inspect(scales)))
+    # 10 results, 5 pooled copies sent (and 5 of their own, gone with their tensors), the 3
+    # oldest pooled copies dropped (the mask among them)
+    assert [v - b for v, b in zip(live(mesh).values(), baseline, strict=True)] == [12] * 4
+    want_scales = [x * (100 + k) for k in range(5) for _ in range(2)]
+    assert all(torch.equal(s, w) for s, w in zip(inspect(scales), want_scales, strict=True))
     again = torch.where(torch.arange(4.0) > 1, dt, -dt)
     assert kinds(mesh).count("constant") == 1  # the mask, sent again
     assert torch.equal(inspect(again), torch.where(torch.arange(4.0) > 1, x, -x))
+
+
+def test_contents_seen_once_are_not_kept_on_the_ranks(mesh: Any) -> None:
+    # A training loop's targets are small and new every step: before, each one's copy stayed
+    # in the pool (up to POOL_SIZE of them) after its tensor was collected.
+    x = torch.arange(16.0).reshape(4, 4)
+    dt = distribute(x, mesh, sharding_spec=["dp", None])
+    inspect(dt)
+    gc.collect()
+    baseline = live(mesh).values()
+    for k in range(3):
+        target = torch.randn(4, 4)
+        assert torch.equal(inspect(dt - target), x - target), k
+        del target
+        gc.collect()
+    tensor_mesh(mesh).stream.flush()
+    assert live(mesh).values() == baseline
+
+
+def test_an_op_that_may_write_a_pooled_tensor_gets_a_copy_of_its_own(mesh: Any) -> None:
+    # A tensor first read by an op that writes nothing shares the pool's copy; an op that may
+    # write its arguments (a _foreach_ op writes its first list, here a controller tensor) must
+    # not get that copy: written on the ranks, it would change every tensor with the same
+    # contents (before: another zeros(4) read x + x instead of 0).
+    x = torch.arange(4.0)
+    dx = distribute(x, mesh, sharding_spec=[None])
+    inspect(dx + torch.zeros(4))  # zeros(4) seen once: the next tensor with them is pooled
+    a = torch.zeros(4)
+    first = dx + a  # a: the pool's copy of zeros(4)
+    assert tensor_mesh(mesh).stream.consts[id(a)][2] in tensor_mesh(mesh).stream.pool_ids
+    torch._foreach_add_([a], [dx])  # writes the ranks' copy of a (not a itself)
+    later = dx + torch.zeros(4)  # another tensor with a's contents: the pool's copy
+    got = inspect([first, later])
+    assert torch.equal(got[0], x) and torch.equal(got[1], x), got
 
 
 def test_fast_path_gives_what_the_general_path_gives(mesh: Any) -> None:

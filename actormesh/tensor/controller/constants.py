@@ -8,7 +8,10 @@ A small tensor read by an op that writes none of its arguments is also found by 
 GPT-2: positions, a mask, the fill values of a mask, 13 tensors of at most 64 elements), each a
 new object, so each step sent them again, and each ``constant`` op cut the step's program in
 two. A pooled copy stays on the workers while the pool keeps it (its ``POOL_SIZE`` most recently
-used), whatever happens to the tensors that had its contents.
+used), whatever happens to the tensors that had its contents. Contents enter the pool the second
+time they are seen (``Stream.pool_seen``): the first tensor with them gets a copy of its own,
+dropped with it, so that contents that never come back (a training loop's random targets) are
+not kept on the workers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
 POOL_BYTES = 1024  # a tensor this small may be found by its contents
 POOL_SIZE = 256  # copies a stream's pool keeps on the workers
+SEEN_SIZE = 4 * POOL_SIZE  # contents seen once that the controller remembers (not the workers)
 
 
 def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
@@ -47,9 +51,12 @@ def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
     # Inference tensors have no version counter: those are sent with each op.
     version = None if x.is_inference() else x._version  # noqa: SLF001
     if entry is not None and entry[0]() is x:
-        if entry[1] == version:
+        pooled = entry[2] in stream.pool_ids
+        # (an op that may write its arguments gets a copy of its own, never the pool's: the
+        # pool's copy is read by every tensor with those contents)
+        if entry[1] == version and (read_only or not pooled):
             return entry[2]
-        if entry[2] not in stream.pool_ids:
+        if not pooled:
             stream.died(entry[2])  # dropped after the ops already buffered that read it
     small = read_only and x.layout is torch.strided and x.nbytes <= POOL_BYTES
     cid = _pooled(stream, x) if small else _sent(stream, x)
@@ -74,14 +81,24 @@ def _sent(stream: Stream, x: Any) -> int:
 
 def _pooled(stream: Stream, x: Any) -> int:
     """The pool's copy of ``x``'s contents (its bytes, dtype, shape and strides), sent now if
-    the pool has none; the least recently used copy is dropped past ``POOL_SIZE``."""
+    the pool has none; the least recently used copy is dropped past ``POOL_SIZE``. Contents
+    seen for the first time get a copy of their tensor's own (not the pool's)."""
     flat = x.detach().resolve_conj().resolve_neg().contiguous().view(-1)
-    key = (x.dtype, tuple(x.shape), x.stride(), flat.view(torch.uint8).numpy().tobytes())
+    # (its bytes on the CPU: a tensor of a GPU mesh's device has no numpy view)
+    data = flat.view(torch.uint8).cpu().numpy().tobytes()
+    key = (x.dtype, tuple(x.shape), x.stride(), data)
     pool = stream.pool
     cid = pool.get(key)
     if cid is not None:
         pool.move_to_end(key)
         return cid
+    seen = stream.pool_seen
+    if key not in seen:
+        seen[key] = None
+        if len(seen) > SEEN_SIZE:
+            seen.popitem(last=False)
+        return _sent(stream, x)
+    del seen[key]
     cid = pool[key] = _sent(stream, x)
     stream.pool_ids.add(cid)
     if len(pool) > POOL_SIZE:

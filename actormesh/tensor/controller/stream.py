@@ -88,6 +88,7 @@ class Stream:
         # small read-only tensors' copies by contents, the least recently used first (constants.py)
         self.pool: OrderedDict[Any, int] = OrderedDict()
         self.pool_ids: set[int] = set()
+        self.pool_seen: OrderedDict[Any, None] = OrderedDict()  # contents seen once, not pooled
         # to_mesh: the engines this one's ranks know the inboxes of (by key), and the streams
         # that send what this one's ranks wait for (sent before this one is).
         self.links: set[str] = set()
@@ -105,7 +106,7 @@ class Stream:
             self.engine = engine
             self.mailboxes = mailboxes
             self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
-            self.pool, self.pool_ids = OrderedDict(), set()
+            self.pool, self.pool_ids, self.pool_seen = OrderedDict(), set(), OrderedDict()
             self.marks, self.programs = [], Programs()  # the new engine keeps no program
             self.lost = self.error = None
             self.lost_why = ""

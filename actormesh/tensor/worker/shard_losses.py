@@ -74,10 +74,7 @@ def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if type(x) is not dtensor_class() or reduction not in (1, 2):
         return None
     spec = x._spec  # noqa: SLF001
-    out = _LOSS_SPECS.get((spec,))
-    if out is UNKNOWN:
-        out = _LOSS_SPECS.put((spec,), None, _loss_spec(spec))
-    if out is None:
+    if not plain_spec(spec):
         return None
     target = _block(args[1], spec)
     if target is None:
@@ -85,17 +82,19 @@ def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     total = torch.ops.aten.mse_loss.default(x._local_tensor, target, 2)  # noqa: SLF001  (sum)
     if reduction == 1:  # mean over the global tensor
         total.div_(math.prod(spec.shape))
+    # (the sum's own dtype: a float64 target promotes a float32 input's)
+    out = _LOSS_SPECS.get((spec,), total.dtype)
+    if out is UNKNOWN:
+        out = _LOSS_SPECS.put((spec,), total.dtype, _loss_spec(spec, total.dtype))
     return wrap(total, out)
 
 
-def _loss_spec(spec: Any) -> Any:
-    """A 0-dim loss of a value of ``spec``: summed over the split mesh dims (None: not plain)."""
+def _loss_spec(spec: Any, dtype: Any) -> Any:
+    """A 0-dim ``dtype`` loss of a value of plain ``spec``: summed over the split mesh dims."""
     from torch.distributed.tensor import Replicate
 
-    if not plain_spec(spec):
-        return None
     placements = [partial_sum() if p.is_shard() else Replicate() for p in spec.placements]
-    return spec_of(spec.mesh, placements, size_of(()), (), spec.tensor_meta.dtype)
+    return spec_of(spec.mesh, placements, size_of(()), (), dtype)
 
 
 def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
