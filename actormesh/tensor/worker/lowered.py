@@ -72,8 +72,10 @@ class Lowered:
         written in place as its input. False, keeping nothing, when torch laid a result out
         unlike on the first run (the route then decides)."""
         outs = self.outs
-        if out is None:  # an in-place _foreach_ op
-            return not outs
+        if out is None:  # an in-place _foreach_ op (it ran: never run by the route again)
+            if outs:
+                raise RuntimeError("an op that gave results on its first run gave none")
+            return True
         parts = (out,) if type(out) is not list and type(out) is not tuple else out
         if len(parts) != len(outs):
             return False
