@@ -18,10 +18,13 @@ from actormesh.tensor.controller.mesh import tensor_mesh
 class Steps(am.Actor):
     """What this rank's engine knows about its programs, and its guards tried on real DTensors."""
 
+    def __init__(self, key: str) -> None:
+        self.key = key  # the engine of the package's mesh (a process may hold others' too)
+
     def _engine(self) -> Any:
         from actormesh.tensor.worker.local import REGISTRY
 
-        return next(iter(REGISTRY.values()))
+        return REGISTRY[self.key]
 
     @am.endpoint
     def lowered(self) -> dict[str, int]:
@@ -124,7 +127,7 @@ def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: A
     for _ in range(WARM + 2):
         trainer.step(x, y)  # each compared with one process
     trainer.check_weights()
-    steps = mesh.spawn("lowered_steps", Steps)
+    steps = mesh.spawn("lowered_steps", Steps, tensor_mesh(mesh).key)
     for rank, lowered in steps.lowered.call().get(timeout=60).items():
         # the linear layers' ops, the activation and AdamW's foreach ops; not mse_loss (not a
         # direct step) nor the views of a batch split by rows (another local shape)
@@ -135,14 +138,14 @@ def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: A
 
 def test_a_lowered_step_runs_its_route_for_inputs_laid_out_otherwise(mesh: Any) -> None:
     tensor_mesh(mesh)  # the ranks' engines (started on a mesh's first tensor op)
-    steps = mesh.spawn("lowered_guards", Steps)
+    steps = mesh.spawn("lowered_guards", Steps, tensor_mesh(mesh).key)
     for rank, checks in steps.guards.call().get(timeout=60).items():
         assert all(checks.values()), (rank, checks)
 
 
 def test_summed_gradients_keep_their_layouts(mesh: Any) -> None:
     tensor_mesh(mesh)
-    steps = mesh.spawn("summed_layouts", Steps)
+    steps = mesh.spawn("summed_layouts", Steps, tensor_mesh(mesh).key)
     for rank, checks in steps.summed_layouts.call().get(timeout=60).items():
         assert all(checks), (rank, checks)
 
@@ -174,6 +177,6 @@ def test_a_loss_of_mixed_dtypes_has_the_dtype_of_its_values(mesh: Any) -> None:
     x, target = torch.randn(8, 4), torch.randn(8, 4, dtype=torch.float64)
     loss = torch.nn.functional.mse_loss(distribute(x, mesh, sharding_spec=["dp", None]), target)
     assert torch.allclose(am.tensor.inspect(loss), torch.nn.functional.mse_loss(x, target))
-    steps = mesh.spawn("loss_dtypes", Steps)
+    steps = mesh.spawn("loss_dtypes", Steps, tensor_mesh(mesh).key)
     for rank, dtypes in steps.dtypes.call(loss.value_id).get(timeout=60).items():
         assert dtypes == ("torch.float64", "torch.float64"), (rank, dtypes)

@@ -3,7 +3,6 @@ stand-in stream (no mesh)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -17,9 +16,7 @@ class _Stream:
 
     def __init__(self) -> None:
         self.consts: dict[int, Any] = {}
-        self.pool: OrderedDict[Any, int] = OrderedDict()
-        self.pool_ids: set[int] = set()
-        self.pool_seen: OrderedDict[Any, None] = OrderedDict()
+        self.pool = constants.Pool()
         self.ops: list[Any] = []
         self.dead: list[int] = []
         self._next = 0
@@ -53,6 +50,6 @@ def test_contents_enter_the_pool_the_second_time_they_are_seen() -> None:
     tensors = [torch.arange(4.0) for _ in range(3)] + [torch.arange(4)]
     ids = [constants.upload(stream, x, read_only=True) for x in tensors]
     assert len(set(ids)) == 3 and ids[1] == ids[2] and len(stream.ops) == 3
-    assert ids[1] in stream.pool_ids and ids[0] not in stream.pool_ids
+    assert ids[1] in stream.pool.ids and ids[0] not in stream.pool.ids
     del tensors
     assert sorted(stream.dead) == [ids[0], ids[3]]  # the copies of their own went with them

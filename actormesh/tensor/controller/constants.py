@@ -17,13 +17,15 @@ not kept on the workers.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...errors import MeshUsageError
-from ..wire.ops import issue_site
+from ..wire.ops import Ref, issue_site
+from .tensor import MeshTensor
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -32,6 +34,24 @@ if TYPE_CHECKING:
 POOL_BYTES = 1024  # a tensor this small may be found by its contents
 POOL_SIZE = 256  # copies a stream's pool keeps on the workers
 SEEN_SIZE = 4 * POOL_SIZE  # contents seen once that the controller remembers (not the workers)
+
+
+class Pool:
+    """A stream's copies of small tensors' contents on the workers (``_pooled``)."""
+
+    __slots__ = ("copies", "ids", "seen")
+
+    def __init__(self) -> None:
+        self.copies: OrderedDict[Any, int] = OrderedDict()  # least recently used first
+        self.ids: set[int] = set()  # the copies' ids
+        self.seen: OrderedDict[Any, None] = OrderedDict()  # contents seen once, not pooled
+
+
+def _pool(stream: Stream) -> Pool:
+    pool = stream.pool
+    if pool is None:  # (made here: stream.py cannot import this module)
+        pool = stream.pool = Pool()
+    return pool
 
 
 def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
@@ -51,7 +71,7 @@ def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
     # Inference tensors have no version counter: those are sent with each op.
     version = None if x.is_inference() else x._version  # noqa: SLF001
     if entry is not None and entry[0]() is x:
-        pooled = entry[2] in stream.pool_ids
+        pooled = entry[2] in _pool(stream).ids
         # (an op that may write its arguments gets a copy of its own, never the pool's: the
         # pool's copy is read by every tensor with those contents)
         if entry[1] == version and (read_only or not pooled):
@@ -61,12 +81,24 @@ def upload(stream: Stream, x: Any, read_only: bool = False) -> int:
     small = read_only and x.layout is torch.strided and x.nbytes <= POOL_BYTES
     cid = _pooled(stream, x) if small else _sent(stream, x)
     if version is None:
-        if cid not in stream.pool_ids:
+        if cid not in _pool(stream).ids:
             stream.died(cid)
     else:  # (a pooled copy is not dropped with x: _gone)
         gone = partial(_gone, weakref.ref(stream), key, cid)
         stream.consts[key] = (weakref.ref(x, gone), version, cid)
     return cid
+
+
+def as_refs(x: Any, stream: Stream, ins: list[int], read_only: bool) -> Any:
+    """An op's argument ``x`` with each controller tensor in it as the ``Ref`` of its copy on
+    the workers (appended to ``ins``); ``read_only``: the op writes none of its arguments."""
+    if type(x) is list or type(x) is tuple:
+        return type(x)(as_refs(e, stream, ins, read_only) for e in x)
+    if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
+        cid = upload(stream, x, read_only)
+        ins.append(cid)
+        return Ref(cid)
+    return x
 
 
 def _sent(stream: Stream, x: Any) -> int:
@@ -87,12 +119,12 @@ def _pooled(stream: Stream, x: Any) -> int:
     # (its bytes on the CPU: a tensor of a GPU mesh's device has no numpy view)
     data = flat.view(torch.uint8).cpu().numpy().tobytes()
     key = (x.dtype, tuple(x.shape), x.stride(), data)
-    pool = stream.pool
+    pool = _pool(stream).copies
     cid = pool.get(key)
     if cid is not None:
         pool.move_to_end(key)
         return cid
-    seen = stream.pool_seen
+    seen = _pool(stream).seen
     if key not in seen:
         seen[key] = None
         if len(seen) > SEEN_SIZE:
@@ -100,10 +132,10 @@ def _pooled(stream: Stream, x: Any) -> int:
         return _sent(stream, x)
     del seen[key]
     cid = pool[key] = _sent(stream, x)
-    stream.pool_ids.add(cid)
+    _pool(stream).ids.add(cid)
     if len(pool) > POOL_SIZE:
         _, old = pool.popitem(last=False)
-        stream.pool_ids.discard(old)
+        _pool(stream).ids.discard(old)
         for tensor_id, entry in list(stream.consts.items()):
             if entry[2] == old:  # (a tensor uploaded whole before, since found in the pool)
                 del stream.consts[tensor_id]
@@ -118,5 +150,5 @@ def _gone(ref: weakref.ref[Stream], key: int, cid: int, _: Any) -> None:
     entry = stream.consts.get(key)
     if entry is not None and entry[2] == cid:
         del stream.consts[key]
-    if cid not in stream.pool_ids:
+    if cid not in _pool(stream).ids:
         stream.died(cid)

@@ -21,7 +21,7 @@ from .. import compat
 from ..wire.ops import IN, NoOutputs, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
 from . import lifetime
-from .constants import upload
+from .constants import as_refs
 from .fetch import get
 from .mesh import TensorMesh
 from .tensor import (
@@ -228,18 +228,6 @@ def _encode(x: Any, found: list[Any], sig: list[Any], ins: list[int], nested: bo
     return x
 
 
-def _constants(x: Any, tm: TensorMesh, ins: list[int], read_only: bool) -> Any:
-    """``x`` with each controller tensor replaced by its copy on the workers (``read_only``:
-    the op writes none of its arguments)."""
-    if type(x) is list or type(x) is tuple:
-        return type(x)(_constants(e, tm, ins, read_only) for e in x)
-    if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
-        cid = upload(tm.stream, x, read_only)
-        ins.append(cid)
-        return Ref(cid)
-    return x
-
-
 def _meshes(found: Sequence[Any]) -> list[MeshTensor]:
     return [x for x in found if type(x) is MeshTensor]
 
@@ -277,8 +265,8 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
         remember(plans, pkey, plan)
     if constants:
         read_only = not func._schema.is_mutable  # noqa: SLF001
-        eargs = _constants(eargs, tm, ins, read_only)
-        ekwargs = {k: _constants(v, tm, ins, read_only) for k, v in ekwargs.items()}
+        eargs = as_refs(eargs, tm.stream, ins, read_only)
+        ekwargs = {k: as_refs(v, tm.stream, ins, read_only) for k, v in ekwargs.items()}
     out_ids = []
     leaves: list[Any] = []
     meshes = _meshes(found)

@@ -30,7 +30,6 @@ import logging
 import pickle
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -85,10 +84,7 @@ class Stream:
         self.recorder_tid = 0  # native id of the thread that recorded the first buffered op
         # id(controller tensor) -> (weakref to it, its version when uploaded, the copy's id)
         self.consts: dict[int, tuple[weakref.ref[Any], int, int]] = {}
-        # small read-only tensors' copies by contents, the least recently used first (constants.py)
-        self.pool: OrderedDict[Any, int] = OrderedDict()
-        self.pool_ids: set[int] = set()
-        self.pool_seen: OrderedDict[Any, None] = OrderedDict()  # contents seen once, not pooled
+        self.pool: Any = None  # small read-only tensors' copies by contents (constants.Pool)
         # to_mesh: the engines this one's ranks know the inboxes of (by key), and the streams
         # that send what this one's ranks wait for (sent before this one is).
         self.links: set[str] = set()
@@ -106,7 +102,7 @@ class Stream:
             self.engine = engine
             self.mailboxes = mailboxes
             self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
-            self.pool, self.pool_ids, self.pool_seen = OrderedDict(), set(), OrderedDict()
+            self.pool = None
             self.marks, self.programs = [], Programs()  # the new engine keeps no program
             self.lost = self.error = None
             self.lost_why = ""
