@@ -133,7 +133,7 @@ def _pooled(stream: Stream, x: Any) -> int:
     del seen[key]
     cid = pool[key] = _sent(stream, x)
     _pool(stream).ids.add(cid)
-    if len(pool) > POOL_SIZE:
+    while len(pool) > POOL_SIZE:
         _, old = pool.popitem(last=False)
         _pool(stream).ids.discard(old)
         for tensor_id, entry in list(stream.consts.items()):
