@@ -119,12 +119,13 @@ def _pooled(stream: Stream, x: Any) -> int:
     # (its bytes on the CPU: a tensor of a GPU mesh's device has no numpy view)
     data = flat.view(torch.uint8).cpu().numpy().tobytes()
     key = (x.dtype, tuple(x.shape), x.stride(), data)
-    pool = _pool(stream).copies
+    state = _pool(stream)
+    pool = state.copies
     cid = pool.get(key)
     if cid is not None:
         pool.move_to_end(key)
         return cid
-    seen = _pool(stream).seen
+    seen = state.seen
     if key not in seen:
         seen[key] = None
         if len(seen) > SEEN_SIZE:
@@ -132,10 +133,10 @@ def _pooled(stream: Stream, x: Any) -> int:
         return _sent(stream, x)
     del seen[key]
     cid = pool[key] = _sent(stream, x)
-    _pool(stream).ids.add(cid)
+    state.ids.add(cid)
     while len(pool) > POOL_SIZE:
         _, old = pool.popitem(last=False)
-        _pool(stream).ids.discard(old)
+        state.ids.discard(old)
         for tensor_id, entry in list(stream.consts.items()):
             if entry[2] == old:  # (a tensor uploaded whole before, since found in the pool)
                 del stream.consts[tensor_id]
