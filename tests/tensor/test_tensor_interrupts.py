@@ -23,27 +23,39 @@ INTERRUPTS = 80
 
 class Pester:
     """A thread that interrupts the main thread ``count`` times at random moments, alternating
-    SIGINT (``pthread_kill``) and ``_thread.interrupt_main``, each time waiting (with a deadline)
-    until the main thread caught the interrupt, or Python dropped it in a destructor (reported
-    through ``sys.unraisablehook``), before it sends the next."""
+    SIGINT (``pthread_kill``) and ``_thread.interrupt_main``, each time waiting until the main
+    thread raised it (its SIGINT handler ran), then (with a deadline) until the main thread
+    caught it or Python dropped it in a destructor (reported through ``sys.unraisablehook``),
+    before it sends the next. Waiting for the handler first matters on a loaded machine: an
+    interrupt still pending when the deadline passed was counted as dropped, and raised later
+    beside the next one, inside the test's own handler, where nothing caught it."""
 
     def __init__(self, count: int, seed: int) -> None:
         self.count = count
         self.rng = random.Random(seed)
+        self.raised = threading.Event()  # the main thread's SIGINT handler ran
         self.caught = threading.Event()
         self.done = threading.Event()
         self.unanswered = 0  # interrupts a destructor swallowed (Python prints and drops them)
+        self.stuck = False  # an interrupt the main thread never took
         self.thread = threading.Thread(target=self._run, daemon=True)
         self._hook = sys.unraisablehook
+        self._handler: Any = None
 
     def __enter__(self) -> Pester:
         sys.unraisablehook = self._unraisable
+        self._handler = signal.signal(signal.SIGINT, self._raise)
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.thread.join(timeout=30)
+        signal.signal(signal.SIGINT, self._handler)
         sys.unraisablehook = self._hook
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        self.raised.set()
+        raise KeyboardInterrupt
 
     def _unraisable(self, unraisable: Any) -> None:
         self._hook(unraisable)  # pytest's own, done before the next interrupt may come
@@ -60,6 +72,10 @@ class Pester:
                 signal.pthread_kill(main, signal.SIGINT)
             else:
                 _thread.interrupt_main()
+            if not self.raised.wait(120):  # only a hang takes this long (the test fails)
+                self.stuck = True
+                break
+            self.raised.clear()
             if not self.caught.wait(5):
                 # Neither caught nor reported: Python dropped it where it cannot report it
                 # (in this hook's last bytecodes, say), which the deadline stands for.
@@ -106,12 +122,16 @@ def test_interrupts_at_random_points_leave_every_rank_the_same_values(mesh: Any)
             except KeyboardInterrupt as exc:
                 interrupted += 1
                 tb = exc.__traceback__
+                handler = Pester._raise.__code__  # the frame the interrupt came from: above it
                 while tb is not None and tb.tb_next is not None:
+                    if tb.tb_next.tb_frame.f_code is handler:
+                        break
                     tb = tb.tb_next
                 where = tb.tb_frame.f_code.co_filename.rsplit("/", 1)[-1] if tb else "?"
                 landed[where] = landed.get(where, 0) + 1
                 pester.caught.set()
     print(f"{interrupted} interrupts caught, in: {landed}; {pester.unanswered} dropped by Python")
+    assert not pester.stuck, "the main thread did not take an interrupt in 120 s"
     assert interrupted + pester.unanswered == INTERRUPTS
     assert acc.mesh.stream.lost is None
     # An interrupt may come after an op was recorded and before the loop counted it: each one
