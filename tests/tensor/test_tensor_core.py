@@ -273,3 +273,22 @@ def test_notebook_cell_end_flushes(mesh: Any, monkeypatch: pytest.MonkeyPatch) -
     finally:
         InteractiveShell.clear_instance()
         s.armed = False  # armed with no timer: the next op of a later test starts one
+
+
+@am.remote(propagate=lambda x, t: x)
+def _plus_total(x: Any, t: torch.Tensor) -> Any:
+    return x + t.sum().item()  # t: a controller tensor, a plain one on each rank
+
+
+def test_a_controller_tensor_changed_after_its_op_is_sent_as_it_was(mesh: Any) -> None:
+    # The ops wait in a batch until a sync point; a tensor changed in place meanwhile (as an
+    # optimizer changes the parameters a copy on the mesh was made from) must not reach the
+    # ranks changed. Before: distribute() and remote calls sent the tensor as it was at the
+    # flush, so the optimizer's step showed twice on the mesh.
+    inspect(distribute(torch.zeros(2), mesh))  # the engine is up: nothing flushes below
+    t = torch.arange(6.0).reshape(2, 3)
+    placed = distribute(t, mesh)
+    with_t = _plus_total(distribute(torch.zeros(2, 3), mesh), t)
+    t.add_(100)
+    assert torch.equal(inspect(placed), torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(inspect(with_t), torch.full((2, 3), 15.0))

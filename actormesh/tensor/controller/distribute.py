@@ -58,6 +58,10 @@ def distribute(
         with held():  # every rank its block, or Ctrl-C before any: none left staged on some
             staged = _send_blocks(tm, data, places)
     if staged is None:
+        if data.data_ptr() == tensor.data_ptr():
+            # A snapshot: the op is pickled when its batch goes, and the caller may change the
+            # tensor in place before that (an optimizer step on the tensor it was copied from).
+            data = data.clone()
         tm.stream.record(("distribute", (out.value_id,), (), meta, (data, places, tm.view_id),
                                  issue_site()))  # fmt: skip
     else:

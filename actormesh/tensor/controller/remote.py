@@ -169,7 +169,17 @@ class RemoteFunction:
 
 
 def _encode(x: Any) -> Any:
-    return tree_map(lambda v: Ref(v.value_id) if isinstance(v, MeshTensor) else v, x)
+    """The arguments as sent: MeshTensors by id, controller tensors as snapshots (the call is
+    pickled when its batch goes, and the caller may change a tensor in place before that)."""
+    return tree_map(_encode_leaf, x)
+
+
+def _encode_leaf(v: Any) -> Any:
+    if isinstance(v, MeshTensor):
+        return Ref(v.value_id)
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    return v
 
 
 def _meta(x: Any) -> Any:
