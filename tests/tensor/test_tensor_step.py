@@ -59,16 +59,24 @@ def _ops_of_a_step(mesh: Any, model: nn.Module, optimizer: torch.optim.Optimizer
     return counts[1]
 
 
-def test_an_optimizer_over_mesh_parameters_records_one_op_per_foreach_call(mesh: Any) -> None:
+def test_adam_over_mesh_parameters_records_one_op_a_step_for_any_model_size(mesh: Any) -> None:
     # Before: torch's per-parameter loop (foreach=None on the CPU), 8 AdamW ops per parameter,
-    # each decoded and run by every rank: 32 ops for 4 parameters, 64 for 8.
+    # each decoded and run by every rank: 32 ops for 4 parameters, 64 for 8; then its foreach
+    # step, 8 ops whatever the size; now torch's foreach function in one op (optim_ops.py).
     small = module_to_mesh(mlp(layers=2), mesh)
     large = module_to_mesh(mlp(layers=4), mesh)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (small, large)]
     counts = [_ops_of_a_step(mesh, m, o) for m, o in zip((small, large), optimizers, strict=True)]
-    assert counts[0] == counts[1] <= 12, counts
-    # The choice is the step's only: the optimizer's own settings stay the user's.
+    assert counts == [1, 1], counts
+    # The choice is the step's only: the optimizer's own settings stay the user's, and its
+    # state is torch's (the step counters too, on the controller as torch keeps them).
     assert all(group["foreach"] is None for o in optimizers for group in o.param_groups)
+    state = optimizers[0].state_dict()["state"][0]
+    assert sorted(state) == ["exp_avg", "exp_avg_sq", "step"]
+    assert type(state["step"]) is torch.Tensor and state["step"].item() == 2.0
+    # SGD's foreach step stays torch's foreach ops (a handful, whatever the size).
+    sgd = torch.optim.SGD(small.parameters(), lr=1e-2, momentum=0.9)
+    assert 1 < _ops_of_a_step(mesh, small, sgd) <= 4
 
 
 def test_clip_grad_norm_over_mesh_parameters_records_the_same_ops_for_any_model_size(
@@ -103,6 +111,7 @@ def test_an_optimizer_that_chose_its_implementation_keeps_it(mesh: Any) -> None:
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
     "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    "adam_l2_maximize": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, maximize=True),
     "sgd_nesterov": lambda p: torch.optim.SGD(
         p, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.01
     ),
@@ -122,7 +131,36 @@ def test_a_foreach_step_on_the_shards_is_the_step_of_one_process(
     # Each parameter's placements (replicated, split over dp by fsdp, split over tp by the
     # plan) reach the foreach ops of the update; float64, compared step by step.
     losses = compare_training(mlp, mesh, MODES[mode], batches(), mse, optimizer=OPTIMIZERS[name])
-    assert losses[-1] < losses[0]  # the first batch again
+    # The first batch again: its loss went down (up, for the optimizer that maximizes).
+    assert (losses[-1] > losses[0]) if "maximize" in name else (losses[-1] < losses[0])
+
+
+def test_adam_over_tensors_placed_unlike_their_gradients_is_the_step_of_one_process(
+    mesh: Any,
+) -> None:
+    # Parameters split by rows, their gradients replicated: the one op's lists are not placed
+    # alike, so each rank runs torch's function on the DTensors (which redistribute); and a
+    # group whose parameters are on two meshes records one op per mesh.
+    other = mesh.slice(dp=0)
+    g = torch.Generator().manual_seed(3)
+    local = [torch.randn(8, 4, generator=g).double().requires_grad_() for _ in range(3)]
+    grads = [torch.randn(8, 4, generator=g).double() for _ in range(3)]
+    meshes = [mesh, mesh, other]
+    meshed = [
+        distribute(local[0].detach(), mesh, ("dp", None)).requires_grad_(),
+        distribute(local[1].detach(), mesh).requires_grad_(),
+        distribute(local[2].detach(), other).requires_grad_(),
+    ]
+    for p, grad, on in zip(meshed, grads, meshes, strict=True):
+        p.grad = distribute(grad, on)
+    for q, grad in zip(local, grads, strict=True):
+        q.grad = grad.clone()
+    optimizers = [torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (local, meshed)]
+    for _ in range(3):
+        for optimizer in optimizers:
+            optimizer.step()
+    for p, q in zip(meshed, local, strict=True):
+        assert torch.equal(inspect(p), q.detach())
 
 
 # -- a repeated step sent by reference (controller/programs.py) --------------------------------

@@ -49,8 +49,9 @@ _BY_VALUE = frozenset(
 )
 _BOOL_KEYS = {True: ("bool", True), False: ("bool", False)}  # True == 1 as a dict key
 _NEW, _ALIAS, _VALUE = 0, 1, 2
-# id(op) -> whether it is a _foreach_ op: its Scalar[] arguments (one scalar per tensor) are
-# keyed by length on the fast path, never by value. (Ops live as long as torch.ops.)
+# id(op) -> whether it is a _foreach_ op or one of ours (wire/optim_ops.py): its Scalar[] and
+# float[] arguments (one per tensor: step sizes, step counts) are keyed by length on the fast
+# path, never by value. (Ops live as long as torch.ops.)
 _SCALAR_LISTS: dict[int, bool] = {}
 
 
@@ -84,7 +85,7 @@ def _fast_arg(a: Any, key: list[Any], ins: list[int], func: Any) -> Any:
 def _takes_scalar_lists(func: Any) -> bool:
     known = _SCALAR_LISTS.get(id(func))
     if known is None:
-        known = _SCALAR_LISTS[id(func)] = func.name().startswith("aten::_foreach_")
+        known = _SCALAR_LISTS[id(func)] = func.name().startswith(("aten::_foreach_", "actormesh::"))
     return known
 
 

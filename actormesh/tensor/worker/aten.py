@@ -73,8 +73,10 @@ def resolve_op(name: str) -> Any:
     if op is None:
         import torch
 
-        _, packet, overload = name.split(".")
-        op = _ops[name] = getattr(getattr(torch.ops.aten, packet), overload)
+        namespace, packet, overload = name.split(".")
+        if namespace == "actormesh":
+            from ..wire import optim_ops  # noqa: F401  (defines the op)
+        op = _ops[name] = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
     return op
 
 
@@ -173,6 +175,10 @@ def on_dtensors(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     """The op run by DTensor (the shard path did not take it): its results' tensors."""
     if name in _REFUSED:
         raise NotImplementedError(f"{_REFUSED[name]} ({_placed(args, kwargs)})")
+    if name.startswith("actormesh."):  # an op of our own: its torch code, whose ops DTensor runs
+        from ..wire.optim_ops import ON_DTENSORS
+
+        return tensor_leaves(ON_DTENSORS[name](*args, **kwargs))
     if func in _decompose or name in _DECOMPOSE_FIRST:
         return tensor_leaves(_decomposed(func, args, kwargs))
     if name in _VIEWS and _split_oddly(args[0]):

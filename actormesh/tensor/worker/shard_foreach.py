@@ -167,3 +167,9 @@ def _local(a: Any, dtensor: type, specs: list[Any] | None) -> tuple[Any] | None:
     if isinstance(a, (int, float, bool)) or a is None:
         return (a,)
     return None  # a plain tensor, a string...: DTensor decides
+
+
+# An optimizer's whole step as one op (``wire/optim_ops.py``: ``ADAM``): elementwise in each
+# parameter too, so the op on the local tensors where its lists are placed alike position by
+# position (each rank's function then runs its foreach ops on them).
+ROUTES = {"actormesh.adam_.default": foreach_on_shards}

@@ -32,6 +32,7 @@ from typing import Any
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
 from .dtensors import dtensor_class, torch_classes, wrap
 from .lowered import computes_on_locals
+from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 
 _pointwise: dict[Any, bool] = {}
@@ -233,6 +234,7 @@ _SPECIAL: dict[str, Any] = {
     **shard_linear.ROUTES,
     **shard_losses.ROUTES,
     **shard_attention.ROUTES,
+    **FOREACH_ROUTES,
     "aten.detach.default": _same_spec,
     "aten.alias.default": _same_spec,
     "aten.ones_like.default": _like,
