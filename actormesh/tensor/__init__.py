@@ -25,6 +25,7 @@ the ranks' half never imports the controller's.
 ``wire/shapes.py``              shapes on meta tensors, signatures, the plans' cache
 ``wire/errors.py``              ``RemoteTensorError``
 ``wire/programs.py``            a repeated run of ops as a program: its template, ids and values
+``wire/optim_ops.py``           ``actormesh::adam_``: Adam(W)'s foreach step as one op
 ``controller/tensor.py``        ``MeshTensor``: metadata here, every op recorded
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
@@ -45,7 +46,8 @@ the ranks' half never imports the controller's.
 ``controller/module.py``        ``module_to_mesh``
 ``controller/grad_sync.py``     a model's gradients to its parameters' placements per backward
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
-``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path
+``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path;
+                                Adam(W)'s records ``actormesh::adam_``
 ``controller/programs.py``      a repeated step sent by reference (a ``program`` op)
 ``controller/remote.py``        remote functions
 ``controller/rref.py``          ``endpoint.rref(...)``: an endpoint as a step of the stream

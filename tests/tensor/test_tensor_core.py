@@ -292,3 +292,21 @@ def test_a_controller_tensor_changed_after_its_op_is_sent_as_it_was(mesh: Any) -
     t.add_(100)
     assert torch.equal(inspect(placed), torch.arange(6.0).reshape(2, 3))
     assert torch.equal(inspect(with_t), torch.full((2, 3), 15.0))
+    # A factory under activate() and an actor's rref take theirs the same way.
+    actors = mesh.spawn("snapshot_adders", _Adder)
+    with mesh.activate():
+        zeros = torch.zeros(3)
+    fetch(actors.add.rref(zeros, torch.ones(3)), dp=0, tp=0).get(timeout=30)  # its shape, asked
+    u = torch.arange(3.0)
+    with mesh.activate(), pytest.warns(UserWarning, match="copy construct"):
+        made = torch.tensor(u)  # (torch's advice is for a local copy)
+    added = actors.add.rref(zeros, u)
+    u.add_(100)
+    for value in (made, added):
+        assert fetch(value, dp=1, tp=1).get(timeout=30).tolist() == [0.0, 1.0, 2.0]
+
+
+class _Adder(am.Actor):
+    @am.endpoint
+    def add(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return x + t

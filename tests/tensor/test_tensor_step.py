@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -161,6 +162,45 @@ def test_adam_over_tensors_placed_unlike_their_gradients_is_the_step_of_one_proc
             optimizer.step()
     for p, q in zip(meshed, local, strict=True):
         assert torch.equal(inspect(p), q.detach())
+
+
+def test_adam_state_that_does_not_fit_raises_at_the_step_and_leaves_the_mesh_usable(
+    mesh: Any,
+) -> None:
+    # A state_dict of another model: torch's own check runs at the user's line (on meta
+    # tensors), nothing is sent, and the other parameters stay usable. And what torch's
+    # function refuses (a float16 step counter) it still refuses, with its own message.
+    p, q = (distribute(torch.randn(8, 4), mesh, ("dp", None)).requires_grad_() for _ in range(2))
+    for x in (p, q):
+        x.grad = distribute(torch.ones(8, 4), mesh, ("dp", None))
+    optimizer = torch.optim.Adam([p, q], lr=1e-2)
+    optimizer.step()
+    before = inspect(q)
+    state = optimizer.state_dict()
+    state["state"][0]["exp_avg"] = distribute(torch.zeros(8, 2), mesh)
+    optimizer.load_state_dict(state)
+    with pytest.raises(RuntimeError) as raised:
+        optimizer.step()
+    assert "test_tensor_step.py" in "".join(traceback.format_tb(raised.value.__traceback__))
+    assert torch.equal(inspect(q), before)
+    half = torch.optim.Adam([q], lr=1e-2)
+    half.step()
+    half.state[q]["step"] = half.state[q]["step"].half()
+    with pytest.raises(RuntimeError, match="float32/64"):
+        half.step()
+
+
+def test_torchs_functional_adam_with_grad_on_raises_as_torch_does(mesh: Any) -> None:
+    # torch.optim.Adam turns grad off for its step; the functional API called with grad on
+    # writes leaves that require grad, which torch refuses (the one op would not).
+    from torch.optim.adam import adam
+
+    p = distribute(torch.randn(4), mesh).requires_grad_()
+    args = [[p], [distribute(torch.ones(4), mesh)], [distribute(torch.zeros(4), mesh)]]
+    args += [[distribute(torch.zeros(4), mesh)], [], [torch.tensor(0.0)]]
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        adam(*args, foreach=True, amsgrad=False, beta1=0.9, beta2=0.999, lr=1e-2,
+             weight_decay=0.0, eps=1e-8, maximize=False)  # fmt: skip
 
 
 # -- a repeated step sent by reference (controller/programs.py) --------------------------------

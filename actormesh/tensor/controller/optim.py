@@ -125,6 +125,8 @@ def _one_op_takes(
         return False
     if options["capturable"] or options["differentiable"] or options["has_complex"]:
         return False
+    if torch.is_grad_enabled():  # (the functional API called with grad on: torch's ops decide)
+        return False
     for name in ("lr", "beta1", "beta2", "weight_decay", "eps"):
         if type(options[name]) not in (float, int):
             return False
@@ -137,7 +139,12 @@ def _one_op_takes(
             if type(x) is not MeshTensor or x.mesh is not p.mesh or x.per_rank is not p.per_rank:
                 return False
         step = state_steps[k]
-        if type(step) is not torch.Tensor or step.device.type != "cpu" or step.numel() != 1:
+        if (
+            type(step) is not torch.Tensor
+            or step.device.type != "cpu"
+            or step.numel() != 1
+            or step.dtype not in (torch.float32, torch.float64)  # torch's function refuses others
+        ):
             return False
     return True
 

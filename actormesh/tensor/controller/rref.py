@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec_loads
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
 from .. import compat
 from ..wire.ops import Ref, issue_site
@@ -69,4 +69,6 @@ def rref(key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 def _refs(x: Any) -> Any:
-    return tree_map(lambda v: Ref(v.value_id) if isinstance(v, MeshTensor) else v, x)
+    from .remote import _encode  # MeshTensors by id, controller tensors as snapshots
+
+    return _encode(x)

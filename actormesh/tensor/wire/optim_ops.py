@@ -15,6 +15,8 @@ its implementation on plain tensors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.optim import adam as torch_adam
 
@@ -59,8 +61,11 @@ adam_ = torch.library.custom_op(
 
 
 @adam_.register_fake
-def _adam_shapes(*args: object, **kwargs: object) -> None:
-    """No outputs: it writes its tensors in place (the controller's shape pass)."""
+def _adam_shapes(*args: Any, **kwargs: Any) -> None:
+    """No outputs: it writes its tensors in place. The controller's shape pass runs torch's
+    function on the meta tensors, so that a shape or dtype torch refuses raises at the user's
+    line, as its foreach ops did, rather than on every rank at the next sync point."""
+    adam_step(*args, **kwargs)
 
 
 # The ops of this module by wire name, with what runs them on DTensors (each rank, when the
