@@ -50,13 +50,18 @@ def _timeout_of(item: pytest.Item) -> float:
     return float(item.config.getini("timeout") or DEFAULT_TIMEOUT)
 
 
+# The part of a test's limit after which its threads' stacks are dumped (the suite's own test of
+# this, tests/runtime/test_suite_hygiene.py, sets less, to leave a loaded machine time to spare).
+DUMP_AT = float(os.environ.get("ACTORMESH_TEST_DUMP_AT", "0.9"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """A hang leaves every thread's stack (faulthandler, which also reaches a GIL held in C)
     shortly before pytest-timeout ends the test: at nine tenths of *that test's* limit, not a
     suite-wide one, which printed stacks in the middle of slow tests that then passed. Written
     to fd 2, which pytest captures: shown with the test's failure, never in a passing run."""
-    faulthandler.dump_traceback_later(0.9 * _timeout_of(item), file=2)
+    faulthandler.dump_traceback_later(DUMP_AT * _timeout_of(item), file=2)
     try:
         yield
     finally:

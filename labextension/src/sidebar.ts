@@ -194,6 +194,11 @@ export class MeshSidebar extends Widget {
         this._selected.delete(meshId);
       }
     }
+    for (const meshId of [...this._stacks.keys()]) {
+      if (!live.has(meshId)) {
+        this._stacks.delete(meshId);
+      }
+    }
     for (const [meshId, charts] of [...this._charts]) {
       if (!live.has(meshId)) {
         charts.dispose();
@@ -355,7 +360,9 @@ export class MeshSidebar extends Widget {
     section.appendChild(charts.resourceBlock);
     const stacks = this.model.stacks.get(mesh.mesh_id);
     if (stacks) {
-      section.appendChild(this._renderStacks(stacks));
+      section.appendChild(this._stacksBox(mesh.mesh_id, stacks));
+    } else {
+      this._stacks.delete(mesh.mesh_id);
     }
     return section;
   }
@@ -417,6 +424,18 @@ export class MeshSidebar extends Widget {
       row.appendChild(el('span', 'gpu', `GPU ${formatBytes(rank.gpu_mem)}`));
     }
     return row;
+  }
+
+  /** The stacks' element, kept while the stacks are the same: a re-render (any rank's state
+   *  change) moves it, so a group the user closed stays closed and its scroll stays put. */
+  private _stacksBox(meshId: string, stacks: IStacks): HTMLElement {
+    const kept = this._stacks.get(meshId);
+    if (kept && kept.stacks === stacks) {
+      return kept.box;
+    }
+    const box = this._renderStacks(stacks);
+    this._stacks.set(meshId, { stacks, box });
+    return box;
   }
 
   private _renderStacks(stacks: IStacks): HTMLElement {
@@ -485,6 +504,7 @@ export class MeshSidebar extends Widget {
   }
 
   private _selected = new Map<string, Set<number>>();
+  private _stacks = new Map<string, { stacks: IStacks; box: HTMLElement }>();
   private _charts = new Map<string, MeshCharts>();
   private _batch = new FrameBatch();
   private _ticker: number;

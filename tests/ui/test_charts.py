@@ -270,6 +270,16 @@ def test_training_charts(page: Any, lab: Lab, tmp_path: Path) -> None:
     click_op(page, "stacks")
     stacks = page.locator(f"{SIDEBAR} .jp-actormesh-stacks")
     expect(stacks.locator("pre").first).to_contain_text("time.sleep(0.1)")
+    # A re-render (here: selecting a rank) keeps the stacks as the user left them: a group
+    # closed stays closed (the panel used to build them anew, open, at every state change).
+    stacks.locator("details summary").first.click()
+    expect(stacks.locator("details").first).to_have_js_property("open", False)
+    rank0 = page.locator(f"{ROWS}[data-rank='0'] input[type='checkbox']")
+    rank0.click()
+    expect(page.locator(f"{SIDEBAR} .jp-actormesh-scope")).to_have_text("rank 0")
+    expect(stacks.locator("details").first).to_have_js_property("open", False)
+    rank0.click()
+    stacks.locator("details summary").first.click()
     stacks.scroll_into_view_if_needed()
     # The sidebar whole, not the stacks element: live updates re-render that one, which
     # detached it mid-screenshot ("Element is not attached to the DOM") under load.
