@@ -3,14 +3,21 @@
 torch's foreach Adam and AdamW (``torch.optim.adam._multi_tensor_adam``) record eight
 ``_foreach_`` ops per step over MeshTensors, each dispatched and keyed by the controller and
 decoded and run by every rank. Their arithmetic is elementwise in each parameter, so on each
-rank it is the same function on the local shards: the controller records this one op in their
-place (``controller/optim.py``), and each rank runs it by calling torch's own function on its
-local tensors (``worker/shard_foreach.py``), or on the DTensors where their placements do not
-line up (``worker/aten.py``). Same function, same operations in the same order: the results are
-those of torch's foreach step in one process, bit for bit.
+rank it is the same arithmetic on the local shards: the controller records this one op in their
+place (``controller/optim.py``), and each rank runs it on its local tensors
+(``worker/shard_foreach.py``), or on the DTensors where their placements do not line up
+(``worker/aten.py``).
 
-Both sides import this module: it defines the op (its schema names the tensors it writes) and
-its implementation on plain tensors.
+Its kernel is the foreach ops of torch's function (2.13, ``capturable=False``: the step sizes
+and bias corrections as Python floats from the step counts), in the same order with the same
+scalars, without the function's own bookkeeping (its checks, grouping and step tensors cost
+twice its ops on a rank). So the results are those of torch's foreach step in one process, bit
+for bit: ``tests/unit/test_optim_ops.py`` holds the two side by side for every option, and
+fails when a torch release changes its function.
+
+The op is defined with ``torch.library.Library``, not ``custom_op``, whose Python wrappers
+(version counters, autograd) cost 100 µs a call on the controller and on every rank; the
+optimizer runs under ``no_grad`` on both sides. Both sides import this module.
 """
 
 from __future__ import annotations
@@ -24,6 +31,14 @@ from torch.optim import adam as torch_adam
 multi_tensor_adam = torch_adam._multi_tensor_adam  # noqa: SLF001
 
 ADAM = "actormesh.adam_.default"  # the op's name on the wire (str() of the overload)
+
+_LIBRARY = torch.library.Library("actormesh", "DEF")  # held for the process: the op lives as long
+_LIBRARY.define(
+    "adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+    "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, float[] steps, bool amsgrad, "
+    "float beta1, float beta2, float lr, float weight_decay, float eps, bool maximize, "
+    "bool decoupled_weight_decay) -> ()"
+)
 
 
 def adam_step(
@@ -43,31 +58,47 @@ def adam_step(
     decoupled_weight_decay: bool,
 ) -> None:
     """torch's foreach Adam(W) step; ``steps``: each parameter's step count after this step's
-    increment (the controller keeps the counters, as torch's optimizer state)."""
-    # float64 counters, one short: torch's function adds the step's 1 (exact, as the
-    # controller's own increment) and reads each back as the same Python float.
-    state_steps = [torch.tensor(s - 1.0, dtype=torch.float64) for s in steps]
-    multi_tensor_adam(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, None, None,
-        amsgrad=amsgrad, has_complex=False, beta1=beta1, beta2=beta2, lr=lr,
-        weight_decay=weight_decay, eps=eps, maximize=maximize, capturable=False,
-        differentiable=False, decoupled_weight_decay=decoupled_weight_decay,
-    )  # fmt: skip
+    increment (the controller keeps the counters, in the optimizer's state as torch does).
+    Parameters of several dtypes are stepped a dtype at a time, as torch groups them."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1:
+        for dtype in dtypes:
+            at = [k for k, p in enumerate(params) if p.dtype == dtype]
+            adam_step(
+                *([x[k] for k in at] for x in (params, grads, exp_avgs, exp_avg_sqs)),
+                [max_exp_avg_sqs[k] for k in at] if amsgrad else [],
+                [steps[k] for k in at],
+                amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, decoupled_weight_decay,
+            )  # fmt: skip
+        return
+    if maximize:
+        grads = torch._foreach_neg(grads)  # type: ignore[assignment]
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        elif maximize:
+            torch._foreach_add_(grads, params, alpha=weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)  # type: ignore[assignment]
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    step_sizes = [(lr / (1 - beta1**step)) * -1 for step in steps]
+    corrections = [(1 - beta2**step) ** 0.5 for step in steps]
+    if amsgrad:
+        torch._foreach_maximum_(max_exp_avg_sqs, exp_avg_sqs)
+        denominators = torch._foreach_sqrt(max_exp_avg_sqs)
+    else:
+        denominators = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denominators, corrections)
+    torch._foreach_add_(denominators, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
 
 
-adam_ = torch.library.custom_op(
-    "actormesh::adam_", mutates_args=("params", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs")
-)(adam_step)
-
-
-@adam_.register_fake
-def _adam_shapes(*args: Any, **kwargs: Any) -> None:
-    """No outputs: it writes its tensors in place. The controller's shape pass runs torch's
-    function on the meta tensors, so that a shape or dtype torch refuses raises at the user's
-    line, as its foreach ops did, rather than on every rank at the next sync point."""
-    adam_step(*args, **kwargs)
-
+# Every backend, meta tensors included: the controller's shape pass runs it on meta tensors, so a
+# shape or dtype torch refuses raises at the user's line, before anything is sent.
+_LIBRARY.impl("adam_", adam_step, "CompositeExplicitAutograd")
 
 # The ops of this module by wire name, with what runs them on DTensors (each rank, when the
-# local tensors are not placed alike): the same function, whose foreach ops DTensor then runs.
-ON_DTENSORS = {ADAM: adam_step}
+# local tensors are not placed alike): the kernel itself, whose foreach ops DTensor then runs.
+ON_DTENSORS: dict[str, Any] = {ADAM: adam_step}
