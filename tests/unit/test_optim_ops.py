@@ -12,10 +12,12 @@ import torch
 
 from actormesh.tensor.wire import optim_ops
 
+NAMES = ("amsgrad", "maximize", "weight_decay", "decoupled_weight_decay")
 OPTIONS = [
-    dict(zip(("amsgrad", "maximize", "weight_decay", "decoupled_weight_decay"), values))
+    dict(zip(NAMES, values, strict=True))
     for values in itertools.product((False, True), (False, True), (0.0, 0.1), (False, True))
 ]
+DTYPES = [(torch.float32,), (torch.float64,), (torch.float32, torch.float64)]
 
 
 def _state(dtypes: tuple[torch.dtype, ...], seed: int) -> list[list[torch.Tensor]]:

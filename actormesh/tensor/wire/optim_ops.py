@@ -64,22 +64,25 @@ def adam_step(
     if len(dtypes) > 1:
         for dtype in dtypes:
             at = [k for k, p in enumerate(params) if p.dtype == dtype]
+
+            def pick(tensors: list[torch.Tensor], at: list[int] = at) -> list[torch.Tensor]:
+                return [tensors[k] for k in at]
+
             adam_step(
-                *([x[k] for k in at] for x in (params, grads, exp_avgs, exp_avg_sqs)),
-                [max_exp_avg_sqs[k] for k in at] if amsgrad else [],
-                [steps[k] for k in at],
+                pick(params), pick(grads), pick(exp_avgs), pick(exp_avg_sqs),
+                pick(max_exp_avg_sqs) if amsgrad else [], [steps[k] for k in at],
                 amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, decoupled_weight_decay,
             )  # fmt: skip
         return
     if maximize:
-        grads = torch._foreach_neg(grads)  # type: ignore[assignment]
+        grads = torch._foreach_neg(grads)  # type: ignore[assignment]  # noqa: SLF001
     if weight_decay != 0:
         if decoupled_weight_decay:
             torch._foreach_mul_(params, 1 - lr * weight_decay)
         elif maximize:
             torch._foreach_add_(grads, params, alpha=weight_decay)
         else:
-            grads = torch._foreach_add(grads, params, alpha=weight_decay)  # type: ignore[assignment]
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)  # type: ignore[assignment]  # noqa: SLF001
     torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
@@ -87,9 +90,9 @@ def adam_step(
     corrections = [(1 - beta2**step) ** 0.5 for step in steps]
     if amsgrad:
         torch._foreach_maximum_(max_exp_avg_sqs, exp_avg_sqs)
-        denominators = torch._foreach_sqrt(max_exp_avg_sqs)
+        denominators = torch._foreach_sqrt(max_exp_avg_sqs)  # noqa: SLF001
     else:
-        denominators = torch._foreach_sqrt(exp_avg_sqs)
+        denominators = torch._foreach_sqrt(exp_avg_sqs)  # noqa: SLF001
     torch._foreach_div_(denominators, corrections)
     torch._foreach_add_(denominators, eps)
     torch._foreach_addcdiv_(params, exp_avgs, denominators, step_sizes)
