@@ -17,9 +17,11 @@ repeats is then sent by reference (``programs.py``).
 The foreach step of Adam and AdamW (``torch.optim.adam._multi_tensor_adam``, which AdamW calls
 too) runs as one op over MeshTensors: torch's function in that module is replaced by one that
 increments the step counters as torch does, on the controller where torch keeps them, and
-records ``actormesh::adam_`` per mesh, which each rank runs as torch's own function on its local
-tensors (``wire/optim_ops.py``). Any other call (plain tensors, tensor learning rates or betas,
-``capturable``, complex parameters) goes to torch's function as it is.
+records ``actormesh::adam_`` per mesh, which each rank runs as the foreach ops of torch's
+function on its local tensors (``wire/optim_ops.py``: bit for bit torch's step). A group with
+parameters on several meshes gets one op per mesh. Any other call (plain tensors, tensor
+learning rates or betas, ``capturable``, complex parameters, grad mode on) goes to torch's
+function as it is, and what it refuses it still refuses.
 
 ``torch.nn.utils.clip_grad_norm_`` (and ``clip_grad_value_``) choose by the tensors' type: with
 MeshTensor among torch's foreach types they record a norm and a scale for all the gradients
