@@ -190,6 +190,23 @@ def test_adam_state_that_does_not_fit_raises_at_the_step_and_leaves_the_mesh_usa
         half.step()
 
 
+def test_a_tensor_learning_rate_keeps_torchs_own_choice(mesh: Any) -> None:
+    # torch's foreach step refuses a tensor lr without capturable, so torch does not choose it
+    # for such a group; neither does the hook (before, the step raised).
+    model = module_to_mesh(mlp(layers=2), mesh)
+    local = mlp(layers=2)
+    optimizers = [torch.optim.Adam(m.parameters(), lr=torch.tensor(1e-2)) for m in (model, local)]
+    x, y = batches(1)[0]
+    for _ in range(2):
+        for m, optimizer in zip((model, local), optimizers, strict=True):
+            optimizer.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            optimizer.step()
+    got = inspect(dict(model.state_dict()))
+    for name, want in local.state_dict().items():
+        assert torch.allclose(got[name], want, atol=1e-12, rtol=0), name
+
+
 def test_torchs_functional_adam_with_grad_on_raises_as_torch_does(mesh: Any) -> None:
     # torch.optim.Adam turns grad off for its step; the functional API called with grad on
     # writes leaves that require grad, which torch refuses (the one op would not).

@@ -55,10 +55,19 @@ def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
             or group.get("differentiable")
         ):
             continue
+        if not group.get("capturable") and _tensor_hyperparameters(group):
+            continue  # torch's foreach path refuses them (and so does not choose it itself)
         params = group["params"]
         if params and all(type(p) is MeshTensor for p in params):
             group["foreach"] = True
             group[_CHOSEN] = True
+
+
+def _tensor_hyperparameters(group: dict[str, Any]) -> bool:
+    betas = group.get("betas", ())
+    return isinstance(group.get("lr"), torch.Tensor) or any(
+        isinstance(b, torch.Tensor) for b in betas
+    )
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -66,7 +75,7 @@ def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
     for group in optimizer.param_groups:
         if group.pop(_CHOSEN, False):
             group["foreach"] = None
-        for p in group["params"][:1]:
+        for p in group["params"]:  # a group may span meshes (pipeline stages)
             if type(p) is MeshTensor and p.mesh.stream not in streams:
                 streams.append(p.mesh.stream)
     for stream in streams:
