@@ -63,7 +63,7 @@ def _ops_of_a_step(mesh: Any, model: nn.Module, optimizer: torch.optim.Optimizer
 def test_adam_over_mesh_parameters_records_one_op_a_step_for_any_model_size(mesh: Any) -> None:
     # Before: torch's per-parameter loop (foreach=None on the CPU), 8 AdamW ops per parameter,
     # each decoded and run by every rank: 32 ops for 4 parameters, 64 for 8; then its foreach
-    # step, 8 ops whatever the size; now torch's foreach function in one op (optim_ops.py).
+    # step, 8 ops whatever the size; now those 8 in one op (wire/optim_ops.py).
     small = module_to_mesh(mlp(layers=2), mesh)
     large = module_to_mesh(mlp(layers=4), mesh)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (small, large)]
@@ -140,7 +140,7 @@ def test_adam_over_tensors_placed_unlike_their_gradients_is_the_step_of_one_proc
     mesh: Any,
 ) -> None:
     # Parameters split by rows, their gradients replicated: the one op's lists are not placed
-    # alike, so each rank runs torch's function on the DTensors (which redistribute); and a
+    # alike, so each rank runs the op's kernel on the DTensors (which redistribute); and a
     # group whose parameters are on two meshes records one op per mesh.
     other = mesh.slice(dp=0)
     g = torch.Generator().manual_seed(3)
