@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_map
 
 from .. import compat
 from ..wire.ops import issue_site
+from .constants import snapshot
 from .mesh import TensorMesh, tensor_mesh
 from .tensor import MeshTensor, new_mesh_tensor
 
@@ -67,10 +68,7 @@ def factory(tm: TensorMesh, name: str, func: Any, args: Any, kwargs: dict[str, A
             "used on the ranks; seed them with a remote function instead"
         )
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
-    # A snapshot: the op is pickled at the flush, and a tensor argument may change before that.
-    args, kwargs = tree_map(
-        lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, (args, kwargs)
-    )
+    args, kwargs = tree_map(snapshot, (args, kwargs))
     meta = func(*args, **kwargs, device="meta")  # the shape and dtype, here
     out = new_mesh_tensor(tm, meta.shape, meta.dtype, per_rank=True)
     meta_out = ((tuple(meta.shape), meta.dtype, True),)

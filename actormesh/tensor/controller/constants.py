@@ -101,11 +101,19 @@ def as_refs(x: Any, stream: Stream, ins: list[int], read_only: bool) -> Any:
     return x
 
 
+def snapshot(x: Any) -> Any:
+    """``x`` as an op sends it: a controller tensor copied now (the op is pickled when its
+    batch goes, and the caller may change the tensor in place before that, as an optimizer
+    steps the model a mesh copy was made from); anything else as it is."""
+    if isinstance(x, torch.Tensor) and type(x) is not MeshTensor:
+        return x.detach().clone()
+    return x
+
+
 def _sent(stream: Stream, x: Any) -> int:
     """A new copy of ``x`` on the workers (a ``constant`` op): its id."""
     cid = stream.new_id()
-    # A snapshot: the op is pickled later, and x may change in place before that.
-    data = x.detach().clone()
+    data = snapshot(x)
     meta = ((tuple(x.shape), x.dtype, True),)
     stream.record(("constant", (cid,), (), meta, (data,), issue_site()))
     return cid

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten, treespec
 
 from .. import compat
 from ..wire.ops import Ref, issue_site
+from .constants import snapshot
 from .mesh import TensorMesh
 from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
 
@@ -169,17 +170,8 @@ class RemoteFunction:
 
 
 def _encode(x: Any) -> Any:
-    """The arguments as sent: MeshTensors by id, controller tensors as snapshots (the call is
-    pickled when its batch goes, and the caller may change a tensor in place before that)."""
-    return tree_map(_encode_leaf, x)
-
-
-def _encode_leaf(v: Any) -> Any:
-    if isinstance(v, MeshTensor):
-        return Ref(v.value_id)
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    return v
+    """The arguments as sent: MeshTensors by id, controller tensors as snapshots."""
+    return tree_map(lambda v: Ref(v.value_id) if isinstance(v, MeshTensor) else snapshot(v), x)
 
 
 def _meta(x: Any) -> Any:
