@@ -130,8 +130,7 @@ def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: A
     steps = mesh.spawn("lowered_steps", Steps, tensor_mesh(mesh).key)
     for rank, lowered in steps.lowered.call().get(timeout=60).items():
         # the linear layers' ops, the activation and AdamW's step (one op, optim_ops.py); not
-        # mse_loss (not a direct step) nor the views of a batch split by rows (another local
-        # shape)
+        # mse_loss (not a direct step)
         for name in ("aten.t.default", "aten.addmm.default", "actormesh.adam_.default"):
             assert lowered.get(name, 0) >= 1, (rank, lowered)
         assert "aten.mse_loss.default" not in lowered, (rank, lowered)
@@ -170,6 +169,34 @@ def test_a_value_a_program_made_stays_for_a_later_op_of_its_batch(mesh: Any) -> 
     assert stream.programs.sent - sent >= 2  # run by reference, the steps lowered
     want = float((torch.arange(4.0, dtype=torch.float64) * 1.5**10).sum())
     assert totals == [want] * WARM
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_views_run_on_the_local_tensors_with_their_local_sizes(mesh: Any) -> None:
+    # Views of a batch split by rows (each rank views its rows: sizes other than the op's),
+    # of one split by rows that keep dim 0, and of a replicated tensor; each step's values
+    # against one process, where a lowered view that kept the global sizes would raise or
+    # give other numbers.
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
+    rows = distribute(x, mesh, sharding_spec=["dp", None])
+    whole = distribute(w, mesh)
+    stream = tensor_mesh(mesh).stream
+
+    def step(a: Any, b: Any, k: float) -> Any:
+        flat = (a * k).view(48)  # split by rows: each rank views its 24
+        heads = flat.view(8, 2, 3).view(8, 6)  # keeps dim 0
+        return heads + b.view(36).view(6, 6)[0]
+
+    sent = stream.programs.sent
+    for i in range(WARM + 2):
+        got = step(rows, whole, 1.0 + i).detach()
+        stream.mark()
+        assert torch.equal(got.get(), step(x, w, 1.0 + i)), i
+    assert stream.programs.sent - sent >= 2
+    steps = mesh.spawn("lowered_views", Steps, tensor_mesh(mesh).key)
+    for rank, lowered in steps.lowered.call().get(timeout=60).items():
+        assert lowered.get("aten.view.default", 0) >= 4, (rank, lowered)
 
 
 def test_a_loss_of_mixed_dtypes_has_the_dtype_of_its_values(mesh: Any) -> None:

@@ -9,7 +9,9 @@ time, so after a step's first run by such a route it keeps (``lower``) the specs
 had and, for each result, the spec the route gave it (or the input it wrote in place). On a
 later run whose inputs have the same specs (by identity: the engine reuses specs) and local
 strides (any other, or a value that is not a DTensor, runs the route again), the op runs on the
-local tensors: no route, no spec work and no checks per argument. Its results stay local
+local tensors: no route, no spec work and no checks per argument. A view's route calls the view
+with the local sizes (``views_locally``): those the first run's local result had, since the same
+spec gives this rank the same local shape. Its results stay local
 tensors, each with its kept spec, while only lowered steps read them; one becomes a DTensor in
 the engine's values when another step reads it or when it outlives the program (it is not
 among the ids the batch drops). A result laid out unlike the first run's (strides) runs the route
@@ -29,17 +31,39 @@ def computes_on_locals(route: Any) -> Any:
     decided by the arguments' specs and local strides, the op's arguments that are not floats,
     and its local results' strides."""
     route.on_locals = True
+    route.local_args = None
     return route
+
+
+def views_locally(route: Any) -> Any:
+    """Mark ``route`` (of ``view`` or ``_unsafe_view``) as computing ``func(local, sizes)`` on
+    its input's local tensor, where ``sizes`` is the local result's shape; whether it takes the
+    op and its result's spec decided as for ``computes_on_locals``."""
+    route.on_locals = True
+    route.local_args = _view_sizes
+    return route
+
+
+def _view_sizes(local_result: Any) -> tuple[tuple[int, Any], ...]:
+    return ((1, list(local_result.shape)),)
 
 
 class Lowered:
     """How a step ran on its first run, for the runs after it."""
 
-    __slots__ = ("outs", "specs", "strides")
+    __slots__ = ("fixed", "outs", "specs", "strides")
 
-    def __init__(self, specs: tuple[Any, ...], strides: tuple[Any, ...], outs: tuple[Any, ...]):
+    def __init__(
+        self,
+        specs: tuple[Any, ...],
+        strides: tuple[Any, ...],
+        outs: tuple[Any, ...],
+        fixed: tuple[tuple[int, Any], ...] = (),
+    ):
         self.specs = specs  # the input DTensors' specs, in the order of the step's inputs
         self.strides = strides  # and their local tensors' strides
+        # (position, value): the op's arguments that differ on the local tensors (a view's sizes)
+        self.fixed = fixed
         # per result in pytree order: an int (the input it wrote in place), None (no tensor at
         # that place), or (spec, local strides)
         self.outs = outs
@@ -143,4 +167,9 @@ def lower(route: Any, inputs: list[Any], result: Any) -> Lowered | None:
         if any(type(k) is int for k in kept) and any(type(k) is tuple for k in kept):
             return None  # a later run that had to decline a result would write twice
         outs = tuple(kept)
-    return Lowered(specs, strides, outs)
+    local_args = getattr(route, "local_args", None)
+    if local_args is None:
+        return Lowered(specs, strides, outs)
+    if len(outs) != 1 or type(outs[0]) is not tuple:
+        return None  # a view's route gives one new tensor
+    return Lowered(specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001

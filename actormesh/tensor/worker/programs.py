@@ -149,8 +149,11 @@ def _run_lowered(
     locals_ = lowered.locals_of(in_ids, env, held)
     if locals_ is None:
         return False
+    args = _args(step, locals_, values)
+    if lowered.fixed:
+        args = _fixed(args, lowered.fixed)
     try:
-        out = step.func._op(*_args(step, locals_, values), **step.kwargs)  # noqa: SLF001
+        out = step.func._op(*args, **step.kwargs)  # noqa: SLF001
         if not lowered.keep(out, locals_, in_ids, outs, env, held):
             return False
     except Exception as exc:
@@ -197,6 +200,13 @@ def _run_direct(
     if len(outs) > 1:
         for o in outs:
             engine.siblings[o] = outs
+
+
+def _fixed(args: tuple[Any, ...], fixed: tuple[tuple[int, Any], ...]) -> tuple[Any, ...]:
+    out = list(args)
+    for k, v in fixed:
+        out[k] = v
+    return tuple(out)
 
 
 def _outliving(engine: EngineState, this: Any, held: dict[int, Any]) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..wire.shapes import contiguous_strides
 from .dtensors import UNKNOWN, OutSpecs, as_dtensor, dtensor_class, partial_sum, spec_of, wrap
-from .lowered import computes_on_locals
+from .lowered import computes_on_locals, views_locally
 from .shard_views import view_rows
 
 _T_SPECS = OutSpecs()
@@ -191,6 +191,7 @@ def _summed_spec(spec: Any, dims: Any, keepdim: bool) -> Any:
     return spec_of(spec.mesh, placements, torch.Size(shape), contiguous_strides(shape), dtype)
 
 
+@views_locally
 def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``view`` of a DTensor split over no dimension (replicated or partial sums): each rank
     holds the whole shape, so the local view is the view."""
@@ -207,6 +208,7 @@ def _view_unsplit(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     return as_dtensor(local, spec.mesh, spec.placements)
 
 
+@views_locally
 def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``view`` (and ``_unsafe_view``) of an unsplit tensor, or of one split by rows."""
     out = _view_unsplit(func, args, kwargs)

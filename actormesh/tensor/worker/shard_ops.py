@@ -218,12 +218,21 @@ def _without_partial(spec: Any) -> Any:
 
 
 def _either(first: Any, then: Any) -> Any:
-    """A route that tries ``first``, then ``then`` (two families taking the same op)."""
+    """A route that tries ``first``, then ``then`` (two families taking the same op); lowered
+    (``lowered.py``) where both compute on the local tensors in the same way."""
 
     def route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = first(func, args, kwargs)
         return out if out is not None else then(func, args, kwargs)
 
+    local_args = getattr(first, "local_args", None)
+    if (
+        getattr(first, "on_locals", False)
+        and getattr(then, "on_locals", False)
+        and getattr(then, "local_args", None) is local_args
+    ):
+        route.on_locals = True  # type: ignore[attr-defined]
+        route.local_args = local_args  # type: ignore[attr-defined]
     return route
 
 

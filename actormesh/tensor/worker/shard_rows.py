@@ -30,7 +30,7 @@ from .dtensors import (
     torch_classes,
     wrap,
 )
-from .lowered import computes_on_locals
+from .lowered import computes_on_locals, views_locally
 
 _found = OutSpecs()
 
@@ -231,6 +231,7 @@ def _cat(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return wrap(func([_local(t) for t in tensors], *args[1:]), out)
 
 
+@views_locally
 def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``view`` that keeps dim 0 (its size and stride) of a tensor split by rows, dense or not
     (a head's slice of a fused projection): the local view with the local rows."""
