@@ -30,7 +30,9 @@ the ranks' half never imports the controller's.
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
 ``controller/idle_flush.py``    the buffer sent once the controller records nothing for a while
+``controller/packing.py``       a batch pickled with the C pickler (memory formats by name)
 ``controller/constants.py``     controller tensors as arguments: sent once (small ones by contents)
+``controller/known.py``         a model's integer inputs, and values made of them, read here
 ``controller/interrupts.py``    Ctrl-C held back while a batch goes to every rank
 ``controller/mesh.py``          a proc mesh's tensor engine as the controller sees it
 ``controller/dims.py``          its dimensions as users name them: coordinates, sharding specs
@@ -120,12 +122,14 @@ Controller, user thread: recording, which returns at once.
 Controller, the sync point.
 
 3. ``MeshTensor.item`` calls ``MeshTensor.get``, which is ``fetch.get`` (``controller/fetch.py``):
-   ``fetch._requests`` names the value and the rank wanted, and ``Stream.fetch_after_batch`` sends
-   the buffered ops and the fetch as one call, ``_TensorEngine.run_and_fetch``, one message per
-   process, with Ctrl-C held back meanwhile (``interrupts.held``, ``controller/interrupts.py``:
-   the batch reaches every rank or none). ``stream._pack`` pickles the batch with the C pickler
-   when every op's kind is ``plain``; the call goes as any call does (``Endpoint.call``, walked
-   hop by hop in ``runtime/__init__.py``).
+   a value the controller knows (``known.read``, ``controller/known.py``: a model's integer input
+   and what integer ops made of it) is answered at once; else ``fetch._requests`` names the value
+   and the rank wanted, and ``Stream.fetch_after_batch`` sends the buffered ops and the fetch as
+   one call, ``_TensorEngine.run_and_fetch``, one message per process, with Ctrl-C held back
+   meanwhile (``interrupts.held``, ``controller/interrupts.py``: the batch reaches every rank or
+   none). ``packing.pack`` (``controller/packing.py``) pickles the batch with the C pickler when
+   every op's kind is ``plain``; the call goes as any call does (``Endpoint.call``, walked hop by
+   hop in ``runtime/__init__.py``).
 
 Worker, the engine's thread.
 

@@ -15,7 +15,7 @@ from actormesh.tensor import distribute, fetch, inspect, live, remote
 from actormesh.tensor.compat import loads
 from actormesh.tensor.controller import constants
 from actormesh.tensor.controller.mesh import tensor_mesh
-from actormesh.tensor.controller.stream import _pack
+from actormesh.tensor.controller.packing import pack
 from actormesh.tensor.wire.errors import RemoteTensorError
 from actormesh.tensor.wire.ops import IN
 
@@ -351,7 +351,7 @@ def test_loss_and_its_gradient_on_shards_equal_the_local_ones(mesh: Any) -> None
 
 
 def test_memory_formats_and_layouts_travel_in_a_batch(mesh: Any) -> None:
-    # A plain batch carries memory formats by name (stream._pack): pickle's own way scans every
+    # A plain batch carries memory formats by name (packing.pack): pickle's own way scans every
     # loaded module for them.
     x = torch.arange(8.0).reshape(2, 4)
     dt = distribute(x, mesh, sharding_spec=["dp", None])
@@ -361,7 +361,7 @@ def test_memory_formats_and_layouts_travel_in_a_batch(mesh: Any) -> None:
     assert torch.equal(got[0], x + 1) and torch.equal(got[1], x)
     kwargs = {"layout": torch.strided, "memory_format": torch.channels_last}
     batch = [("aten", (1,), (), (), ("aten.empty_like.default", (IN,), kwargs, None, (0,)), "")]
-    assert loads(_pack(batch)) == batch
+    assert loads(pack(batch)) == batch
 
 
 def test_an_op_on_a_value_the_workers_freed_names_it(mesh: Any) -> None:

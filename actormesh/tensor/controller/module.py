@@ -48,6 +48,7 @@ from ..wire.ops import Ref, issue_site
 from .constants import upload
 from .fetch import fetch_value
 from .grad_sync import sync_after_backward
+from .known import exact, keep
 from .mesh import TensorMesh, engine_mesh
 from .plans import check_plan, install_layouts, relayout
 from .tensor import MeshTensor, OpaqueRef, new_mesh_tensor
@@ -185,6 +186,8 @@ def _to_mesh(state: _Placement, x: Any) -> Any:
     if found is not None:
         ref, version, made, made_version = found
         if ref() is x and version == x._version and made._version == made_version:  # noqa: SLF001
+            if exact(x):
+                keep(made.mesh.stream.known, made, x.clone())
             return made
     tm = state.tm
     placements = tm.placements(x.dim(), _batch_spec(state, x), None)
@@ -194,6 +197,8 @@ def _to_mesh(state: _Placement, x: Any) -> Any:
     tm.stream.record(
         ("distribute", (out.value_id,), (cid,), meta, (Ref(cid), placements, 0), issue_site())
     )
+    if exact(x):
+        keep(tm.stream.known, out, x.clone())
     if not x.is_inference():  # (inference tensors have no version counter)
         if len(state.inputs) >= INPUTS_KEPT:
             state.inputs.pop(next(iter(state.inputs)))

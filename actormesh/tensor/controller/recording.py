@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_unflatten
 from .. import compat
 from ..wire.ops import IN, NoOutputs, Ref, issue_site
 from ..wire.shapes import plans, propagate, remember, signature
-from . import lifetime
+from . import known, lifetime
 from .constants import as_refs
 from .fetch import get
 from .mesh import TensorMesh
@@ -190,6 +190,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             leaves.append(t)
         else:
             leaves.append(o[1])
+    if stream.known:
+        known.after(func, args, kwargs, ins, stream.known, leaves[0] if single else leaves)
     # The inputs travel as IN and ``ins`` (one tuple object, pickled once for both places).
     ins_t = tuple(ins)
     stream.record(
@@ -282,6 +284,8 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
             leaves.append(t)
         else:
             leaves.append(o[1])
+    if tm.stream.known:
+        known.after(func, args, kwargs, ins, tm.stream.known, leaves[0] if single else leaves)
     seed = _seed() if plan[5] else None
     tm.stream.record(
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed, None),

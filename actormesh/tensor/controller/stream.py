@@ -23,30 +23,28 @@ the stream (``_unsent``), and every later use says so.
 
 from __future__ import annotations
 
-import copyreg
-import io
 import itertools
 import logging
-import pickle
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from ...errors import MeshClosedError, SupervisionError
 from .. import compat
-from ..wire.kinds import CHECK, PLAIN_KINDS, checked
-from ..wire.ops import Op, torch_constant
+from ..wire.kinds import CHECK, checked
+from ..wire.ops import Op
 from . import lifetime
 from .idle_flush import native_id, start_timer
 from .interrupts import held
+from .packing import pack
 from .programs import Programs
 
 logger = logging.getLogger(__name__)
 
 BATCH_OPS = 256
+# Op kinds that write no value an earlier id names; any other forgets the known values (known.py)
+_WRITE_NOTHING = frozenset({"aten", "constant", "distribute", "pin"})
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
@@ -67,6 +65,7 @@ class Stream:
         self.marks: list[int] = []  # where in ``ops`` an optimizer step ended (programs.py)
         self.programs = Programs()
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
+        self.known: dict[int, Any] = {}  # id -> its value, known here too (known.py)
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
@@ -101,7 +100,7 @@ class Stream:
         with self.lock:
             self.engine = engine
             self.mailboxes = mailboxes
-            self.ops, self.dead, self.cells, self.consts = [], [], {}, {}
+            self.ops, self.dead, self.cells, self.consts, self.known = [], [], {}, {}, {}
             self.pool = None
             self.marks, self.programs = [], Programs()  # the new engine keeps no program
             self.lost = self.error = None
@@ -148,6 +147,8 @@ class Stream:
             self.check()
         if self.floor:
             self.check_ids(op[2])
+        if self.known and op[0] not in _WRITE_NOTHING:
+            self.known.clear()  # it may write a value (a remote call, a gradient sync, ...)
         with self.lock:
             ops = self.ops
             ops.append(op)
@@ -225,7 +226,7 @@ class Stream:
                     if (not ops and not dead) or self.closed:
                         return self.engine.fetch.call(requests, cells)
                     # Under the lock: a batch sent by another thread must not overtake it.
-                    reply = self.engine.run_and_fetch.call(_pack(ops), dead, requests, cells)
+                    reply = self.engine.run_and_fetch.call(pack(ops), dead, requests, cells)
                 except BaseException as exc:
                     self._unsent(exc, ops)
                     raise
@@ -332,7 +333,7 @@ class Stream:
             return
         cells, self.cells = self.cells, {}
         try:
-            self.engine.run.broadcast(_pack(ops), dead, cells)
+            self.engine.run.broadcast(pack(ops), dead, cells)
         except BaseException as exc:
             if not ops:
                 return  # only drops: the values died with their processes
@@ -363,31 +364,6 @@ class Stream:
 
 if CHECK:  # the test suite: every op recorded is checked against the table of kinds
     Stream.record = checked(Stream.record)  # type: ignore[method-assign,assignment]
-
-
-def _pack(ops: list[Op]) -> list[Op] | bytes:
-    """A batch of only ``plain`` kinds (kinds.py) pickled by the plain C pickler, several times
-    faster than the runtime's cloudpickle (whose per-object hook dominated the controller's
-    cost per op); other batches as they are (the runtime's codec pickles them)."""
-    for op in ops:
-        if op[0] not in PLAIN_KINDS:
-            return ops
-    buffer = io.BytesIO()
-    _BatchPickler(buffer, protocol=5).dump(ops)
-    return buffer.getvalue()
-
-
-def _by_name(x: Any) -> tuple[Any, tuple[str]]:  # torch.channels_last -> "channels_last"
-    return torch_constant, (str(x).removeprefix("torch."),)
-
-
-class _BatchPickler(pickle.Pickler):
-    """The C pickler, with torch's memory formats by name. Pickle finds the module of an object
-    without ``__module__`` by scanning every loaded module: ``preserve_format`` (in the kwargs
-    autograd gives ``ones_like`` for a loss's gradient seed) cost 60-80 µs per batch that way,
-    a training step's whole batch of 41 ops 25."""
-
-    dispatch_table = {**copyreg.dispatch_table, torch.memory_format: _by_name}
 
 
 def flush_all(*_: Any) -> None:

@@ -38,7 +38,8 @@ class MeshTensor(torch.Tensor):
     Not constructed directly: use ``actormesh.distribute(...)`` and friends. Metadata is local;
     ops are recorded and sent in batches, so they return at once. Sync points (they block until
     the workers ran everything before them): ``get()``, ``item()``, ``tolist()``, ``numpy()``,
-    ``bool(t)``, ``float(t)``, ``int(t)``, ``actormesh.fetch``/``inspect``. A failure on a rank
+    ``bool(t)``, ``float(t)``, ``int(t)``, ``actormesh.fetch``/``inspect`` (all but ``fetch``
+    answer at once for a value the controller knows: ``known.py``). A failure on a rank
     raises ``RemoteTensorError`` at the first sync point that touches the value. ``repr`` never
     fetches.
     """

@@ -12,7 +12,7 @@ A field is ``name: type`` (``|`` between alternatives): ``Ref`` a remote value b
 value, ``any`` a value the check does not constrain (a user's module or function).
 
 ``plain`` kinds carry only tensors, Refs, scalars, dtypes and placements: a batch of only those
-goes through the C pickler (``stream._pack``), several times faster than the runtime's
+goes through the C pickler (``packing.pack``), several times faster than the runtime's
 cloudpickle; the others carry user functions, modules or arguments that may need pickling by
 value (defined in a notebook).
 
@@ -193,7 +193,7 @@ _TABLE = [
 
 KINDS: dict[str, Kind] = {k.name: k for k in _TABLE}
 
-# Op kinds whose batches the C pickler may pickle (stream._pack).
+# Op kinds whose batches the C pickler may pickle (packing.pack).
 PLAIN_KINDS = frozenset(k.name for k in _TABLE if k.plain)
 
 CHECK = os.environ.get("ACTORMESH_CHECK_PROTOCOL") == "1"

@@ -92,7 +92,7 @@ class FailureInfo:
 
 
 def torch_constant(name: str) -> Any:
-    """``torch.<name>``: how a batch carries memory formats (stream._pack)."""
+    """``torch.<name>``: how a batch carries memory formats (packing.pack)."""
     import torch
 
     return getattr(torch, name)

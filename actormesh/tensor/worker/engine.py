@@ -100,7 +100,7 @@ class _TensorEngine(EngineState, Actor):
         if not self.threads_set:
             self.threads_set = True
             _intra_op_threads()
-        # A batch the controller pickled itself (stream._pack) arrived inside a signed message;
+        # A batch the controller pickled itself (packing.pack) arrived inside a signed message;
         # the runtime's codec unpickles it, as it does every payload.
         batch: list[Op] = loads(ops) if isinstance(ops, bytes) else ops
         self.batch_ops, self.batch_drops = batch, drops  # (programs.py: what outlives a program)

@@ -1,0 +1,146 @@
+"""Values the controller knows without asking the ranks (``controller/known.py``): a model's
+integer inputs and what integer ops make of them, read with no round trip, and never stale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_tensor_step import steps_as_batches  # noqa: F401  (fixture)
+from torch import nn
+
+import actormesh as am
+from actormesh.tensor import RemoteTensorError, module_to_mesh
+from actormesh.tensor.controller import stream as stream_mod
+from actormesh.tensor.controller.mesh import tensor_mesh
+
+
+class Ids(nn.Module):
+    """Returns what it is given, through one op: a model's integer inputs on the mesh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids * 1
+
+
+def _sent(mesh: Any) -> int:
+    return tensor_mesh(mesh).stream.batches
+
+
+def _from_ranks(t: Any) -> torch.Tensor:
+    """``t``'s value as the ranks hold it (``fetch`` asks them, whatever is known)."""
+    return am.fetch(t).get(timeout=60)
+
+
+def test_a_models_integer_input_and_integer_ops_on_it_are_read_without_a_round_trip(
+    mesh: Any,
+) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    ids = torch.tensor([[3, 1, 0, 0], [5, 9, 2, 0], [1, 1, 1, 1], [7, 0, 0, 0]])
+    out = model(ids)
+    mask = out != 0
+    count = mask.sum()
+    full = count == mask.numel()
+    rows = mask.long().sum(1)
+    last = torch.where(mask, out, -1)[:, -1]
+    before = _sent(mesh)
+    assert bool(full) is False
+    assert count.item() == 10
+    assert rows.tolist() == [2, 3, 4, 1]
+    assert torch.equal(last.get(), torch.tensor([-1, -1, 1, -1]))
+    assert _sent(mesh) == before  # nothing asked of the ranks
+    # The ranks hold exactly these values (they ran the same ops on their rows).
+    for value, want in ((count, 10), (rows, [2, 3, 4, 1]), (full, False)):
+        assert _from_ranks(value).tolist() == want
+    # The same batch again: known again (the MeshTensor made for it is reused).
+    again = model(ids).sum()
+    before = _sent(mesh)
+    assert again.item() == int(ids.sum())
+    assert _sent(mesh) == before
+
+
+def test_a_write_makes_the_ranks_answer(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    ids = torch.arange(8).reshape(4, 2)
+    out = model(ids)
+    total = out.sum()
+    view = out.view(-1)
+    view.add_(1)  # in place, through a view: every known value is forgotten
+    before = _sent(mesh)
+    assert out.sum().item() == int(ids.sum()) + 8
+    assert total.item() == int(ids.sum())  # made before the write: the ranks still say so
+    assert _sent(mesh) > before
+    # The user's tensor changed in place: a new upload, known as it is now.
+    ids += 10
+    changed = model(ids).sum()
+    before = _sent(mesh)
+    assert changed.item() == int(ids.sum())
+    assert _sent(mesh) == before
+
+
+def test_floats_random_ops_and_other_writes_are_never_known(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    ids = torch.arange(8).reshape(4, 2)
+    out = model(ids)
+    cases = {
+        "a float result": lambda: out.float().mean(),
+        "a parameter's value": lambda: out * model.scale.long(),
+        "a random op": lambda: torch.randint_like(out, 5),
+    }
+    for what, make in cases.items():
+        value = make()
+        before = _sent(mesh)
+        got = value.get()
+        assert _sent(mesh) > before, what
+        assert torch.equal(got, _from_ranks(value)), what
+    # A remote call may write its arguments on the ranks: it forgets what was known.
+    five = model(torch.tensor(5))  # no dims: replicated
+    _add_one(five)
+    assert five.item() == 6
+
+
+@am.remote(propagate=lambda t: t)
+def _add_one(t: Any) -> Any:
+    return t.add_(1)
+
+
+def test_an_op_that_fails_here_is_left_to_the_ranks_to_name(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    out = model(torch.arange(8).reshape(4, 2))
+    picked = out.flatten()[torch.tensor([0, 99])]  # out of range: shapes alone do not say so
+    with pytest.raises(RemoteTensorError, match="index"):
+        picked.tolist()
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_hugging_face_step_reads_its_mask_without_a_round_trip(
+    mesh: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPT-2's mask code asks whether the attention mask is all ones, in an `if`, twice a step:
+    # each a round trip that cut the step (three messages a step). Now the step's only message
+    # is its loss's read; the training itself is checked against one process in
+    # test_real_models.py.
+    monkeypatch.setattr(stream_mod, "BATCH_OPS", 10_000)  # a step's ~280 ops in one batch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    model = module_to_mesh(GPT2LMHeadModel(config), mesh)
+    ids = torch.randint(1, 64, (4, 8))
+    mask = torch.ones(4, 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sent = []
+    for _ in range(3):
+        before = _sent(mesh)
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        sent.append(_sent(mesh) - before)
+    assert sent[1:] == [1, 1], sent
