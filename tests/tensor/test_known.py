@@ -36,6 +36,7 @@ def _from_ranks(t: Any) -> torch.Tensor:
     return am.fetch(t).get(timeout=60)
 
 
+@pytest.mark.usefixtures("steps_as_batches")  # no idle flush: only a round trip sends
 def test_a_models_integer_input_and_integer_ops_on_it_are_read_without_a_round_trip(
     mesh: Any,
 ) -> None:
@@ -63,6 +64,7 @@ def test_a_models_integer_input_and_integer_ops_on_it_are_read_without_a_round_t
     assert _sent(mesh) == before
 
 
+@pytest.mark.usefixtures("steps_as_batches")
 def test_a_write_makes_the_ranks_answer(mesh: Any) -> None:
     model = module_to_mesh(Ids(), mesh)
     ids = torch.arange(8).reshape(4, 2)
@@ -82,6 +84,7 @@ def test_a_write_makes_the_ranks_answer(mesh: Any) -> None:
     assert _sent(mesh) == before
 
 
+@pytest.mark.usefixtures("steps_as_batches")
 def test_floats_random_ops_and_other_writes_are_never_known(mesh: Any) -> None:
     model = module_to_mesh(Ids(), mesh)
     ids = torch.arange(8).reshape(4, 2)

@@ -26,7 +26,7 @@ from actormesh.tensor import (
     rank,
     remote,
 )
-from actormesh.tensor.controller import stream as stream_mod
+from actormesh.tensor.controller import packing
 from actormesh.tensor.wire import kinds
 from actormesh.tensor.wire.kinds import KINDS, OpKindError, check_op
 from actormesh.tensor.wire.ops import IN, Ref
@@ -78,7 +78,7 @@ def test_every_kind_has_its_handler_and_every_handler_its_kind() -> None:
         assert where == kind.handler, name
         for module in kind.emitted_by:
             __import__(f"actormesh.tensor.{module}")
-    assert stream_mod.PLAIN_KINDS is kinds.PLAIN_KINDS  # the C pickler's kinds come from here
+    assert packing.PLAIN_KINDS is kinds.PLAIN_KINDS  # the C pickler's kinds come from here
 
 
 def test_an_op_unlike_its_kind_is_refused_saying_what_differs() -> None:

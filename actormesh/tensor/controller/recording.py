@@ -284,8 +284,9 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
             leaves.append(t)
         else:
             leaves.append(o[1])
-    if tm.stream.known:
-        known.after(func, args, kwargs, ins, tm.stream.known, leaves[0] if single else leaves)
+    if tm.stream.known:  # (``ins`` holds the constants' ids too: the MeshTensors' here)
+        ids = [m.value_id for m in meshes]
+        known.after(func, args, kwargs, ids, tm.stream.known, leaves[0] if single else leaves)
     seed = _seed() if plan[5] else None
     tm.stream.record(
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed, None),
