@@ -147,3 +147,49 @@ def test_a_hugging_face_step_reads_its_mask_without_a_round_trip(
         loss.item()
         sent.append(_sent(mesh) - before)
     assert sent[1:] == [1, 1], sent
+
+
+class _Bumper(am.Actor):
+    @am.endpoint
+    def bump(self, t: torch.Tensor) -> None:
+        t.add_(100)  # the rank's own value of the MeshTensor, written in place
+
+
+def test_an_actor_handed_a_known_value_may_write_it(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    out = model(torch.tensor([[1, 2], [3, 4]]))
+    bumper = mesh.spawn("bumper", _Bumper)
+    bumper.bump.call(out).get(timeout=60)
+    assert out.tolist() == _from_ranks(out).tolist() == [[101, 102], [103, 104]]
+
+
+def test_a_batch_changed_behind_its_version_counter_is_known_as_sent(mesh: Any) -> None:
+    import numpy as np
+
+    model = module_to_mesh(Ids(), mesh)
+    buffer = np.zeros((4, 2), dtype=np.int64)
+    ids = torch.from_numpy(buffer)  # a loader's buffer, written through numpy
+    model(ids)
+    buffer[:] = 7  # ids._version does not move: the ranks keep what they were sent
+    out = model(ids)
+    assert torch.equal(out.get(), _from_ranks(out))
+
+
+def test_a_remote_call_writing_a_models_input_makes_it_unknown(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    ids = torch.tensor([[1, 2], [3, 4]])
+    _add_one(model(ids))
+    again = model(ids)
+    assert torch.equal(again.get(), _from_ranks(again))
+
+
+def test_ops_the_ranks_have_no_rule_for_are_never_known(mesh: Any) -> None:
+    model = module_to_mesh(Ids(), mesh)
+    x = model(torch.arange(24).reshape(4, 6))
+    for value in (
+        x.unfold(1, 2, 1),
+        x[:, ::2].as_strided((3,), (1,)),  # (here: [0, 2, 4], of a copy; in one process [0, 1, 2])
+        torch.nonzero_static(x, size=3),
+    ):
+        with pytest.raises(RemoteTensorError):
+            value.get()

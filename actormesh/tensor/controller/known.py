@@ -35,6 +35,7 @@ LIMIT = 1 << 16  # elements in one known value
 KEPT = 1024  # known values a stream keeps
 _CPU = torch.device("cpu")
 _writes: dict[int, bool] = {}  # id(op) -> whether it may write an argument
+_ruled: dict[int, bool] = {}  # id(op) -> whether DTensor has a sharding rule for it
 
 
 def exact(t: torch.Tensor) -> bool:
@@ -49,8 +50,30 @@ def writes(func: Any) -> bool:
     return known
 
 
+def ruled(func: Any) -> bool:
+    """Whether DTensor has a sharding rule for ``func``: an op without one (``as_strided``,
+    ``unfold``, ``nonzero_static``...) may fail on the ranks where it runs here, and a value
+    the ranks never made must not be answered from here."""
+    found = _ruled.get(id(func))
+    if found is None:
+        from torch.distributed.tensor import DTensor
+
+        p = DTensor._op_dispatcher.sharding_propagator  # noqa: SLF001
+        found = _ruled[id(func)] = (
+            func in p.op_strategy_funcs
+            or func in p.op_to_rules
+            or func in getattr(p, "op_single_dim_strategy_funcs", {})
+        )
+    return found
+
+
 def after(
-    func: Any, args: Any, kwargs: dict[str, Any], ins: list[int], values: dict[int, Any], made: Any
+    func: Any,
+    args: Any,
+    kwargs: dict[str, Any],
+    ins: list[int] | tuple[int, ...],
+    values: dict[int, Any],
+    made: Any,
 ) -> None:
     """An op was recorded (``ins``: its MeshTensors' ids; ``values``: its stream's known values,
     by id; ``made``: the MeshTensors it returned): forget them all if it may write, else fold it
@@ -75,6 +98,8 @@ def fold(
     op's value here, for its results when each is exact."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return  # drawn from the controller's seed on the ranks, not here
+    if not ruled(func):
+        return  # the ranks may refuse it: they answer
     found = [False]
 
     def value(a: Any) -> Any:

@@ -77,7 +77,9 @@ class _Placement:
         self.placements = placements  # parameter name -> its placements, as the ranks said
         self.grad_sync: Any = None
         # id(controller tensor) -> (weakref, its version, its MeshTensor, that one's version)
-        self.inputs: dict[int, tuple[Any, int, MeshTensor, int]] = {}
+        # id(x) -> (x's weakref, its version, its MeshTensor, that one's version, the value
+        # the ranks were sent if known (known.py), the stream's ``foreign`` then)
+        self.inputs: dict[int, tuple[Any, int, MeshTensor, int, Any, int]] = {}
 
 
 class MeshModule(nn.Module):
@@ -184,26 +186,44 @@ def _to_mesh(state: _Placement, x: Any) -> Any:
     key = id(x)
     found = state.inputs.get(key)
     if found is not None:
-        ref, version, made, made_version = found
-        if ref() is x and version == x._version and made._version == made_version:  # noqa: SLF001
-            if exact(x):
-                keep(made.mesh.stream.known, made, x.clone())
+        ref, version, made, made_version, sent, foreign = found
+        if (
+            ref() is x
+            and version == x._version  # noqa: SLF001
+            and made._version == made_version  # noqa: SLF001
+            and foreign == made.mesh.stream.foreign  # no user code on the ranks since
+        ):
+            if sent is not None:  # what the ranks hold (x may have changed behind its counter)
+                keep(made.mesh.stream.known, made, sent.clone())
             return made
     tm = state.tm
     placements = tm.placements(x.dim(), _batch_spec(state, x), None)
+    before = tm.stream.consts.get(id(x))
     cid = upload(tm.stream, x)  # uploaded once while x is unchanged (a reused batch)
+    # Known only when sent now: an earlier copy is what x was then (its version counter does
+    # not see a write through numpy or .data)
+    fresh = before is None or before[2] != cid
     out = new_mesh_tensor(tm, x.shape, x.dtype, per_rank=False)
     meta = ((tuple(x.shape), x.dtype, False),)
     tm.stream.record(
         ("distribute", (out.value_id,), (cid,), meta, (Ref(cid), placements, 0), issue_site())
     )
-    if exact(x):
-        keep(tm.stream.known, out, x.clone())
+    sent = x.clone() if fresh and exact(x) else None
+    if sent is not None:
+        keep(tm.stream.known, out, sent.clone())
     if not x.is_inference():  # (inference tensors have no version counter)
         if len(state.inputs) >= INPUTS_KEPT:
             state.inputs.pop(next(iter(state.inputs)))
         gone = partial(_input_gone, weakref.ref(state), key)
-        state.inputs[key] = (weakref.ref(x, gone), x._version, out, out._version)  # noqa: SLF001
+        version, made_version = x._version, out._version  # noqa: SLF001
+        state.inputs[key] = (
+            weakref.ref(x, gone),
+            version,
+            out,
+            made_version,
+            sent,
+            tm.stream.foreign,
+        )
     return out
 
 

@@ -266,6 +266,7 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
     plan = (name, tuple(outs), tuple(meta) or NoOutputs(), single, spec, name in _RANDOM)
     if pkey is not None and not reshaped:  # the fast path does not change metadata
         remember(plans, pkey, plan)
+    mesh_ins = tuple(ins)  # (as_refs appends the constants' ids: never known, known.py)
     if constants:
         read_only = not func._schema.is_mutable  # noqa: SLF001
         eargs = as_refs(eargs, tm.stream, ins, read_only)
@@ -284,9 +285,8 @@ def _record(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pkey: Any)
             leaves.append(t)
         else:
             leaves.append(o[1])
-    if tm.stream.known:  # (``ins`` holds the constants' ids too: the MeshTensors' here)
-        ids = [m.value_id for m in meshes]
-        known.after(func, args, kwargs, ids, tm.stream.known, leaves[0] if single else leaves)
+    if tm.stream.known:
+        known.after(func, args, kwargs, mesh_ins, tm.stream.known, leaves[0] if single else leaves)
     seed = _seed() if plan[5] else None
     tm.stream.record(
         ("aten", tuple(out_ids), tuple(ins), tuple(meta), (name, eargs, ekwargs, seed, None),

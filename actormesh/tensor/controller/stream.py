@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 BATCH_OPS = 256
 # Op kinds that write no value an earlier id names; any other forgets the known values (known.py)
 _WRITE_NOTHING = frozenset({"aten", "constant", "distribute", "pin"})
+# Op kinds that run user code on the ranks, or load values there: they may write a value in
+# place with no in-place op recorded here (no version counter moves): see ``foreign``
+_FOREIGN = frozenset({"remote_call", "rref", "restore", "checkpoint_load"})
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
@@ -66,6 +69,9 @@ class Stream:
         self.programs = Programs()
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.known: dict[int, Any] = {}  # id -> its value, known here too (known.py)
+        # Writes on the ranks no in-place op here stands for (user code there: a remote call,
+        # an actor handed a MeshTensor, a %%mesh cell): a model's input is not reused past one
+        self.foreign = 0
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self.batches = 0  # messages sent; an actor handed a MeshTensor waits for this many
@@ -147,8 +153,10 @@ class Stream:
             self.check()
         if self.floor:
             self.check_ids(op[2])
-        if self.known and op[0] not in _WRITE_NOTHING:
+        if op[0] not in _WRITE_NOTHING:
             self.known.clear()  # it may write a value (a remote call, a gradient sync, ...)
+            if op[0] in _FOREIGN:
+                self.foreign += 1
         with self.lock:
             ops = self.ops
             ops.append(op)
@@ -256,11 +264,18 @@ class Stream:
 
         return self._sending(send)
 
+    def handed_out(self) -> None:
+        """User code on the ranks gets engine values (an actor's endpoint, a %%mesh cell) and
+        may write them in place: nothing known stays, no model input is reused."""
+        self.known.clear()
+        self.foreign += 1
+
     def cell_launched(self, cell: int, name: str, processes: set[bytes]) -> int:
         """The kernel launches ``%%mesh`` cell number ``cell`` (``name``) on the processes with
         these mailboxes: send what is buffered, so that the engine's next message names the
         cell, and return how many batches the engines were sent before it (a cell that touches
         engine values runs after those). Raises what sending raises."""
+        self.handed_out()
         with held(), self.lock:
             self._send_locked()
             for index, mailbox in enumerate(self.mailboxes):

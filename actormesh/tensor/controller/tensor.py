@@ -101,6 +101,7 @@ class MeshTensor(torch.Tensor):
 
         tm = self.mesh
         stream = tm.stream
+        stream.handed_out()  # the actor gets the rank's value itself, and may write it
         readers = compat.message_readers()
         ranks = () if readers is None else tuple(
             i for i, mailbox in enumerate(tm.mailboxes) if mailbox in readers
