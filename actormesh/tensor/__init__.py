@@ -46,6 +46,7 @@ the ranks' half never imports the controller's.
 ``controller/transfer.py``      ``MeshTensor.to_mesh``: a value moves to another tensor mesh
 ``controller/pipeline.py``      pipeline schedules (GPipe, 1F1B) run from one controller loop
 ``controller/module.py``        ``module_to_mesh``
+``controller/inputs.py``        a model's tensor inputs: split as the batch, reused while unchanged
 ``controller/grad_sync.py``     a model's gradients to its parameters' placements per backward
 ``controller/plans.py``         a ``tp_plan``'s styles on the mesh: placements and layouts
 ``controller/optim.py``         ``torch.optim`` steps over MeshTensors take their foreach path;

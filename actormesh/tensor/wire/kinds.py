@@ -39,7 +39,7 @@ _REC, _DIST, _ACT = "controller.recording", "controller.distribute", "controller
 _REMOTE, _MOD, _RREF = "controller.remote", "controller.module", "controller.rref"
 _TENSOR, _CONSTANTS = "controller.tensor", "controller.constants"
 _REDUCE, _MESH = "controller.reduce", "controller.mesh"
-_PLANS = "controller.plans"
+_PLANS, _INPUTS = "controller.plans", "controller.inputs"
 _MOVE = "controller.transfer"
 _CKPT, _RECOVERY = "controller.checkpoint", "controller.recovery"
 _RESTORE = "controller.restore"
@@ -78,7 +78,7 @@ _TABLE = [
          "argument, a module's input batch; uploaded once per version."),
     # -- global tensors from the controller (distribute.py, MeshTensor's methods) ---------------
     Kind("distribute", ("tensor: tensor|Ref", "placements: tuple", "view: int"), 1,
-         (_DIST, _MOD), "worker.distribute:run_distribute", True,
+         (_DIST, _INPUTS), "worker.distribute:run_distribute", True,
          "A controller tensor placed on the mesh: each rank keeps its slice of the whole. "
          "``Ref``: a ``constant`` (a meshed model's input batch, uploaded once per version)."),
     Kind("distribute_staged", ("staged_id: int", "placements: tuple", "shape: tuple",
