@@ -5,19 +5,27 @@ Hugging Face's models read such values in the middle of their forward: the mask 
 whether the attention mask is all ones (``masking_utils.fast_all``: ``mask.sum() ==
 mask.numel()`` in an ``if``). On a mesh each read was a sync point: the batch so far sent, a
 round trip to every rank, and the step cut into more batches and programs. Yet the mask came
-from the controller: a tensor passed to a meshed model (``module.py``'s ``_to_mesh``) whose
-dtype is exact (integers, bools) is *known*, and so is the result of an op whose tensor
+from the controller: a tensor passed to a meshed model (``inputs.py``) whose dtype is exact
+(integers, bools), as it was sent, is *known*, and so is the result of an op whose tensor
 arguments are all known or controller tensors, computed here as well as recorded: integer
 arithmetic gives the same result in any order, so the ranks hold exactly this value. A sync
 point that reads only known values (``item()``, ``bool()``, ``get()``) answers from them,
 sending nothing; the ops still go to the ranks, in order, with the rest of the step.
 
-Never stale: any op that may write a tensor (an in-place or ``out=`` op, a remote call, a
-gradient sync, ...) forgets every known value of its stream, since a view on the ranks may
-share a known value's memory; a model's input is known again at its next call while neither it
-nor its MeshTensor changed (their version counters say so). Only exact dtypes, never a random
-op, and at most ``LIMIT`` elements a value (each op here is a real op on the controller's CPU).
-A failure here (an index out of range, say) makes nothing known: the ranks raise it, as before.
+Never stale:
+
+- any op that may write a tensor (an in-place or ``out=`` op, a remote call, a gradient sync,
+  ...) forgets every known value of its stream, since a view on the ranks may share a known
+  value's memory; so does a MeshTensor handed to an actor or a ``%%mesh`` cell
+  (``Stream.handed_out``), which gets the rank's value itself;
+- a model's input is known again at its next call as it was sent, while neither it nor its
+  MeshTensor changed (their version counters say so) and no user code ran on the ranks since;
+- only ops DTensor has a sharding rule for are computed here (``as_strided``, say, has none:
+  here it would answer what the ranks refuse), never a random op, and only exact dtypes of at
+  most ``LIMIT`` elements (each op here is a real op on the controller's CPU);
+- a failure here (an index out of range, say) makes nothing known: the ranks raise it, as
+  before.
+
 A stream keeps at most ``KEPT`` known values (past that it forgets them all: a value collected on
 the controller is not looked for here).
 """
