@@ -31,6 +31,14 @@ def _sent(mesh: Any) -> int:
     return tensor_mesh(mesh).stream.batches
 
 
+def _read_here(mesh: Any, t: Any) -> Any:
+    """``t.tolist()``, asserting that it sent nothing to the ranks."""
+    before = _sent(mesh)
+    value = t.tolist()
+    assert _sent(mesh) == before, "the read asked the ranks"
+    return value
+
+
 def _from_ranks(t: Any) -> torch.Tensor:
     """``t``'s value as the ranks hold it (``fetch`` asks them, whatever is known)."""
     return am.fetch(t).get(timeout=60)
@@ -58,10 +66,7 @@ def test_a_models_integer_input_and_integer_ops_on_it_are_read_without_a_round_t
     for value, want in ((count, 10), (rows, [2, 3, 4, 1]), (full, False)):
         assert _from_ranks(value).tolist() == want
     # The same batch again: known again (the MeshTensor made for it is reused).
-    again = model(ids).sum()
-    before = _sent(mesh)
-    assert again.item() == int(ids.sum())
-    assert _sent(mesh) == before
+    assert _read_here(mesh, model(ids).sum()) == int(ids.sum())
 
 
 @pytest.mark.usefixtures("steps_as_batches")
@@ -78,10 +83,7 @@ def test_a_write_makes_the_ranks_answer(mesh: Any) -> None:
     assert _sent(mesh) > before
     # The user's tensor changed in place: a new upload, known as it is now.
     ids += 10
-    changed = model(ids).sum()
-    before = _sent(mesh)
-    assert changed.item() == int(ids.sum())
-    assert _sent(mesh) == before
+    assert _read_here(mesh, model(ids).sum()) == int(ids.sum())
 
 
 @pytest.mark.usefixtures("steps_as_batches")
