@@ -11,10 +11,10 @@ later run whose inputs have the same specs (by identity: the engine reuses specs
 strides (any other, or a value that is not a DTensor, runs the route again), the op runs on the
 local tensors: no route, no spec work and no checks per argument. A view's route calls the view
 with the local sizes (``views_locally``): those the first run's local result had, since the same
-spec gives this rank the same local shape. Its results stay local
-tensors, each with its kept spec, while only lowered steps read them; one becomes a DTensor in
-the engine's values when another step reads it or when it outlives the program (it is not
-among the ids the batch drops). A result laid out unlike the first run's (strides) runs the route
+spec gives this rank the same local shape. Its results stay local tensors, each with its kept
+spec, while only lowered steps read them; one becomes a DTensor in the engine's values when
+another step reads it or when it outlives the program (it is not among the ids the batch
+drops). A result laid out unlike the first run's (strides) runs the route
 instead, as a route declines such a result.
 """
 
