@@ -14,8 +14,8 @@ with the local sizes (``views_locally``): those the first run's local result had
 spec gives this rank the same local shape. Its results stay local tensors, each with its kept
 spec, while only lowered steps read them; one becomes a DTensor in the engine's values when
 another step reads it or when it outlives the program (it is not among the ids the batch
-drops). A result laid out unlike the first run's (strides) runs the route
-instead, as a route declines such a result.
+drops). A result laid out unlike the first run's (strides) runs the route instead, as a route
+declines such a result.
 """
 
 from __future__ import annotations
