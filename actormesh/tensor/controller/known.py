@@ -86,10 +86,17 @@ def after(
     """An op was recorded (``ins``: its MeshTensors' ids; ``values``: its stream's known values,
     by id; ``made``: the MeshTensors it returned): forget them all if it may write, else fold it
     where each of ``ins`` is known."""
-    if writes(func):
+    # (once per recorded op while any value is known, as through a model's whole step: a loop)
+    mutable = _writes.get(id(func))
+    if mutable is None:
+        mutable = writes(func)
+    if mutable:
         values.clear()
-    elif all(i in values for i in ins):
-        fold(func, args, kwargs, values, made)
+        return
+    for i in ins:
+        if i not in values:
+            return
+    fold(func, args, kwargs, values, made)
 
 
 def keep(values: dict[int, Any], t: MeshTensor, value: torch.Tensor) -> None:
