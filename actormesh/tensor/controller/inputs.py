@@ -46,7 +46,7 @@ def to_mesh(state: Any, x: Any) -> Any:
             and foreign == made.mesh.stream.foreign  # no user code on the ranks since
         ):
             if sent is not None:  # what the ranks hold (x may have changed behind its counter)
-                keep(made.mesh.stream.known, made, sent.clone())
+                keep(made.mesh.stream.known, made, sent)
             return made
     tm = state.tm
     placements = tm.placements(x.dim(), _batch_spec(state, x), None)
@@ -62,7 +62,7 @@ def to_mesh(state: Any, x: Any) -> Any:
     )
     sent = x.clone() if fresh and exact(x) else None
     if sent is not None:
-        keep(tm.stream.known, out, sent.clone())
+        keep(tm.stream.known, out, sent)
     if not x.is_inference():  # (inference tensors have no version counter)
         if len(state.inputs) >= INPUTS_KEPT:
             state.inputs.pop(next(iter(state.inputs)))

@@ -86,11 +86,8 @@ def after(
     """An op was recorded (``ins``: its MeshTensors' ids; ``values``: its stream's known values,
     by id; ``made``: the MeshTensors it returned): forget them all if it may write, else fold it
     where each of ``ins`` is known."""
-    # (once per recorded op while any value is known, as through a model's whole step: a loop)
-    mutable = _writes.get(id(func))
-    if mutable is None:
-        mutable = writes(func)
-    if mutable:
+    # (once per recorded op while any value is known, as through a model's whole step)
+    if writes(func):
         values.clear()
         return
     for i in ins:
@@ -100,7 +97,8 @@ def after(
 
 
 def keep(values: dict[int, Any], t: MeshTensor, value: torch.Tensor) -> None:
-    """``t``'s value is ``value`` (a copy, which nothing else holds)."""
+    """``t``'s value is ``value``: a copy no user code holds (nothing here writes it: a fold
+    only reads it, and ``read`` answers with a copy)."""
     if len(values) >= KEPT:
         values.clear()
     values[t.value_id] = value
