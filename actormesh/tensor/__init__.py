@@ -76,6 +76,7 @@ the ranks' half never imports the controller's.
 ``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/lowered.py``           a program's step on the local tensors, as its first run showed
+``worker/chunks.py``            a run of lowered steps as one generated function, checked once
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements
 ``worker/activate.py``          per-rank factories, ``rank``
 ``worker/reduce.py``            the collective each rank runs for ``MeshTensor.reduce``

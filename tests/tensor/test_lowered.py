@@ -4,6 +4,7 @@ checked on the ranks, where they run, and against one process."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from test_tensor_step import WARM, Trainer, batches, steps_as_batches  # noqa: F401  (fixture)
 
 import actormesh as am
-from actormesh.tensor import distribute
+from actormesh.tensor import RemoteTensorError, distribute, inspect
 from actormesh.tensor.controller.mesh import tensor_mesh
 
 
@@ -30,11 +31,30 @@ class Steps(am.Actor):
     def lowered(self) -> dict[str, int]:
         """Per op name, how many steps of this rank's programs run on the local tensors."""
         out: dict[str, int] = {}
-        for steps in self._engine().programs.values():
-            for step in steps:
+        for program in self._engine().programs.values():
+            for step in program.steps:
                 if step.lowered is not None:
                     out[step.name[0]] = out.get(step.name[0], 0) + 1
         return out
+
+    @am.endpoint
+    def by_route(self) -> set[str]:
+        """The general path's ops this rank's programs run by their route."""
+        return {
+            step.name[0]
+            for program in self._engine().programs.values()
+            for step in program.steps
+            if step.general
+        }
+
+    @am.endpoint
+    def chunked(self) -> list[list[str]]:
+        """Per chunk of this rank's programs (``worker/chunks.py``), its steps' op names."""
+        return [
+            [step.name[0] for step in program.steps[chunk.start : chunk.stop]]
+            for program in self._engine().programs.values()
+            for chunk in (program.chunks or {}).values()
+        ]
 
     @am.endpoint
     def guards(self) -> dict[str, bool]:
@@ -120,6 +140,11 @@ class Steps(am.Actor):
         ]
 
 
+def _chunks_of(mesh: Any, name: str) -> dict[Any, list[list[str]]]:
+    steps = mesh.spawn(name, Steps, tensor_mesh(mesh).key)
+    return steps.chunked.call().get(timeout=60)
+
+
 @pytest.mark.usefixtures("steps_as_batches")
 def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: Any) -> None:
     trainer = Trainer(mesh)
@@ -134,6 +159,12 @@ def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: A
         for name in ("aten.t.default", "aten.addmm.default", "actormesh.adam_.default"):
             assert lowered.get(name, 0) >= 1, (rank, lowered)
         assert "aten.mse_loss.default" not in lowered, (rank, lowered)
+    for rank, chunks in _chunks_of(mesh, "training_chunks").items():
+        # consecutive lowered steps run as one function each (chunks.py): the forward's linear
+        # layers and activation, the backward's matrix products among them
+        names = {name for chunk in chunks for name in chunk}
+        assert {"aten.addmm.default", "aten.relu.default", "aten.mm.default"} <= names, rank
+        assert all(len(chunk) >= 2 for chunk in chunks), (rank, chunks)
 
 
 def test_a_lowered_step_runs_its_route_for_inputs_laid_out_otherwise(mesh: Any) -> None:
@@ -208,3 +239,99 @@ def test_a_loss_of_mixed_dtypes_has_the_dtype_of_its_values(mesh: Any) -> None:
     steps = mesh.spawn("loss_dtypes", Steps, tensor_mesh(mesh).key)
     for rank, dtypes in steps.dtypes.call(loss.value_id).get(timeout=60).items():
         assert dtypes == ("torch.float64", "torch.float64"), (rank, dtypes)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_program_wired_otherwise_than_its_chunk_runs_step_by_step(mesh: Any) -> None:
+    # The same ops from the same lines (one program) where the add reads the step's own
+    # product in some runs and another tensor in others: a chunk that kept its first run's
+    # wiring would add the product every time.
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    on_a, on_b = (
+        distribute(a, mesh, sharding_spec=["dp", None]),
+        distribute(b, mesh, sharding_spec=["dp", None]),
+    )
+    stream = tensor_mesh(mesh).stream
+
+    def step(x: Any, other: Any, k: float, use_product: bool) -> Any:
+        product = x * k
+        out = (product if use_product else other) + x
+        for _ in range(6):
+            out = out * 1.5
+        return out
+
+    sent = stream.programs.sent
+    for i, use_product in enumerate([True] * WARM + [False, True, False, False, True] * 2):
+        got = step(on_a, on_b, 1.0 + i, use_product).detach()
+        stream.mark()
+        assert torch.equal(got.get(), step(a, b, 1.0 + i, use_product)), (i, use_product)
+    assert stream.programs.sent - sent >= 10  # one program, by reference
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_step_that_fails_inside_a_chunk_fails_as_it_would_alone(mesh: Any) -> None:
+    # At the fourth step, rows 0 divide by zero: the ranks at dp=0 fail that step alone; what
+    # the chunk made before it, and what its steps after it make from other values, stand.
+    divisor = distribute(torch.tensor([4, 9, 9, 9]), mesh, sharding_spec=["dp"])
+    count = distribute(torch.zeros(4, dtype=torch.long), mesh, sharding_spec=["dp"])
+    stream = tensor_mesh(mesh).stream
+    for step in range(4):
+        sent = stream.programs.sent
+        count += 1
+        before = (count * 3 + 1) * 2 - 2
+        line = sys._getframe().f_lineno + 1
+        quotient = torch.div(before, divisor - count, rounding_mode="floor")
+        after = (before + 1) * 2
+        stream.mark()
+        n = step + 1
+        assert torch.equal(inspect(before), torch.full((4,), 6 * n))
+        assert torch.equal(inspect(after), torch.full((4,), 12 * n + 2))
+        if step < 3:
+            want = (6 * n) // (torch.tensor([4, 9, 9, 9]) - n)
+            assert torch.equal(inspect(quotient), want)
+    assert stream.programs.sent == sent + 1  # the failing run went by reference
+    with pytest.raises(RemoteTensorError) as info:
+        inspect(quotient)
+    error = info.value
+    assert error.ranks == ["{dp=0, tp=0}", "{dp=0, tp=1}"], error.ranks
+    assert "div.Tensor_mode" in error.op, error.op
+    assert f"test_lowered.py:{line}" in str(error), str(error)
+    for rank, chunks in _chunks_of(mesh, "failing_chunks").items():
+        assert any("aten.div.Tensor_mode" in chunk for chunk in chunks), (rank, chunks)
+    count.zero_()  # the mesh stays usable
+    assert torch.equal(inspect(divisor - count), torch.tensor([4, 9, 9, 9]))
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -> None:
+    # mse_loss and its backward against a controller tensor (the general path's ops) run from
+    # the program by their route; one the route declines (no reduction) runs as it was sent.
+    torch.manual_seed(0)
+    x, target = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    on_x = distribute(x, mesh, sharding_spec=["dp", None])
+    stream = tensor_mesh(mesh).stream
+
+    def step(a: Any, weight: Any, k: float) -> tuple[Any, Any]:
+        out = a @ weight * k
+        loss = torch.nn.functional.mse_loss(out, target)
+        each = torch.nn.functional.mse_loss(out, target, reduction="none")
+        return (loss * 2 + 1) * 3 - 1, (each * 2 + 1) * 3 - 1
+
+    sent = stream.programs.sent
+    on_w = distribute(w, mesh).requires_grad_()
+    here = w.clone().requires_grad_()
+    for i in range(WARM + 2):
+        loss, each = step(on_x, on_w, 1.0 + i)
+        loss.backward()
+        stream.mark()
+        want_loss, want_each = step(x, here, 1.0 + i)
+        want_loss.backward()
+        assert torch.allclose(inspect(loss), want_loss.detach(), rtol=1e-12, atol=0), i
+        assert torch.equal(inspect(each), want_each.detach()), i
+        assert torch.allclose(inspect(on_w.grad), here.grad, rtol=1e-12, atol=0), i
+    assert stream.programs.sent - sent >= 2
+    steps = mesh.spawn("losses_by_route", Steps, tensor_mesh(mesh).key)
+    for rank, names in steps.by_route.call().get(timeout=60).items():
+        assert {"aten.mse_loss.default", "aten.mse_loss_backward.default"} <= names, (rank, names)

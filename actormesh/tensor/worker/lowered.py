@@ -74,17 +74,8 @@ class Lowered:
         dtensor = dtensor_class()
         locals_ = []
         for i, spec, stride in zip(in_ids, self.specs, self.strides, strict=True):
-            made = held.get(i)
-            if made is not None:  # its strides were checked when it was made
-                if made[1] is not spec:
-                    return None
-                locals_.append(made[0])
-                continue
-            x: Any = env.get(i)
-            if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
-                return None
-            local = x._local_tensor  # noqa: SLF001
-            if local.stride() != stride:
+            local = local_of(i, spec, stride, env, held, dtensor)
+            if local is None:
                 return None
             locals_.append(local)
         return locals_
@@ -126,6 +117,20 @@ class Lowered:
             else:
                 held[i] = (o, kept[0])
         return True
+
+
+def local_of(i: int, spec: Any, stride: Any, env: Any, held: Any, dtensor: Any) -> Any:
+    """Value ``i``'s local tensor, or None unless it has ``spec`` and (a DTensor of the
+    engine's values) local strides ``stride``. One made by a lowered step of this run is in
+    ``held`` (local, spec): its strides were checked when it was made."""
+    made = held.get(i)
+    if made is not None:
+        return made[0] if made[1] is spec else None
+    x: Any = env.get(i)
+    if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
+        return None
+    local = x._local_tensor  # noqa: SLF001
+    return local if local.stride() == stride else None
 
 
 def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:

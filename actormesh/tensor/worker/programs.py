@@ -13,7 +13,8 @@ the results, failures and what the sidebar shows are those of the ops themselves
 After its first run, a direct step whose route computes the op on the local tensors runs on
 them alone while its inputs are laid out as then (``lowered.py``); what such steps make stays
 a local tensor until a step that is not lowered reads it or the program ends (then it becomes a
-DTensor, unless the batch drops it).
+DTensor, unless the batch drops it). Consecutive lowered steps run as one generated function
+(``chunks.py``), made after a run and checked once a run, at their first step.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN, Ref
 from ..wire.programs import DICT, INS, LIST, VAR, count_values, rebuild_op, shape_op
+from . import chunks
 from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
 from .lowered import Lowered, lower, release
-from .shard_ops import route_for
+from .shard_ops import TAKES_CONSTANTS, route_for
 
 if TYPE_CHECKING:
     from .state import EngineState
@@ -37,8 +39,8 @@ class _Step:
     """One op of a program, with what running it needs worked out once."""
 
     __slots__ = (
-        "args", "at", "direct", "func", "kwargs", "lowerable", "lowered", "name", "nvars", "op",
-        "route", "simple", "var0",
+        "args", "at", "direct", "func", "general", "kwargs", "lowerable", "lowered", "name",
+        "nvars", "op", "route", "simple", "var0",
     )  # fmt: skip
 
     def __init__(self, op: Any, at: int, var0: int) -> None:
@@ -47,6 +49,7 @@ class _Step:
         self.var0 = var0  # where its values start in a run's values
         self.nvars = count_values(op[4])
         self.direct = False  # run from here (else rebuilt and run by the engine's _execute)
+        self.general = False  # the general path's op, run from here by its route alone
         self.route: Any = None
         self.func: Any = None
         self.args: tuple[Any, ...] = ()
@@ -60,8 +63,15 @@ class _Step:
             return
         name, args, kwargs, seed, inputs = payload
         self.name = (name,)
-        if inputs is not INS or seed is not None or name in _IN_PLACE_VIEWS:
-            return  # the general path's, a random op's, an in-place view's: as sent
+        if seed is not None or name in _IN_PLACE_VIEWS:
+            return  # a random op's, an in-place view's: as sent
+        if inputs is not INS:
+            # The general path's: as sent, but for a loss whose target is a controller tensor
+            # (its inputs by position, each once and in order: as the fast path's IN).
+            args = _refs_in_order(args, op[2]) if name in TAKES_CONSTANTS else None
+            if args is None:
+                return
+            self.general = True
         if not all(_literal(v) for _, v in kwargs[1:]) or not all(_fillable(a) for a in args):
             return
         self.direct = True
@@ -71,6 +81,23 @@ class _Step:
         self.args = tuple(_runs(a) for a in args)
         self.kwargs = dict(kwargs[1:])
         self.simple = all(a is IN or _literal(a) for a in args)
+
+
+def _refs_in_order(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...] | None:
+    """A general path's arguments with their ``Ref``s as ``IN``, or None unless they refer to
+    the op's ``n_in`` inputs each once, in order."""
+    seen: list[int] = []
+
+    def swap(a: Any) -> Any:
+        if type(a) is Ref:
+            seen.append(a.id)
+            return IN
+        if type(a) is tuple:
+            return tuple([swap(e) for e in a])
+        return a
+
+    swapped = tuple([swap(a) for a in args])
+    return swapped if seen == list(range(n_in)) else None
 
 
 def _literal(a: Any) -> bool:
@@ -92,32 +119,65 @@ def _fillable(a: Any) -> bool:
     return False
 
 
-def compile_program(ops: Sequence[Any]) -> list[_Step]:
-    steps = []
-    at = var0 = 0
-    for op in ops:
-        step = _Step(shape_op(op, []), at, var0)
-        at += len(op[1]) + len(op[2])
-        var0 += step.nvars
-        steps.append(step)
-    return steps
+MAX_BUILDS = 4  # chunks made per program, at most: a program rewired each run stays unchunked
+
+
+class Program:
+    """A program's steps, and its chunks once its steps are lowered (``chunks.py``)."""
+
+    __slots__ = ("builds", "chunks", "steps")
+
+    def __init__(self, ops: Sequence[Any]) -> None:
+        self.steps: list[_Step] = []
+        at = var0 = 0
+        for op in ops:
+            step = _Step(shape_op(op, []), at, var0)
+            at += len(op[1]) + len(op[2])
+            var0 += step.nvars
+            self.steps.append(step)
+        self.chunks: dict[int, chunks.Chunk] | None = None  # by their first step
+        self.builds = 0  # chunks made so far: a run wired otherwise makes them again
+
+    def after_run(self, ids: Any, rewired: bool) -> None:
+        """Make the chunks from this run (its ids give their wiring): after the program's first
+        run, a run that lowered a step, and one wired or laid out unlike the run the chunks
+        were made from. A program that keeps changing its wiring stops being chunked."""
+        if self.builds < MAX_BUILDS:
+            self.chunks = chunks.build(self.steps, ids)
+            self.builds += 1
+        elif rewired:
+            self.chunks = {}
 
 
 def run_program(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:
     index, definition, ids, values = payload
     if definition is not None:
-        engine.programs[index] = compile_program(definition)
+        engine.programs[index] = Program(definition)
         _settle_collector()
-    steps = engine.programs.get(index)
-    if steps is None:
+    program = engine.programs.get(index)
+    if program is None:
         raise RuntimeError(
             f"program {index} is not known on rank {engine.rank_str}: the controller sent a run "
             "of it before its definition"
         )
+    steps, chunked = program.steps, program.chunks
     env = engine.env
     this = engine.current  # this program's op, in its batch
     held: dict[int, Any] = {}  # what lowered steps made: id -> (local tensor, spec)
-    for step in steps:
+    rewired = False  # a chunk could not run: this run is wired or laid out otherwise
+    lowered = False  # a step was lowered in this run
+    k, n = 0, len(steps)
+    while k < n:
+        if chunked:
+            chunk = chunked.get(k)
+            if chunk is not None and not engine.poison and engine.broken is None:
+                went_on = chunk.run(engine, steps, ids, values, held)
+                if went_on != k:
+                    k = went_on
+                    continue
+                rewired = True
+        step = steps[k]
+        k += 1
         at = step.at
         n_out, n_in = step.op[1], step.op[2]
         in_ids = ids[at + n_out : at + n_out + n_in]
@@ -132,9 +192,13 @@ def run_program(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequ
             continue
         if held:
             release(in_ids, env, held)
+        before = step.lowered
         _run_direct(engine, step, in_ids, outs, ids, values)
+        lowered = lowered or step.lowered is not before
     if held:
         release(_outliving(engine, this, held), env, held)
+    if chunked is None or rewired or lowered:
+        program.after_run(ids, rewired)
     return []
 
 
@@ -170,7 +234,7 @@ def _run_direct(
     engine: EngineState, step: _Step, in_ids: Any, outs: Any, ids: Any, values: Any
 ) -> None:
     """Run a step by its route (lowering it for the next runs, where the route allows), or by
-    DTensor where the route does not take it."""
+    DTensor where the route does not take it (a general path's op: by ``run_aten``)."""
     env = engine.env
     try:
         inputs = [env[i] for i in in_ids]
@@ -181,19 +245,24 @@ def _run_direct(
     try:
         route = step.route
         result = None if route is None else route(step.func, args, step.kwargs)
-        if result is None:  # not on the shards: DTensor runs it, as run_aten would
+        if result is None and step.general:
+            leaves = None  # run_aten's general path: constants as DTensors first (below)
+        elif result is None:  # not on the shards: DTensor runs it, as run_aten would
             leaves = on_dtensors(step.name[0], step.func, args, step.kwargs)
         else:
             leaves = tensor_leaves(result)
             if step.lowerable:
                 step.lowered = lower(route, inputs, result)
-        if len(leaves) != len(outs):
+        if leaves is not None and len(leaves) != len(outs):
             raise RuntimeError(
                 f"{step.name[0]} gave {len(leaves)} results where the controller expected "
                 f"{len(outs)}; the controller's shape propagation and this rank disagree"
             )
     except Exception as exc:
         engine.failed(_op(step, ids, values), exc)
+        return
+    if leaves is None:
+        engine._execute(_op(step, ids, values))  # noqa: SLF001
         return
     for o, v in zip(outs, leaves, strict=True):
         env[o] = v
