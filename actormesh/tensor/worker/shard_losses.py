@@ -142,11 +142,58 @@ def _nll_loss_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     split = [a for a in args[:3] if type(a) is DTensor and any(p.is_shard() for p in a.placements)]
     if not split:
         return None  # nothing split: DTensor's mean is the mean
+    local = _nll_loss_on_rows(func, args)
+    if local is not None:
+        return local
     total, weight = func(*args[:3], 2, *args[4:])  # reduction=sum: partial sums, exact
     whole = [Replicate()] * x.device_mesh.ndim
     total = total.redistribute(x.device_mesh, whole)
     weight = weight.redistribute(x.device_mesh, whole)
     return total / weight, weight
+
+
+_MEAN_SPECS = OutSpecs()
+
+
+def _nll_loss_on_rows(func: Any, args: tuple[Any, ...]) -> Any:
+    """``_nll_loss_mean`` for an input and targets split alike by rows over one mesh dim (no
+    class weights): the local sums, both summed over that dim in one all-reduce, divided.
+    The sums DTensor's way gives, with one collective rather than two and no DTensor
+    dispatch; None for any other layout."""
+    import torch
+    import torch.distributed as dist
+
+    x, target, weight = args[0], args[1], args[2]
+    if type(target) is not type(x) or weight is not None:
+        return None
+    spec, target_spec = x._spec, target._spec  # noqa: SLF001
+    out = _MEAN_SPECS.get((spec, target_spec))
+    if out is UNKNOWN:
+        out = _MEAN_SPECS.put((spec, target_spec), None, _mean_specs(spec, target_spec))
+    if out is None:
+        return None
+    group, loss_spec = out
+    total, counted = func(x._local_tensor, target._local_tensor, None, 2, *args[4:])  # noqa: SLF001
+    both = torch.stack([total, counted])
+    dist.all_reduce(both, group=group)
+    return wrap(both[0] / both[1], loss_spec), wrap(both[1], loss_spec)
+
+
+def _mean_specs(spec: Any, target_spec: Any) -> tuple[Any, Any] | None:
+    """(the process group of the mesh dim the rows are split over, the spec of the whole loss
+    and count), or None unless ``spec`` (an input's) and ``target_spec`` split their rows over
+    that dim alone."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    if target_spec.mesh is not spec.mesh or target_spec.placements != spec.placements:
+        return None
+    split = [d for d, p in enumerate(spec.placements) if p != Replicate()]
+    if len(split) != 1 or spec.placements[split[0]] != Shard(0) or spec.ndim != 2:
+        return None
+    whole = [Replicate()] * spec.mesh.ndim
+    return spec.mesh.get_group(split[0]), spec_of(
+        spec.mesh, whole, size_of(()), (), spec.tensor_meta.dtype
+    )
 
 
 ROUTES = {
