@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_tensor_step import steps_as_batches  # noqa: F401  (fixture)
 
 from actormesh.tensor import distribute, fetch, inspect, live, remote
 from actormesh.tensor.compat import loads
@@ -270,6 +271,31 @@ def test_scalars_key_the_plans_by_type(mesh: Any) -> None:
     li, lf = torch.arange(6).reshape(3, 2), torch.tensor([True, False, True])
     for g, w in zip(got, [li * 2, li * 2.5, lf + True, lf + 1], strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_bool_list_takes_the_fast_path_keyed_by_its_values(mesh: Any) -> None:
+    # A backward's output_mask (which gradients to make): each mask its own plan, since it
+    # decides which results there are.
+    torch.manual_seed(0)
+    x, grad = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    w, b = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    on = [distribute(t, mesh) for t in (x, grad, w, b)]
+    stream = tensor_mesh(mesh).stream
+    forward = torch.ops.aten.native_layer_norm.default
+    backward = torch.ops.aten.native_layer_norm_backward.default
+    _, mean, rstd = forward(on[0], [4], on[2], on[3], 1e-5)
+    _, want_mean, want_rstd = forward(x, [4], w, b, 1e-5)
+    masks = ([True, True, True], [True, False, False], [False, True, True])
+    for k, mask in enumerate([*masks, *masks]):
+        got = backward(on[1], on[0], [4], mean, rstd, on[2], on[3], mask)
+        # the second time, on the plan the first made: the fast path's op (its inputs as IN)
+        assert k < len(masks) or stream.ops[-1][4][4] is not None, mask
+        want = backward(grad, x, [4], want_mean, want_rstd, w, b, mask)
+        for g, expected in zip(got, want, strict=True):
+            assert (g is None) == (expected is None), mask
+            if g is not None:
+                assert torch.allclose(inspect(g), expected, rtol=1e-12, atol=1e-14), mask
 
 
 @remote(propagate="inspect")

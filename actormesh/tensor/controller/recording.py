@@ -72,12 +72,16 @@ def _fast_arg(a: Any, key: list[Any], ins: list[int], func: Any) -> Any:
         key.append(_BOOL_KEYS[a])
         return a
     if t is list or t is tuple:
+        bools = False
         for e in a:
             if type(e) is not int:
+                if type(e) is bool:  # a bool[] (which of a backward's gradients to make)
+                    bools = True
+                    continue
                 if type(e) is float and _takes_scalar_lists(func):
                     return _float_list(a, t, key)
                 return _GENERAL
-        key.append((t, *a))
+        key.append((t, *[_BOOL_KEYS[e] if type(e) is bool else e for e in a]) if bools else (t, *a))
         return a
     return _GENERAL
 
