@@ -335,3 +335,35 @@ def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -
     steps = mesh.spawn("losses_by_route", Steps, tensor_mesh(mesh).key)
     for rank, names in steps.by_route.call().get(timeout=60).items():
         assert {"aten.mse_loss.default", "aten.mse_loss_backward.default"} <= names, (rank, names)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_a_comparison_of_a_partial_sum_sums_it_first_in_every_run(mesh: Any) -> None:
+    # x.sum() of a tensor split over dp is a partial sum on the ranks: each compares the whole
+    # sum (all-reduced first), in every run of the program, never its own part. Integers split
+    # over both dims, summed over both; floats over one.
+    x = torch.arange(8.0, dtype=torch.float64).reshape(8, 1)
+    grid = torch.arange(16.0, dtype=torch.float64).reshape(4, 4)
+    rows = distribute(x, mesh, sharding_spec=["dp", None])
+    blocks = distribute(grid, mesh, sharding_spec=["dp", "tp"])
+    stream = tensor_mesh(mesh).stream
+
+    def step(a: Any, b: Any, k: float) -> list[Any]:
+        total = (a * k).sum()
+        count = (b * k).to(torch.int64).sum()
+        return [total == 28.0 * k, total > 10.0, count == 120.0 * k, count < 5]
+
+    sent = stream.programs.sent
+    for k in map(float, range(1, WARM + 3)):  # (floats: the values of one program's runs)
+        got = step(rows, blocks, k)
+        stream.mark()
+        for g, want in zip(got, step(x, grid, k), strict=True):
+            assert torch.equal(inspect(g), want), k
+            assert g.placements().get(timeout=60) == want_placements(mesh), k
+    assert stream.programs.sent - sent >= 2
+
+
+def want_placements(mesh: Any) -> Any:
+    from torch.distributed.tensor import Replicate
+
+    return (Replicate(),) * len(tensor_mesh(mesh).labels)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
-from .dtensors import dtensor_class, torch_classes, wrap
+from .dtensors import dtensor_class, spec_of, torch_classes, wrap
 from .lowered import computes_on_locals
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
@@ -236,6 +236,34 @@ def _either(first: Any, then: Any) -> Any:
     return route
 
 
+def _compared_whole(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A comparison of a partial sum with a number (``mask.sum() == mask.numel()``, as Hugging
+    Face's mask code asks): the sum made whole over its partial mesh dims (all-reduced, as
+    DTensor's redistribute does), then compared on every rank; skips DTensor's dispatch. Not
+    lowered: later runs need the all-reduce too. None unless the value is a partial sum,
+    replicated elsewhere, that DTensor would reduce the same way (an integer, or one dim)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Partial, Replicate
+
+    x = args[0]
+    if type(x) is not dtensor_class() or len(args) != 2 or kwargs:
+        return None
+    if type(args[1]) not in (int, float, bool):
+        return None
+    spec = x._spec  # noqa: SLF001
+    partial = [d for d, p in enumerate(spec.placements) if p != Replicate()]
+    if not partial or any(spec.placements[d] != Partial("sum") for d in partial):
+        return None
+    if len(partial) > 1 and (x.dtype.is_floating_point or x.dtype.is_complex):
+        return None  # summed over several dims: the order DTensor sums in decides the bits
+    whole = x._local_tensor.clone()  # noqa: SLF001
+    for d in partial:
+        dist.all_reduce(whole, group=spec.mesh.get_group(d))
+    out = func(whole, args[1])
+    replicated = [Replicate()] * spec.mesh.ndim
+    return wrap(out, spec_of(spec.mesh, replicated, spec.shape, out.stride(), out.dtype))
+
+
 # Ops with a route of their own, by name; each family module says which it takes.
 _SPECIAL: dict[str, Any] = {
     **shard_rows.ROUTES,
@@ -250,6 +278,9 @@ _SPECIAL: dict[str, Any] = {
     "aten.zeros_like.default": _like,
     "aten.empty_like.default": _like,
 }
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    # pointwise too: the route of the shards first, its lowering given up for these six ops
+    _SPECIAL[f"aten.{_name}.Scalar"] = _either(_pointwise_on_shards, _compared_whole)
 for _name, _route in shard_rows.ROUTES.items():  # the other family's first (its own tests)
     if _name in shard_linear.ROUTES:
         _SPECIAL[_name] = _either(shard_linear.ROUTES[_name], _route)
