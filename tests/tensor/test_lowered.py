@@ -48,6 +48,31 @@ class Steps(am.Actor):
         }
 
     @am.endpoint
+    def compared_contiguous(self) -> list[bool]:
+        """Whether a comparison of a transposed partial sum all-reduces contiguous tensors
+        (NCCL refuses others; gloo, here, takes them)."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        from actormesh.tensor.worker import shard_ops
+
+        local = torch.arange(12.0).reshape(3, 4).t()
+        x = DTensor.from_local(local, self._engine().mesh, [Replicate(), Partial("sum")])
+        seen, real = [], dist.all_reduce
+
+        def all_reduce(t: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(t.is_contiguous())
+            return real(t, *args, **kwargs)
+
+        dist.all_reduce = all_reduce
+        try:
+            gt = torch.ops.aten.gt.Scalar
+            shard_ops.route_for("aten.gt.Scalar", gt)(gt, (x, 0.0), {})
+        finally:
+            dist.all_reduce = real
+        return seen
+
+    @am.endpoint
     def chunked(self) -> list[list[str]]:
         """Per chunk of this rank's programs (``worker/chunks.py``), its steps' op names."""
         return [
@@ -367,3 +392,10 @@ def want_placements(mesh: Any) -> Any:
     from torch.distributed.tensor import Replicate
 
     return (Replicate(),) * len(tensor_mesh(mesh).labels)
+
+
+def test_a_compared_partial_sum_is_all_reduced_contiguous(mesh: Any) -> None:
+    tensor_mesh(mesh)
+    steps = mesh.spawn("compared_contiguous", Steps, tensor_mesh(mesh).key)
+    for rank, seen in steps.compared_contiguous.call().get(timeout=60).items():
+        assert seen == [True], (rank, seen)

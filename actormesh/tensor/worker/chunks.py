@@ -200,15 +200,6 @@ def _one_tensor(func: Any) -> bool:
     return len(returns) == 1 and str(returns[0].type) == "Tensor"
 
 
-def _has_slots(a: Any) -> bool:
-    """Whether a template's argument takes anything from a run (an input or a value)."""
-    from .programs import _Run
-
-    if a is IN or a is VAR or type(a) is _Run:
-        return True
-    return type(a) is tuple and any(_has_slots(e) for e in a)
-
-
 class _Source:
     """A chunk's function, written step by step, and what its runs check."""
 
@@ -297,7 +288,7 @@ class _Source:
 
     def _call(self, step: Any, inputs: list[str], n: int) -> str:
         """The expression that calls ``step``'s op on the variables ``inputs``."""
-        from .programs import _Run
+        from .programs import _literal, _Run
 
         self.names[f"f{n}"] = step.func._op  # noqa: SLF001
         feed = iter(inputs)
@@ -316,7 +307,7 @@ class _Source:
                 return "[" + ", ".join(f"values[{next(var)}]" for _ in range(a.n)) + "]"
             if type(a) is tuple and a and a[0] is LIST:
                 return "[" + ", ".join(expression(e) for e in a[1:]) + "]"
-            if type(a) is tuple and _has_slots(a):
+            if type(a) is tuple and not _literal(a):  # inputs, values or lists inside
                 return "(" + "".join(expression(e) + ", " for e in a) + ")"
             name = f"c{n}_{literals}"
             literals += 1

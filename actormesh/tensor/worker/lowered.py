@@ -144,13 +144,16 @@ def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:
 
 def lower(route: Any, inputs: list[Any], result: Any) -> Lowered | None:
     """What a step's first run by ``route`` shows about the next ones, or None when they
-    cannot skip the route (a route that does not compute on the locals, or an input or result
-    that is not a DTensor)."""
+    cannot skip the route (a route that does not compute on the locals, or not for these
+    inputs, as its ``lowers_if`` says; an input or result that is not a DTensor)."""
     if not getattr(route, "on_locals", False):
         return None
     dtensor = dtensor_class()
     if not inputs or any(type(x) is not dtensor for x in inputs):
         return None
+    lowers_if = getattr(route, "lowers_if", None)
+    if lowers_if is not None and not lowers_if(inputs):
+        return None  # the route took the op another way for such inputs
     specs = tuple(x._spec for x in inputs)  # noqa: SLF001
     strides = tuple(x._local_tensor.stride() for x in inputs)  # noqa: SLF001
     if type(result) is list and not result:

@@ -242,6 +242,7 @@ def _compared_whole(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     DTensor's redistribute does), then compared on every rank; skips DTensor's dispatch. Not
     lowered: later runs need the all-reduce too. None unless the value is a partial sum,
     replicated elsewhere, that DTensor would reduce the same way (an integer, or one dim)."""
+    import torch
     import torch.distributed as dist
     from torch.distributed.tensor import Partial, Replicate
 
@@ -256,7 +257,9 @@ def _compared_whole(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return None
     if len(partial) > 1 and (x.dtype.is_floating_point or x.dtype.is_complex):
         return None  # summed over several dims: the order DTensor sums in decides the bits
-    whole = x._local_tensor.clone()  # noqa: SLF001
+    # contiguous: NCCL refuses to all-reduce a strided tensor (a transposed partial sum), which
+    # DTensor's own all-reduce copies first
+    whole = x._local_tensor.clone(memory_format=torch.contiguous_format)  # noqa: SLF001
     for d in partial:
         dist.all_reduce(whole, group=spec.mesh.get_group(d))
     out = func(whole, args[1])
@@ -278,9 +281,19 @@ _SPECIAL: dict[str, Any] = {
     "aten.zeros_like.default": _like,
     "aten.empty_like.default": _like,
 }
+
+
+def _none_partial(inputs: list[Any]) -> bool:
+    return not any(p.is_partial() for x in inputs for p in x._spec.placements)  # noqa: SLF001
+
+
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    # pointwise too: the route of the shards first, its lowering given up for these six ops
-    _SPECIAL[f"aten.{_name}.Scalar"] = _either(_pointwise_on_shards, _compared_whole)
+    # Pointwise too: the shards' route first, and lowered where it took the op (its inputs
+    # are not partial sums); never where _compared_whole did: every run needs its all-reduce.
+    _compare = _either(_pointwise_on_shards, _compared_whole)
+    _compare.on_locals, _compare.local_args = True, None
+    _compare.lowers_if = _none_partial
+    _SPECIAL[f"aten.{_name}.Scalar"] = _compare
 for _name, _route in shard_rows.ROUTES.items():  # the other family's first (its own tests)
     if _name in shard_linear.ROUTES:
         _SPECIAL[_name] = _either(shard_linear.ROUTES[_name], _route)
