@@ -75,6 +75,7 @@ the ranks' half never imports the controller's.
 ``worker/shard_rows.py``        ops that leave dim 0 alone on a batch split by rows (GPT-2's)
 ``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
+``worker/step_args.py``         a step's arguments: what its template holds, what a run fills in
 ``worker/lowered.py``           a program's step on the local tensors, as its first run showed
 ``worker/chunks.py``            a run of lowered steps as one generated function, checked once
 ``worker/distribute.py``        the ranks' side of ``distribute``, ``redistribute``, placements

@@ -39,6 +39,7 @@ from ..wire.ops import IN
 from ..wire.programs import LIST, VAR
 from .dtensors import dtensor_class
 from .lowered import local_of, release
+from .step_args import Run, literal
 
 if TYPE_CHECKING:
     from .state import EngineState
@@ -117,8 +118,6 @@ class Chunk:
     ) -> int:
         """Step ``failed`` raised ``exc``: keep what the steps before it made (``scope``: the
         function's locals), fail it as ``programs._run_lowered`` does, go on after it."""
-        from .programs import _op
-
         new_ids = self.new_at(ids) if self.new_at is not None else ()
         new_ids = new_ids if type(new_ids) is tuple else (new_ids,)
         k = 0
@@ -137,7 +136,7 @@ class Chunk:
         at, n_out, n_in = step.at, step.op[1], step.op[2]
         release(ids[at + n_out : at + n_out + n_in], engine.env, held)
         engine.current = ("aten", ids[at : at + n_out], (), (), step.name, step.op[5])
-        engine.failed(_op(step, ids, values), exc)
+        engine.failed(step.as_sent(ids, values), exc)
         return failed + 1
 
 
@@ -216,52 +215,17 @@ class _Source:
 
     def add(self, step: Any) -> bool:
         """Write ``step``'s call; False (nothing written) when it cannot join the chunk."""
-        lowered = step.lowered
-        ids, at, n_out, n_in = self.ids, step.at, step.op[1], step.op[2]
-        in_at = range(at + n_out, at + n_out + n_in)
-        inputs: list[str] = []
-        same: list[tuple[int, int]] = []
-        loads: dict[int, tuple[str, Any, Any, int]] = {}
-        for position, spec, stride in zip(in_at, lowered.specs, lowered.strides, strict=True):
-            i = ids[position]
-            if i in self.made:
-                name, made_spec, defined = self.made[i]
-                if made_spec is not spec:
-                    return False
-                same.append((position, defined))
-            else:
-                known = self.loaded.get(i) or loads.get(i)
-                if known is None:
-                    known = loads[i] = (f"x{len(self.loaded) + len(loads)}", spec, stride, position)
-                elif known[1] is not spec or known[2] != stride:
-                    return False
-                else:
-                    same.append((position, known[3]))
-                name = known[0]
-            inputs.append(name)
-        n = len(self.outs_of)
-        results: list[str] = []  # the op's results in order, as variables ("" for none)
-        new: list[tuple[int, Any, Any]] = []
-        outs: list[str] = []
-        out_at = iter(range(at, at + n_out))
-        for r, kept in enumerate(lowered.outs):
-            if kept is None:
-                results.append("")
-                continue
-            out_position = next(out_at, None)
-            if out_position is None:
-                return False
-            if type(kept) is int:  # written in place: the input, under the same id
-                if ids[out_position] != ids[in_at[kept]]:
-                    return False
-                results.append(inputs[kept])
-            else:
-                name = f"v{n}_{r}"
-                results.append(name)
-                new.append((out_position, kept[0], kept[1]))
-                outs.append(name)
-        if next(out_at, None) is not None:
+        lowered, ids, at, n_out = step.lowered, self.ids, step.at, step.op[1]
+        in_at = range(at + n_out, at + n_out + step.op[2])
+        taken = self._inputs(lowered, in_at)
+        if taken is None:
             return False
+        inputs, same, loads = taken
+        n = len(self.outs_of)
+        given = self._results(lowered, range(at, at + n_out), in_at, inputs, n)
+        if given is None:
+            return False
+        results, new, outs = given
         call = self._call(step, inputs, n)
         if not lowered.outs:
             line = call
@@ -286,10 +250,61 @@ class _Source:
             self.multi.append((at, n_out))
         return True
 
+    def _inputs(self, lowered: Any, in_at: range) -> Any:
+        """A step's inputs as the chunk's variables, the pairs of positions whose ids a run must
+        find equal, and the inputs the chunk looks up first; None when one is laid out unlike
+        what the chunk holds under its id."""
+        inputs: list[str] = []
+        same: list[tuple[int, int]] = []
+        loads: dict[int, tuple[str, Any, Any, int]] = {}
+        for position, spec, stride in zip(in_at, lowered.specs, lowered.strides, strict=True):
+            i = self.ids[position]
+            if i in self.made:
+                name, made_spec, defined = self.made[i]
+                if made_spec is not spec:
+                    return None
+                same.append((position, defined))
+            else:
+                known = self.loaded.get(i) or loads.get(i)
+                if known is None:
+                    known = loads[i] = (f"x{len(self.loaded) + len(loads)}", spec, stride, position)
+                elif known[1] is not spec or known[2] != stride:
+                    return None
+                else:
+                    same.append((position, known[3]))
+                name = known[0]
+            inputs.append(name)
+        return inputs, same, loads
+
+    def _results(self, lowered: Any, out_at: range, in_at: range, inputs: list[str], n: int) -> Any:
+        """Step ``n``'s results as variables ("" for none; an input's for one written in
+        place), its new ones (position, spec, strides) and their names; None when its ids do
+        not match its first run's results."""
+        results: list[str] = []
+        new: list[tuple[int, Any, Any]] = []
+        outs: list[str] = []
+        positions = iter(out_at)
+        for r, kept in enumerate(lowered.outs):
+            if kept is None:
+                results.append("")
+                continue
+            position = next(positions, None)
+            if position is None:
+                return None
+            if type(kept) is int:  # written in place: the input, under the same id
+                if self.ids[position] != self.ids[in_at[kept]]:
+                    return None
+                results.append(inputs[kept])
+            else:
+                results.append(f"v{n}_{r}")
+                new.append((position, kept[0], kept[1]))
+                outs.append(f"v{n}_{r}")
+        if next(positions, None) is not None:
+            return None
+        return results, new, outs
+
     def _call(self, step: Any, inputs: list[str], n: int) -> str:
         """The expression that calls ``step``'s op on the variables ``inputs``."""
-        from .programs import _literal, _Run
-
         self.names[f"f{n}"] = step.func._op  # noqa: SLF001
         feed = iter(inputs)
         var = iter(range(step.var0, step.var0 + step.nvars))
@@ -301,13 +316,13 @@ class _Source:
                 return next(feed)
             if a is VAR:
                 return f"values[{next(var)}]"
-            if type(a) is _Run:
+            if type(a) is Run:
                 if a.of_inputs:
                     return "[" + ", ".join(next(feed) for _ in range(a.n)) + "]"
                 return "[" + ", ".join(f"values[{next(var)}]" for _ in range(a.n)) + "]"
             if type(a) is tuple and a and a[0] is LIST:
                 return "[" + ", ".join(expression(e) for e in a[1:]) + "]"
-            if type(a) is tuple and not _literal(a):  # inputs, values or lists inside
+            if type(a) is tuple and not literal(a):  # inputs, values or lists inside
                 return "(" + "".join(expression(e) + ", " for e in a) + ")"
             name = f"c{n}_{literals}"
             literals += 1

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN, Ref
-from ..wire.programs import DICT, INS, LIST, VAR, count_values, rebuild_op, shape_op
+from ..wire.programs import INS, count_values, rebuild_op, shape_op
 from . import chunks
 from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
 from .lowered import Lowered, lower, release
 from .shard_ops import TAKES_CONSTANTS, route_for
+from .step_args import fill, fillable, literal, runs
 
 if TYPE_CHECKING:
     from .state import EngineState
@@ -72,15 +72,22 @@ class _Step:
             if args is None:
                 return
             self.general = True
-        if not all(_literal(v) for _, v in kwargs[1:]) or not all(_fillable(a) for a in args):
+        if not all(literal(v) for _, v in kwargs[1:]) or not all(fillable(a) for a in args):
             return
         self.direct = True
         self.func = resolve_op(name)
         self.route = route_for(name, self.func)
         self.lowerable = bool(getattr(self.route, "on_locals", False))
-        self.args = tuple(_runs(a) for a in args)
+        self.args = tuple(runs(a) for a in args)
         self.kwargs = dict(kwargs[1:])
-        self.simple = all(a is IN or _literal(a) for a in args)
+        self.simple = all(a is IN or literal(a) for a in args)
+
+    def as_sent(self, ids: Sequence[int], values: Sequence[Any]) -> Any:
+        """The op this step stands for in this run."""
+        at, n_out, n_in = self.at, self.op[1], self.op[2]
+        out = tuple(ids[at : at + n_out])
+        ins = tuple(ids[at + n_out : at + n_out + n_in])
+        return rebuild_op(self.op, out, ins, iter(values[self.var0 : self.var0 + self.nvars]))
 
 
 def _refs_in_order(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...] | None:
@@ -98,25 +105,6 @@ def _refs_in_order(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...] | None:
 
     swapped = tuple([swap(a) for a in args])
     return swapped if seen == list(range(n_in)) else None
-
-
-def _literal(a: Any) -> bool:
-    """A template's argument that is itself the value (no input, value, list or dict in it)."""
-    if a is IN or a is VAR or a is LIST or a is DICT or type(a) is Ref:
-        return False
-    if type(a) is tuple:
-        return all(_literal(e) for e in a)
-    return True
-
-
-def _fillable(a: Any) -> bool:
-    """An argument ``_arg`` fills: IN, VAR, literals, and tuples or lists of those."""
-    if a is IN or a is VAR or _literal(a):
-        return True
-    if type(a) is tuple:
-        elements = a[1:] if a and a[0] is LIST else a
-        return all(_fillable(e) for e in elements)
-    return False
 
 
 MAX_BUILDS = 4  # chunks made per program, at most: a program rewired each run stays unchunked
@@ -184,7 +172,7 @@ def run_program(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequ
         if not step.direct or engine.poison or engine.broken is not None:
             if held:
                 release(in_ids, env, held)
-            engine._execute(_op(step, ids, values))  # noqa: SLF001  (the engine's own path)
+            engine._execute(step.as_sent(ids, values))  # noqa: SLF001  (the engine's own path)
             continue
         outs = ids[at : at + n_out]
         engine.current = ("aten", outs, (), (), step.name, step.op[5])
@@ -222,7 +210,7 @@ def _run_lowered(
             return False
     except Exception as exc:
         release(in_ids, env, held)  # a failure poisons what the op wrote
-        engine.failed(_op(step, ids, values), exc)
+        engine.failed(step.as_sent(ids, values), exc)
         return True
     if len(outs) > 1:
         for o in outs:
@@ -239,7 +227,7 @@ def _run_direct(
     try:
         inputs = [env[i] for i in in_ids]
     except KeyError:
-        engine._execute(_op(step, ids, values))  # noqa: SLF001  (raises, naming the value)
+        engine._execute(step.as_sent(ids, values))  # noqa: SLF001  (raises, naming the value)
         return
     args = _args(step, inputs, values)
     try:
@@ -259,10 +247,10 @@ def _run_direct(
                 f"{len(outs)}; the controller's shape propagation and this rank disagree"
             )
     except Exception as exc:
-        engine.failed(_op(step, ids, values), exc)
+        engine.failed(step.as_sent(ids, values), exc)
         return
     if leaves is None:
-        engine._execute(_op(step, ids, values))  # noqa: SLF001
+        engine._execute(step.as_sent(ids, values))  # noqa: SLF001
         return
     for o, v in zip(outs, leaves, strict=True):
         env[o] = v
@@ -306,7 +294,7 @@ def _args(step: _Step, inputs: list[Any], values: Sequence[Any]) -> tuple[Any, .
     if step.simple:
         return tuple([next(it) if a is IN else a for a in step.args])
     vals = iter(values[step.var0 : step.var0 + step.nvars])
-    return tuple([_arg(a, it, vals) for a in step.args])
+    return tuple([fill(a, it, vals) for a in step.args])
 
 
 def _settle_collector() -> None:
@@ -320,53 +308,3 @@ def _settle_collector() -> None:
         _settled = True
         gc.collect()
         gc.freeze()
-
-
-def _op(step: _Step, ids: Sequence[int], values: Sequence[Any]) -> Any:
-    """The op a step stands for in this run."""
-    at, n_out, n_in = step.at, step.op[1], step.op[2]
-    out = tuple(ids[at : at + n_out])
-    ins = tuple(ids[at + n_out : at + n_out + n_in])
-    return rebuild_op(step.op, out, ins, iter(values[step.var0 : step.var0 + step.nvars]))
-
-
-class _Run:
-    """A list argument of ``n`` inputs (a ``Tensor[]``: a foreach op's parameters) or ``n``
-    values (a ``Scalar[]``), taken from the run's in one C-level slice each."""
-
-    __slots__ = ("n", "of_inputs")
-
-    def __init__(self, n: int, of_inputs: bool) -> None:
-        self.n, self.of_inputs = n, of_inputs
-
-
-def _runs(a: Any) -> Any:
-    """A template argument with its lists of only inputs, or only values, as ``_Run``s."""
-    if type(a) is tuple and len(a) > 1 and a[0] is LIST:
-        body = a[1:]
-        if all(e is IN for e in body):
-            return _Run(len(body), True)
-        if all(e is VAR for e in body):
-            return _Run(len(body), False)
-    return a
-
-
-def _arg(a: Any, inputs: Any, vals: Any) -> Any:
-    if a is IN:
-        return next(inputs)
-    if a is VAR:
-        return next(vals)
-    if type(a) is _Run:
-        run = list(islice(inputs if a.of_inputs else vals, a.n))
-        if len(run) != a.n:
-            raise RuntimeError(
-                f"a program's step takes a list of {a.n} {'inputs' if a.of_inputs else 'values'}"
-                f" but its run has {len(run)} left; the controller and this rank disagree on "
-                "the program (a bug)"
-            )
-        return run
-    if type(a) is tuple:
-        if a and a[0] is LIST:
-            return [_arg(e, inputs, vals) for e in a[1:]]
-        return tuple([_arg(e, inputs, vals) for e in a])
-    return a
