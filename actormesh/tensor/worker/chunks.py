@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.kinds import CHECK
 from ..wire.ops import IN
 from ..wire.programs import LIST, VAR
-from .dtensors import dtensor_class
-from .lowered import local_of, release
+from .lowered import locals_at, release
 from .step_args import Run, literal
 
 if TYPE_CHECKING:
@@ -81,12 +80,10 @@ class Chunk:
             olds = self.olds(ids)
             if (max(olds) if type(olds) is tuple else olds) >= ids[self.fresh_after]:
                 return self.start
-        inputs = _look_up(self.loads, ids, engine.env, held)
+        inputs = locals_at([(ids[p], spec, st) for p, spec, st in self.loads], engine.env, held)
         if inputs is None:
             return self.start
-        first = steps[self.start]
-        at, n_out = first.at, first.op[1]
-        engine.current = ("aten", ids[at : at + n_out], (), (), first.name, first.op[5])
+        engine.current = steps[self.start].shown(ids)
         failed, made, scope = self.fn(values, *inputs)
         if failed is not None:
             return self._fail(engine, steps, ids, values, held, failed, made, scope)
@@ -99,10 +96,7 @@ class Chunk:
                 held.update(zip(new_ids, zip(made, self.new_specs, strict=True), strict=True))
             else:
                 held[new_ids] = (made[0], self.new_specs[0])
-        for at, n_out in self.multi:
-            outs = ids[at : at + n_out]
-            for o in outs:
-                engine.siblings[o] = outs
+        _siblings(engine, ids, self.multi, len(ids))
         return self.stop
 
     def _fail(
@@ -127,30 +121,23 @@ class Chunk:
             for name in names:
                 held[new_ids[k]] = (scope[name], self.new_specs[k])
                 k += 1
-        for at, n_out in self.multi:
-            if at < steps[failed].at:
-                outs = ids[at : at + n_out]
-                for o in outs:
-                    engine.siblings[o] = outs
         step = steps[failed]
+        _siblings(engine, ids, self.multi, step.at)
         at, n_out, n_in = step.at, step.op[1], step.op[2]
         release(ids[at + n_out : at + n_out + n_in], engine.env, held)
-        engine.current = ("aten", ids[at : at + n_out], (), (), step.name, step.op[5])
+        engine.current = step.shown(ids)
         engine.failed(step.as_sent(ids, values), exc)
         return failed + 1
 
 
-def _look_up(loads: Any, ids: Any, env: dict[int, Any], held: dict[int, Any]) -> Any:
-    """The chunk's inputs' local tensors, or None when one is not laid out as in the run the
-    chunk was made from (as ``Lowered.locals_of`` decides for one step)."""
-    dtensor = dtensor_class()
-    out = []
-    for position, spec, stride in loads:
-        local = local_of(ids[position], spec, stride, env, held, dtensor)
-        if local is None:
-            return None
-        out.append(local)
-    return out
+def _siblings(engine: EngineState, ids: Any, multi: Any, before: int) -> None:
+    """The results of each step with several (``multi``: where its ids start, how many) whose
+    ids start before ``before``, named as one another's siblings, as ``_execute`` does."""
+    for at, n_out in multi:
+        if at < before:
+            outs = ids[at : at + n_out]
+            for o in outs:
+                engine.siblings[o] = outs
 
 
 def _check_layouts(made: tuple[Any, ...], strides: tuple[Any, ...]) -> None:

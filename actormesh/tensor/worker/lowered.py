@@ -69,16 +69,8 @@ class Lowered:
         self.outs = outs
 
     def locals_of(self, in_ids: Any, env: dict[int, Any], held: dict[int, Any]) -> Any:
-        """The inputs' local tensors, or None when one is not laid out as on the first run. An
-        input made by an earlier lowered step of this run is in ``held`` (local, spec)."""
-        dtensor = dtensor_class()
-        locals_ = []
-        for i, spec, stride in zip(in_ids, self.specs, self.strides, strict=True):
-            local = local_of(i, spec, stride, env, held, dtensor)
-            if local is None:
-                return None
-            locals_.append(local)
-        return locals_
+        """The inputs' local tensors, or None when one is not laid out as on the first run."""
+        return locals_at(zip(in_ids, self.specs, self.strides, strict=True), env, held)
 
     def keep(
         self, out: Any, locals_: list[Any], in_ids: Any, out_ids: Any, env: Any, held: Any
@@ -119,18 +111,28 @@ class Lowered:
         return True
 
 
-def local_of(i: int, spec: Any, stride: Any, env: Any, held: Any, dtensor: Any) -> Any:
-    """Value ``i``'s local tensor, or None unless it has ``spec`` and (a DTensor of the
-    engine's values) local strides ``stride``. One made by a lowered step of this run is in
-    ``held`` (local, spec): its strides were checked when it was made."""
-    made = held.get(i)
-    if made is not None:
-        return made[0] if made[1] is spec else None
-    x: Any = env.get(i)
-    if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
-        return None
-    local = x._local_tensor  # noqa: SLF001
-    return local if local.stride() == stride else None
+def locals_at(entries: Any, env: dict[int, Any], held: dict[int, Any]) -> Any:
+    """The local tensors of the values ``entries`` names, each as (id, spec, local strides),
+    or None when one has another spec or (a DTensor of the engine's values) other strides.
+    One made by an earlier lowered step of this run is in ``held`` (local, spec): its strides
+    were checked when it was made."""
+    dtensor = dtensor_class()
+    out = []
+    for i, spec, stride in entries:
+        made = held.get(i)
+        if made is not None:
+            if made[1] is not spec:
+                return None
+            out.append(made[0])
+            continue
+        x: Any = env.get(i)
+        if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
+            return None
+        local = x._local_tensor  # noqa: SLF001
+        if local.stride() != stride:
+            return None
+        out.append(local)
+    return out
 
 
 def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:

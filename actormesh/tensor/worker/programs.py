@@ -82,6 +82,10 @@ class _Step:
         self.kwargs = dict(kwargs[1:])
         self.simple = all(a is IN or literal(a) for a in args)
 
+    def shown(self, ids: Sequence[int]) -> Any:
+        """What a status poll shows while this step runs (``engine.current``)."""
+        return ("aten", ids[self.at : self.at + self.op[1]], (), (), self.name, self.op[5])
+
     def as_sent(self, ids: Sequence[int], values: Sequence[Any]) -> Any:
         """The op this step stands for in this run."""
         at, n_out, n_in = self.at, self.op[1], self.op[2]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
-from .dtensors import dtensor_class, spec_of, torch_classes, wrap
+from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
 from .lowered import computes_on_locals
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
@@ -236,15 +236,18 @@ def _either(first: Any, then: Any) -> Any:
     return route
 
 
+_WHOLE = OutSpecs()  # a partial sum's spec -> the groups that make it whole, or None
+
+
 def _compared_whole(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A comparison of a partial sum with a number (``mask.sum() == mask.numel()``, as Hugging
     Face's mask code asks): the sum made whole over its partial mesh dims (all-reduced, as
     DTensor's redistribute does), then compared on every rank; skips DTensor's dispatch. Not
-    lowered: later runs need the all-reduce too. None unless the value is a partial sum,
-    replicated elsewhere, that DTensor would reduce the same way (an integer, or one dim)."""
+    lowered: later runs need the all-reduce too. None where ``_summing_groups`` finds no way
+    to sum it as DTensor would."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor import Replicate
 
     x = args[0]
     if type(x) is not dtensor_class() or len(args) != 2 or kwargs:
@@ -252,19 +255,34 @@ def _compared_whole(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     if type(args[1]) not in (int, float, bool):
         return None
     spec = x._spec  # noqa: SLF001
-    partial = [d for d, p in enumerate(spec.placements) if p != Replicate()]
-    if not partial or any(spec.placements[d] != Partial("sum") for d in partial):
+    groups = _WHOLE.get((spec,))
+    if groups is UNKNOWN:
+        groups = _WHOLE.put((spec,), None, _summing_groups(spec))
+    if groups is None:
         return None
-    if len(partial) > 1 and (x.dtype.is_floating_point or x.dtype.is_complex):
-        return None  # summed over several dims: the order DTensor sums in decides the bits
     # contiguous: NCCL refuses to all-reduce a strided tensor (a transposed partial sum), which
     # DTensor's own all-reduce copies first
     whole = x._local_tensor.clone(memory_format=torch.contiguous_format)  # noqa: SLF001
-    for d in partial:
-        dist.all_reduce(whole, group=spec.mesh.get_group(d))
+    for group in groups:
+        dist.all_reduce(whole, group=group)
     out = func(whole, args[1])
     replicated = [Replicate()] * spec.mesh.ndim
     return wrap(out, spec_of(spec.mesh, replicated, spec.shape, out.stride(), out.dtype))
+
+
+def _summing_groups(spec: Any) -> tuple[Any, ...] | None:
+    """The process groups of ``spec``'s partial mesh dims, in order, or None unless it is a
+    partial sum replicated elsewhere that DTensor would sum the same way (an integer, or one
+    dim: over several, the order DTensor sums a float in decides the bits)."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    partial = [d for d, p in enumerate(spec.placements) if p != Replicate()]
+    if not partial or any(spec.placements[d] != Partial("sum") for d in partial):
+        return None
+    dtype = spec.tensor_meta.dtype
+    if len(partial) > 1 and (dtype.is_floating_point or dtype.is_complex):
+        return None
+    return tuple(spec.mesh.get_group(d) for d in partial)
 
 
 # Ops with a route of their own, by name; each family module says which it takes.
@@ -288,8 +306,9 @@ def _none_partial(inputs: list[Any]) -> bool:
 
 
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    # Pointwise too: the shards' route first, and lowered where it took the op (its inputs
-    # are not partial sums); never where _compared_whole did: every run needs its all-reduce.
+    # Pointwise too: the shards' route first, lowered where it took the op (bool values: it
+    # declines a comparison that changes the dtype); never where _compared_whole did, since
+    # every run needs its all-reduce.
     _compare = _either(_pointwise_on_shards, _compared_whole)
     _compare.on_locals, _compare.local_args = True, None
     _compare.lowers_if = _none_partial
