@@ -258,20 +258,25 @@ class MeshStatus(Actor):
             info["cell_for"] = now - running["since"]
             info["cell_line"] = _line_of(running["thread"], running["cell"])
         host = local_actor_host()
-        busy: list[tuple[Any, ...]] = []
+        # The sidebar and the debugger show a rank's first busy actor: one in an op before an
+        # engine between ops (a slice's engine runs an op while the whole mesh's one starts),
+        # then the one busy longest.
+        busy: list[tuple[tuple[bool, float], tuple[Any, ...]]] = []
         tensor = sys.modules.get("actormesh.tensor.worker.engine")
         for runner in list(host.actors.values()) if host is not None else ():
             state = runner.busy
             if state is not None and not runner.name.startswith(TOOL_ACTOR_PREFIX):
                 entry: tuple[Any, ...] = (runner.name, state[0], now - state[1])
+                in_op = True
                 if tensor is not None:  # a tensor engine says which op: (..., busy text)
-                    from ..tensor.tools import activity
+                    from ..tensor.tools import activity, between_ops
 
                     what = activity(runner.instance)
                     if what is not None:
                         entry = (*entry, what)
-                busy.append(entry)
-        info["busy"] = busy
+                        in_op = not between_ops(runner.instance)
+                busy.append(((in_op, entry[2]), entry))
+        info["busy"] = [entry for _, entry in sorted(busy, key=lambda b: b[0], reverse=True)]
         return info
 
 

@@ -8,7 +8,8 @@ them: they sit above it and call these).
   waits for before it touches engine values, and what waits for it (``local.py``).
 - ``activity(instance)``: the sidebar's busy text for a tensor engine ("tensor engine: op 12
   aten.mm"; on a slice or a pipeline stage, "tensor engine (pp=1, stage 1 of 2): op 12
-  aten.mm"), read from another thread while the engine runs a batch.
+  aten.mm"), read from another thread while the engine runs a batch; ``between_ops(instance)``
+  whether it runs no op now (another busy actor of the rank says more).
 - ``shard_summaries(obj, summarize)``: one small dict per rank of a MeshTensor or MeshModule,
   computed on the ranks by ``summarize`` (the debugger's), never the data itself.
 """
@@ -85,6 +86,12 @@ def activity(instance: Any) -> str | None:
     name = f"tensor engine ({what})" if what else "tensor engine"
     doing = instance.doing()
     return f"{name}: {doing}" if doing else name
+
+
+def between_ops(instance: Any) -> bool:
+    """Whether ``instance`` is a tensor engine that runs no op now (it starts, or reads its next
+    batch): a rank's status names another busy actor, one in an op, before it."""
+    return isinstance(instance, _TensorEngine) and instance.doing() is None
 
 
 def is_mesh_value(value: Any) -> bool:
