@@ -5,11 +5,12 @@ same 4-rank mesh, with thread-CPU timers around the parts of the step, on the co
 inside each worker process (a small actor patches the engine there, in that process only):
 
 - controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
-  ``loss.item()`` (and within it the batch's pickling, ``stream._pack``);
+  ``loss.item()`` (and within it the batch's pickling, ``stream.pack``);
 - each worker: its process CPU per step; on the engine's thread the batch's unpickling, each
   op's handler (by op name; a program's steps run as ops count twice, in the program too) and
   the fetch's answer; the garbage collector by generation; what is left of the process's CPU is the
-  message path (its I/O and actor threads) and gloo's threads.
+  message path (its I/O and actor threads) and gloo's threads, which each thread's CPU by name
+  shows (clock ticks: 10 ms each, so steps enough to add up).
 
 ``T6``: the GPT-2 step of ``bench_tensor.py`` instead of the MLP. ``--cprofile``: also the
 busiest functions of a few steps on the controller and on rank 0 (instrumented: for
@@ -104,6 +105,7 @@ class Probe(am.Actor):
     def reset(self) -> float:
         self.ops.clear()
         self.parts.clear()
+        self.threads = threads_cpu()
         return time.process_time()
 
     @am.endpoint
@@ -114,6 +116,8 @@ class Probe(am.Actor):
         for engine in REGISTRY.values():
             parts["poisoned values"] = len(engine.poison)
             parts["programs kept"] = len(getattr(engine, "programs", ()))
+        for name, ns in threads_cpu().items():
+            parts[f"thread {name}"] = ns - self.threads.get(name, 0)
         return time.process_time(), dict(self.ops), parts
 
     @am.endpoint
@@ -140,6 +144,33 @@ class Probe(am.Actor):
         cls._run_batch = self._plain  # type: ignore[method-assign]
         assert self.profile is not None
         return _top(self.profile, 30)
+
+
+def threads_cpu() -> dict[str, int]:
+    """CPU (ns) of each thread of this process so far, by name: a Python thread's own, another's
+    (zmq's I/O, gloo's) as the kernel names it; threads of one name add up."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = 1e9 / os.sysconf("SC_CLK_TCK")
+    out: dict[str, int] = defaultdict(int)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue  # ended since the listing
+        comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        utime, stime = (int(v) for v in fields.split()[11:13])
+        name = names.get(int(tid), comm)
+        out[name.rstrip("0123456789-_")] += int((utime + stime) * tick)
+    return dict(out)
+
+
+def _per_thread(parts: dict[str, int], steps: int) -> dict[str, int]:
+    """µs per step of each thread that ran, busiest first."""
+    threads = [(k.removeprefix("thread "), v) for k, v in parts.items() if k.startswith("thread ")]
+    return {k: round(v / 1e3 / steps) for k, v in sorted(threads, key=lambda kv: -kv[1]) if v}
 
 
 def _time_dtensor_dispatch(ops: dict[str, list[int]]) -> None:
@@ -216,7 +247,7 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **extra)
         phases: dict[str, int] = defaultdict(int)
         time_collections(phases)
-        pack = stream_mod._pack
+        pack = stream_mod.pack
 
         def timed_pack(ops: Any) -> Any:
             t0 = _T()
@@ -225,7 +256,7 @@ def main() -> None:
             phases["ops per batch (x1000)"] += len(ops)
             return out
 
-        stream_mod._pack = timed_pack
+        stream_mod.pack = timed_pack
 
         def step() -> float:
             t0 = _T()
@@ -276,6 +307,7 @@ def main() -> None:
                 "ops_us": sum(t for k, (_, t) in op_us.items() if not k.startswith("DTensor: ")),
                 "fetch_us": parts.get("fetch", 0) / 1e3 / n,
                 "gc_us": {k: v / 1e3 / n for k, v in parts.items() if k.startswith("gc")},
+                "threads_us": _per_thread(parts, n),
                 "batches_per_step": parts.get("batches", 0) / n,
                 "poisoned_values": parts.get("poisoned values", 0),
                 "programs_kept": parts.get("programs kept", 0),

@@ -73,6 +73,8 @@ the ranks' half never imports the controller's.
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
 ``worker/shard_rows.py``        ops that leave dim 0 alone on a batch split by rows (GPT-2's)
+``worker/shard_partials.py``    ops linear in a partial sum (two gradients added)
+``worker/shard_replicas.py``    any op whose inputs are all replicated (an attention mask's)
 ``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached
 ``worker/programs.py``          a program's steps, decoded once, run with each run's ids
 ``worker/step_args.py``         a step's arguments: what its template holds, what a run fills in

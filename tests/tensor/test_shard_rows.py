@@ -41,6 +41,21 @@ def _differences(name: str, got: Any, want: Any) -> list[str]:
     return out
 
 
+def differences_by_route(cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[str]:
+    """On a rank: each op through ``on_shards`` against DTensor's dispatch of it, twice (the
+    second round runs on the specs the first one found)."""
+    from actormesh.tensor.worker.aten import resolve_op
+    from actormesh.tensor.worker.shard_ops import on_shards
+
+    problems = []
+    for _ in range(2):
+        for name, args, kwargs in cases:
+            func = resolve_op(name)
+            got = on_shards(name, func, args, kwargs)
+            problems += _differences(name, got, func(*args, **kwargs))
+    return problems
+
+
 @remote(propagate="inspect")
 def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> str:
     """On a rank: each route's result against DTensor's dispatch of the same op and inputs."""
@@ -84,13 +99,24 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten.sum.default", (tokens,)),
         ("aten.cat.default", ([q, k, x], 2)),
         ("aten.cat.default", ([q, x], -1)),
+        ("aten.constant_pad_nd.default", (tokens, [0, 1], -100.0)),  # a causal LM's labels
+        ("aten.add.Tensor", (x, w)),  # a replicated value broadcast over the rows
+        ("aten.add.Tensor", (x, w2[:8][None])),  # (1, 8, 16): a position embedding
+        ("aten.add.Tensor", (x, w2[:8])),  # (8, 16)
+        ("aten.where.self", (_op("aten.gt.Scalar")(x, 0), x, w)),
     ]
-    problems = []
-    for _ in range(2):  # the second round runs on the specs the first one found
-        for name, args in cases:
-            func = _op(name)
-            got = on_shards(name, func, args, {})
-            problems += _differences(name, got, func(*args))
+    logits, labels = x[:, 0], tokens[:, 0] % 16  # (rows, 16) and (rows,)
+    loss_grad = _op("aten.sum.default")(w) * 0 + 1
+    total = _op("aten.sum.default")(w) * 0 + float(rows)  # the forward's whole count
+    for reduction in (1, 2):
+        cases.append(("aten.nll_loss_backward.default",
+                      (loss_grad, logits, labels, None, reduction, -100, total)))  # fmt: skip
+    with_keywords: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("aten.clone.default", (q,), {"memory_format": torch.contiguous_format}),
+        ("aten._to_copy.default", (tokens,), {"dtype": torch.bool, "device": tokens.device}),
+        ("aten._to_copy.default", (x,), {"dtype": torch.float32}),
+    ]
+    problems = differences_by_route([(n, a, {}) for n, a in cases] + with_keywords)
     # What leaves dim 0 alone only: these are DTensor's.
     declined = [
         ("aten.transpose.int", (x, 0, 1)),
@@ -102,6 +128,8 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten.view.default", (x, [rows * 8, 16])),  # dim 0 merged: not this family's
         # scaled by each index's count over the whole batch, which no rank has
         ("aten.embedding_dense_backward.default", (x, tokens, 64, -1, True)),
+        ("aten.constant_pad_nd.default", (x, [0, 0, 0, 0, 1, 0], 0.0)),  # pads the rows
+        ("aten.add.Tensor", (x, w2[:rows][:, None])),  # (rows, 1, 16) replicated: whole rows
     ]
     for name, args in declined:
         func = _op(name)

@@ -20,7 +20,11 @@ family of op they take:
   torch's fused encoder layer);
 - ``shard_attention.py``: CPU attention and its backward;
 - ``shard_rows.py``: ops that leave dim 0 alone on a batch split by rows (transposes, slices,
-  splits and views per head, ``layer_norm`` and its backward, ``cat``, ``log_softmax``).
+  splits and views per head, ``layer_norm`` and its backward, ``cat``, ``log_softmax``);
+- ``shard_partials.py``: ops linear in a partial sum (``add`` of two gradients, the position
+  embedding's backward);
+- ``shard_replicas.py``: any op whose DTensor inputs are all replicated, where the routes above
+  do not take it (an attention mask built from replicated constants).
 
 Each returns ``None`` when the op does not qualify, and DTensor runs it as before.
 """
@@ -29,11 +33,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_rows
+from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_partials, shard_rows
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
 from .lowered import computes_on_locals
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
+from .shard_replicas import on_replicas
 
 _pointwise: dict[Any, bool] = {}
 
@@ -129,27 +134,20 @@ def _mixed_layout_kept(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 def on_shards(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The op's result computed on local shards, or ``None`` (then DTensor runs it)."""
-    special = _SPECIAL.get(name)
-    if special is not None:
-        return special(func, args, kwargs)
-    if _is_pointwise(func):
-        return _pointwise_on_shards(func, args, kwargs)
-    if is_elementwise(name):
-        return foreach_on_shards(func, args, kwargs)
-    return None
+    return route_for(name, func)(func, args, kwargs)
 
 
 def route_for(name: str, func: Any) -> Any:
-    """The function ``on_shards`` calls for this op (``None``: DTensor runs it): what a
-    program's step calls directly (programs.py)."""
+    """The function ``on_shards`` calls for this op: what a program's step calls directly
+    (programs.py). It gives ``None`` where it does not take the op (then DTensor runs it)."""
     special = _SPECIAL.get(name)
     if special is not None:
         return special
     if _is_pointwise(func):
-        return _pointwise_on_shards
+        return _POINTWISE
     if is_elementwise(name):
         return foreach_on_shards
-    return None
+    return on_replicas
 
 
 @computes_on_locals
@@ -316,6 +314,27 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
 for _name, _route in shard_rows.ROUTES.items():  # the other family's first (its own tests)
     if _name in shard_linear.ROUTES:
         _SPECIAL[_name] = _either(shard_linear.ROUTES[_name], _route)
+# Pointwise ops on tensors placed alike, then on rows with replicated values that broadcast
+# over them; linear ones on partial sums too.
+_ALIKE_OR_ROWS = _either(_pointwise_on_shards, shard_rows.pointwise_rows)
+for _name, _route in shard_partials.ROUTES.items():
+    _SPECIAL[_name] = _either(_SPECIAL.get(_name, _ALIKE_OR_ROWS), _route)
+
+
+def _or_on_replicas(route: Any) -> Any:
+    """``route``, then ``on_replicas`` for what it declines (an embedding of replicated position
+    ids, a mask broadcast in a pointwise op), where both lower alike: not for a view's route
+    (lowered with its sizes) or one that lowers for some inputs only."""
+    if getattr(route, "local_args", None) is not None or hasattr(route, "lowers_if"):
+        return route
+    if not getattr(route, "on_locals", False):
+        return route  # (its own collectives or bookkeeping: it decides alone)
+    return _either(route, on_replicas)
+
+
+for _name, _route in list(_SPECIAL.items()):
+    _SPECIAL[_name] = _or_on_replicas(_route)
+_POINTWISE = _or_on_replicas(_ALIKE_OR_ROWS)
 
 # Ops whose shard path takes a controller tensor (a loss's target) as it is: run_aten tries it
 # before making such arguments Replicate DTensors.

@@ -95,6 +95,16 @@ def _ok_layer_norm_backward(args: tuple[Any, ...], x: Any) -> bool:
     return len(args) == 8 and len(args[2]) < x.dim()
 
 
+def _ok_pad(args: tuple[Any, ...], x: Any) -> bool:
+    return len(args) >= 2 and len(args[1]) // 2 < x.dim()  # (pads the last dims only)
+
+
+def _ok_nll_loss_backward(args: tuple[Any, ...], x: Any) -> bool:
+    # A mean divides by the counted targets' total weight, which the forward made whole (the
+    # replicated argument 6): each rank's rows of the gradient are the gradient's rows.
+    return len(args) == 7 and args[3] is None and args[4] in (1, 2)
+
+
 _OPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]] = {
     "aten.transpose.int": ((0,), (), (), _ok_transpose),
     "aten.slice.Tensor": ((0,), (), (), _ok_dim_at(1, 0)),
@@ -111,12 +121,21 @@ _OPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]] =
         (1, 2),
         _ok_layer_norm_backward,
     ),
+    "aten.constant_pad_nd.default": ((0,), (), (), _ok_pad),
+    "aten.clone.default": ((0,), (), (), _always),
+    "aten._to_copy.default": ((0,), (), (), _always),
+    "aten.nll_loss_backward.default": ((1, 2), (0, 6), (), _ok_nll_loss_backward),
 }
+# The keywords these ops may take (each of a kind DTensor's rule would keep the rows for):
+# a copy's dtype, layout and memory format, on the device the input is on.
+_KEYWORDS = frozenset({"dtype", "layout", "device", "memory_format", "non_blocking"})
 
 
-def _specs_of(func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...]) -> Any:
-    """The results' specs, from the op on meta tensors of the global layouts; None when a
-    result does not keep the input's rows."""
+def _specs_of(
+    func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...], kwargs: Any = ()
+) -> Any:
+    """The results' specs, from the op on meta tensors of the global layouts (``kwargs``: the
+    keywords but ``device``, as pairs); None when a result does not keep the input's rows."""
     import torch
 
     DTensor = dtensor_class()
@@ -128,7 +147,7 @@ def _specs_of(func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...]
             return type(a)(meta(v) for v in a)
         return a
 
-    out = func(*[meta(a) for a in args])
+    out = func(*[meta(a) for a in args], **dict(kwargs))
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     spec = x._spec  # noqa: SLF001
     summed = tuple(partial_sum() if p.is_shard() else p for p in spec.placements)
@@ -189,7 +208,8 @@ def rows(name: str) -> Any:
     row_at, params, partial, ok = _OPS[name]
 
     def route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if kwargs:
+        keywords = _keywords(kwargs, args[row_at[0]]) if kwargs else ()
+        if keywords is None:
             return None
         specs = _inputs_ok(args, row_at, params)
         if specs is None:
@@ -197,17 +217,37 @@ def rows(name: str) -> Any:
         D = torch_classes().dtensor
         # (lists here hold ints or bools: _inputs_ok refused any holding a DTensor)
         extra = (func, tuple([None if type(a) is D else tuple(a) if type(a) is list else a
-                              for a in args]))  # fmt: skip
+                              for a in args]), keywords)  # fmt: skip
         out = _found.get(specs, extra)
         if out is UNKNOWN:
             x = args[row_at[0]]
-            found = _specs_of(func, args, x, partial) if ok(args, x) else None
+            found = _specs_of(func, args, x, partial, keywords) if ok(args, x) else None
             out = _found.put(specs, extra, found)
         if out is None:
             return None
-        return _wrapped(func(*[a._local_tensor if type(a) is D else a for a in args]), out)  # noqa: SLF001
+        return _wrapped(
+            func(*[a._local_tensor if type(a) is D else a for a in args], **kwargs),  # noqa: SLF001
+            out,
+        )
 
     return computes_on_locals(route)
+
+
+def _keywords(kwargs: dict[str, Any], x: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The keywords as sorted pairs, ``device`` left out (the meta op's results stay meta);
+    None for one not in ``_KEYWORDS`` or another device than ``x``'s."""
+    import torch
+
+    out = []
+    for k, v in sorted(kwargs.items()):
+        if k not in _KEYWORDS:
+            return None
+        if k == "device":
+            if v is not None and (type(x) is not dtensor_class() or torch.device(v) != x.device):
+                return None
+            continue
+        out.append((k, v))
+    return tuple(out)
 
 
 @computes_on_locals
@@ -252,6 +292,57 @@ def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
     local = x._local_tensor  # noqa: SLF001
     return wrap(func(local, [local.shape[0], *args[1][1:]]), out)
+
+
+@computes_on_locals
+def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A pointwise op of tensors split by rows alike and replicated ones that broadcast over
+    the rows (a position embedding of one row added to a batch's token embeddings): each
+    rank's rows of the result from its rows and the replicated values."""
+    classes = torch_classes()
+    DTensor, base = classes.dtensor, classes.tensor_base
+    rows = params = None
+    for a in args:
+        t = type(a)
+        if t is DTensor:
+            spec = a._spec  # noqa: SLF001
+            if _row_split(spec):
+                if rows is None:
+                    rows = spec
+                elif spec.placements != rows.placements or spec.shape != rows.shape:
+                    return None
+            elif _replicated(spec):
+                params = spec
+            else:
+                return None
+        elif t is list or t is tuple or issubclass(t, base):
+            return None
+    if rows is None or params is None or any(issubclass(type(v), base) for v in kwargs.values()):
+        return None
+    specs = tuple(a._spec for a in args if type(a) is DTensor)  # noqa: SLF001
+    # (the scalars' kinds and the keywords decide the result's dtype, not their values)
+    extra = (func, tuple(type(a) for a in args), tuple(sorted(kwargs)))
+    out = _found.get(specs, extra)
+    if out is UNKNOWN:
+        out = _found.put(specs, extra, _broadcast_spec(func, args, kwargs, rows))
+    if out is None:
+        return None
+    return wrap(func(*[a._local_tensor if type(a) is DTensor else a for a in args], **kwargs), out)  # noqa: SLF001
+
+
+def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rows: Any) -> Any:
+    """The result's spec where every replicated input broadcasts over the rows (its dims
+    aligned from the right, it has none or one at the rows' dim) and the result has the rows'
+    shape; else None."""
+    D = dtensor_class()
+    for a in args:
+        if type(a) is D and a._spec.placements != rows.placements:  # noqa: SLF001
+            at = a.dim() - len(rows.shape)  # the replicated input's dim aligned with dim 0
+            if at >= 0 and a.shape[at] != 1:
+                return None
+    x = next(a for a in args if type(a) is D and a._spec.placements == rows.placements)  # noqa: SLF001
+    found = _specs_of(func, args, x, (), tuple(sorted(kwargs.items())))
+    return found if found is not None and found.shape == rows.shape else None
 
 
 ROUTES: dict[str, Any] = {name: rows(name) for name in _OPS}
