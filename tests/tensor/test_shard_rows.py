@@ -56,6 +56,53 @@ def differences_by_route(cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]
     return problems
 
 
+def _padding_mask_rows(tokens: Any, rows: int) -> list[str]:
+    """On a rank: Hugging Face's padding mask taken at each row, query and key (``index``),
+    combined with a causal mask and expanded, on each rank's rows; DTensor gathers the rows
+    for the ``index``, so its values (not its placements) are the reference there."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from actormesh.tensor.worker.aten import resolve_op as _op
+    from actormesh.tensor.worker.shard_ops import on_shards
+
+    mesh = tokens.device_mesh
+
+    def replicated(t: torch.Tensor) -> Any:
+        return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+    padding = _op("aten.gt.Scalar")(tokens, 3)  # (rows, 8) bool
+    at_rows = replicated(torch.arange(rows).view(-1, 1, 1, 1))
+    at_keys = replicated(torch.arange(8).view(1, 1, 1, 8))
+    index = _op("aten.index.Tensor")
+    problems = []
+    for _ in range(2):
+        got = on_shards("aten.index.Tensor", index, (padding, [at_rows, at_keys]), {})
+        want = index(padding, [at_rows, at_keys])
+        if got is None or got.placements != padding.placements:
+            problems.append(f"index: {None if got is None else got.placements}")
+            continue
+        if not torch.equal(got.full_tensor(), want.full_tensor()):
+            problems.append("index: values differ")
+    causal = replicated(torch.ones(8, 8, dtype=torch.bool).tril().view(1, 1, 8, 8))
+    both = _op("aten.bitwise_and.Tensor")(causal, got)  # (rows, 1, 8, 8), on the rows
+    problems += differences_by_route([
+        ("aten.bitwise_and.Tensor", (causal, got), {}),
+        ("aten.expand.default", (both, [rows, -1, 8, 8]), {}),
+        ("aten.expand.default", (both, [-1, 2, 8, 8]), {}),
+        ("aten.expand.default", (causal, [2, 2, 8, 8]), {}),  # replicated
+    ])  # fmt: skip
+    declined = [
+        (padding, [replicated(torch.arange(rows).flip(0).view(-1, 1, 1, 1)), at_keys]),  # order
+        # the rows along the result's dim 1: its dim 0 runs over the keys
+        (padding, [replicated(torch.arange(rows).view(1, -1)), at_keys.view(-1, 1)]),
+        (padding, [replicated(torch.ones(rows, 8, dtype=torch.bool))]),  # a mask
+    ]
+    for args in declined:
+        if on_shards("aten.index.Tensor", index, args, {}) is not None:
+            problems.append(f"index {[tuple(i.shape) for i in args[1]]}: taken")
+    return problems
+
+
 @remote(propagate="inspect")
 def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> str:
     """On a rank: each route's result against DTensor's dispatch of the same op and inputs."""
@@ -117,6 +164,7 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten._to_copy.default", (x,), {"dtype": torch.float32}),
     ]
     problems = differences_by_route([(n, a, {}) for n, a in cases] + with_keywords)
+    problems += _padding_mask_rows(tokens, rows)
     # What leaves dim 0 alone only: these are DTensor's.
     declined = [
         ("aten.transpose.int", (x, 0, 1)),

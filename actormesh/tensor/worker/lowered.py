@@ -44,6 +44,11 @@ def views_locally(route: Any) -> Any:
     return route
 
 
+def takes_view_sizes(route: Any) -> bool:
+    """Whether ``route`` is lowered as ``views_locally`` says."""
+    return getattr(route, "local_args", None) is _view_sizes
+
+
 def _view_sizes(local_result: Any) -> tuple[tuple[int, Any], ...]:
     return ((1, list(local_result.shape)),)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_partials, shard_rows
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
-from .lowered import computes_on_locals
+from .lowered import computes_on_locals, takes_view_sizes
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 from .shard_replicas import on_replicas
@@ -323,12 +323,17 @@ for _name, _route in shard_partials.ROUTES.items():
 
 def _or_on_replicas(route: Any) -> Any:
     """``route``, then ``on_replicas`` for what it declines (an embedding of replicated position
-    ids, a mask broadcast in a pointwise op), where both lower alike: not for a view's route
-    (lowered with its sizes) or one that lowers for some inputs only."""
-    if getattr(route, "local_args", None) is not None or hasattr(route, "lowers_if"):
-        return route
-    if not getattr(route, "on_locals", False):
+    ids, a mask broadcast in a pointwise op), where both lower alike: a view's route lowers
+    with the local result's sizes, which are a replicated view's own; not for a route that
+    lowers for some inputs only."""
+    if not getattr(route, "on_locals", False) or hasattr(route, "lowers_if"):
         return route  # (its own collectives or bookkeeping: it decides alone)
+    if takes_view_sizes(route):
+        both = _either(route, on_replicas)
+        both.on_locals, both.local_args = True, route.local_args
+        return both
+    if getattr(route, "local_args", None) is not None:
+        return route
     return _either(route, on_replicas)
 
 

@@ -19,12 +19,14 @@ but a parameter's gradient, which sums over the rows: ``Partial`` sums where the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .dtensors import (
     UNKNOWN,
     OutSpecs,
     dtensor_class,
+    local_layout,
     partial_sum,
     spec_of,
     torch_classes,
@@ -309,7 +311,11 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             if _row_split(spec):
                 if rows is None:
                     rows = spec
-                elif spec.placements != rows.placements or spec.shape != rows.shape:
+                elif (
+                    spec.placements != rows.placements
+                    or len(spec.shape) != len(rows.shape)
+                    or spec.shape[0] != rows.shape[0]
+                ):
                     return None
             elif _replicated(spec):
                 params = spec
@@ -333,7 +339,7 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rows: Any) -> Any:
     """The result's spec where every replicated input broadcasts over the rows (its dims
     aligned from the right, it has none or one at the rows' dim) and the result has the rows'
-    shape; else None."""
+    dims (a mask's rows broadcast along its other dims too); else None."""
     D = dtensor_class()
     for a in args:
         if type(a) is D and a._spec.placements != rows.placements:  # noqa: SLF001
@@ -342,10 +348,86 @@ def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ro
                 return None
     x = next(a for a in args if type(a) is D and a._spec.placements == rows.placements)  # noqa: SLF001
     found = _specs_of(func, args, x, (), tuple(sorted(kwargs.items())))
-    return found if found is not None and found.shape == rows.shape else None
+    return found if found is not None and len(found.shape) == len(rows.shape) else None
+
+
+@views_locally
+def _expand(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``expand`` that keeps the rows of a tensor split by rows (size -1 or the rows' count at
+    dim 0): the local expand of the local rows."""
+    if kwargs or len(args) != 2 or not isinstance(args[1], (list, tuple)) or not args[1]:
+        return None
+    specs = _inputs_ok(args, (0,), ())
+    x, sizes = args
+    if specs is None or len(sizes) != x.dim() or sizes[0] not in (-1, x.shape[0]):
+        return None
+    extra = (func, tuple(sizes))
+    out = _found.get(specs, extra)
+    if out is UNKNOWN:
+        out = _found.put(specs, extra, _specs_of(func, args, x, ()))
+    if out is None:
+        return None
+    return wrap(func(x._local_tensor, [-1, *sizes[1:]]), out)  # noqa: SLF001
+
+
+_index_specs = OutSpecs()
+
+
+def _index_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``x[rows, ...]`` of a tensor split by rows, where the index of dim 0 picks each row in
+    order (shaped to lead the result, ``arange(n)[:, None, None]``) and the other indices are
+    replicated integers that broadcast over the rows: Hugging Face's padding mask taken at each
+    query and key position. Each rank's rows of the result are its rows' (DTensor gathers the
+    whole tensor on every rank). Decided by the indices' values each run (not lowered)."""
+    import torch
+
+    DTensor = dtensor_class()
+    if kwargs or len(args) != 2 or type(args[0]) is not DTensor:
+        return None
+    x, indices = args
+    spec = x._spec  # noqa: SLF001
+    if not _row_split(spec) or not isinstance(indices, (list, tuple)) or not indices:
+        return None
+    if any(type(i) is not DTensor for i in indices):
+        return None  # (None: a dim not indexed; a plain tensor: DTensor decides)
+    specs = (spec, *(i._spec for i in indices))  # noqa: SLF001
+    out = _index_specs.get(specs)
+    if out is UNKNOWN:
+        out = _index_specs.put(specs, None, _index_spec(func, x, indices))
+    if out is None:
+        return None
+    first = indices[0]._local_tensor  # noqa: SLF001
+    n = len(first)
+    if not torch.equal(first.reshape(n), torch.arange(n, device=first.device)):
+        return None
+    shape, offset = local_layout(spec)
+    local_first = first.narrow(0, offset[0], shape[0]) - offset[0]
+    rest = [i._local_tensor for i in indices[1:]]  # noqa: SLF001
+    return wrap(func(x._local_tensor, [local_first, *rest]), out)  # noqa: SLF001
+
+
+def _index_spec(func: Any, x: Any, indices: Sequence[Any]) -> Any:
+    """The result's spec for ``_index_rows``, when the indices are laid out as it needs:
+    replicated integers, the first of shape ``(rows, 1, ...)`` leading the result, the others
+    of size 1 there; else None."""
+    import torch
+
+    first = indices[0]
+    rank = max(i.dim() for i in indices)
+    for i in indices:
+        if i.dtype not in (torch.int64, torch.int32) or not i._spec.is_replicated():  # noqa: SLF001
+            return None  # (a bool index is a mask: its result's rows depend on the values)
+        if i is not first and i.dim() == rank and i.shape[0] != 1:
+            return None
+    if first.dim() != rank or first.shape[0] != x.shape[0] or any(d != 1 for d in first.shape[1:]):
+        return None
+    found = _specs_of(func, (x, list(indices)), x, ())
+    return found if found is not None and not isinstance(found, list) else None
 
 
 ROUTES: dict[str, Any] = {name: rows(name) for name in _OPS}
+ROUTES["aten.index.Tensor"] = _index_rows
+ROUTES["aten.expand.default"] = _expand
 ROUTES["aten.cat.default"] = _cat
 ROUTES["aten.view.default"] = _view
 ROUTES["aten._unsafe_view.default"] = _view
