@@ -73,6 +73,7 @@ the ranks' half never imports the controller's.
 ``worker/shard_foreach.py``     ``_foreach_`` ops (an optimizer's update) on the local shards
 ``worker/shard_views.py``       a view of a batch split by rows, on each rank's rows
 ``worker/shard_rows.py``        ops that leave dim 0 alone on a batch split by rows (GPT-2's)
+``worker/shard_row_masks.py``   ops keeping a batch's rows beside replicated values (a mask's)
 ``worker/shard_partials.py``    ops linear in a partial sum (two gradients added)
 ``worker/shard_replicas.py``    any op whose inputs are all replicated (an attention mask's)
 ``worker/dtensors.py``          a rank's local tensor as a DTensor, specs' layouts, cached

@@ -48,6 +48,16 @@ class Steps(am.Actor):
         }
 
     @am.endpoint
+    def direct(self) -> set[str]:
+        """The ops this rank's programs run from the program (not rebuilt as sent)."""
+        return {
+            step.name[0]
+            for program in self._engine().programs.values()
+            for step in program.steps
+            if step.direct
+        }
+
+    @am.endpoint
     def compared_contiguous(self) -> list[bool]:
         """Whether a comparison of a transposed partial sum all-reduces contiguous tensors
         (NCCL refuses others; gloo, here, takes them)."""
@@ -360,6 +370,47 @@ def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -
     steps = mesh.spawn("losses_by_route", Steps, tensor_mesh(mesh).key)
     for rank, names in steps.by_route.call().get(timeout=60).items():
         assert {"aten.mse_loss.default", "aten.mse_loss_backward.default"} <= names, (rank, names)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_controller_tensors_and_keywords_of_each_run_are_taken_from_the_program(
+    mesh: Any,
+) -> None:
+    # Ops of controller tensors (a mask, a tensor changed in place between runs, the empty
+    # cache a concatenation starts from), named before the mesh values they meet, and the
+    # attention's mask and scale as keywords (the scale a float of each run): run from the
+    # program, with what each run gave them.
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 8, 4)  # (batch, heads, positions, features)
+    on_x = distribute(x, mesh, sharding_spec=["dp", None, None, None])
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    shift, empty = torch.zeros(8, 4), torch.zeros(4, 2, 0, 4)
+    stream = tensor_mesh(mesh).stream
+
+    def step(a: Any, k: float) -> Any:
+        shifted = shift + a  # (a new copy of shift each run: the program's ops come after it)
+        seen = torch.nn.functional.scaled_dot_product_attention(
+            shifted * k, a, a, attn_mask=mask, scale=0.1 * k
+        )
+        kept = torch.where(mask[:, :4], seen, shifted)
+        return (torch.cat([empty, kept], dim=-2) * 2 + 1) * 3 - 1
+
+    sent = stream.programs.sent
+    for i in range(WARM + 2):
+        shift.add_(1.0)
+        got = step(on_x, 1.0 + i)
+        stream.mark()
+        assert torch.allclose(inspect(got), step(x, 1.0 + i), rtol=1e-6, atol=1e-6), i
+    assert stream.programs.sent - sent >= 2
+    steps = mesh.spawn("direct_steps", Steps, tensor_mesh(mesh).key)
+    taken = {
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        "aten.add.Tensor",
+        "aten.where.self",
+        "aten.cat.default",
+    }
+    for rank, names in steps.direct.call().get(timeout=60).items():
+        assert taken <= names, (rank, taken - names)
 
 
 @pytest.mark.usefixtures("steps_as_batches")

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN
-from .dtensors import as_dtensor, torch_classes
+from .dtensors import as_dtensor, dtensor_class, torch_classes
 from .shard_ops import TAKES_CONSTANTS, on_shards
 
 if TYPE_CHECKING:
@@ -132,6 +132,40 @@ def lift_constants(engine: EngineState, args: Any, kwargs: dict[str, Any]) -> tu
         return x
 
     return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
+
+
+# id(controller tensor) -> (it, its Replicate DTensor), for small ones: a program's step lifts
+# the same pooled constants every run (a mask's fill values, the positions; controller/
+# constants.py pools those of at most POOL_BYTES). The entry keeps the tensor alive, so a
+# large one (a batch) is not kept.
+_lifted: dict[int, tuple[Any, Any]] = {}
+_LIFTED_BYTES = 1024
+
+
+def lift_inputs(engine: EngineState, inputs: list[Any]) -> list[Any]:
+    """``inputs`` with each controller tensor as a Replicate DTensor on the mesh of the DTensor
+    among them (``lift_constants`` for a program's step, whose inputs are in order)."""
+    dtensor = dtensor_class()
+    mesh = next((x.device_mesh for x in inputs if type(x) is dtensor), None)
+    if mesh is None:
+        return inputs
+    out = []
+    for x in inputs:
+        if type(x) is dtensor or not isinstance(x, torch_classes().tensor_base):
+            out.append(x)
+            continue
+        found = _lifted.get(id(x))
+        if found is None or found[0] is not x or found[1].device_mesh is not mesh:
+            moved = x.to(engine.device)
+            lifted = as_dtensor(moved, mesh, (torch_classes().replicate(),) * mesh.ndim)
+            if moved is not x or x.numel() * x.element_size() > _LIFTED_BYTES:
+                out.append(lifted)  # (a copy on another device may not see in-place changes)
+                continue
+            if len(_lifted) > 4096:
+                _lifted.clear()
+            found = _lifted[id(x)] = (x, lifted)
+        out.append(found[1])
+    return out
 
 
 def run_aten(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.ops import IN, Ref
 from ..wire.programs import INS, count_values, rebuild_op, shape_op
 from . import chunks
-from .aten import _IN_PLACE_VIEWS, on_dtensors, resolve_op, tensor_leaves
+from .aten import _IN_PLACE_VIEWS, lift_inputs, on_dtensors, resolve_op, tensor_leaves
 from .lowered import Lowered, lower, release
 from .shard_ops import TAKES_CONSTANTS, route_for
 from .step_args import fill, fillable, literal, runs
@@ -39,8 +39,8 @@ class _Step:
     """One op of a program, with what running it needs worked out once."""
 
     __slots__ = (
-        "args", "at", "direct", "func", "general", "kwargs", "lowerable", "lowered", "name",
-        "nvars", "op", "route", "simple", "var0",
+        "args", "at", "direct", "filled_kwargs", "func", "general", "kwargs", "lifts",
+        "lowerable", "lowered", "name", "nvars", "op", "order", "route", "simple", "var0",
     )  # fmt: skip
 
     def __init__(self, op: Any, at: int, var0: int) -> None:
@@ -50,6 +50,9 @@ class _Step:
         self.nvars = count_values(op[4])
         self.direct = False  # run from here (else rebuilt and run by the engine's _execute)
         self.general = False  # the general path's op, run from here by its route alone
+        self.lifts = False  # its controller tensors are lifted (Replicate DTensors) for its route
+        self.order: tuple[int, ...] | None = None  # its inputs by its arguments' order, if not ins'
+        self.filled_kwargs: tuple[tuple[str, Any], ...] | None = None  # keywords filled per run
         self.route: Any = None
         self.func: Any = None
         self.args: tuple[Any, ...] = ()
@@ -66,20 +69,29 @@ class _Step:
         if seed is not None or name in _IN_PLACE_VIEWS:
             return  # a random op's, an in-place view's: as sent
         if inputs is not INS:
-            # The general path's: as sent, but for a loss whose target is a controller tensor
-            # (its inputs by position, each once and in order: as the fast path's IN).
-            args = _refs_in_order(args, op[2]) if name in TAKES_CONSTANTS else None
-            if args is None:
+            # The general path's (controller tensors among its inputs): direct, its inputs
+            # taken as the fast path's IN in the order its arguments name them; a loss takes
+            # its target's block as it is, another op takes them as Replicate DTensors. A
+            # controller tensor keeps it from being lowered.
+            found = _refs_once((*args, kwargs), op[2])  # (keywords' inputs after the arguments')
+            if found is None:
                 return
+            (*args, kwargs), order = found
             self.general = True
-        if not all(literal(v) for _, v in kwargs[1:]) or not all(fillable(a) for a in args):
+            self.lifts = name not in TAKES_CONSTANTS
+            self.order = None if order == tuple(range(op[2])) else order
+        if not all(fillable(v) for _, v in kwargs[1:]) or not all(fillable(a) for a in args):
             return
         self.direct = True
         self.func = resolve_op(name)
         self.route = route_for(name, self.func)
-        self.lowerable = bool(getattr(self.route, "on_locals", False))
         self.args = tuple(runs(a) for a in args)
-        self.kwargs = dict(kwargs[1:])
+        if all(literal(v) for _, v in kwargs[1:]):
+            self.kwargs = dict(kwargs[1:])
+            # (a lowered step and a chunk take the inputs in the order of the step's ins)
+            self.lowerable = self.order is None and bool(getattr(self.route, "on_locals", False))
+        else:  # (inputs or floats among the keywords, attention's mask and scale: not lowered)
+            self.filled_kwargs = tuple(kwargs[1:])
         self.simple = all(a is IN or literal(a) for a in args)
 
     def shown(self, ids: Sequence[int]) -> Any:
@@ -94,9 +106,10 @@ class _Step:
         return rebuild_op(self.op, out, ins, iter(values[self.var0 : self.var0 + self.nvars]))
 
 
-def _refs_in_order(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...] | None:
-    """A general path's arguments with their ``Ref``s as ``IN``, or None unless they refer to
-    the op's ``n_in`` inputs each once, in order."""
+def _refs_once(args: tuple[Any, ...], n_in: int) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
+    """A general path's arguments (its keywords' template last) with their ``Ref``s as
+    ``IN``, and the inputs they name in that order (one may be named twice: attention's key
+    and value); None for a ``Ref`` that is not one of the op's ``n_in`` inputs."""
     seen: list[int] = []
 
     def swap(a: Any) -> Any:
@@ -108,7 +121,7 @@ def _refs_in_order(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...] | None:
         return a
 
     swapped = tuple([swap(a) for a in args])
-    return swapped if seen == list(range(n_in)) else None
+    return (swapped, tuple(seen)) if all(0 <= i < n_in for i in seen) else None
 
 
 MAX_BUILDS = 4  # chunks made per program, at most: a program rewired each run stays unchunked
@@ -233,14 +246,15 @@ def _run_direct(
     except KeyError:
         engine._execute(step.as_sent(ids, values))  # noqa: SLF001  (raises, naming the value)
         return
-    args = _args(step, inputs, values)
+    # (lowered below from the inputs as they are: a controller tensor keeps it from lowering)
+    args, kwargs = _call_args(step, lift_inputs(engine, inputs) if step.lifts else inputs, values)
     try:
         route = step.route
-        result = None if route is None else route(step.func, args, step.kwargs)
+        result = None if route is None else route(step.func, args, kwargs)
         if result is None and step.general:
             leaves = None  # run_aten's general path: constants as DTensors first (below)
         elif result is None:  # not on the shards: DTensor runs it, as run_aten would
-            leaves = on_dtensors(step.name[0], step.func, args, step.kwargs)
+            leaves = on_dtensors(step.name[0], step.func, args, kwargs)
         else:
             leaves = tensor_leaves(result)
             if step.lowerable:
@@ -289,6 +303,20 @@ def _outliving(engine: EngineState, this: Any, held: dict[int, Any]) -> list[int
 
 
 _settled = False
+
+
+def _call_args(
+    step: _Step, inputs: list[Any], values: Sequence[Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A direct step's arguments and keywords in this run (its inputs as ``_args`` takes them:
+    in the order of its ins, put in its arguments' order here)."""
+    if step.order is not None:
+        inputs = [inputs[k] for k in step.order]
+    if step.filled_kwargs is None:
+        return _args(step, inputs, values), step.kwargs
+    it, vals = iter(inputs), iter(values[step.var0 : step.var0 + step.nvars])
+    args = tuple([fill(a, it, vals) for a in step.args])  # (the keywords' come after these)
+    return args, {k: fill(v, it, vals) for k, v in step.filled_kwargs}
 
 
 def _args(step: _Step, inputs: list[Any], values: Sequence[Any]) -> tuple[Any, ...]:

@@ -21,6 +21,8 @@ family of op they take:
 - ``shard_attention.py``: CPU attention and its backward;
 - ``shard_rows.py``: ops that leave dim 0 alone on a batch split by rows (transposes, slices,
   splits and views per head, ``layer_norm`` and its backward, ``cat``, ``log_softmax``);
+- ``shard_row_masks.py``: ops that keep a batch's rows combined with replicated values (a
+  pointwise op broadcasting them, a padding mask indexed at each row, ``expand``);
 - ``shard_partials.py``: ops linear in a partial sum (``add`` of two gradients, the position
   embedding's backward);
 - ``shard_replicas.py``: any op whose DTensor inputs are all replicated, where the routes above
@@ -33,7 +35,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import shard_attention, shard_batch, shard_linear, shard_losses, shard_partials, shard_rows
+from . import (
+    shard_attention,
+    shard_batch,
+    shard_linear,
+    shard_losses,
+    shard_partials,
+    shard_row_masks,
+    shard_rows,
+)
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
 from .lowered import computes_on_locals, takes_view_sizes
 from .shard_foreach import ROUTES as FOREACH_ROUTES
@@ -286,6 +296,7 @@ def _summing_groups(spec: Any) -> tuple[Any, ...] | None:
 # Ops with a route of their own, by name; each family module says which it takes.
 _SPECIAL: dict[str, Any] = {
     **shard_rows.ROUTES,
+    **shard_row_masks.ROUTES,
     **shard_batch.ROUTES,
     **shard_linear.ROUTES,
     **shard_losses.ROUTES,
@@ -316,7 +327,7 @@ for _name, _route in shard_rows.ROUTES.items():  # the other family's first (its
         _SPECIAL[_name] = _either(shard_linear.ROUTES[_name], _route)
 # Pointwise ops on tensors placed alike, then on rows with replicated values that broadcast
 # over them; linear ones on partial sums too.
-_ALIKE_OR_ROWS = _either(_pointwise_on_shards, shard_rows.pointwise_rows)
+_ALIKE_OR_ROWS = _either(_pointwise_on_shards, shard_row_masks.pointwise_rows)
 for _name, _route in shard_partials.ROUTES.items():
     _SPECIAL[_name] = _either(_SPECIAL.get(_name, _ALIKE_OR_ROWS), _route)
 

@@ -19,14 +19,12 @@ but a parameter's gradient, which sums over the rows: ``Partial`` sums where the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from .dtensors import (
     UNKNOWN,
     OutSpecs,
     dtensor_class,
-    local_layout,
     partial_sum,
     spec_of,
     torch_classes,
@@ -34,10 +32,10 @@ from .dtensors import (
 )
 from .lowered import computes_on_locals, views_locally
 
-_found = OutSpecs()
+FOUND = OutSpecs()
 
 
-def _row_split(spec: Any) -> bool:
+def row_split(spec: Any) -> bool:
     """Split over dim 0 by some mesh dim and replicated over the others (nothing else)."""
     classes = torch_classes()
     shard, replicate = classes.shard, classes.replicate
@@ -50,7 +48,7 @@ def _row_split(spec: Any) -> bool:
     return split
 
 
-def _replicated(spec: Any) -> bool:
+def replicated(spec: Any) -> bool:
     replicate = torch_classes().replicate
     return all(type(p) is replicate for p in spec.placements)
 
@@ -133,7 +131,7 @@ _OPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]] =
 _KEYWORDS = frozenset({"dtype", "layout", "device", "memory_format", "non_blocking"})
 
 
-def _specs_of(
+def specs_of(
     func: Any, args: tuple[Any, ...], x: Any, partial: tuple[int, ...], kwargs: Any = ()
 ) -> Any:
     """The results' specs, from the op on meta tensors of the global layouts (``kwargs``: the
@@ -167,12 +165,12 @@ def _specs_of(
     return specs if isinstance(out, (list, tuple)) else specs[0]
 
 
-def _inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, ...]) -> Any:
+def inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, ...]) -> Any:
     """The DTensor inputs' specs, if laid out as the route needs (else None)."""
     classes = torch_classes()
     DTensor, base = classes.dtensor, classes.tensor_base
     first = args[rows[0]]
-    if type(first) is not DTensor or not _row_split(first._spec):  # noqa: SLF001
+    if type(first) is not DTensor or not row_split(first._spec):  # noqa: SLF001
         return None
     fspec = first._spec  # noqa: SLF001
     specs = []
@@ -185,7 +183,7 @@ def _inputs_ok(args: tuple[Any, ...], rows: tuple[int, ...], params: tuple[int, 
             if i in rows:
                 if s.placements != fspec.placements or s.shape[0] != fspec.shape[0]:
                     return None
-            elif i not in params or not _replicated(s):
+            elif i not in params or not replicated(s):
                 return None
             specs.append(s)
         elif i in rows or (isinstance(a, (list, tuple)) and any(type(v) is DTensor for v in a)):
@@ -213,18 +211,18 @@ def rows(name: str) -> Any:
         keywords = _keywords(kwargs, args[row_at[0]]) if kwargs else ()
         if keywords is None:
             return None
-        specs = _inputs_ok(args, row_at, params)
+        specs = inputs_ok(args, row_at, params)
         if specs is None:
             return None
         D = torch_classes().dtensor
         # (lists here hold ints or bools: _inputs_ok refused any holding a DTensor)
         extra = (func, tuple([None if type(a) is D else tuple(a) if type(a) is list else a
                               for a in args]), keywords)  # fmt: skip
-        out = _found.get(specs, extra)
+        out = FOUND.get(specs, extra)
         if out is UNKNOWN:
             x = args[row_at[0]]
-            found = _specs_of(func, args, x, partial, keywords) if ok(args, x) else None
-            out = _found.put(specs, extra, found)
+            found = specs_of(func, args, x, partial, keywords) if ok(args, x) else None
+            out = FOUND.put(specs, extra, found)
         if out is None:
             return None
         return _wrapped(
@@ -259,15 +257,15 @@ def _cat(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
     tensors = list(args[0])
     n = len(tensors)
-    specs = _inputs_ok((*tensors, *args[1:]), tuple(range(n)), ())
+    specs = inputs_ok((*tensors, *args[1:]), tuple(range(n)), ())
     if specs is None or any(t.dim() != tensors[0].dim() for t in tensors):
         return None
     extra = (func, _hashable(args[1:]))
-    out = _found.get(specs, extra)
+    out = FOUND.get(specs, extra)
     if out is UNKNOWN:
         x = tensors[0]
-        found = _specs_of(func, args, x, ()) if _dim(args, 1, 0, x.dim()) != 0 else None
-        out = _found.put(specs, extra, found)
+        found = specs_of(func, args, x, ()) if _dim(args, 1, 0, x.dim()) != 0 else None
+        out = FOUND.put(specs, extra, found)
     if out is None:
         return None
     return wrap(func([_local(t) for t in tensors], *args[1:]), out)
@@ -279,155 +277,24 @@ def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     (a head's slice of a fused projection): the local view with the local rows."""
     if kwargs or len(args) != 2 or not isinstance(args[1], (list, tuple)) or not args[1]:
         return None
-    specs = _inputs_ok(args, (0,), ())
+    specs = inputs_ok(args, (0,), ())
     if specs is None:
         return None
     x = args[0]
     extra = (func, tuple(args[1]))
-    out = _found.get(specs, extra)
+    out = FOUND.get(specs, extra)
     if out is UNKNOWN:
-        found = _specs_of(func, args, x, ())
+        found = specs_of(func, args, x, ())
         if found is not None and found.stride[0] != x._spec.stride[0]:  # noqa: SLF001
             found = None
-        out = _found.put(specs, extra, found)
+        out = FOUND.put(specs, extra, found)
     if out is None:
         return None
     local = x._local_tensor  # noqa: SLF001
     return wrap(func(local, [local.shape[0], *args[1][1:]]), out)
 
 
-@computes_on_locals
-def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A pointwise op of tensors split by rows alike and replicated ones that broadcast over
-    the rows (a position embedding of one row added to a batch's token embeddings): each
-    rank's rows of the result from its rows and the replicated values."""
-    classes = torch_classes()
-    DTensor, base = classes.dtensor, classes.tensor_base
-    rows = params = None
-    for a in args:
-        t = type(a)
-        if t is DTensor:
-            spec = a._spec  # noqa: SLF001
-            if _row_split(spec):
-                if rows is None:
-                    rows = spec
-                elif (
-                    spec.placements != rows.placements
-                    or len(spec.shape) != len(rows.shape)
-                    or spec.shape[0] != rows.shape[0]
-                ):
-                    return None
-            elif _replicated(spec):
-                params = spec
-            else:
-                return None
-        elif t is list or t is tuple or issubclass(t, base):
-            return None
-    if rows is None or params is None or any(issubclass(type(v), base) for v in kwargs.values()):
-        return None
-    specs = tuple(a._spec for a in args if type(a) is DTensor)  # noqa: SLF001
-    # (the scalars' kinds and the keywords decide the result's dtype, not their values)
-    extra = (func, tuple(type(a) for a in args), tuple(sorted(kwargs)))
-    out = _found.get(specs, extra)
-    if out is UNKNOWN:
-        out = _found.put(specs, extra, _broadcast_spec(func, args, kwargs, rows))
-    if out is None:
-        return None
-    return wrap(func(*[a._local_tensor if type(a) is DTensor else a for a in args], **kwargs), out)  # noqa: SLF001
-
-
-def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rows: Any) -> Any:
-    """The result's spec where every replicated input broadcasts over the rows (its dims
-    aligned from the right, it has none or one at the rows' dim) and the result has the rows'
-    dims (a mask's rows broadcast along its other dims too); else None."""
-    D = dtensor_class()
-    for a in args:
-        if type(a) is D and a._spec.placements != rows.placements:  # noqa: SLF001
-            at = a.dim() - len(rows.shape)  # the replicated input's dim aligned with dim 0
-            if at >= 0 and a.shape[at] != 1:
-                return None
-    x = next(a for a in args if type(a) is D and a._spec.placements == rows.placements)  # noqa: SLF001
-    found = _specs_of(func, args, x, (), tuple(sorted(kwargs.items())))
-    return found if found is not None and len(found.shape) == len(rows.shape) else None
-
-
-@views_locally
-def _expand(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``expand`` that keeps the rows of a tensor split by rows (size -1 or the rows' count at
-    dim 0): the local expand of the local rows."""
-    if kwargs or len(args) != 2 or not isinstance(args[1], (list, tuple)) or not args[1]:
-        return None
-    specs = _inputs_ok(args, (0,), ())
-    x, sizes = args
-    if specs is None or len(sizes) != x.dim() or sizes[0] not in (-1, x.shape[0]):
-        return None
-    extra = (func, tuple(sizes))
-    out = _found.get(specs, extra)
-    if out is UNKNOWN:
-        out = _found.put(specs, extra, _specs_of(func, args, x, ()))
-    if out is None:
-        return None
-    return wrap(func(x._local_tensor, [-1, *sizes[1:]]), out)  # noqa: SLF001
-
-
-_index_specs = OutSpecs()
-
-
-def _index_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``x[rows, ...]`` of a tensor split by rows, where the index of dim 0 picks each row in
-    order (shaped to lead the result, ``arange(n)[:, None, None]``) and the other indices are
-    replicated integers that broadcast over the rows: Hugging Face's padding mask taken at each
-    query and key position. Each rank's rows of the result are its rows' (DTensor gathers the
-    whole tensor on every rank). Decided by the indices' values each run (not lowered)."""
-    import torch
-
-    DTensor = dtensor_class()
-    if kwargs or len(args) != 2 or type(args[0]) is not DTensor:
-        return None
-    x, indices = args
-    spec = x._spec  # noqa: SLF001
-    if not _row_split(spec) or not isinstance(indices, (list, tuple)) or not indices:
-        return None
-    if any(type(i) is not DTensor for i in indices):
-        return None  # (None: a dim not indexed; a plain tensor: DTensor decides)
-    specs = (spec, *(i._spec for i in indices))  # noqa: SLF001
-    out = _index_specs.get(specs)
-    if out is UNKNOWN:
-        out = _index_specs.put(specs, None, _index_spec(func, x, indices))
-    if out is None:
-        return None
-    first = indices[0]._local_tensor  # noqa: SLF001
-    n = len(first)
-    if not torch.equal(first.reshape(n), torch.arange(n, device=first.device)):
-        return None
-    shape, offset = local_layout(spec)
-    local_first = first.narrow(0, offset[0], shape[0]) - offset[0]
-    rest = [i._local_tensor for i in indices[1:]]  # noqa: SLF001
-    return wrap(func(x._local_tensor, [local_first, *rest]), out)  # noqa: SLF001
-
-
-def _index_spec(func: Any, x: Any, indices: Sequence[Any]) -> Any:
-    """The result's spec for ``_index_rows``, when the indices are laid out as it needs:
-    replicated integers, the first of shape ``(rows, 1, ...)`` leading the result, the others
-    of size 1 there; else None."""
-    import torch
-
-    first = indices[0]
-    rank = max(i.dim() for i in indices)
-    for i in indices:
-        if i.dtype not in (torch.int64, torch.int32) or not i._spec.is_replicated():  # noqa: SLF001
-            return None  # (a bool index is a mask: its result's rows depend on the values)
-        if i is not first and i.dim() == rank and i.shape[0] != 1:
-            return None
-    if first.dim() != rank or first.shape[0] != x.shape[0] or any(d != 1 for d in first.shape[1:]):
-        return None
-    found = _specs_of(func, (x, list(indices)), x, ())
-    return found if found is not None and not isinstance(found, list) else None
-
-
 ROUTES: dict[str, Any] = {name: rows(name) for name in _OPS}
-ROUTES["aten.index.Tensor"] = _index_rows
-ROUTES["aten.expand.default"] = _expand
 ROUTES["aten.cat.default"] = _cat
 ROUTES["aten.view.default"] = _view
 ROUTES["aten._unsafe_view.default"] = _view
