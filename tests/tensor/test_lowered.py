@@ -38,23 +38,14 @@ class Steps(am.Actor):
         return out
 
     @am.endpoint
-    def by_route(self) -> set[str]:
-        """The general path's ops this rank's programs run by their route."""
+    def named(self, kind: str) -> set[str]:
+        """The ops of this rank's programs that are ``kind``: ``general`` (the general path's,
+        run by their route), ``direct`` (run from the program, not rebuilt as sent)."""
         return {
             step.name[0]
             for program in self._engine().programs.values()
             for step in program.steps
-            if step.general
-        }
-
-    @am.endpoint
-    def direct(self) -> set[str]:
-        """The ops this rank's programs run from the program (not rebuilt as sent)."""
-        return {
-            step.name[0]
-            for program in self._engine().programs.values()
-            for step in program.steps
-            if step.direct
+            if getattr(step, kind)
         }
 
     @am.endpoint
@@ -368,7 +359,7 @@ def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -
         assert torch.allclose(inspect(on_w.grad), here.grad, rtol=1e-12, atol=0), i
     assert stream.programs.sent - sent >= 2
     steps = mesh.spawn("losses_by_route", Steps, tensor_mesh(mesh).key)
-    for rank, names in steps.by_route.call().get(timeout=60).items():
+    for rank, names in steps.named.call("general").get(timeout=60).items():
         assert {"aten.mse_loss.default", "aten.mse_loss_backward.default"} <= names, (rank, names)
 
 
@@ -409,7 +400,7 @@ def test_controller_tensors_and_keywords_of_each_run_are_taken_from_the_program(
         "aten.where.self",
         "aten.cat.default",
     }
-    for rank, names in steps.direct.call().get(timeout=60).items():
+    for rank, names in steps.named.call("direct").get(timeout=60).items():
         assert taken <= names, (rank, taken - names)
 
 
