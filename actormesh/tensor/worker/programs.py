@@ -73,7 +73,8 @@ class _Step:
             # taken as the fast path's IN in the order its arguments name them; a loss takes
             # its target's block as it is, another op takes them as Replicate DTensors. A
             # controller tensor keeps it from being lowered.
-            found = _refs_once((*args, kwargs), op[2])  # (keywords' inputs after the arguments')
+            # (the keywords' inputs come after the arguments')
+            found = _refs_as_inputs((*args, kwargs), op[2])
             if found is None:
                 return
             (*args, kwargs), order = found
@@ -106,7 +107,9 @@ class _Step:
         return rebuild_op(self.op, out, ins, iter(values[self.var0 : self.var0 + self.nvars]))
 
 
-def _refs_once(args: tuple[Any, ...], n_in: int) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
+def _refs_as_inputs(
+    args: tuple[Any, ...], n_in: int
+) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
     """A general path's arguments (its keywords' template last) with their ``Ref``s as
     ``IN``, and the inputs they name in that order (one may be named twice: attention's key
     and value); None for a ``Ref`` that is not one of the op's ``n_in`` inputs."""
