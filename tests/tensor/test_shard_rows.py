@@ -96,6 +96,8 @@ def _padding_mask_rows(tokens: Any, rows: int) -> list[str]:
         # the rows along the result's dim 1: its dim 0 runs over the keys
         (padding, [replicated(torch.arange(rows).view(1, -1)), at_keys.view(-1, 1)]),
         (padding, [replicated(torch.ones(rows, 8, dtype=torch.bool))]),  # a mask
+        # the same index twice (a diagonal): the second runs over every row too
+        (tokens, [replicated(torch.arange(rows)), replicated(torch.arange(rows))][:1] * 2),
     ]
     for args in declined:
         if on_shards("aten.index.Tensor", index, args, {}) is not None:
@@ -162,6 +164,9 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten.clone.default", (q,), {"memory_format": torch.contiguous_format}),
         ("aten._to_copy.default", (tokens,), {"dtype": torch.bool, "device": tokens.device}),
         ("aten._to_copy.default", (x,), {"dtype": torch.float32}),
+        # one op, specs and scalars, another keyword value: another dtype (int, then float)
+        ("aten.div.Tensor_mode", (tokens, tokens[:1] + 1), {"rounding_mode": "floor"}),
+        ("aten.div.Tensor_mode", (tokens, tokens[:1] + 1), {"rounding_mode": None}),
     ]
     problems = differences_by_route([(n, a, {}) for n, a in cases] + with_keywords)
     problems += _padding_mask_rows(tokens, rows)
@@ -178,6 +183,7 @@ def _against_dtensor(x: Any, qkv: Any, w: Any, b: Any, w2: Any, tokens: Any) -> 
         ("aten.embedding_dense_backward.default", (x, tokens, 64, -1, True)),
         ("aten.constant_pad_nd.default", (x, [0, 0, 0, 0, 1, 0], 0.0)),  # pads the rows
         ("aten.add.Tensor", (x, w2[:rows][:, None])),  # (rows, 1, 16) replicated: whole rows
+        ("aten.mul_.Tensor", (w2[:1, :16] * 1, x[:, 0])),  # writes a replicated value
     ]
     for name, args in declined:
         func = _op(name)

@@ -30,11 +30,17 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     rank's rows of the result from its rows and the replicated values."""
     classes = torch_classes()
     DTensor, base = classes.dtensor, classes.tensor_base
-    rows = params = None
+    if _writes(func):
+        return None  # (into a replicated value, from one rank's rows: _pointwise_on_shards's)
+    rows = params = mesh = None
     for a in args:
         t = type(a)
         if t is DTensor:
             spec = a._spec  # noqa: SLF001
+            if mesh is None:
+                mesh = spec.mesh
+            elif spec.mesh is not mesh:
+                return None
             if row_split(spec):
                 if rows is None:
                     rows = spec
@@ -53,14 +59,29 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     if rows is None or params is None or any(issubclass(type(v), base) for v in kwargs.values()):
         return None
     specs = tuple(a._spec for a in args if type(a) is DTensor)  # noqa: SLF001
-    # (the scalars' kinds and the keywords decide the result's dtype, not their values)
-    extra = (func, tuple(type(a) for a in args), tuple(sorted(kwargs)))
+    # The scalars' kinds decide the result's dtype, not their values; a keyword's value may
+    # (div's rounding_mode), a float's never.
+    extra = (
+        func,
+        tuple(type(a) for a in args),
+        tuple(sorted((k, float if type(v) is float else v) for k, v in kwargs.items())),
+    )
     out = FOUND.get(specs, extra)
     if out is UNKNOWN:
         out = FOUND.put(specs, extra, _broadcast_spec(func, args, kwargs, rows))
     if out is None:
         return None
     return wrap(func(*[a._local_tensor if type(a) is DTensor else a for a in args], **kwargs), out)  # noqa: SLF001
+
+
+_mutable: dict[Any, bool] = {}
+
+
+def _writes(func: Any) -> bool:
+    found = _mutable.get(func)
+    if found is None:
+        found = _mutable[func] = func._schema.is_mutable  # noqa: SLF001
+    return found
 
 
 def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rows: Any) -> Any:
@@ -141,10 +162,11 @@ def _index_spec(func: Any, x: Any, indices: Sequence[Any]) -> Any:
 
     first = indices[0]
     rank = max(i.dim() for i in indices)
-    for i in indices:
+    for k, i in enumerate(indices):
         if i.dtype not in (torch.int64, torch.int32) or not i._spec.is_replicated():  # noqa: SLF001
             return None  # (a bool index is a mask: its result's rows depend on the values)
-        if i is not first and i.dim() == rank and i.shape[0] != 1:
+        # by position, not identity: in x[rows, rows] the second index takes every row too
+        if k and i.dim() == rank and i.shape[0] != 1:
             return None
     if first.dim() != rank or first.shape[0] != x.shape[0] or any(d != 1 for d in first.shape[1:]):
         return None
