@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire.ops import IN
-from .dtensors import as_dtensor, dtensor_class, torch_classes
+from .dtensors import as_dtensor, dtensor_class, replicated_on, torch_classes
 from .shard_ops import TAKES_CONSTANTS, on_shards
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def lift_constants(engine: EngineState, args: Any, kwargs: dict[str, Any]) -> tu
     """Controller tensors in an op with DTensors become Replicate DTensors (DTensor rejects
     mixed Tensor/DTensor arguments); on the DTensor arguments' mesh."""
     import torch
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor
 
     mesh = None
     plain = False
@@ -121,17 +121,29 @@ def lift_constants(engine: EngineState, args: Any, kwargs: dict[str, Any]) -> tu
             plain = True
     if mesh is None or not plain:
         return args, kwargs
-    device = engine.device
-    placements = [Replicate()] * mesh.ndim
 
     def lift(x: Any) -> Any:
         if type(x) is list or type(x) is tuple:
             return type(x)(lift(e) for e in x)
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor):
-            return as_dtensor(x.to(device), mesh, placements)
+            return _lifted_one(engine, x, mesh)
         return x
 
     return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
+
+
+def lift_inputs(engine: EngineState, inputs: list[Any]) -> list[Any]:
+    """``inputs`` with each controller tensor as a Replicate DTensor on the mesh of the DTensor
+    among them (``lift_constants`` for a program's step, whose inputs are in order)."""
+    dtensor = dtensor_class()
+    mesh = next((x.device_mesh for x in inputs if type(x) is dtensor), None)
+    if mesh is None:
+        return inputs
+    base = torch_classes().tensor_base
+    return [
+        x if type(x) is dtensor or not isinstance(x, base) else _lifted_one(engine, x, mesh)
+        for x in inputs
+    ]
 
 
 # id(controller tensor) -> (it, its Replicate DTensor), for small ones: a program's step lifts
@@ -142,30 +154,19 @@ _lifted: dict[int, tuple[Any, Any]] = {}
 _LIFTED_BYTES = 1024
 
 
-def lift_inputs(engine: EngineState, inputs: list[Any]) -> list[Any]:
-    """``inputs`` with each controller tensor as a Replicate DTensor on the mesh of the DTensor
-    among them (``lift_constants`` for a program's step, whose inputs are in order)."""
-    dtensor = dtensor_class()
-    mesh = next((x.device_mesh for x in inputs if type(x) is dtensor), None)
-    if mesh is None:
-        return inputs
-    out = []
-    for x in inputs:
-        if type(x) is dtensor or not isinstance(x, torch_classes().tensor_base):
-            out.append(x)
-            continue
-        found = _lifted.get(id(x))
-        if found is None or found[0] is not x or found[1].device_mesh is not mesh:
-            moved = x.to(engine.device)
-            lifted = as_dtensor(moved, mesh, (torch_classes().replicate(),) * mesh.ndim)
-            if moved is not x or x.numel() * x.element_size() > _LIFTED_BYTES:
-                out.append(lifted)  # (a copy on another device may not see in-place changes)
-                continue
-            if len(_lifted) > 4096:
-                _lifted.clear()
-            found = _lifted[id(x)] = (x, lifted)
-        out.append(found[1])
-    return out
+def _lifted_one(engine: EngineState, x: Any, mesh: Any) -> Any:
+    """Controller tensor ``x`` as a Replicate DTensor on ``mesh``, on the engine's device."""
+    found = _lifted.get(id(x))
+    if found is not None and found[0] is x and found[1].device_mesh is mesh:
+        return found[1]
+    moved = x.to(engine.device)
+    lifted = as_dtensor(moved, mesh, replicated_on(mesh.ndim))
+    if moved is x and x.numel() * x.element_size() <= _LIFTED_BYTES:
+        # (not a copy on another device: that one would not see in-place changes)
+        if len(_lifted) > 4096:
+            _lifted.clear()
+        _lifted[id(x)] = (x, lifted)
+    return lifted
 
 
 def run_aten(engine: EngineState, payload: Any, out: tuple[int, ...]) -> Sequence[Any]:

@@ -75,6 +75,17 @@ def wrap(local: Any, spec: Any) -> Any:
     return classes.new(classes.dtensor, local, spec, requires_grad=False)
 
 
+_all_replicated: dict[int, tuple[Any, ...]] = {}
+
+
+def replicated_on(ndim: int) -> tuple[Any, ...]:
+    """``(Replicate(),) * ndim``, made once per ``ndim``."""
+    found = _all_replicated.get(ndim)
+    if found is None:
+        found = _all_replicated[ndim] = ((_torch or torch_classes()).replicate(),) * ndim
+    return found
+
+
 def size_of(shape: Any) -> Any:
     """``torch.Size(shape)``."""
     return (_torch or torch_classes()).size(shape)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtensors import as_dtensor, torch_classes
+from .dtensors import as_dtensor, replicated_on, torch_classes
 from .lowered import computes_on_locals
 
 # op -> (whether this route may take it, whether it is pointwise)
@@ -92,7 +92,7 @@ def on_replicas(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     if device is not None and _device_type(device) != mesh.device_type:
         return None
     out = func._op(*local_args, **kwargs)  # noqa: SLF001  (what OpOverload.__call__ calls)
-    placements = _replicate(mesh.ndim)
+    placements = replicated_on(mesh.ndim)
     if type(out) is list or type(out) is tuple:  # (None: a result the op did not compute)
         return type(out)(None if o is None else as_dtensor(o, mesh, placements) for o in out)
     return as_dtensor(out, mesh, placements)
@@ -102,13 +102,3 @@ def _device_type(device: Any) -> str:
     import torch
 
     return torch.device(device).type
-
-
-_placements: dict[int, tuple[Any, ...]] = {}
-
-
-def _replicate(ndim: int) -> tuple[Any, ...]:
-    found = _placements.get(ndim)
-    if found is None:
-        found = _placements[ndim] = (torch_classes().replicate(),) * ndim
-    return found
