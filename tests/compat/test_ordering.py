@@ -10,6 +10,7 @@ docs/monarch.md, "Message order", says so."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from monarch_counter import Counter
 
@@ -49,3 +50,44 @@ def test_choose(procs) -> None:
             assert result == result2 == result3 == n
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+class BusyCounter(Actor):
+    def __init__(self) -> None:
+        self.v = 0
+
+    @endpoint
+    def hold(self, seconds: float) -> None:
+        time.sleep(seconds)  # busy: what comes meanwhile waits in the socket
+
+    @endpoint
+    def incr(self) -> None:
+        self.v += 1
+
+    @endpoint
+    def value(self) -> int:
+        return self.v
+
+
+class Asker(Actor):
+    @endpoint
+    def occupy(self, c: BusyCounter, seconds: float) -> None:
+        c.hold.broadcast(seconds)
+
+    @endpoint
+    def ask(self, c: BusyCounter) -> int:
+        return c.value.call_one().get(timeout=30)
+
+
+def test_causal_order_holds_while_the_receiver_is_busy(procs) -> None:
+    """A broadcast, then a call to another actor that asks the broadcast's receiver: both wait
+    in the receiver's socket while it is busy, and it takes them in the order they were sent.
+    ZeroMQ alone takes turns between senders, and here it is the asker's turn: the asker sent
+    what keeps the receiver busy."""
+    c = procs.slice(gpus=0).spawn("busy", BusyCounter)
+    a = procs.slice(gpus=1).spawn("asker", Asker)
+    assert a.ask.call_one(c).get(timeout=30) == 0  # every connection is up
+    for n in range(1, 9):
+        a.occupy.call_one(c, 0.1).get(timeout=30)
+        c.incr.broadcast()
+        assert a.ask.call_one(c).get(timeout=30) == n

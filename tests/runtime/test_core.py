@@ -150,10 +150,10 @@ def test_causal_order_a_broadcast_waiting_for_the_io_thread_goes_out_with_the_ne
     machine would); a call to another actor sends the batch first, so that actor, reading what
     the broadcast changed, sees the change while the I/O thread is still held.
 
-    It may take that actor more than one read: the receiver takes turns between the
-    connections of its senders when both wait for it, as under load (docs/monarch.md,
-    "Message order"). Without the flush the broadcast would not leave before the release, and
-    every read would see the old value until the timeout."""
+    It may take that actor more than one read: a read may reach the counter while the
+    broadcast is still on its way, under load (docs/monarch.md, "Message order"). Without the
+    flush the broadcast would not leave before the release, and every read would see the old
+    value until the timeout."""
     from actormesh.runtime.messaging.node import current_node
 
     counter = shared_procs.slice(gpus=1).spawn("causal_counter", Counter, 3)

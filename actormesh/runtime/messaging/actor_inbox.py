@@ -14,6 +14,14 @@ wake-up is only ever a reason to look at the queue, never something to handle. A
 that waits on ``fds`` instead (an actor's concurrent calls) is woken the same way, by the
 socket's FD.
 
+Order. ZeroMQ keeps each sender's messages in order, and takes turns between senders. Causal
+order needs more: a script that casts to this actor and then calls another actor, which asks
+this one, expects the cast to be handled first. When this actor was busy while both came,
+both wait in the socket, and taking turns may hand over the later one first. So whenever more
+than one message waits, all that wait are read and handled in the order they were sent (the
+send time in each head: one clock for the whole host, and the socket hears only from its host).
+One sender's messages keep their order, its send times being drawn in sequence.
+
 Only the actor's thread reads the socket, so the socket is not locked; the waking socket is
 shared by the handing threads, under a lock. Both live in a ZeroMQ context of their own that is
 never terminated: terminating the process's main context must not wait for an actor thread that
@@ -33,7 +41,7 @@ from .address import Address
 from .codec import Message, Verifier
 from .envelopes import BatchEnvelope
 from .protocol import BATCH, CALL, STOP_ACTOR
-from .receive import decode, receive
+from .receive import decode, has_message, receive
 from .socket_waker import SocketWaker, wake_address
 
 logger = logging.getLogger(__name__)
@@ -77,6 +85,8 @@ class ActorInbox:
         self._verifier = Verifier(key, address.mailbox) if address is not None else None
         self._queue: deque[Any] = deque()  # handed over by other threads
         self._ready: deque[Any] = deque()  # read from the socket, not handled yet (batches)
+        self._newest = 0  # the latest send time filed into _ready
+        self._unsorted = False  # something filed was sent before something filed earlier
         self._socket: zmq.Socket[Any] | None = None
         self._waker = SocketWaker()
         self._closed = False
@@ -122,9 +132,10 @@ class ActorInbox:
             msg = decode(self._verifier, frames)
             if msg is None:
                 continue
-            if msg.kind == CALL and not queue:
+            if msg.kind == CALL and not queue and not has_message(sock):
                 return (CALL_ITEM, msg)  # the common case, without the ready queue
             self._file(msg)
+            self._receive()  # what else waits, and all of it in the order it was sent
 
     def try_get(self) -> Any:
         """The next item, or ``NOTHING`` when there is none now (actor's thread): for an event
@@ -147,13 +158,24 @@ class ActorInbox:
         self._queue.extendleft(reversed(items))
 
     def _receive(self) -> None:
+        """Read what waits, and order all that is ready by send time."""
         sock = self._socket
         if sock is None:
             return
         for msg in receive(sock, self._verifier, wakeups=True):
             self._file(msg)
+        if self._unsorted:
+            self._unsorted = False
+            ready = self._ready
+            in_order = sorted(ready, key=_sent)  # stable: a batch's calls share a send time
+            ready.clear()
+            ready.extend(in_order)
 
     def _file(self, msg: Message) -> None:
+        if msg.sent < self._newest:
+            self._unsorted = True  # sent before what is ready: _receive sorts
+        else:
+            self._newest = msg.sent
         kind = msg.kind
         if kind == CALL:
             self._ready.append((CALL_ITEM, msg))
@@ -162,7 +184,8 @@ class ActorInbox:
         elif kind == BATCH:
             # Back-to-back one-way calls travel as one signed message (Transport.send_one_way).
             for envelope, payload in BatchEnvelope.of(msg).items:
-                self._ready.append((CALL_ITEM, Message(msg.sender, envelope, payload, [], msg.seq)))
+                call = Message(msg.sender, envelope, payload, [], msg.seq, msg.sent)
+                self._ready.append((CALL_ITEM, call))
         else:
             logger.warning("an actor inbox got a %r message; dropped", kind)
 
@@ -190,6 +213,10 @@ class ActorInbox:
                 logger.debug("reading what a closing actor inbox held failed", exc_info=True)
             self._ready.clear()
             self._socket.close(linger=0)
+
+
+def _sent(item: tuple[str, Message]) -> int:
+    return item[1].sent
 
 
 def _rest(sock: zmq.Socket[Any], frame: zmq.Frame) -> list[zmq.Frame]:

@@ -4,7 +4,7 @@ A message on the wire is a list of ZeroMQ frames::
 
     [signature + head + payload, buffer_0, buffer_1, ...]
 
-- ``head`` is a fixed binary prefix (magic, sender id, sequence number, the SHA-256 of
+- ``head`` is a fixed binary prefix (magic, sender id, sequence number, send time, the SHA-256 of
   ``payload``, the destination ids, the size of every buffer) followed by a small pickled
   *envelope* (what the message is: its kind, target, reply port). A cast to several receivers
   is signed once and names them all; each receiver checks that it is one of them.
@@ -36,6 +36,7 @@ import os
 import pickle
 import struct
 import sys
+import time
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -43,18 +44,28 @@ from typing import Any
 import cloudpickle
 
 from . import shm_lane
-from .plain_pickle import NOT_PLAIN, OOB_THRESHOLD, SIMPLE_TYPES, plain_tree, reduce_tensor
+from .plain_pickle import (
+    NOT_PLAIN,
+    OOB_THRESHOLD,
+    SIMPLE_TYPES,
+    plain_tree,
+    reduce_tensor,
+    torch_op,
+    torch_op_path,
+)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"AM03"
-# magic, sender, seq, payload digest, number of destinations, number of buffers, envelope length,
-# whether the buffers are in a shared-memory slot (shm_lane.py) rather than frames
-_FIXED = struct.Struct("<4s8sQ32sIIIB")
+MAGIC = b"AM04"
+# magic, sender, seq, send time (CLOCK_MONOTONIC ns, one clock per host: actor_inbox.py),
+# payload digest, number of destinations, number of buffers, envelope length, whether the
+# buffers are in a shared-memory slot (shm_lane.py) rather than frames
+_FIXED = struct.Struct("<4s8sQQ32sIIIB")
 _FIXED_PACK = _FIXED.pack
 _FIXED_UNPACK = _FIXED.unpack_from
 _HEAD_START = 32 + _FIXED.size  # the signature, then the fixed part
 _sha256 = hashlib.sha256
+_monotonic_ns = time.monotonic_ns
 _compare_digest = hmac.compare_digest
 _pickle_loads = pickle.loads
 _LEN = struct.Struct("<Q")
@@ -123,35 +134,10 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
                 if reduced is not None:
                     return reduced
             elif kind.__module__ == "torch._ops":
-                path = _torch_op_path(obj, kind, torch)
+                path = torch_op_path(obj, kind, torch)
                 if path is not None:
-                    return _torch_op, path
+                    return torch_op, path
         return super().reducer_override(obj)
-
-
-def _torch_op_path(obj: Any, kind: type, torch: Any) -> tuple[str, ...] | None:
-    """``torch.ops``, a namespace of it or an op (``torch.ops.aten.mm.default``), as the names
-    that find it again: they hold C++ handles that do not pickle, and a function that uses
-    ``torch.ops.aten...`` (a remote function's body) pickles them with it."""
-    ops = torch._ops  # noqa: SLF001
-    if kind is ops._Ops:  # noqa: SLF001
-        return ()
-    if kind is ops._OpNamespace:  # noqa: SLF001
-        return (obj.name,)
-    if kind is ops.OpOverloadPacket:
-        return tuple(obj._qualified_op_name.split("::", 1))  # noqa: SLF001
-    if kind is ops.OpOverload:
-        return (obj.namespace, obj._overloadpacket.__name__, obj._overloadname)  # noqa: SLF001
-    return None
-
-
-def _torch_op(*path: str) -> Any:
-    import torch
-
-    found: Any = torch.ops
-    for name in path:
-        found = getattr(found, name)
-    return found
 
 
 def dumps(obj: Any, simple: bool = False) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -223,6 +209,7 @@ class Signer:
             MAGIC,
             self.sender,
             seq,
+            _monotonic_ns(),
             digest,
             len(dests) // _ID_SIZE,
             len(buffers),
@@ -278,7 +265,7 @@ class _KeyedMac:
 class Message:
     """A decoded, authenticated message. The payload is unpickled only on demand."""
 
-    __slots__ = ("buffers", "envelope", "kind", "payload", "sender", "seq")
+    __slots__ = ("buffers", "envelope", "kind", "payload", "sender", "sent", "seq")
 
     def __init__(
         self,
@@ -287,6 +274,7 @@ class Message:
         payload: Any,
         buffers: list[Any],
         seq: int = 0,
+        sent: int = 0,
     ) -> None:
         self.sender = sender
         self.envelope = envelope
@@ -295,6 +283,7 @@ class Message:
         self.payload = payload
         self.buffers = buffers
         self.seq = seq  # the sender's sequence number: orders its messages to any receiver
+        self.sent = sent  # when the sender framed it (its host's CLOCK_MONOTONIC, ns)
 
     def value(self) -> Any:
         # pickle.loads itself, not loads(): this runs for every call and every reply.
@@ -316,7 +305,9 @@ class Verifier:
         first = memoryview(frames[0])
         if first.nbytes < _HEAD_START:
             raise WireError("truncated head")
-        magic, sender, seq, digest, ndest, nbuf, env_len, lane = _FIXED_UNPACK(first, SIG_SIZE)
+        magic, sender, seq, sent, digest, ndest, nbuf, env_len, lane = _FIXED_UNPACK(
+            first, SIG_SIZE
+        )
         dests_end = _HEAD_START + ndest * _ID_SIZE
         env_start = dests_end + nbuf * _LEN.size
         if lane:
@@ -379,7 +370,7 @@ class Verifier:
         envelope = pickle.loads(first[env_start:head_end])
         if not isinstance(envelope, tuple) or not envelope:
             raise WireError("malformed envelope")
-        return Message(sender, envelope, payload, buffers, seq)
+        return Message(sender, envelope, payload, buffers, seq, sent)
 
     def _place_among(self, first: memoryview, start: int, ndest: int) -> int:
         """This receiver's place among the message's destinations (-1: not one of them)."""

@@ -3,7 +3,7 @@ str-keyed dicts, and CPU tensors, which travel as their bytes (zero-copy frames 
 are rebuilt on the receiver straight on those bytes.
 
 ``codec.dumps`` gives such a tree to the C pickler alone; its cloudpickle pickler reduces the
-tensors it meets elsewhere here too.
+tensors it meets elsewhere here too, and torch's op objects to the names that find them.
 """
 
 from __future__ import annotations
@@ -187,3 +187,28 @@ def plain_tree(obj: Any, tensor: type, memo: dict[int, Any], depth: int = 0) -> 
         return NOT_PLAIN
     memo[id(obj)] = out
     return out
+
+
+def torch_op_path(obj: Any, kind: type, torch: Any) -> tuple[str, ...] | None:
+    """``torch.ops``, a namespace of it or an op (``torch.ops.aten.mm.default``), as the names
+    that find it again: they hold C++ handles that do not pickle, and a function that uses
+    ``torch.ops.aten...`` (a remote function's body) pickles them with it."""
+    ops = torch._ops  # noqa: SLF001
+    if kind is ops._Ops:  # noqa: SLF001
+        return ()
+    if kind is ops._OpNamespace:  # noqa: SLF001
+        return (obj.name,)
+    if kind is ops.OpOverloadPacket:
+        return tuple(obj._qualified_op_name.split("::", 1))  # noqa: SLF001
+    if kind is ops.OpOverload:
+        return (obj.namespace, obj._overloadpacket.__name__, obj._overloadname)  # noqa: SLF001
+    return None
+
+
+def torch_op(*path: str) -> Any:
+    import torch
+
+    found: Any = torch.ops
+    for name in path:
+        found = getattr(found, name)
+    return found
