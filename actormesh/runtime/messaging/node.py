@@ -336,7 +336,7 @@ class Node:
         # One signed message carrying several one-way ones (see Transport.send_one_way); the
         # payloads were covered by the signature of the head that carried them.
         for envelope, payload in BatchEnvelope.of(msg).items:
-            self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq))
+            self.dispatch(Message(msg.sender, envelope, payload, [], msg.seq, msg.sent))
 
     def send(
         self,
