@@ -78,6 +78,10 @@ class Asker(Actor):
     def ask(self, c: BusyCounter) -> int:
         return c.value.call_one().get(timeout=30)
 
+    @endpoint
+    def stop_it(self, c: BusyCounter) -> None:
+        c.stop().get(timeout=30)
+
 
 def test_causal_order_holds_while_the_receiver_is_busy(procs) -> None:
     """A broadcast, then a call to another actor that asks the broadcast's receiver: both wait
@@ -91,3 +95,16 @@ def test_causal_order_holds_while_the_receiver_is_busy(procs) -> None:
         a.occupy.call_one(c, 0.1).get(timeout=30)
         c.incr.broadcast()
         assert a.ask.call_one(c).get(timeout=30) == n
+
+
+def test_two_stops_that_wait_together_are_both_answered(procs) -> None:
+    """Two processes stop the same busy actor: the second stop waits in its socket beside the
+    calls the first one runs first, and is answered too (it used to be taken for a call)."""
+    c = procs.slice(gpus=0).spawn("busy", BusyCounter)
+    a = procs.slice(gpus=1).spawn("asker", Asker)
+    assert a.ask.call_one(c).get(timeout=30) == 0
+    a.occupy.call_one(c, 0.2).get(timeout=30)
+    c.incr.broadcast()
+    by_asker = a.stop_it.call_one(c)
+    c.stop().get(timeout=30)
+    by_asker.get(timeout=30)

@@ -136,7 +136,7 @@ def test_handed_over_items_go_before_calls_not_yet_taken(inbox: Any) -> None:
     thread, got = _get_in_thread(box, 1)
     assert got.get(timeout=WAIT)[1].envelope[3] == 0
     thread.join(WAIT)
-    box.put((TASK_ITEM, "t"))  # queued while call 1 waits on the socket
+    box.put((TASK_ITEM, "t"))  # queued while call 1 waits (in the socket, or read already)
     assert box.get() == (TASK_ITEM, "t")
     assert box.get()[1].envelope[3] == 1
 

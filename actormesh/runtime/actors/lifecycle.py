@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ... import config
 from ...errors import RemoteFailure
 from ..messaging import flush_output, reply_port
+from ..messaging.actor_inbox import CALL_ITEM
 from ..messaging.envelopes import SpawnActorEnvelope, StopActorEnvelope
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
@@ -105,8 +106,13 @@ class Lifecycle:
         runner = self.runner
         stop = StopActorEnvelope.of(msg)
         if not runner.stopped:
-            for _kind, call in runner.inbox.pending_calls():
-                runner.handle_call(call)
+            stops = []  # another ActorMesh.stop that came meanwhile: answered once this one is
+            for kind, item in runner.inbox.pending_calls():
+                if kind == CALL_ITEM:
+                    runner.handle_call(item)
+                else:
+                    stops.append((kind, item))
+            runner.inbox.put_back(stops)
             runner.stopped = True
             node = runner.node
             if node.mesh_id is not None and node.controller not in (None, node.address):
