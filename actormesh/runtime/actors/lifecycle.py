@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from ... import config
 from ...errors import RemoteFailure
-from ..messaging import flush_output, reply_port
-from ..messaging.actor_inbox import CALL_ITEM
+from ..messaging import CALL_ITEM, flush_output, reply_port
 from ..messaging.envelopes import SpawnActorEnvelope, StopActorEnvelope
 from ..messaging.protocol import ACTOR_STOPPED, FAILED, OK, shape_from_state
 from .actor import concurrent_endpoints, explicit_port_endpoints
