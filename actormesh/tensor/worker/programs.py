@@ -221,11 +221,11 @@ def _run_lowered(
     locals_ = lowered.locals_of(in_ids, env, held)
     if locals_ is None:
         return False
-    args = _args(step, locals_, values)
+    args, kwargs = _call_args(step, locals_, values)
     if lowered.fixed:
         args = _fixed(args, lowered.fixed)
     try:
-        out = step.func._op(*args, **step.kwargs)  # noqa: SLF001
+        out = step.func._op(*args, **kwargs)  # noqa: SLF001
         if not lowered.keep(out, locals_, in_ids, outs, env, held):
             return False
     except Exception as exc:
@@ -311,25 +311,19 @@ _settled = False
 def _call_args(
     step: _Step, inputs: list[Any], values: Sequence[Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A direct step's arguments and keywords in this run (its inputs as ``_args`` takes them:
-    in the order of its ins, put in its arguments' order here)."""
+    """A direct step's arguments and keywords in this run: its template filled with ``inputs``
+    (DTensors, or their local tensors for a lowered step; in the order of its ins, put in its
+    arguments' order here) and the run's values."""
     if step.order is not None:
         inputs = [inputs[k] for k in step.order]
-    if step.filled_kwargs is None:
-        return _args(step, inputs, values), step.kwargs
-    it, vals = iter(inputs), iter(values[step.var0 : step.var0 + step.nvars])
-    args = tuple([fill(a, it, vals) for a in step.args])  # (the keywords' come after these)
-    return args, {k: fill(v, it, vals) for k, v in step.filled_kwargs}
-
-
-def _args(step: _Step, inputs: list[Any], values: Sequence[Any]) -> tuple[Any, ...]:
-    """A direct step's arguments in this run: its template filled with ``inputs`` (DTensors,
-    or their local tensors for a lowered step) and the run's values."""
     it = iter(inputs)
-    if step.simple:
-        return tuple([next(it) if a is IN else a for a in step.args])
+    if step.simple and step.filled_kwargs is None:
+        return tuple([next(it) if a is IN else a for a in step.args]), step.kwargs
     vals = iter(values[step.var0 : step.var0 + step.nvars])
-    return tuple([fill(a, it, vals) for a in step.args])
+    args = tuple([fill(a, it, vals) for a in step.args])  # (the keywords' come after these)
+    if step.filled_kwargs is None:
+        return args, step.kwargs
+    return args, {k: fill(v, it, vals) for k, v in step.filled_kwargs}
 
 
 def _settle_collector() -> None:

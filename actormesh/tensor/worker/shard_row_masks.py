@@ -30,7 +30,7 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     rank's rows of the result from its rows and the replicated values."""
     classes = torch_classes()
     DTensor, base = classes.dtensor, classes.tensor_base
-    if _writes(func):
+    if func._schema.is_mutable:  # noqa: SLF001
         return None  # (into a replicated value, from one rank's rows: _pointwise_on_shards's)
     rows = params = mesh = None
     for a in args:
@@ -72,16 +72,6 @@ def pointwise_rows(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     if out is None:
         return None
     return wrap(func(*[a._local_tensor if type(a) is DTensor else a for a in args], **kwargs), out)  # noqa: SLF001
-
-
-_mutable: dict[Any, bool] = {}
-
-
-def _writes(func: Any) -> bool:
-    found = _mutable.get(func)
-    if found is None:
-        found = _mutable[func] = func._schema.is_mutable  # noqa: SLF001
-    return found
 
 
 def _broadcast_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], rows: Any) -> Any:
