@@ -96,11 +96,13 @@ class Steps(am.Actor):
         y = as_dtensor(torch.ones(4, 4), mesh, whole)
         add = torch.ops.aten.add.Tensor
         route = shard_ops.route_for("aten.add.Tensor", add)
-        low = lower(route, [x, y], route(add, (x, y), {}))
+        low = lower(add, route, [x, y], ((x, y), {}), route(add, (x, y), {}))
         target = as_dtensor(torch.zeros(4, 4), mesh, whole)
         in_place = torch.ops.aten.add_.Tensor
         route_ = shard_ops.route_for("aten.add_.Tensor", in_place)
-        wrote = lower(route_, [target, y], route_(in_place, (target, y), {}))
+        wrote = lower(
+            in_place, route_, [target, y], ((target, y), {}), route_(in_place, (target, y), {})
+        )
         assert low is not None and wrote is not None
         env = {
             1: x,
@@ -145,6 +147,65 @@ class Steps(am.Actor):
         }
 
     @am.endpoint
+    def loss_guards(self) -> dict[str, bool]:
+        """mse_loss and its backward lowered with a controller tensor as the target."""
+        from torch.distributed.tensor import Replicate, Shard
+
+        from actormesh.tensor.worker import shard_ops
+        from actormesh.tensor.worker.dtensors import as_dtensor
+        from actormesh.tensor.worker.lowered import lower
+
+        mesh = self._engine().mesh
+        rows = [Shard(0), Replicate()]  # the batch split over dp
+        whole = torch.arange(32.0).reshape(8, 4) / 7
+        me = mesh.get_local_rank("dp")
+        x = as_dtensor(whole[4 * me : 4 * me + 4] * 1.5, mesh, rows, (8, 4), (4, 1))
+        target = torch.linspace(-1, 1, 32).reshape(8, 4)  # every rank holds all of it
+        loss = torch.ops.aten.mse_loss.default
+        route = shard_ops.route_for("aten.mse_loss.default", loss)
+        first = route(loss, (x, target, 1), {})
+        low = lower(loss, route, [x, target], ((x, target, 1), {}), first)
+        assert low is not None
+        env = {
+            1: x,
+            2: target,
+            3: target.double(),
+            4: torch.zeros(4, 4),
+            5: target.t().contiguous().t(),
+        }
+        locals_ = low.locals_of((1, 2), env, {})
+        assert locals_ is not None
+        again = low.call(*locals_, 1)
+        seed = torch.ones((), dtype=torch.float32)
+        grad = as_dtensor(seed, mesh, [Replicate(), Replicate()])
+        backward = torch.ops.aten.mse_loss_backward.default
+        route_b = shard_ops.route_for("aten.mse_loss_backward.default", backward)
+        first_b = route_b(backward, (grad, x, target, 1), {})
+        low_b = lower(backward, route_b, [grad, x, target], ((grad, x, target, 1), {}), first_b)
+        assert low_b is not None
+        again_b = low_b.call(seed, x._local_tensor, target, 1)
+        summed = route(loss, (x, target, 2), {})  # reduction="sum"
+        none = shard_ops.route_for("aten.mse_loss.default", loss)(loss, (x, target, 0), {})
+        return {
+            "the lowered loss is the route's": torch.equal(again, first._local_tensor),
+            "the lowered backward is the route's": torch.equal(again_b, first_b._local_tensor),
+            "a target of another dtype runs the route": low.locals_of((1, 3), env, {}) is None,
+            "a target of another shape runs the route": low.locals_of((1, 4), env, {}) is None,
+            "a target of other strides runs the route": low.locals_of((1, 5), env, {}) is None,
+            "a sum is lowered as a sum": torch.equal(
+                lower(loss, route, [x, target], ((x, target, 2), {}), summed).call(
+                    x._local_tensor, target, 2
+                ),
+                summed._local_tensor,
+            ),
+            # reduction="none": the loss's route declines, another takes it, nothing is lowered
+            "a loss the route declined is not lowered by its form": lower(
+                loss, route, [x, target], ((x, target, 0), {}), none
+            )
+            is None,
+        }
+
+    @am.endpoint
     def dtypes(self, id: int) -> tuple[str, str]:
         """Value ``id``'s dtype as its spec says, and its local tensor's."""
         value = self._engine().env[id]
@@ -180,16 +241,20 @@ def test_a_programs_steps_run_on_the_local_tensors_after_their_first_run(mesh: A
     trainer.check_weights()
     steps = mesh.spawn("lowered_steps", Steps, tensor_mesh(mesh).key)
     for rank, lowered in steps.lowered.call().get(timeout=60).items():
-        # the linear layers' ops, the activation and AdamW's step (one op, optim_ops.py); not
-        # mse_loss (not a direct step)
-        for name in ("aten.t.default", "aten.addmm.default", "actormesh.adam_.default"):
+        # the linear layers' ops, the activation and AdamW's step (one op, optim_ops.py); the
+        # loss, its gradient's seed and its backward, by their routes' own forms (the sum over
+        # the local blocks of the controller's target, divided by the global count)
+        for name in (
+            "aten.t.default", "aten.addmm.default", "actormesh.adam_.default",
+            "aten.mse_loss.default", "aten.ones_like.default", "aten.mse_loss_backward.default",
+        ):  # fmt: skip
             assert lowered.get(name, 0) >= 1, (rank, lowered)
-        assert "aten.mse_loss.default" not in lowered, (rank, lowered)
     for rank, chunks in _chunks_of(mesh, "training_chunks").items():
         # consecutive lowered steps run as one function each (chunks.py): the forward's linear
         # layers and activation, the backward's matrix products among them
         names = {name for chunk in chunks for name in chunk}
         assert {"aten.addmm.default", "aten.relu.default", "aten.mm.default"} <= names, rank
+        assert "aten.mse_loss_backward.default" in names, (rank, chunks)
         assert all(len(chunk) >= 2 for chunk in chunks), (rank, chunks)
 
 
@@ -197,6 +262,13 @@ def test_a_lowered_step_runs_its_route_for_inputs_laid_out_otherwise(mesh: Any) 
     tensor_mesh(mesh)  # the ranks' engines (started on a mesh's first tensor op)
     steps = mesh.spawn("lowered_guards", Steps, tensor_mesh(mesh).key)
     for rank, checks in steps.guards.call().get(timeout=60).items():
+        assert all(checks.values()), (rank, checks)
+
+
+def test_a_lowered_loss_takes_the_controllers_target_as_the_route_does(mesh: Any) -> None:
+    tensor_mesh(mesh)
+    steps = mesh.spawn("loss_guards", Steps, tensor_mesh(mesh).key)
+    for rank, checks in steps.loss_guards.call().get(timeout=60).items():
         assert all(checks.values()), (rank, checks)
 
 

@@ -292,7 +292,7 @@ class _Source:
 
     def _call(self, step: Any, inputs: list[str], n: int) -> str:
         """The expression that calls ``step``'s op on the variables ``inputs``."""
-        self.names[f"f{n}"] = step.func._op  # noqa: SLF001
+        self.names[f"f{n}"] = step.lowered.call
         feed = iter(inputs)
         var = iter(range(step.var0, step.var0 + step.nvars))
         literals = 0

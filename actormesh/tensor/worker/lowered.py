@@ -16,6 +16,13 @@ spec, while only lowered steps read them; one becomes a DTensor in the engine's 
 another step reads it or when it outlives the program (it is not among the ids the batch
 drops). A result laid out unlike the first run's (strides) runs the route instead, as a route
 declines such a result.
+
+A route whose result is not the op on the locals (a loss over the local blocks: another
+reduction, a division by the global count, a replicated target's block) may still say how
+its later runs compute it (``computes_locally_as``): a function of the same arguments on the
+local tensors, made from its first run's inputs. Such a route may also take a plain tensor
+(a controller tensor a loss takes as it is); a later run's must have the first one's shape,
+dtype, device and strides (``PlainLayout``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,23 @@ def computes_on_locals(route: Any) -> Any:
     route.on_locals = True
     route.local_args = None
     return route
+
+
+def computes_locally_as(local_form: Any) -> Any:
+    """Mark a route as computing its later runs by ``local_form(func, args, kwargs, result)``:
+    given a first run's arguments (DTensors, plain tensors, literals) and the result the step
+    got, the function that computes the local result from the inputs' local tensors and the
+    op's other arguments; or None, where the route did not take these arguments (then another
+    route may have: ``shard_ops._either``) or cannot say. What it computes must be what the
+    route computes for arguments of those specs, strides and literals."""
+
+    def mark(route: Any) -> Any:
+        route.on_locals = True
+        route.local_args = None
+        route.local_form = local_form
+        return route
+
+    return mark
 
 
 def views_locally(route: Any) -> Any:
@@ -53,19 +77,52 @@ def _view_sizes(local_result: Any) -> tuple[tuple[int, Any], ...]:
     return ((1, list(local_result.shape)),)
 
 
+class PlainLayout:
+    """What a plain tensor input of a lowered step was on its first run, in place of a spec:
+    one object per layout (``of``), as specs are, so that a chunk's steps that read the same
+    tensor agree on it."""
+
+    __slots__ = ("device", "dtype", "kind", "shape")
+    _known: dict[tuple[Any, ...], PlainLayout] = {}
+
+    def __init__(self, kind: Any, shape: Any, dtype: Any, device: Any) -> None:
+        self.kind, self.shape, self.dtype, self.device = kind, shape, dtype, device
+
+    @classmethod
+    def of(cls, x: Any) -> PlainLayout:
+        key = (type(x), x.shape, x.dtype, x.device)
+        found = cls._known.get(key)
+        if found is None:
+            if len(cls._known) > 4096:
+                cls._known.clear()
+            found = cls._known[key] = cls(*key)
+        return found
+
+    def fits(self, x: Any) -> bool:
+        return (
+            type(x) is self.kind
+            and x.shape == self.shape
+            and x.dtype == self.dtype
+            and x.device == self.device
+        )
+
+
 class Lowered:
     """How a step ran on its first run, for the runs after it."""
 
-    __slots__ = ("fixed", "outs", "specs", "strides")
+    __slots__ = ("call", "fixed", "outs", "specs", "strides")
 
     def __init__(
         self,
+        call: Any,
         specs: tuple[Any, ...],
         strides: tuple[Any, ...],
         outs: tuple[Any, ...],
         fixed: tuple[tuple[int, Any], ...] = (),
     ):
-        self.specs = specs  # the input DTensors' specs, in the order of the step's inputs
+        self.call = call  # what runs on the local tensors: the op's own ``_op``, or a route's
+        # the input DTensors' specs (a plain tensor's PlainLayout), in the order of the step's ins
+        self.specs = specs
         self.strides = strides  # and their local tensors' strides
         # (position, value): the op's arguments that differ on the local tensors (a view's sizes)
         self.fixed = fixed
@@ -131,9 +188,12 @@ def locals_at(entries: Any, env: dict[int, Any], held: dict[int, Any]) -> Any:
             out.append(made[0])
             continue
         x: Any = env.get(i)
-        if type(x) is not dtensor or x._spec is not spec:  # noqa: SLF001
+        if type(x) is dtensor and x._spec is spec:  # noqa: SLF001
+            local = x._local_tensor  # noqa: SLF001
+        elif type(spec) is PlainLayout and spec.fits(x):
+            local = x
+        else:
             return None
-        local = x._local_tensor  # noqa: SLF001
         if local.stride() != stride:
             return None
         out.append(local)
@@ -149,20 +209,31 @@ def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:
             env[i] = wrap(*made)
 
 
-def lower(route: Any, inputs: list[Any], result: Any) -> Lowered | None:
-    """What a step's first run by ``route`` shows about the next ones, or None when they
-    cannot skip the route (a route that does not compute on the locals, or not for these
-    inputs, as its ``lowers_if`` says; an input or result that is not a DTensor)."""
+def lower(func: Any, route: Any, inputs: list[Any], call_args: Any, result: Any) -> Lowered | None:
+    """What a step's first run of ``func`` by ``route`` (on ``call_args``: its arguments and
+    keywords, ``inputs`` among them) shows about the next ones, or None when they cannot skip
+    the route (a route that does not compute on the locals, or not for these inputs, as its
+    ``lowers_if`` or its local form says; an input or result that is not a DTensor, where a
+    route without a local form of its own took the op)."""
+    import torch
+
     if not getattr(route, "on_locals", False):
         return None
     dtensor = dtensor_class()
-    if not inputs or any(type(x) is not dtensor for x in inputs):
+    local_form = getattr(route, "local_form", None)
+    if not inputs or any(
+        type(x) is not dtensor and (local_form is None or type(x) is not torch.Tensor)
+        for x in inputs
+    ):
         return None
     lowers_if = getattr(route, "lowers_if", None)
     if lowers_if is not None and not lowers_if(inputs):
         return None  # the route took the op another way for such inputs
-    specs = tuple(x._spec for x in inputs)  # noqa: SLF001
-    strides = tuple(x._local_tensor.stride() for x in inputs)  # noqa: SLF001
+    call = func._op if local_form is None else local_form(func, *call_args, result)  # noqa: SLF001
+    if call is None:
+        return None
+    specs = tuple(x._spec if type(x) is dtensor else PlainLayout.of(x) for x in inputs)  # noqa: SLF001
+    strides = tuple((x._local_tensor if type(x) is dtensor else x).stride() for x in inputs)  # noqa: SLF001
     if type(result) is list and not result:
         outs: tuple[Any, ...] = ()
     else:
@@ -184,7 +255,7 @@ def lower(route: Any, inputs: list[Any], result: Any) -> Lowered | None:
         outs = tuple(kept)
     local_args = getattr(route, "local_args", None)
     if local_args is None:
-        return Lowered(specs, strides, outs)
+        return Lowered(call, specs, strides, outs)
     if len(outs) != 1 or type(outs[0]) is not tuple:
         return None  # a view's route gives one new tensor
-    return Lowered(specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001
+    return Lowered(call, specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001

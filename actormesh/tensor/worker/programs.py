@@ -71,8 +71,8 @@ class _Step:
         if inputs is not INS:
             # The general path's (controller tensors among its inputs): direct, its inputs
             # taken as the fast path's IN in the order its arguments name them; a loss takes
-            # its target's block as it is, another op takes them as Replicate DTensors. A
-            # controller tensor keeps it from being lowered.
+            # its target's block as it is (and is lowered: its route has a local form of its
+            # own), another op takes them as Replicate DTensors (and is not lowered).
             # (the keywords' inputs come after the arguments')
             found = _refs_as_inputs((*args, kwargs), op[2])
             if found is None:
@@ -225,7 +225,7 @@ def _run_lowered(
     if lowered.fixed:
         args = _fixed(args, lowered.fixed)
     try:
-        out = step.func._op(*args, **kwargs)  # noqa: SLF001
+        out = lowered.call(*args, **kwargs)
         if not lowered.keep(out, locals_, in_ids, outs, env, held):
             return False
     except Exception as exc:
@@ -249,7 +249,8 @@ def _run_direct(
     except KeyError:
         engine._execute(step.as_sent(ids, values))  # noqa: SLF001  (raises, naming the value)
         return
-    # (lowered below from the inputs as they are: a controller tensor keeps it from lowering)
+    # (lowered below from the inputs as they are: a controller tensor keeps it from lowering,
+    # unless its route computes locally in a form of its own, as a loss's does)
     args, kwargs = _call_args(step, lift_inputs(engine, inputs) if step.lifts else inputs, values)
     try:
         route = step.route
@@ -261,7 +262,7 @@ def _run_direct(
         else:
             leaves = tensor_leaves(result)
             if step.lowerable:
-                step.lowered = lower(route, inputs, result)
+                step.lowered = lower(step.func, route, inputs, (args, kwargs), result)
         if leaves is not None and len(leaves) != len(outs):
             raise RuntimeError(
                 f"{step.name[0]} gave {len(leaves)} results where the controller expected "

@@ -24,11 +24,13 @@ from .dtensors import (
     spec_of,
     wrap,
 )
+from .lowered import computes_locally_as
 
 
-def _block(target: Any, spec: Any) -> Any:
-    """``target``'s local block laid out as a value of ``spec`` (same global shape): its own
-    local tensor when its spec matches, its slice when it is replicated or a plain tensor (a
+def _block(target: Any, spec: Any) -> tuple[Any, tuple[tuple[int, int, int], ...]] | None:
+    """``target``'s local block laid out as a value of ``spec`` (same global shape), as a
+    tensor and the ``narrow``s that cut the block from it (``_local_block``): its own local
+    tensor when its spec matches, a slice of it when it is replicated, or of a plain tensor (a
     controller constant: every rank holds all of it); else ``None``."""
     import torch
     from torch.distributed.tensor import DTensor
@@ -40,7 +42,7 @@ def _block(target: Any, spec: Any) -> Any:
         if tspec.mesh is not spec.mesh:
             return None
         if tspec.placements == spec.placements:
-            return target._local_tensor  # noqa: SLF001
+            return target._local_tensor, ()  # noqa: SLF001
         if not all(p.is_replicate() for p in tspec.placements):
             return None
         block = target._local_tensor  # noqa: SLF001
@@ -49,10 +51,19 @@ def _block(target: Any, spec: Any) -> Any:
     else:
         return None
     shape, offset = local_layout(spec)
-    for dim, (start, size) in enumerate(zip(offset, shape, strict=True)):
-        if size != block.shape[dim]:  # (a dim not split over the mesh needs no narrow)
-            block = block.narrow(dim, start, size)
-    return block
+    narrows = tuple(
+        (dim, start, size)
+        for dim, (start, size) in enumerate(zip(offset, shape, strict=True))
+        if size != block.shape[dim]  # (a dim not split over the mesh needs no narrow)
+    )
+    return block, narrows
+
+
+def _local_block(target: Any, narrows: tuple[tuple[int, int, int], ...]) -> Any:
+    """The block ``_block`` found: ``target`` (a DTensor's local tensor, or a plain tensor) cut."""
+    for dim, start, size in narrows:
+        target = target.narrow(dim, start, size)
+    return target
 
 
 def _reduction(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> Any:
@@ -62,6 +73,51 @@ def _reduction(args: tuple[Any, ...], kwargs: dict[str, Any], position: int) -> 
 _LOSS_SPECS = OutSpecs()
 
 
+def _mse_takes(args: tuple[Any, ...], kwargs: dict[str, Any], at: int) -> Any:
+    """(x's spec, the target's tensor and narrows, the reduction) where ``_mse_loss`` (``at``
+    0) or ``_mse_loss_backward`` (``at`` 1: the gradient first) takes the op; else None."""
+    dtensor = dtensor_class()
+    x = args[at]
+    reduction = _reduction(args, kwargs, 2 + at)
+    if type(x) is not dtensor or reduction not in (1, 2):
+        return None
+    spec = x._spec  # noqa: SLF001
+    if not plain_spec(spec):
+        return None
+    if at == 1:
+        grad = args[0]
+        if type(grad) is not dtensor or grad.dim() != 0:
+            return None
+        if not all(p.is_replicate() for p in grad._spec.placements):  # noqa: SLF001
+            return None
+    found = _block(args[1 + at], spec)
+    if found is None:
+        return None
+    return spec, found[0], found[1], reduction
+
+
+def _mse_loss_locally(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
+    """``_mse_loss`` on the local tensors, for arguments laid out as these (a program's step)."""
+    import math
+
+    import torch
+
+    taken = _mse_takes(args, kwargs, 0)
+    if taken is None:
+        return None
+    narrows, count = taken[2], math.prod(taken[0].shape)
+    mse_sum = torch.ops.aten.mse_loss.default._op  # noqa: SLF001
+
+    def local(x: Any, target: Any, reduction: int = 1) -> Any:
+        total = mse_sum(x, _local_block(target, narrows), 2)
+        if reduction == 1:
+            total.div_(count)
+        return total
+
+    return local
+
+
+@computes_locally_as(_mse_loss_locally)
 def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The local sum of squares (one op), divided by the global count for a mean: a Partial
     sum over the split mesh dimensions."""
@@ -69,17 +125,12 @@ def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     import torch
 
-    x = args[0]
-    reduction = _reduction(args, kwargs, 2)
-    if type(x) is not dtensor_class() or reduction not in (1, 2):
+    taken = _mse_takes(args, kwargs, 0)
+    if taken is None:
         return None
-    spec = x._spec  # noqa: SLF001
-    if not plain_spec(spec):
-        return None
-    target = _block(args[1], spec)
-    if target is None:
-        return None
-    total = torch.ops.aten.mse_loss.default(x._local_tensor, target, 2)  # noqa: SLF001  (sum)
+    spec, target, narrows, reduction = taken
+    x = args[0]._local_tensor  # noqa: SLF001
+    total = torch.ops.aten.mse_loss.default(x, _local_block(target, narrows), 2)  # (sum)
     if reduction == 1:  # mean over the global tensor
         total.div_(math.prod(spec.shape))
     # (the sum's own dtype: a float64 target promotes a float32 input's)
@@ -97,34 +148,42 @@ def _loss_spec(spec: Any, dtype: Any) -> Any:
     return spec_of(spec.mesh, placements, size_of(()), (), dtype)
 
 
+def _mse_loss_backward_locally(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+) -> Any:
+    """``_mse_loss_backward`` on the local tensors, for arguments laid out as these, where it
+    gave ``result`` (it declines a result laid out or typed unlike the input)."""
+    import math
+
+    taken = _mse_takes(args, kwargs, 1)
+    if taken is None or type(result) is not dtensor_class() or result._spec is not taken[0]:  # noqa: SLF001
+        return None
+    narrows, count = taken[2], math.prod(taken[0].shape)
+    backward = func._op  # noqa: SLF001
+
+    def local(grad: Any, x: Any, target: Any, reduction: int = 1) -> Any:
+        scale = grad / count if reduction == 1 else grad
+        return backward(scale, x, _local_block(target, narrows), 2)
+
+    return local
+
+
+@computes_locally_as(_mse_loss_backward_locally)
 def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``2 (x - target) grad``, with ``grad / count`` for a mean (one or two ops on the local
     blocks), where the loss's gradient is replicated."""
     import math
 
-    dtensor = dtensor_class()
-    grad, x = args[0], args[1]
-    reduction = _reduction(args, kwargs, 3)
-    if type(x) is not dtensor or type(grad) is not dtensor or reduction not in (1, 2):
+    taken = _mse_takes(args, kwargs, 1)
+    if taken is None:
         return None
-    spec = x._spec  # noqa: SLF001
-    if (
-        not plain_spec(spec)
-        or grad.dim() != 0
-        or not all(
-            p.is_replicate()
-            for p in grad._spec.placements  # noqa: SLF001
-        )
-    ):
-        return None
-    target = _block(args[2], spec)
-    if target is None:
-        return None
-    local = x._local_tensor  # noqa: SLF001
-    scale = grad._local_tensor  # noqa: SLF001
+    spec, target, narrows, reduction = taken
+    local = args[1]._local_tensor  # noqa: SLF001
+    scale = args[0]._local_tensor  # noqa: SLF001
     if reduction == 1:
         scale = scale / math.prod(spec.shape)
-    out = func(scale, local, target, 2)  # reduction=sum: 2 (x - target) scale
+    block = _local_block(target, narrows)
+    out = func(scale, local, block, 2)  # reduction=sum: 2 (x - target) scale
     if out.dtype != local.dtype or out.stride() != local.stride():
         return None
     return wrap(out, spec)

@@ -45,7 +45,7 @@ from . import (
     shard_rows,
 )
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
-from .lowered import computes_on_locals, takes_view_sizes
+from .lowered import computes_locally_as, computes_on_locals, takes_view_sizes
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 from .shard_replicas import on_replicas
@@ -168,7 +168,8 @@ def _same_spec(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return wrap(func(x._local_tensor), x._spec)  # noqa: SLF001
 
 
-def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _like_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The result's spec where ``_like`` takes the op (its keywords change nothing), or None."""
     import torch
 
     x = args[0]
@@ -190,8 +191,31 @@ def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         ):
             continue
         return None
+    return spec if layout_kept(spec, like=True) else None
+
+
+def _like_locally(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
+    """``_like`` on the local tensor, where it gave ``result`` (a program step's keywords are
+    its literals, checked on its first run)."""
+    spec = _like_spec(args, kwargs)
+    if spec is None or type(result) is not dtensor_class() or result._spec is not spec:  # noqa: SLF001
+        return None
+    op = func._op  # noqa: SLF001
+
+    def local(x: Any, **_checked: Any) -> Any:
+        return op(x)
+
+    return local
+
+
+@computes_locally_as(_like_locally)
+def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    spec = _like_spec(args, kwargs)
+    if spec is None:
+        return None
+    local = args[0]._local_tensor  # noqa: SLF001
     out = func(local)
-    if out.stride() != local.stride() or not layout_kept(spec, like=True):
+    if out.stride() != local.stride():
         return None
     return wrap(out, spec)
 
@@ -227,7 +251,8 @@ def _without_partial(spec: Any) -> Any:
 
 def _either(first: Any, then: Any) -> Any:
     """A route that tries ``first``, then ``then`` (two families taking the same op); lowered
-    (``lowered.py``) where both compute on the local tensors in the same way."""
+    (``lowered.py``) where both compute on the local tensors in the same way (the op itself:
+    not a route with a form of its own, ``computes_locally_as``)."""
 
     def route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = first(func, args, kwargs)
@@ -238,6 +263,8 @@ def _either(first: Any, then: Any) -> Any:
         getattr(first, "on_locals", False)
         and getattr(then, "on_locals", False)
         and getattr(then, "local_args", None) is local_args
+        and not hasattr(first, "local_form")
+        and not hasattr(then, "local_form")
     ):
         route.on_locals = True  # type: ignore[attr-defined]
         route.local_args = local_args  # type: ignore[attr-defined]
@@ -345,7 +372,11 @@ def _or_on_replicas(route: Any) -> Any:
         return both
     if getattr(route, "local_args", None) is not None:
         return route
-    return _either(route, on_replicas)
+    both = _either(route, on_replicas)
+    local_form = getattr(route, "local_form", None)
+    if local_form is not None:  # lowered where the route took the op (its form says so)
+        both.on_locals, both.local_args, both.local_form = True, None, local_form
+    return both
 
 
 for _name, _route in list(_SPECIAL.items()):
