@@ -218,12 +218,15 @@ class Steps(am.Actor):
 
         engine = self._engine()
         group = engine.mesh.get_group("dp")
-        dense, odd = torch.ones(3, 4), torch.ones(4, 3).t()
-        out = _all_reduce([dense, odd], [group])
+        dense, odd = torch.ones(3, 4), torch.arange(12.0).reshape(4, 3).t()
+        sliced = torch.arange(24.0).reshape(4, 6)[:, 1:4]  # not a run of its storage: copied
+        out = _all_reduce([dense, odd, sliced], [group])
         return [
             out[0].stride() == dense.stride() and bool((out[0] == 2).all()),
-            out[1].stride() == odd.stride() and bool((out[1] == 2).all()),
+            out[1].stride() == odd.stride() and torch.equal(out[1], odd * 2),
             out[0].data_ptr() != dense.data_ptr(),  # a new tensor, not the gradient's memory
+            out[1].data_ptr() != odd.data_ptr(),
+            torch.equal(out[2], sliced * 2),
         ]
 
 
