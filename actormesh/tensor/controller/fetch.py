@@ -206,11 +206,18 @@ def _assemble(
             else:  # each rank's term of a partial sum (worker/fetch.combinable)
                 full = torch.zeros(shape, dtype=first.dtype)
         for _, local, offset, _, _ in pieces:
+            local = local.cpu()
+            if local.shape == full.shape and not any(offset):  # all of it (a loss's term)
+                if divisor is None:
+                    full.copy_(local)
+                else:
+                    full.add_(local)
+                continue
             where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
             if divisor is None:
-                full[where] = local.cpu()
+                full[where] = local
             else:
-                full[where] += local.cpu()
+                full[where] += local
         if divisor is not None and divisor != 1:
             full /= divisor
         out[id] = full
