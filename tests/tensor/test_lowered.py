@@ -96,12 +96,17 @@ class Steps(am.Actor):
         y = as_dtensor(torch.ones(4, 4), mesh, whole)
         add = torch.ops.aten.add.Tensor
         route = shard_ops.route_for("aten.add.Tensor", add)
-        low = lower(add, route, [x, y], ((x, y), {}), route(add, (x, y), {}))
+        low = lower(add, route, [x, y], [x, y], ((x, y), {}), route(add, (x, y), {}))
         target = as_dtensor(torch.zeros(4, 4), mesh, whole)
         in_place = torch.ops.aten.add_.Tensor
         route_ = shard_ops.route_for("aten.add_.Tensor", in_place)
         wrote = lower(
-            in_place, route_, [target, y], ((target, y), {}), route_(in_place, (target, y), {})
+            in_place,
+            route_,
+            [target, y],
+            [target, y],
+            ((target, y), {}),
+            route_(in_place, (target, y), {}),
         )
         assert low is not None and wrote is not None
         env = {
@@ -164,7 +169,7 @@ class Steps(am.Actor):
         loss = torch.ops.aten.mse_loss.default
         route = shard_ops.route_for("aten.mse_loss.default", loss)
         first = route(loss, (x, target, 1), {})
-        low = lower(loss, route, [x, target], ((x, target, 1), {}), first)
+        low = lower(loss, route, [x, target], [x, target], ((x, target, 1), {}), first)
         assert low is not None
         env = {
             1: x,
@@ -181,7 +186,8 @@ class Steps(am.Actor):
         backward = torch.ops.aten.mse_loss_backward.default
         route_b = shard_ops.route_for("aten.mse_loss_backward.default", backward)
         first_b = route_b(backward, (grad, x, target, 1), {})
-        low_b = lower(backward, route_b, [grad, x, target], ((grad, x, target, 1), {}), first_b)
+        ins_b = [grad, x, target]
+        low_b = lower(backward, route_b, ins_b, ins_b, ((grad, x, target, 1), {}), first_b)
         assert low_b is not None
         again_b = low_b.call(seed, x._local_tensor, target, 1)
         summed = route(loss, (x, target, 2), {})  # reduction="sum"
@@ -193,14 +199,14 @@ class Steps(am.Actor):
             "a target of another shape runs the route": low.locals_of((1, 4), env, {}) is None,
             "a target of other strides runs the route": low.locals_of((1, 5), env, {}) is None,
             "a sum is lowered as a sum": torch.equal(
-                lower(loss, route, [x, target], ((x, target, 2), {}), summed).call(
+                lower(loss, route, [x, target], [x, target], ((x, target, 2), {}), summed).call(
                     x._local_tensor, target, 2
                 ),
                 summed._local_tensor,
             ),
             # reduction="none": the loss's route declines, another takes it, nothing is lowered
             "a loss the route declined is not lowered by its form": lower(
-                loss, route, [x, target], ((x, target, 0), {}), none
+                loss, route, [x, target], [x, target], ((x, target, 0), {}), none
             )
             is None,
         }
@@ -407,7 +413,8 @@ def test_a_step_that_fails_inside_a_chunk_fails_as_it_would_alone(mesh: Any) -> 
 @pytest.mark.usefixtures("steps_as_batches")
 def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -> None:
     # mse_loss and its backward against a controller tensor (the general path's ops) run from
-    # the program by their route; one the route declines (no reduction) runs as it was sent.
+    # the program by their route, then lowered by its local form; one the route declines (no
+    # reduction) runs as it was sent.
     torch.manual_seed(0)
     x, target = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
     w = torch.randn(4, 4, dtype=torch.float64)
@@ -436,6 +443,8 @@ def test_a_loss_of_a_controller_target_runs_by_its_route_or_as_sent(mesh: Any) -
     steps = mesh.spawn("losses_by_route", Steps, tensor_mesh(mesh).key)
     for rank, names in steps.named.call("general").get(timeout=60).items():
         assert {"aten.mse_loss.default", "aten.mse_loss_backward.default"} <= names, (rank, names)
+    for rank, lowered in steps.lowered.call().get(timeout=60).items():  # by the route's form
+        assert "aten.mse_loss_backward.default" in lowered, (rank, lowered)
 
 
 @pytest.mark.usefixtures("steps_as_batches")
@@ -477,6 +486,37 @@ def test_controller_tensors_and_keywords_of_each_run_are_taken_from_the_program(
     }
     for rank, names in steps.named.call("direct").get(timeout=60).items():
         assert taken <= names, (rank, taken - names)
+
+
+@pytest.mark.usefixtures("steps_as_batches")
+def test_ops_of_controller_tensors_are_lowered_and_take_each_runs_own(mesh: Any) -> None:
+    # A controller tensor changed in place between runs (uploaded again each run) and one
+    # kept (pooled), each read by an op of mesh values: lowered after the first run, the
+    # controller tensor taken as it is (the Replicate DTensor's local tensor it stood for).
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    table = torch.randn(6, 4, dtype=torch.float64)
+    on_x = distribute(x, mesh, sharding_spec=["dp", None])
+    on_table = distribute(table, mesh)
+    shift = torch.zeros(4, dtype=torch.float64)
+    ids = torch.tensor([0, 2, 5, 1, 3, 3, 4, 0])
+    stream = tensor_mesh(mesh).stream
+
+    def step(a: Any, t: Any, k: float) -> Any:
+        b = a + shift
+        rows = torch.nn.functional.embedding(ids, t)
+        return ((b * k + rows) * 2 + 1) * 3 - 1
+
+    sent = stream.programs.sent
+    for i in range(WARM + 3):
+        shift.add_(0.5)
+        got = step(on_x, on_table, 1.0 + i)
+        stream.mark()
+        assert torch.equal(inspect(got), step(x, table, 1.0 + i)), i
+    assert stream.programs.sent - sent >= 2
+    steps = mesh.spawn("lifted_steps", Steps, tensor_mesh(mesh).key)
+    for rank, lowered in steps.lowered.call().get(timeout=60).items():
+        assert {"aten.add.Tensor", "aten.embedding.default"} <= set(lowered), (rank, lowered)
 
 
 @pytest.mark.usefixtures("steps_as_batches")

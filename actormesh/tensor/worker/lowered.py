@@ -209,25 +209,27 @@ def release(ids: Any, env: dict[int, Any], held: dict[int, Any]) -> None:
             env[i] = wrap(*made)
 
 
-def lower(func: Any, route: Any, inputs: list[Any], call_args: Any, result: Any) -> Lowered | None:
-    """What a step's first run of ``func`` by ``route`` (on ``call_args``: its arguments and
-    keywords, ``inputs`` among them) shows about the next ones, or None when they cannot skip
-    the route (a route that does not compute on the locals, or not for these inputs, as its
-    ``lowers_if`` or its local form says; an input or result that is not a DTensor, where a
-    route without a local form of its own took the op)."""
-    import torch
+def lower(
+    func: Any, route: Any, inputs: list[Any], taken: list[Any], call_args: Any, result: Any
+) -> Lowered | None:
+    """What a step's first run of ``func`` by ``route`` shows about the next ones, or None when
+    they cannot skip the route (a route that does not compute on the locals, or not for these
+    inputs, as its ``lowers_if`` or its local form says; a result that is not a DTensor).
 
-    if not getattr(route, "on_locals", False):
+    ``inputs``: the step's inputs as the engine holds them; ``taken``: as the route took them,
+    where a controller tensor (a plain tensor) was lifted to a Replicate DTensor whose local
+    tensor is the controller tensor itself (``aten.lift_inputs``), or taken as it is by a
+    route with a local form of its own; ``call_args``: the route's arguments and keywords.
+    A later run takes such an input as it is (``PlainLayout``)."""
+    if not getattr(route, "on_locals", False) or not inputs:
         return None
     dtensor = dtensor_class()
     local_form = getattr(route, "local_form", None)
-    if not inputs or any(
-        type(x) is not dtensor and (local_form is None or type(x) is not torch.Tensor)
-        for x in inputs
-    ):
+    plain = _controller_tensors(inputs, taken, local_form is not None)
+    if plain is None:
         return None
     lowers_if = getattr(route, "lowers_if", None)
-    if lowers_if is not None and not lowers_if(inputs):
+    if lowers_if is not None and not lowers_if(taken):
         return None  # the route took the op another way for such inputs
     call = func._op if local_form is None else local_form(func, *call_args, result)  # noqa: SLF001
     if call is None:
@@ -245,7 +247,9 @@ def lower(func: Any, route: Any, inputs: list[Any], call_args: Any, result: Any)
             elif type(r) is not dtensor:
                 return None
             else:
-                alias = next((k for k, x in enumerate(inputs) if x is r), None)
+                alias = next((k for k, x in enumerate(taken) if x is r), None)
+                if alias in plain:
+                    return None  # written into a controller tensor: the route keeps its DTensor
                 if alias is not None:
                     kept.append(alias)
                 else:
@@ -259,3 +263,23 @@ def lower(func: Any, route: Any, inputs: list[Any], call_args: Any, result: Any)
     if len(outs) != 1 or type(outs[0]) is not tuple:
         return None  # a view's route gives one new tensor
     return Lowered(call, specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001
+
+
+def _controller_tensors(inputs: list[Any], taken: list[Any], as_they_are: bool) -> Any:
+    """The positions of the controller tensors among ``inputs``, or None when one cannot be
+    taken as it is in a later run: not a plain tensor, or the route took another tensor for
+    it (lifted to another device), or took it as it is without a local form of its own."""
+    import torch
+
+    dtensor = dtensor_class()
+    plain = []
+    for k, (x, t) in enumerate(zip(inputs, taken, strict=True)):
+        if type(x) is dtensor:
+            continue
+        if type(x) is not torch.Tensor:
+            return None
+        lifted = type(t) is dtensor and t._local_tensor is x  # noqa: SLF001  (not moved)
+        if not lifted and (t is not x or not as_they_are):
+            return None
+        plain.append(k)
+    return plain

@@ -71,8 +71,8 @@ class _Step:
         if inputs is not INS:
             # The general path's (controller tensors among its inputs): direct, its inputs
             # taken as the fast path's IN in the order its arguments name them; a loss takes
-            # its target's block as it is (and is lowered: its route has a local form of its
-            # own), another op takes them as Replicate DTensors (and is not lowered).
+            # its target's block as it is, another op takes them as Replicate DTensors; a later
+            # run of a lowered one takes them as they are (lowered.py).
             # (the keywords' inputs come after the arguments')
             found = _refs_as_inputs((*args, kwargs), op[2])
             if found is None:
@@ -249,9 +249,8 @@ def _run_direct(
     except KeyError:
         engine._execute(step.as_sent(ids, values))  # noqa: SLF001  (raises, naming the value)
         return
-    # (lowered below from the inputs as they are: a controller tensor keeps it from lowering,
-    # unless its route computes locally in a form of its own, as a loss's does)
-    args, kwargs = _call_args(step, lift_inputs(engine, inputs) if step.lifts else inputs, values)
+    taken = lift_inputs(engine, inputs) if step.lifts else inputs
+    args, kwargs = _call_args(step, taken, values)
     try:
         route = step.route
         result = None if route is None else route(step.func, args, kwargs)
@@ -262,7 +261,7 @@ def _run_direct(
         else:
             leaves = tensor_leaves(result)
             if step.lowerable:
-                step.lowered = lower(step.func, route, inputs, (args, kwargs), result)
+                step.lowered = lower(step.func, route, inputs, taken, (args, kwargs), result)
         if leaves is not None and len(leaves) != len(outs):
             raise RuntimeError(
                 f"{step.name[0]} gave {len(leaves)} results where the controller expected "
