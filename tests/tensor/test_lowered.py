@@ -212,6 +212,41 @@ class Steps(am.Actor):
         }
 
     @am.endpoint
+    def cat_guards(self) -> dict[str, bool]:
+        """``cat`` past an empty cache (Hugging Face's), lowered where the locals join alike."""
+        from torch.distributed.tensor import Replicate, Shard
+
+        from actormesh.tensor.worker import aten, shard_ops
+        from actormesh.tensor.worker.dtensors import as_dtensor
+        from actormesh.tensor.worker.lowered import lower
+
+        engine = self._engine()
+        mesh = engine.mesh
+        me = mesh.get_local_rank("dp")
+        whole = torch.arange(48.0).reshape(4, 3, 4)
+        x = as_dtensor(whole[2 * me : 2 * me + 2], mesh, [Shard(0), Replicate()], (4, 3, 4))
+        cat = torch.ops.aten.cat.default
+        route = shard_ops.route_for("aten.cat.default", cat)
+
+        def lowered(dim: int) -> Any:
+            empty = torch.tensor([])  # a controller tensor, lifted for the route
+            taken = aten.lift_inputs(engine, [empty, x])
+            result = route(cat, (taken, dim), {})
+            low = lower(cat, route, [empty, x], taken, ((taken, dim), {}), result)
+            return low, result, empty
+
+        low, result, empty = lowered(-2)
+        along_rows = lowered(0)[0]  # joined along the split dim: DTensor's own cat
+        return {
+            "past an empty cache, the locals joined": low is not None
+            and torch.equal(low.call([empty, x._local_tensor], -2), result._local_tensor),
+            "the result is the local rows": torch.equal(
+                result._local_tensor, whole[2 * me : 2 * me + 2]
+            ),
+            "not lowered along the split dim": along_rows is None,
+        }
+
+    @am.endpoint
     def dtypes(self, id: int) -> tuple[str, str]:
         """Value ``id``'s dtype as its spec says, and its local tensor's."""
         value = self._engine().env[id]
@@ -278,6 +313,13 @@ def test_a_lowered_loss_takes_the_controllers_target_as_the_route_does(mesh: Any
     tensor_mesh(mesh)
     steps = mesh.spawn("loss_guards", Steps, tensor_mesh(mesh).key)
     for rank, checks in steps.loss_guards.call().get(timeout=60).items():
+        assert all(checks.values()), (rank, checks)
+
+
+def test_a_concatenation_past_an_empty_cache_is_lowered_where_the_locals_join(mesh: Any) -> None:
+    tensor_mesh(mesh)
+    steps = mesh.spawn("cat_guards", Steps, tensor_mesh(mesh).key)
+    for rank, checks in steps.cat_guards.call().get(timeout=60).items():
         assert all(checks.values()), (rank, checks)
 
 

@@ -42,13 +42,17 @@ def computes_on_locals(route: Any) -> Any:
     return route
 
 
+NOT_TAKEN: Any = object()  # a local form's answer where its route did not take the op
+
+
 def computes_locally_as(local_form: Any) -> Any:
     """Mark a route as computing its later runs by ``local_form(func, args, kwargs, result)``:
     given a first run's arguments (DTensors, plain tensors, literals) and the result the step
     got, the function that computes the local result from the inputs' local tensors and the
-    op's other arguments; or None, where the route did not take these arguments (then another
-    route may have: ``shard_ops._either``) or cannot say. What it computes must be what the
-    route computes for arguments of those specs, strides and literals."""
+    op's other arguments; None where the route took the op but its later runs cannot skip it;
+    ``NOT_TAKEN`` where the route did not take these arguments (another did: ``shard_ops.
+    _either``). What it computes must be what the route computes for arguments of those
+    specs, strides and literals."""
 
     def mark(route: Any) -> Any:
         route.on_locals = True
@@ -57,6 +61,20 @@ def computes_locally_as(local_form: Any) -> Any:
         return route
 
     return mark
+
+
+def first_else(form: Any, then_on_locals: bool) -> Any:
+    """The local form of a route that tries a route of ``form`` first, then another: ``form``'s
+    answer where the first took the op; where the other did, the op itself on the local
+    tensors if the other computes so (``then_on_locals``), else None (not lowered)."""
+
+    def local_form(func: Any, args: Any, kwargs: Any, result: Any) -> Any:
+        found = form(func, args, kwargs, result)
+        if found is not NOT_TAKEN:
+            return found
+        return func._op if then_on_locals else None  # noqa: SLF001
+
+    return local_form
 
 
 def views_locally(route: Any) -> Any:
@@ -221,8 +239,8 @@ def lower(
     tensor is the controller tensor itself (``aten.lift_inputs``), or taken as it is by a
     route with a local form of its own; ``call_args``: the route's arguments and keywords.
     A later run takes such an input as it is (``PlainLayout``)."""
-    if not getattr(route, "on_locals", False) or not inputs:
-        return None
+    if not getattr(route, "on_locals", False) or not inputs or result is None:
+        return None  # (None: no route took the op)
     dtensor = dtensor_class()
     local_form = getattr(route, "local_form", None)
     plain = _controller_tensors(inputs, taken, local_form is not None)
@@ -232,7 +250,7 @@ def lower(
     if lowers_if is not None and not lowers_if(taken):
         return None  # the route took the op another way for such inputs
     call = func._op if local_form is None else local_form(func, *call_args, result)  # noqa: SLF001
-    if call is None:
+    if call is None or call is NOT_TAKEN:
         return None
     specs = tuple(x._spec if type(x) is dtensor else PlainLayout.of(x) for x in inputs)  # noqa: SLF001
     strides = tuple((x._local_tensor if type(x) is dtensor else x).stride() for x in inputs)  # noqa: SLF001

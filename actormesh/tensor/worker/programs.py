@@ -89,8 +89,9 @@ class _Step:
         self.args = tuple(runs(a) for a in args)
         if all(literal(v) for _, v in kwargs[1:]):
             self.kwargs = dict(kwargs[1:])
-            # (a lowered step and a chunk take the inputs in the order of the step's ins)
-            self.lowerable = self.order is None and bool(getattr(self.route, "on_locals", False))
+            # (a lowered step and a chunk take the inputs in the order of the step's ins, and
+            # put them in its arguments' order: ``order``)
+            self.lowerable = bool(getattr(self.route, "on_locals", False))
         else:  # (inputs or floats among the keywords, attention's mask and scale: not lowered)
             self.filled_kwargs = tuple(kwargs[1:])
         self.simple = all(a is IN or literal(a) for a in args)

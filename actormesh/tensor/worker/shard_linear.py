@@ -14,7 +14,7 @@ from typing import Any
 
 from ..wire.shapes import contiguous_strides
 from .dtensors import UNKNOWN, OutSpecs, as_dtensor, dtensor_class, partial_sum, spec_of, wrap
-from .lowered import computes_on_locals, views_locally
+from .lowered import NOT_TAKEN, computes_locally_as, computes_on_locals, views_locally
 from .shard_views import view_rows
 
 _T_SPECS = OutSpecs()
@@ -215,15 +215,55 @@ def _view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out if out is not None else view_rows(func, args, kwargs)
 
 
+def _kept_by_cat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+    """The tensors ``cat`` keeps where ``_cat_skipping_empty`` takes it (it skips some), or
+    None."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    if not isinstance(tensors, (list, tuple)) or len(tensors) < 2:
+        return None
+    kept = [t for t in tensors if not _empty_1d(t)]
+    if len(kept) == len(tensors) or not kept or all(t.dim() == 1 for t in kept):
+        return None
+    return kept
+
+
+def _empty_1d(t: Any) -> bool:
+    return t.dim() == 1 and t.shape[0] == 0
+
+
+def _cat_skipping_empty_locally(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+) -> Any:
+    """``_cat_skipping_empty`` on the local tensors, where it took the op and DTensor's ``cat``
+    of what it kept is the ``cat`` of their local tensors: all placed as the result, none split
+    along the dim it joins them on, no partial sum."""
+    kept = _kept_by_cat(args, kwargs)
+    dtensor = dtensor_class()
+    if kept is None:
+        return NOT_TAKEN
+    if type(result) is not dtensor:
+        return None
+    placements = result.placements
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % result.dim()
+    if any(type(t) is not dtensor or t.placements != placements for t in kept):
+        return None
+    if any(p.is_partial() or (p.is_shard() and p.dim == dim) for p in placements):
+        return None
+    op = func._op  # noqa: SLF001
+
+    def local(tensors: list[Any], dim: int = 0) -> Any:
+        return op([t for t in tensors if not _empty_1d(t)], dim)
+
+    return local
+
+
+@computes_locally_as(_cat_skipping_empty_locally)
 def _cat_skipping_empty(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``cat`` with 1-D empty tensors among others: torch skips them (a legacy rule Hugging Face's
     KV cache relies on: it starts from ``torch.tensor([])``); DTensor's rule does not, so they
     are left out here before DTensor runs it."""
-    tensors = args[0] if args else kwargs.get("tensors")
-    if not isinstance(tensors, (list, tuple)) or len(tensors) < 2:
-        return None
-    kept = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
-    if len(kept) == len(tensors) or not kept or all(t.dim() == 1 for t in kept):
+    kept = _kept_by_cat(args, kwargs)
+    if kept is None:
         return None
     return func(kept, *args[1:], **kwargs) if args else func(kept, **kwargs)
 

@@ -24,7 +24,7 @@ from .dtensors import (
     spec_of,
     wrap,
 )
-from .lowered import computes_locally_as
+from .lowered import NOT_TAKEN, computes_locally_as
 
 
 def _block(target: Any, spec: Any) -> tuple[Any, tuple[tuple[int, int, int], ...]] | None:
@@ -104,7 +104,7 @@ def _mse_loss_locally(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
     taken = _mse_takes(args, kwargs, 0)
     if taken is None:
-        return None
+        return NOT_TAKEN
     narrows, count = taken[2], math.prod(taken[0].shape)
     mse_sum = torch.ops.aten.mse_loss.default._op  # noqa: SLF001
 
@@ -157,7 +157,7 @@ def _mse_loss_backward_locally(
 
     taken = _mse_takes(args, kwargs, 1)
     if taken is None or type(result) is not dtensor_class() or result._spec is not taken[0]:  # noqa: SLF001
-        return None
+        return NOT_TAKEN  # (the route declines a result typed or laid out unlike the input)
     narrows, count = taken[2], math.prod(taken[0].shape)
     backward = func._op  # noqa: SLF001
 

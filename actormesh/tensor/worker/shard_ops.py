@@ -45,7 +45,13 @@ from . import (
     shard_rows,
 )
 from .dtensors import UNKNOWN, OutSpecs, dtensor_class, spec_of, torch_classes, wrap
-from .lowered import computes_locally_as, computes_on_locals, takes_view_sizes
+from .lowered import (
+    NOT_TAKEN,
+    computes_locally_as,
+    computes_on_locals,
+    first_else,
+    takes_view_sizes,
+)
 from .shard_foreach import ROUTES as FOREACH_ROUTES
 from .shard_foreach import foreach_on_shards, is_elementwise, layout_kept, placed_alike
 from .shard_replicas import on_replicas
@@ -199,7 +205,7 @@ def _like_locally(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], resu
     its literals, checked on its first run)."""
     spec = _like_spec(args, kwargs)
     if spec is None or type(result) is not dtensor_class() or result._spec is not spec:  # noqa: SLF001
-        return None
+        return NOT_TAKEN  # (the route declines a result laid out unlike the input)
     op = func._op  # noqa: SLF001
 
     def local(x: Any, **_checked: Any) -> Any:
@@ -251,23 +257,28 @@ def _without_partial(spec: Any) -> Any:
 
 def _either(first: Any, then: Any) -> Any:
     """A route that tries ``first``, then ``then`` (two families taking the same op); lowered
-    (``lowered.py``) where both compute on the local tensors in the same way (the op itself:
-    not a route with a form of its own, ``computes_locally_as``)."""
+    (``lowered.py``) where both compute on the local tensors in the same way, or by first's
+    form of its own (``computes_locally_as``) where first took the op."""
 
     def route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = first(func, args, kwargs)
         return out if out is not None else then(func, args, kwargs)
 
     local_args = getattr(first, "local_args", None)
+    form = getattr(first, "local_form", None)
     if (
         getattr(first, "on_locals", False)
         and getattr(then, "on_locals", False)
         and getattr(then, "local_args", None) is local_args
-        and not hasattr(first, "local_form")
         and not hasattr(then, "local_form")
     ):
         route.on_locals = True  # type: ignore[attr-defined]
         route.local_args = local_args  # type: ignore[attr-defined]
+        if form is not None:  # first's form where first took it, else the op on the locals
+            route.local_form = first_else(form, True)  # type: ignore[attr-defined]
+    elif form is not None:  # first's form where first took it; not lowered where then took it
+        route.on_locals, route.local_args = True, None  # type: ignore[attr-defined]
+        route.local_form = first_else(form, False)  # type: ignore[attr-defined]
     return route
 
 
@@ -372,11 +383,7 @@ def _or_on_replicas(route: Any) -> Any:
         return both
     if getattr(route, "local_args", None) is not None:
         return route
-    both = _either(route, on_replicas)
-    local_form = getattr(route, "local_form", None)
-    if local_form is not None:  # lowered where the route took the op (its form says so)
-        both.on_locals, both.local_args, both.local_form = True, None, local_form
-    return both
+    return _either(route, on_replicas)
 
 
 for _name, _route in list(_SPECIAL.items()):
