@@ -20,9 +20,10 @@ declines such a result.
 A route whose result is not the op on the locals (a loss over the local blocks: another
 reduction, a division by the global count, a replicated target's block) may still say how
 its later runs compute it (``computes_locally_as``): a function of the same arguments on the
-local tensors, made from its first run's inputs. Such a route may also take a plain tensor
-(a controller tensor a loss takes as it is); a later run's must have the first one's shape,
-dtype, device and strides (``PlainLayout``).
+local tensors, made from its first run's arguments. A lowered step may also read a controller
+tensor (a plain tensor): one its route took lifted to a Replicate DTensor, whose local tensor
+it is, or as it is (a loss's target); a later run takes the controller tensor of its own run
+as it is, where it has the first one's shape, dtype, device and strides (``PlainLayout``).
 """
 
 from __future__ import annotations
