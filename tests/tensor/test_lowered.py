@@ -180,7 +180,7 @@ class Steps(am.Actor):
         }
         locals_ = low.locals_of((1, 2), env, {})
         assert locals_ is not None
-        again = low.call(*locals_, 1)
+        again = low.local_op(*locals_, 1)
         seed = torch.ones((), dtype=torch.float32)
         grad = as_dtensor(seed, mesh, [Replicate(), Replicate()])
         backward = torch.ops.aten.mse_loss_backward.default
@@ -189,7 +189,7 @@ class Steps(am.Actor):
         ins_b = [grad, x, target]
         low_b = lower(backward, route_b, ins_b, ins_b, ((grad, x, target, 1), {}), first_b)
         assert low_b is not None
-        again_b = low_b.call(seed, x._local_tensor, target, 1)
+        again_b = low_b.local_op(seed, x._local_tensor, target, 1)
         summed = route(loss, (x, target, 2), {})  # reduction="sum"
         none = shard_ops.route_for("aten.mse_loss.default", loss)(loss, (x, target, 0), {})
         return {
@@ -199,7 +199,7 @@ class Steps(am.Actor):
             "a target of another shape runs the route": low.locals_of((1, 4), env, {}) is None,
             "a target of other strides runs the route": low.locals_of((1, 5), env, {}) is None,
             "a sum is lowered as a sum": torch.equal(
-                lower(loss, route, [x, target], [x, target], ((x, target, 2), {}), summed).call(
+                lower(loss, route, [x, target], [x, target], ((x, target, 2), {}), summed).local_op(
                     x._local_tensor, target, 2
                 ),
                 summed._local_tensor,
@@ -239,7 +239,7 @@ class Steps(am.Actor):
         along_rows = lowered(0)[0]  # joined along the split dim: DTensor's own cat
         return {
             "past an empty cache, the locals joined": low is not None
-            and torch.equal(low.call([empty, x._local_tensor], -2), result._local_tensor),
+            and torch.equal(low.local_op([empty, x._local_tensor], -2), result._local_tensor),
             "the result is the local rows": torch.equal(
                 result._local_tensor, whole[2 * me : 2 * me + 2]
             ),

@@ -292,7 +292,7 @@ class _Source:
 
     def _call(self, step: Any, inputs: list[str], n: int) -> str:
         """The expression that calls ``step``'s op on the variables ``inputs``."""
-        self.names[f"f{n}"] = step.lowered.call
+        self.names[f"f{n}"] = step.lowered.local_op
         # (the inputs in the order of the step's ins; its arguments may name them otherwise)
         feed = iter(inputs if step.order is None else [inputs[k] for k in step.order])
         var = iter(range(step.var0, step.var0 + step.nvars))

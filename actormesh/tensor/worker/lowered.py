@@ -129,17 +129,17 @@ class PlainLayout:
 class Lowered:
     """How a step ran on its first run, for the runs after it."""
 
-    __slots__ = ("call", "fixed", "outs", "specs", "strides")
+    __slots__ = ("fixed", "local_op", "outs", "specs", "strides")
 
     def __init__(
         self,
-        call: Any,
+        local_op: Any,
         specs: tuple[Any, ...],
         strides: tuple[Any, ...],
         outs: tuple[Any, ...],
         fixed: tuple[tuple[int, Any], ...] = (),
     ):
-        self.call = call  # what runs on the local tensors: the op's own ``_op``, or a route's
+        self.local_op = local_op  # what runs on the locals: the op's own ``_op``, or a route's
         # the input DTensors' specs (a plain tensor's PlainLayout), in the order of the step's ins
         self.specs = specs
         self.strides = strides  # and their local tensors' strides
@@ -250,8 +250,8 @@ def lower(
     lowers_if = getattr(route, "lowers_if", None)
     if lowers_if is not None and not lowers_if(taken):
         return None  # the route took the op another way for such inputs
-    call = func._op if local_form is None else local_form(func, *call_args, result)  # noqa: SLF001
-    if call is None or call is NOT_TAKEN:
+    local_op = func._op if local_form is None else local_form(func, *call_args, result)  # noqa: SLF001
+    if local_op is None or local_op is NOT_TAKEN:
         return None
     specs = tuple(x._spec if type(x) is dtensor else PlainLayout.of(x) for x in inputs)  # noqa: SLF001
     strides = tuple((x._local_tensor if type(x) is dtensor else x).stride() for x in inputs)  # noqa: SLF001
@@ -278,10 +278,10 @@ def lower(
         outs = tuple(kept)
     local_args = getattr(route, "local_args", None)
     if local_args is None:
-        return Lowered(call, specs, strides, outs)
+        return Lowered(local_op, specs, strides, outs)
     if len(outs) != 1 or type(outs[0]) is not tuple:
         return None  # a view's route gives one new tensor
-    return Lowered(call, specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001
+    return Lowered(local_op, specs, strides, outs, local_args(result._local_tensor))  # noqa: SLF001
 
 
 def _controller_tensors(inputs: list[Any], taken: list[Any], as_they_are: bool) -> Any:

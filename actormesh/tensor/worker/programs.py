@@ -226,7 +226,7 @@ def _run_lowered(
     if lowered.fixed:
         args = _fixed(args, lowered.fixed)
     try:
-        out = lowered.call(*args, **kwargs)
+        out = lowered.local_op(*args, **kwargs)
         if not lowered.keep(out, locals_, in_ids, outs, env, held):
             return False
     except Exception as exc:
