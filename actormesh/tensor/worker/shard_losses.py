@@ -96,43 +96,44 @@ def _mse_takes(args: tuple[Any, ...], kwargs: dict[str, Any], at: int) -> Any:
     return spec, found[0], found[1], reduction
 
 
+def _mse_term(x: Any, block: Any, reduction: int, count: int) -> Any:
+    """This rank's term of ``mse_loss``: the local sum of squares (one op), divided by the
+    global count for a mean. What the route and its later, lowered runs both compute."""
+    import torch
+
+    total = torch.ops.aten.mse_loss.default._op(x, block, 2)  # noqa: SLF001  (reduction=sum)
+    if reduction == 1:  # mean over the global tensor
+        total.div_(count)
+    return total
+
+
 def _mse_loss_locally(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
     """``_mse_loss`` on the local tensors, for arguments laid out as these (a program's step)."""
     import math
-
-    import torch
 
     taken = _mse_takes(args, kwargs, 0)
     if taken is None:
         return NOT_TAKEN
     narrows, count = taken[2], math.prod(taken[0].shape)
-    mse_sum = torch.ops.aten.mse_loss.default._op  # noqa: SLF001
 
     def local(x: Any, target: Any, reduction: int = 1) -> Any:
-        total = mse_sum(x, _local_block(target, narrows), 2)
-        if reduction == 1:
-            total.div_(count)
-        return total
+        return _mse_term(x, _local_block(target, narrows), reduction, count)
 
     return local
 
 
 @computes_locally_as(_mse_loss_locally)
 def _mse_loss(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The local sum of squares (one op), divided by the global count for a mean: a Partial
-    sum over the split mesh dimensions."""
+    """The local sum of squares divided by the global count for a mean (``_mse_term``): a
+    Partial sum over the split mesh dimensions."""
     import math
-
-    import torch
 
     taken = _mse_takes(args, kwargs, 0)
     if taken is None:
         return None
     spec, target, narrows, reduction = taken
     x = args[0]._local_tensor  # noqa: SLF001
-    total = torch.ops.aten.mse_loss.default(x, _local_block(target, narrows), 2)  # (sum)
-    if reduction == 1:  # mean over the global tensor
-        total.div_(math.prod(spec.shape))
+    total = _mse_term(x, _local_block(target, narrows), reduction, math.prod(spec.shape))
     # (the sum's own dtype: a float64 target promotes a float32 input's)
     out = _LOSS_SPECS.get((spec,), total.dtype)
     if out is UNKNOWN:
@@ -146,6 +147,13 @@ def _loss_spec(spec: Any, dtype: Any) -> Any:
 
     placements = [partial_sum() if p.is_shard() else Replicate() for p in spec.placements]
     return spec_of(spec.mesh, placements, size_of(()), (), dtype)
+
+
+def _mse_grad(backward: Any, grad: Any, x: Any, block: Any, reduction: int, count: int) -> Any:
+    """``2 (x - target) grad`` on the local blocks, with ``grad / count`` for a mean. What the
+    route and its later, lowered runs both compute."""
+    scale = grad / count if reduction == 1 else grad
+    return backward(scale, x, block, 2)  # reduction=sum: 2 (x - target) scale
 
 
 def _mse_loss_backward_locally(
@@ -162,16 +170,14 @@ def _mse_loss_backward_locally(
     backward = func._op  # noqa: SLF001
 
     def local(grad: Any, x: Any, target: Any, reduction: int = 1) -> Any:
-        scale = grad / count if reduction == 1 else grad
-        return backward(scale, x, _local_block(target, narrows), 2)
+        return _mse_grad(backward, grad, x, _local_block(target, narrows), reduction, count)
 
     return local
 
 
 @computes_locally_as(_mse_loss_backward_locally)
 def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``2 (x - target) grad``, with ``grad / count`` for a mean (one or two ops on the local
-    blocks), where the loss's gradient is replicated."""
+    """``_mse_grad`` on the local blocks, where the loss's gradient is replicated."""
     import math
 
     taken = _mse_takes(args, kwargs, 1)
@@ -179,11 +185,9 @@ def _mse_loss_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return None
     spec, target, narrows, reduction = taken
     local = args[1]._local_tensor  # noqa: SLF001
-    scale = args[0]._local_tensor  # noqa: SLF001
-    if reduction == 1:
-        scale = scale / math.prod(spec.shape)
+    grad = args[0]._local_tensor  # noqa: SLF001
     block = _local_block(target, narrows)
-    out = func(scale, local, block, 2)  # reduction=sum: 2 (x - target) scale
+    out = _mse_grad(func._op, grad, local, block, reduction, math.prod(spec.shape))  # noqa: SLF001
     if out.dtype != local.dtype or out.stride() != local.stride():
         return None
     return wrap(out, spec)
