@@ -5,7 +5,10 @@ same 4-rank mesh, with thread-CPU timers around the parts of the step, on the co
 inside each worker process (a small actor patches the engine there, in that process only):
 
 - controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
-  ``loss.item()`` (and within it the batch's pickling, ``stream.pack``);
+  ``loss.item()`` (and within it the batch's pickling, ``stream.pack``); for each part, the
+  time spent recording ops (in ``MeshTensor.__torch_dispatch__``'s recorder, below it torch's
+  own cost of calling it) and how many ops it recorded: the rest is the user's Python, the
+  controller's autograd and torch's per-op work;
 - each worker: its process CPU per step; on the engine's thread the batch's unpickling, each
   op's handler (by op name; a program's steps run as ops count twice, in the program too) and
   the fetch's answer; the garbage collector by generation; what is left of the process's CPU is the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import os
 import pstats
@@ -41,6 +45,7 @@ from bench_tensor import MLP, SHAPES, gpt2, token_batch
 import actormesh as am
 from actormesh.tensor import module_to_mesh
 from actormesh.tensor.controller import stream as stream_mod
+from actormesh.tensor.controller import tensor as tensor_mod
 from actormesh.tensor.controller.mesh import tensor_mesh
 
 _T = time.thread_time_ns
@@ -257,28 +262,48 @@ def main() -> None:
             return out
 
         stream_mod.pack = timed_pack
+        recorded = [0, 0]  # thread CPU ns in the recorder, ops recorded
+        ops_recorded: dict[str, int] = defaultdict(int)
+        record = tensor_mod.methods.dispatch
+
+        def timed_dispatch(func: Any, args: Any, kwargs: Any) -> Any:
+            t0 = _T()
+            try:
+                return record(func, args, kwargs)
+            finally:
+                recorded[0] += _T() - t0
+                recorded[1] += 1
+
+        tensor_mod.install_methods(dataclasses.replace(tensor_mod.methods, dispatch=timed_dispatch))
 
         def step() -> float:
-            t0 = _T()
+            seen = []  # (thread CPU, recorder's CPU, ops recorded) at each part's edge
+
+            def edge() -> None:
+                seen.append((_T(), *recorded))
+
+            edge()
             opt.zero_grad()
-            t1 = _T()
+            edge()
             loss = loss_of()
-            t2 = _T()
+            edge()
             loss.backward()
-            t3 = _T()
+            edge()
             opt.step()
-            t4 = _T()
+            edge()
             value = loss.item()
-            t5 = _T()
-            marks = (("zero_grad", t0, t1), ("forward + loss", t1, t2), ("backward", t2, t3),
-                     ("opt.step", t3, t4), ("item", t4, t5))  # fmt: skip
-            for name, a, b in marks:
-                phases[name] += b - a
+            edge()
+            names = ("zero_grad", "forward + loss", "backward", "opt.step", "item")
+            for name, a, b in zip(names, seen, seen[1:], strict=False):
+                phases[name] += b[0] - a[0]
+                phases[f"{name}: recording"] += b[1] - a[1]
+                ops_recorded[name] += b[2] - a[2]
             return value
 
         for _ in range(10):
             step()
         phases.clear()
+        ops_recorded.clear()
         before = probe.reset.call().get(timeout=60)
         mine = time.process_time()
         wall = time.perf_counter()
@@ -292,6 +317,7 @@ def main() -> None:
         result["controller"] = {
             "process_cpu_ms": mine * 1e3 / n,
             "main_thread_us": {k: v / 1e3 / n for k, v in phases.items()},
+            "ops_recorded_per_step": {k: v / n for k, v in ops_recorded.items()},
         }
         workers = {}
         for point, (cpu, ops, parts) in after.items():
