@@ -111,10 +111,12 @@ class _Op:
     __slots__ = ("args", "depth", "func", "kwargs", "made", "results")
     depth: int  # ops not computed yet in its longest chain of arguments, itself included
 
-    def __init__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], made: Any):
+    def __init__(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], made: Any, depth: int
+    ):
         self.func, self.args, self.kwargs = func, args, kwargs
         self.made = tuple((tuple(r.shape), r.dtype) for r in made)  # what the ranks hold
-        self.depth = 1 + max((x.op.depth for x in _later_in((args, kwargs))), default=0)
+        self.depth = depth
         self.results: tuple[torch.Tensor, ...] | None = None  # () when it is not known
 
     def computed(self) -> tuple[torch.Tensor, ...]:
@@ -175,17 +177,6 @@ def _values(x: Any) -> Any:
     return x
 
 
-def _later_in(x: Any) -> list[_Later]:
-    t = type(x)
-    if t is _Later:
-        return [x]
-    if t is list or t is tuple:
-        return [e for y in x for e in _later_in(y)]
-    if t is dict:
-        return [e for y in x.values() for e in _later_in(y)]
-    return []
-
-
 def keep(values: dict[int, Any], t: MeshTensor, value: torch.Tensor | _Later) -> None:
     """``t``'s value is ``value``: a copy no user code holds (nothing here writes it: a fold
     only reads it, and ``read`` answers with a copy), or one to compute when read."""
@@ -206,12 +197,16 @@ def fold(
         return
     found = [False]
     now = [False]  # a large controller tensor among the arguments: computed at once
+    depth = [1]  # the op's, as _Op.depth
 
     def value(a: Any) -> Any:
         t = type(a)
         if t is MeshTensor:
             found[0] = True
-            return values[a.value_id]  # KeyError: not known
+            v = values[a.value_id]  # KeyError: not known
+            if type(v) is _Later:
+                depth[0] = max(depth[0], 1 + v.op.depth)
+            return v
         if t is list or t is tuple:
             return t(value(e) for e in a)
         if t is torch.device:
@@ -230,7 +225,7 @@ def fold(
         return
     if not found[0]:
         return
-    op = _Op(func, local_args, local_kwargs, results)
+    op = _Op(func, local_args, local_kwargs, results, depth[0])
     if (now[0] or op.depth > DEFERRED) and not op.computed():  # (a read never recurses deep)
         return
     for index, r in enumerate(results):
