@@ -14,7 +14,7 @@ import time
 
 from monarch_counter import Counter
 
-from actormesh import Actor, endpoint
+from actormesh import Actor, Channel, Port, endpoint
 
 
 class SyncCounter(Actor):
@@ -57,7 +57,8 @@ class BusyCounter(Actor):
         self.v = 0
 
     @endpoint
-    def hold(self, seconds: float) -> None:
+    def hold(self, seconds: float, started: Port) -> None:
+        started.send(None)
         time.sleep(seconds)  # busy: what comes meanwhile waits in the socket
 
     @endpoint
@@ -72,7 +73,11 @@ class BusyCounter(Actor):
 class Asker(Actor):
     @endpoint
     def occupy(self, c: BusyCounter, seconds: float) -> None:
-        c.hold.broadcast(seconds)
+        """Returns once ``c`` is busy: a cast may still be on its way when the caller's next
+        message (a stop) reaches ``c``, which would then take that first."""
+        started, receiver = Channel.open(once=True)
+        c.hold.broadcast(seconds, started)
+        receiver.recv().get(timeout=30)
 
     @endpoint
     def ask(self, c: BusyCounter) -> int:
