@@ -35,6 +35,11 @@ the medians of all samples are compared (ratio, and the µs the controller adds)
   a batch of one-way messages counts once), and per process as the batches its engine
   received. Target ≤ 3 per process.
 
+On a machine with GPUs, ``BENCH_DEVICE=cuda`` runs the same cases on a mesh {gpus: N}, one
+rank per GPU (NCCL; the tensor engine computes on the GPUs), both sides on the GPUs, with the
+data dimension named ``gpus`` (``module_to_mesh``'s default where no ``dp`` exists). T3 and
+T4 split along ``dp`` and need the CPU mesh.
+
 Run:  python bench/bench_tensor.py          (BENCH_QUICK=1: fewer steps, two rounds;
       BENCH_ONLY=T1,T1b,T5,T6: only those)
 Prints one JSON object; ``BENCH_OUT=path`` also writes it there. ``code`` in it names the
@@ -80,6 +85,9 @@ TARGETS = {"T1": 1.2, "T1b": 1.05, "T2": 6.0, "T3": 1.5, "T4": 3, "T5": 1.15, "T
 CPU_TARGETS = {"T1": 1.5, "T1b": 1.15, "T5": None, "T6": 1.5}
 CONTROLLER_SHARE = 0.25
 SHAPES = {"T1": (16, 32, 4, 16), "T1b": (16, 1024, 4, 256)}  # d_in, hidden, d_out, batch
+DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
+# The data dimension: dp on the CPU mesh; on GPUs, the mesh's one dimension (a rank per GPU).
+DATA = "gpus" if DEVICE == "cuda" else "dp"
 
 
 class MLP(nn.Module):
@@ -90,6 +98,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+def mesh_shape() -> dict[str, int]:
+    """The mesh the cases run on: {dp: 2, tp: 2} on the CPU, a rank per GPU with BENCH_DEVICE."""
+    return {"gpus": torch.cuda.device_count()} if DEVICE == "cuda" else {"dp": 2, "tp": 2}
 
 
 def gpt2() -> nn.Module:
@@ -136,13 +149,14 @@ class Spmd(am.Actor):
         import torch.nn.functional as F
 
         mesh = self._mesh(key)
-        ndp = mesh.size(mesh.mesh_dim_names.index("dp"))
-        i = mesh.get_local_rank("dp")
+        ndp = mesh.size(mesh.mesh_dim_names.index(DATA))
+        i = mesh.get_local_rank(DATA)
         d_in, hidden, d_out, batch = shape
         model = MLP(d_in, hidden, d_out)
         model.load_state_dict(state)
+        model.to(DEVICE)
         rows = batch // ndp
-        xl, yl = x[i * rows : (i + 1) * rows], y[i * rows : (i + 1) * rows]
+        xl, yl = (t[i * rows : (i + 1) * rows].to(DEVICE) for t in (x, y))
         return self._loop(mesh, model, lambda: F.mse_loss(model(xl), yl), steps, read_every)
 
     @am.endpoint
@@ -152,12 +166,13 @@ class Spmd(am.Actor):
         """T6's floor: each dp rank its half of the batch (HF's loss averages over the rank's
         own counted tokens: the cost of the step, not quite its numbers)."""
         mesh = self._mesh(key)
-        ndp = mesh.size(mesh.mesh_dim_names.index("dp"))
-        i = mesh.get_local_rank("dp")
+        ndp = mesh.size(mesh.mesh_dim_names.index(DATA))
+        i = mesh.get_local_rank(DATA)
         model = gpt2()
         model.load_state_dict(state)
+        model.to(DEVICE)
         rows = len(batch["input_ids"]) // ndp
-        mine = {k: v[i * rows : (i + 1) * rows] for k, v in batch.items()}
+        mine = {k: v[i * rows : (i + 1) * rows].to(DEVICE) for k, v in batch.items()}
         return self._loop(mesh, model, lambda: model(**mine).loss, steps, 1)
 
     def _loop(
@@ -165,8 +180,8 @@ class Spmd(am.Actor):
     ) -> tuple[list[int], float]:
         import torch.distributed as dist
 
-        group = mesh.get_group("dp")
-        ndp = mesh.size(mesh.mesh_dim_names.index("dp"))
+        group = mesh.get_group(DATA)
+        ndp = mesh.size(mesh.mesh_dim_names.index(DATA))
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-3)
         out = []
@@ -429,20 +444,25 @@ def t4(procs: Any) -> dict[str, Any]:
 def main() -> None:
     torch.set_num_threads(1)
     started = time.time()
-    procs = am.this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+    shape = mesh_shape()
+    procs = am.this_host().spawn_procs(per_host=shape)
     try:
         tm = tensor_mesh(procs)
         spmd = procs.spawn("spmd", Spmd)
         result: dict[str, Any] = {
             "machine": C.machine_info(),
             "quick": C.QUICK,
-            "mesh": {"dp": 2, "tp": 2},
+            "mesh": shape,
+            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+            "cpus": os.cpu_count(),
+            "engine_device": str(tm.device),
             "rounds": ROUNDS,
             "torch": torch.__version__,
         }
         result["code"] = sorted({os.path.dirname(os.path.dirname(am.__file__)),
                                  *spmd.code.call().get(timeout=60).values()})  # fmt: skip
-        only = os.environ.get("BENCH_ONLY", "T4,T2,T3,T1,T1b,T5,T6").split(",")
+        every = "T4,T2,T3,T1,T1b,T5,T6" if DEVICE == "cpu" else "T2,T1,T1b,T5,T6"
+        only = os.environ.get("BENCH_ONLY", every).split(",")
         if "T4" in only:
             result["T4"] = t4(procs)  # first: nothing else in flight
         if "T2" in only:

@@ -1,7 +1,7 @@
 """Where one controller-driven training step's CPU goes (issue 43), run by hand.
 
 The T1/T1b step of ``bench_tensor.py`` (``module_to_mesh`` + AdamW + ``loss.item()``) on the
-same 4-rank mesh, with thread-CPU timers around the parts of the step, on the controller and
+same mesh (``BENCH_DEVICE=cuda``: a rank per GPU), with thread-CPU timers around the parts of the step, on the controller and
 inside each worker process (a small actor patches the engine there, in that process only):
 
 - controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
 import common as C
 import torch
 import torch.nn.functional as F
-from bench_tensor import MLP, SHAPES, gpt2, token_batch
+from bench_tensor import MLP, SHAPES, gpt2, mesh_shape, token_batch
 
 import actormesh as am
 from actormesh.tensor import module_to_mesh
@@ -227,8 +227,9 @@ def main() -> None:
     parser.add_argument("--foreach", action="store_true", help="AdamW(foreach=True)")
     opts = parser.parse_args()
     torch.set_num_threads(1)
-    procs = am.this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+    procs = am.this_host().spawn_procs(per_host=mesh_shape())
     result: dict[str, Any] = {"machine": C.machine_info(), "case": opts.case, "steps": opts.steps}
+    result["mesh"] = mesh_shape()
     try:
         tm = tensor_mesh(procs)
         probe = procs.spawn("probe", Probe)
@@ -350,6 +351,9 @@ def main() -> None:
             texts = probe.cprofile.call(False).get(timeout=60)
             result["cprofile_controller"] = _top(prof, 40)
             result["cprofile_rank0"] = next(iter(texts.values()))
+        # Whether the controller made a CUDA context of its own (a MeshTensor on the GPUs says
+        # its device is cuda:0; nothing of it is on this process's GPU)
+        result["controller_cuda_initialized"] = torch.cuda.is_initialized()
         programs = getattr(tm.stream, "programs", None)  # (an A/B against code without them)
         result["programs_sent"] = programs.sent if programs is not None else None
         with open("/proc/loadavg") as f:

@@ -137,6 +137,16 @@ def mailboxes(mesh: Any) -> list[bytes]:
     return [table.addresses[r].mailbox for r in view_shape(mesh).ranks()]
 
 
+def processes_here(mesh: Any) -> int:
+    """How many processes of ``mesh`` run on the controller's host (the others have a host
+    agent that relays to them)."""
+    table = proc_table_of(mesh)
+    ranks = list(view_shape(mesh).ranks())
+    if table.relays is None:
+        return len(ranks)
+    return sum(table.relays[r] is None for r in ranks)
+
+
 def mesh_name(mesh: Any) -> str:
     """What messages call the proc mesh under ``mesh`` (``procs``, ``procs-2``)."""
     return str(proc_table_of(mesh).name)

@@ -231,6 +231,8 @@ def steps_as_batches(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     s.flush()
     wait_until(lambda: s._timer is None, 10, "the stream's idle timer to end")
     monkeypatch.setattr(stream_mod.Stream, "_start_timer", lambda self: None)
+    # Nor a step sent as the next begins, which only a host with a core per rank to spare does
+    monkeypatch.setattr(s, "send_each_step", False)
     yield
     s.flush()
     s.armed = False  # armed with no timer: the next op of a later test starts one
@@ -332,6 +334,45 @@ def test_a_changed_learning_rate_is_carried_by_the_program(
     # A learning rate is a value of the step (as AdamW's bias corrections, which change every
     # step), not its structure: the runs stay by reference, each with its step's rate.
     assert trainer.by_reference(*[lower_then_step] * 3) == [1, 1, 1]
+    trainer.check_weights()
+
+
+def test_a_step_that_read_nothing_goes_to_the_ranks_when_the_next_begins(
+    mesh: Any, steps_as_batches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop that logs its loss every few steps, on a host with a core per rank to spare: a
+    # finished step would otherwise wait in the buffer for BATCH_OPS ops or the next read, the
+    # ranks idle while the controller records the next.
+    trainer = Trainer(mesh)
+    stream = tensor_mesh(mesh).stream
+    monkeypatch.setattr(stream, "send_each_step", True)
+    x, y = batches(1)[0]
+
+    def step(read_before_update: bool = False) -> tuple[int, bool, int]:
+        """Both models one step: the messages to the ranks and the runs sent by reference
+        while the meshed one stepped, and whether its step stayed buffered."""
+        for model, optimizer in zip(trainer.models, trainer.optimizers, strict=True):
+            sent, by_reference = stream.batches, trainer.programs.sent
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            if read_before_update:
+                loss.item()
+            optimizer.step()
+        return stream.batches - sent, bool(stream.ops), trainer.programs.sent - by_reference
+
+    for _ in range(WARM):
+        trainer.step(x, y)  # a read after each update: one message a step, at the read
+    # The first step without a read stays buffered; each later one sends the one before as it
+    # begins: a structure of its own (its ops' lines are this function's), seen once, then
+    # defined on the ranks, then sent by reference.
+    runs = [step() for _ in range(5)]
+    assert runs == [(0, True, 0), (1, True, 0), (1, True, 0), (1, True, 1), (1, True, 1)], runs
+    # Reading before the update: the update goes with the next step's read, one message a step
+    # (the first step also sends the last one without a read, as it begins).
+    runs = [step(read_before_update=True) for _ in range(4)]
+    assert [sent for sent, _, _ in runs] == [2, 1, 1, 1], runs
+    trainer.step(x, y)  # the losses agree with one process's
     trainer.check_weights()
 
 
