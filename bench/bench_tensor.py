@@ -64,7 +64,7 @@ from torch import nn
 
 import actormesh as am
 from actormesh.runtime.messaging import node as node_mod
-from actormesh.tensor import distribute, inspect, module_to_mesh
+from actormesh.tensor import RemoteTensorError, distribute, inspect, module_to_mesh
 from actormesh.tensor.controller.mesh import tensor_mesh
 
 if C.QUICK:
@@ -469,14 +469,22 @@ def main() -> None:
             result["T2"] = t2(procs)
         if "T3" in only:
             result["T3"] = t3(procs, spmd, tm.key)
-        if "T1" in only:
-            result["T1"] = t1(procs, spmd, tm.key, "T1", STEPS)
-        if "T1b" in only:
-            result["T1b"] = t1(procs, spmd, tm.key, "T1b", STEPS_WIDE)
-        if "T5" in only:
-            result["T5"] = t1(procs, spmd, tm.key, "T5", STEPS_T5)
-        if "T6" in only:
-            result["T6"] = t6(procs, spmd, tm.key)
+        steps = {
+            "T1": lambda: t1(procs, spmd, tm.key, "T1", STEPS),
+            "T1b": lambda: t1(procs, spmd, tm.key, "T1b", STEPS_WIDE),
+            "T5": lambda: t1(procs, spmd, tm.key, "T5", STEPS_T5),
+            "T6": lambda: t6(procs, spmd, tm.key),
+        }
+        for name, run in steps.items():
+            if name not in only:
+                continue
+            try:
+                result[name] = run()
+            except RemoteTensorError as exc:  # a rank's op failed; the mesh goes on
+                # The other cases still run and are kept (GPT-2's backward fails on a GPU mesh
+                # under torch 2.11: docs/gpus.md); the run ends with an error.
+                print(f"{name} failed: {exc}", file=sys.stderr)
+                result[name] = {"error": str(exc).split("\n", 1)[0]}
         result["programs_sent"] = getattr(tm.stream, "programs", None) and tm.stream.programs.sent
         with open("/proc/loadavg") as f:
             result["loadavg_end"] = f.read().split()[:3]
@@ -484,6 +492,8 @@ def main() -> None:
     finally:
         procs.stop().get(timeout=60)
     C.print_result(result)
+    if any(isinstance(r, dict) and "error" in r for r in result.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

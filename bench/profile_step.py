@@ -1,8 +1,9 @@
 """Where one controller-driven training step's CPU goes (issue 43), run by hand.
 
 The T1/T1b step of ``bench_tensor.py`` (``module_to_mesh`` + AdamW + ``loss.item()``) on the
-same mesh (``BENCH_DEVICE=cuda``: a rank per GPU), with thread-CPU timers around the parts of the step, on the controller and
-inside each worker process (a small actor patches the engine there, in that process only):
+same mesh (``BENCH_DEVICE=cuda``: a rank per GPU), with thread-CPU timers around the parts of
+the step, on the controller and inside each worker process (a small actor patches the engine
+there, in that process only):
 
 - controller, main thread: ``zero_grad``, forward + loss, ``backward``, ``opt.step()``,
   ``loss.item()`` (and within it the batch's pickling, ``stream.pack``); for each part, the
