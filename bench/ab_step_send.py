@@ -3,7 +3,7 @@ stream's two ways toggled on the same mesh and model, so that the machine's drif
 
 - ``batched``: a step that read nothing waits in the buffer for ``BATCH_OPS`` ops or the next
   read (what a host with no core to spare does);
-- ``each step``: it goes as the next step begins (``Stream.send_each_step``: what a host with a
+- ``each step``: it goes as the next step begins (``StepSends.each_step``: what a host with a
   core per rank beside the controller's does).
 
 T1, T1b (the loss read every step) and T5 (read every 10 steps), the steps of
@@ -65,7 +65,7 @@ def measure(procs: Any, spmd: Any, case: str) -> dict[str, dict[str, float]]:
     samples: dict[str, list[tuple[float, float, float, float]]] = {w: [] for w in WAYS}
     for r in range(ROUNDS):
         for way in list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]:
-            stream.send_each_step = WAYS[way]
+            stream.steps.each_step = WAYS[way]
             for _ in range(read_every):  # to a read: the last way's steps are all run
                 step()
             workers, sent = workers_cpu(), stream.batches

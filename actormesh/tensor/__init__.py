@@ -30,6 +30,7 @@ the ranks' half never imports the controller's.
 ``controller/recording.py``     aten ops into the stream (the fast path and the general one)
 ``controller/stream.py``        a mesh's op buffer: ids, batches, when they are sent
 ``controller/idle_flush.py``    the buffer sent once the controller records nothing for a while
+``controller/step_sends.py``    a finished step sent as the next begins, where cores are spare
 ``controller/packing.py``       a batch pickled with the C pickler (memory formats by name)
 ``controller/constants.py``     controller tensors as arguments: sent once (small ones by contents)
 ``controller/known.py``         a model's integer inputs, and values made of them, read here

@@ -201,15 +201,19 @@ def test_rich_output_from_ranks(kernel4: Kernel) -> None:
     assert out.index("before") < out.index("[gpus=0,2]") and "[gpus=1,3]" in out
 
 
-def _spin(kernel: Kernel, code: str, marker: str, by_signal: bool = False) -> Any:
-    """Run ``code``, interrupt the kernel once ``marker`` was printed; return the result.
+def _spin(kernel: Kernel, code: str, marker: str | tuple[str, ...], by_signal: bool = False) -> Any:
+    """Run ``code``, interrupt the kernel once ``marker`` was printed (every one of them, in
+    any order, when several); return the result.
 
     The kernelspec's interrupt_mode is "message" (the kernel signals itself only); a SIGINT
     sent straight to the kernel process must work the same."""
     sent: list[bool] = []
+    waiting = {marker} if isinstance(marker, str) else set(marker)
 
     def on_message(msg: dict[str, Any]) -> None:
-        if not sent and msg["msg_type"] == "stream" and marker in msg["content"]["text"]:
+        if msg["msg_type"] == "stream":
+            waiting.difference_update({m for m in waiting if m in msg["content"]["text"]})
+        if not sent and not waiting:
             sent.append(True)
             if by_signal:
                 os.kill(kernel.pid, signal.SIGINT)
@@ -276,7 +280,9 @@ def test_interrupting_a_plain_cell_interrupts_its_endpoints(kernel4: Kernel) -> 
     assert r.status == "error" and r.ename == "KeyboardInterrupt"
     assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == pong
     # The interrupt may land anywhere in the cell, not only while it waits on a reply.
-    r = _spin(kernel4, "spun = spinners.spin.call()\ntime.sleep(60)", "spin started")
+    # Once the cell holds the call's future: the ranks may print before call() returns.
+    code = "spun = spinners.spin.call()\nprint('cell holds spun', flush=True)\ntime.sleep(60)"
+    r = _spin(kernel4, code, ("spin started", "cell holds spun"))
     assert r.status == "error" and r.ename == "KeyboardInterrupt"
     assert "KeyboardInterrupt" in kernel4.ok("repr(spun.exception(timeout=10))").value
     assert kernel4.ok("spinners.ping.call().get(timeout=10)").value == pong

@@ -232,7 +232,7 @@ def steps_as_batches(mesh: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     wait_until(lambda: s._timer is None, 10, "the stream's idle timer to end")
     monkeypatch.setattr(stream_mod.Stream, "_start_timer", lambda self: None)
     # Nor a step sent as the next begins, which only a host with a core per rank to spare does
-    monkeypatch.setattr(s, "send_each_step", False)
+    monkeypatch.setattr(s.steps, "each_step", False)
     yield
     s.flush()
     s.armed = False  # armed with no timer: the next op of a later test starts one
@@ -345,7 +345,7 @@ def test_a_step_that_read_nothing_goes_to_the_ranks_when_the_next_begins(
     # ranks idle while the controller records the next.
     trainer = Trainer(mesh)
     stream = tensor_mesh(mesh).stream
-    monkeypatch.setattr(stream, "send_each_step", True)
+    monkeypatch.setattr(stream.steps, "each_step", True)
     x, y = batches(1)[0]
 
     def step(read_before_update: bool = False) -> tuple[int, bool, int]:

@@ -6,10 +6,9 @@ one message per process, and per-sender FIFO keeps the order. The buffer is sent
 point, at ``BATCH_OPS`` ops, at the end of a notebook cell, once the controller recorded
 nothing for a whole ``IDLE_FLUSH`` window (``idle_flush.py``: the workers start on the ops while
 the controller computes the next step), and, where the ranks have cores to spare, as a training
-step begins after one that read nothing (``mark``): the ranks run that one while the controller
-records the next. Ids of garbage-collected MeshTensors are sent as ``drops`` in the same
-message, *after* its ops: an op already buffered may still read them.
-Controller tensors used as arguments are uploaded once (``constants.py``).
+step begins after one that read nothing (``step_sends.py``). Ids of garbage-collected
+MeshTensors are sent as ``drops`` in the same message, *after* its ops: an op already buffered
+may still read them. Controller tensors used as arguments are uploaded once (``constants.py``).
 
 The kernel tells a stream when it launches a ``%%mesh`` cell (``cell_launched``); the stream's
 next message to the engine names that cell, and each rank's engine runs it only once the cell
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from .idle_flush import native_id, start_timer
 from .interrupts import held
 from .packing import pack
 from .programs import Programs
+from .step_sends import StepSends
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +52,6 @@ _WRITE_NOTHING = frozenset({"aten", "constant", "distribute", "pin"})
 _FOREIGN = frozenset({"remote_call", "rref", "restore", "checkpoint_load"})
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Stream:
@@ -73,14 +68,7 @@ class Stream:
         self.mailboxes = compat.mailboxes(procs)
         self.ops: list[Op] = []
         self.marks: list[int] = []  # where in ``ops`` an optimizer step ended (programs.py)
-        # A training step ended (``mark``): the next op begins another
-        self.step_over = False
-        self.send_at_next_step = False  # the step that ended read nothing: send it then
-        # Only where this host has a core for the controller beside one per rank (a GPU host):
-        # on fewer, the ranks running a step take the core the controller records the next on,
-        # and each step's own message costs CPU that no overlap pays back.
-        self.send_each_step = compat.processes_here(procs) < _usable_cores()
-        self.read_in_step = False  # a sync point since the step's first op
+        self.steps = StepSends(compat.processes_here(procs))
         self.programs = Programs()
         self.dead: list[int] = []  # ids whose MeshTensor was collected (appended from any thread)
         self.known: dict[int, Any] = {}  # id -> its value, known here too (known.py)
@@ -124,7 +112,7 @@ class Stream:
             self.ops, self.dead, self.cells, self.consts, self.known = [], [], {}, {}, {}
             self.pool = None
             self.marks, self.programs = [], Programs()  # the new engine keeps no program
-            self.step_over = self.send_at_next_step = self.read_in_step = False
+            self.steps.reset()
             self.lost = self.error = None
             self.lost_why = ""
             self.closed = False
@@ -167,8 +155,8 @@ class Stream:
     def record(self, op: Op) -> None:
         if self.lost is not None or self.procs_state.closed:
             self.check()
-        if self.step_over:
-            self._next_step()
+        if self.steps.over and self.steps.begins():
+            self.flush()  # the step that ended, while this one is recorded (step_sends.py)
         if self.floor:
             self.check_ids(op[2])
         if op[0] not in _WRITE_NOTHING:
@@ -192,32 +180,19 @@ class Stream:
 
     def mark(self) -> None:
         """An optimizer step over this mesh's tensors ended here: a repeated step between two
-        marks is sent by reference (programs.py).
-
-        Where the ranks have cores to spare (``send_each_step``), a step that read nothing (a
-        loop that logs its loss every few steps) is sent as the next one begins, so that the
-        ranks run it while the controller records the next; otherwise it would wait for
-        ``BATCH_OPS`` ops or the next read, the ranks idle meanwhile. A step that read
-        something before its update stays for the next read: sent at once, its update would be
-        a message of its own, two a step."""
+        marks is sent by reference (programs.py), and it may go as the next begins
+        (step_sends.py)."""
         with self.lock:
             n = len(self.ops)
             if n and (not self.marks or self.marks[-1] != n):
                 self.marks.append(n)
-            self.send_at_next_step = n > 0 and not self.read_in_step and self.send_each_step
-            self.step_over = True
-
-    def _next_step(self) -> None:
-        self.step_over = False
-        self.read_in_step = False  # a read after the update belonged to the step that ended
-        if self.send_at_next_step:
-            self.flush()
+            self.steps.ended(n)
 
     def _take(self) -> list[Op]:
         """The buffered ops, as the batch to send (under ``self.lock``)."""
         ops, self.ops = self.ops, []
         marks, self.marks = self.marks, []
-        self.send_at_next_step = False
+        self.steps.send_next = False
         return self.programs.encode(ops, marks)
 
     def flush(self) -> None:
@@ -261,7 +236,7 @@ class Stream:
 
         def send() -> Any:
             with self.lock:
-                self.read_in_step = True
+                self.steps.read = True
                 ops = self._take()
                 dead, self.dead = self.dead, []
                 cells, self.cells = self.cells, {}
