@@ -97,7 +97,11 @@ REPLY_WINDOW = _float("ACTORMESH_REPLY_WINDOW", 0.003)
 # and not after a wait that outlasted the window, until waits are quick again. 0: always sleep
 # at once.
 WAIT_SPIN_US = _float("ACTORMESH_WAIT_SPIN_US", 300.0, "microseconds")
-SPIN_RANKS = len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 0
+# The cores this process may run on (its affinity where the OS tells it, else the machine's).
+USABLE_CORES = (
+    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+)
+SPIN_RANKS = USABLE_CORES // 2 if hasattr(os, "sched_getaffinity") else 0
 # Where the controller listens for host agents, and the address it gives them to reach it
 # (default: this machine's name, resolved), when listen_for_hosts() is not told.
 HOST_LISTEN = os.environ.get("ACTORMESH_LISTEN", "0.0.0.0:29500")

@@ -25,37 +25,21 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/
 import common as C
 import torch
-import torch.nn.functional as F
-from bench_tensor import MLP, SHAPES, Spmd, mesh_shape
+from bench_tensor import READ_EVERY, Spmd, mesh_shape, mlp_step
 
 import actormesh as am
-from actormesh.tensor import module_to_mesh
 from actormesh.tensor.controller.mesh import tensor_mesh
 
 ROUNDS = int(os.environ.get("ROUNDS", 2 if C.QUICK else 10))
 STEPS = 20
 WAYS = {"batched": False, "each step": True}
-CASES = {"T1": ("T1", 1), "T1b": ("T1b", 1), "T5": ("T1b", 10)}  # shape, read every
+CASES = ("T1", "T1b", "T5")
 
 
 def measure(procs: Any, spmd: Any, case: str) -> dict[str, dict[str, float]]:
-    shape, read_every = CASES[case]
-    d_in, hidden, d_out, batch = SHAPES[shape]
-    torch.manual_seed(0)
-    model = module_to_mesh(MLP(d_in, hidden, d_out), procs)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
+    read_every = READ_EVERY if case == "T5" else 1
+    step = mlp_step(procs, case)[3]
     stream = tensor_mesh(procs).stream
-    done = [0]
-
-    def step() -> None:
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        done[0] += 1
-        if done[0] % read_every == 0:
-            loss.item()
 
     def workers_cpu() -> float:
         return float(sum(spmd.cpu.call().get(timeout=60).values()))

@@ -262,7 +262,10 @@ def compare(name: str, ours: list[float], floor: list[float], unit: str = "us") 
     }
 
 
-def t1(procs: Any, spmd: Any, key: str, name: str, steps: int) -> dict[str, Any]:
+def mlp_step(procs: Any, name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor, Any]:
+    """The training step of T1, T1b or T5 on ``procs`` (``module_to_mesh``, AdamW, the loss
+    read every step, or every ``READ_EVERY`` for T5): the local model it starts from, its batch
+    and the step."""
     import torch.nn.functional as F
 
     d_in, hidden, d_out, batch = SHAPES["T1b" if name == "T5" else name]
@@ -282,6 +285,13 @@ def t1(procs: Any, spmd: Any, key: str, name: str, steps: int) -> dict[str, Any]
         count[0] += 1
         if count[0] % read_every == 0:
             loss.item()
+
+    return local, x, y, step
+
+
+def t1(procs: Any, spmd: Any, key: str, name: str, steps: int) -> dict[str, Any]:
+    read_every = READ_EVERY if name == "T5" else 1
+    local, x, y, step = mlp_step(procs, name)
 
     def floor_run() -> Any:
         shape = SHAPES["T1b" if name == "T5" else name]
@@ -454,7 +464,6 @@ def main() -> None:
             "quick": C.QUICK,
             "mesh": shape,
             "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-            "cpus": os.cpu_count(),
             "engine_device": str(tm.device),
             "rounds": ROUNDS,
             "torch": torch.__version__,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actormesh.tensor.controller import step_sends
+from actormesh import config
 from actormesh.tensor.controller.step_sends import StepSends
 
 
@@ -17,7 +17,7 @@ from actormesh.tensor.controller.step_sends import StepSends
 def test_steps_go_one_by_one_only_where_a_core_is_left_for_the_controller(
     monkeypatch: pytest.MonkeyPatch, here: int, cores: int, each_step: bool
 ) -> None:
-    monkeypatch.setattr(step_sends, "usable_cores", lambda: cores)
+    monkeypatch.setattr(config, "USABLE_CORES", cores)
     assert StepSends(processes_here=here).each_step is each_step
 
 

@@ -15,11 +15,7 @@ update would be a message of its own, two a step.
 
 from __future__ import annotations
 
-import os
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+from ... import config
 
 
 class StepSends:
@@ -29,7 +25,7 @@ class StepSends:
     __slots__ = ("each_step", "over", "read", "send_next")
 
     def __init__(self, processes_here: int) -> None:
-        self.each_step = processes_here < usable_cores()
+        self.each_step = processes_here < config.USABLE_CORES
         self.reset()
 
     def reset(self) -> None:
